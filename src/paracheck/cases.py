@@ -1,0 +1,228 @@
+"""A case: everything one equivalence check needs, as a frozen, picklable, JSON-able value.
+
+The driver sends a ``Case`` (never a model) to every rank; each rank and the oracle rebuild the
+same model and the same batches from it. See Note [Determinism] below.
+
+Note [Determinism]
+    Every tensor a case needs is drawn from a private ``torch.Generator`` seeded by a pure function
+    of (case.seed, purpose, step, micro-step, rank). No process touches the global RNG on the
+    case's behalf, so a rank that ran a hundred earlier cases builds bitwise the same model and
+    batches as a fresh process and as the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from paracheck.workloads import build_model, model_spec_from_dict, model_spec_to_dict
+from paracheck.workloads.mlp import MLPSpec
+
+__all__ = ["Case", "GroupSpec", "OptimizerSpec", "batch_for", "build_optimizer", "init_seed", "DTYPES"]
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One parameter group: indices into ``list(model.parameters())`` and its hyper-parameters.
+
+    ``add_at_step`` is None for a group given to the constructor; k >= 1 means
+    ``optimizer.add_param_group`` is called just before step k (0-based), mid-training.
+    """
+
+    params: tuple[int, ...]
+    lr: float = 0.05
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    add_at_step: int | None = None
+
+    def options(self, name: str) -> dict:
+        if name == "sgd":
+            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        return {"lr": self.lr, "betas": tuple(self.betas), "weight_decay": self.weight_decay}
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer (``sgd``, ``adam``, ``adamw``) over parameter groups.
+
+    ``lr_decay`` multiplies every group's lr after each step, as an LR scheduler would, through
+    ``optimizer.param_groups`` (a sharded optimizer must honour that). ``as_generator`` passes a
+    single group's parameters as a generator instead of a list.
+    """
+
+    name: str = "sgd"
+    groups: tuple[GroupSpec, ...] = ()
+    lr_decay: float = 1.0
+    as_generator: bool = False
+
+    def __post_init__(self):
+        if self.name not in _OPTIMIZERS:
+            raise ValueError(f"optimizer name={self.name!r} must be one of {_OPTIMIZERS}")
+        object.__setattr__(self, "groups", tuple(self.groups))
+
+    @property
+    def cls(self) -> type[torch.optim.Optimizer]:
+        return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.name]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One data-parallel training run: model, world, data, optimizer and protocol.
+
+    Data-parallel semantics (what every target must compute): rank r's loss at micro-step m is the
+    mean over its local batch ``batch_for(case, step, m, r)``; gradients are summed over micro-steps
+    and averaged over ranks; the optimizer then steps once. Unequal ``batch_sizes`` make that differ
+    from the full-batch mean: this is what DDP computes, so it is what the oracle computes.
+    """
+
+    model: object = field(default_factory=MLPSpec)
+    world_size: int = 2
+    batch_sizes: tuple[int, ...] = (2, 2)
+    steps: int = 2
+    accumulation: int = 1
+    no_sync: bool = False
+    optimizer: OptimizerSpec = field(default_factory=lambda: OptimizerSpec(groups=(GroupSpec(params=()),)))
+    bucket_size_mb: float | None = None
+    seed: int = 0
+    rank_dependent_init: bool = False
+    set_to_none: bool = True
+    dtype: str = "float64"
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise ValueError(f"world_size={self.world_size} must be >= 1")
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        if len(self.batch_sizes) != self.world_size:
+            raise ValueError(f"batch_sizes={self.batch_sizes} must have world_size={self.world_size} entries")
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes={self.batch_sizes} must all be >= 1")
+        if self.steps < 1 or self.accumulation < 1:
+            raise ValueError(f"steps={self.steps} and accumulation={self.accumulation} must be >= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def with_world_size(self, w: int) -> "Case":
+        sizes = (self.batch_sizes * w)[:w]
+        return replace(self, world_size=w, batch_sizes=sizes)
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["model"] = model_spec_to_dict(self.model)
+        return d
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        d = dict(d)
+        d["model"] = model_spec_from_dict(d["model"])
+        opt = dict(d["optimizer"])
+        opt["groups"] = tuple(
+            GroupSpec(**{**g, "params": tuple(g["params"]), "betas": tuple(g["betas"])}) for g in opt["groups"]
+        )
+        d["optimizer"] = OptimizerSpec(**opt)
+        d["batch_sizes"] = tuple(d["batch_sizes"])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        return cls.from_dict(json.loads(text))
+
+
+def _mix(*parts: int) -> int:
+    # A pure 63-bit mix (splitmix-style) so seeds for different purposes never collide in practice.
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (p + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2)) & 0xFFFFFFFFFFFFFFFF
+        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def init_seed(case: Case, rank: int) -> int:
+    """Seed of rank ``rank``'s initial model: identical on all ranks unless ``rank_dependent_init``."""
+    return _mix(case.seed, 1, rank if case.rank_dependent_init else 0)
+
+
+def build_case_model(case: Case, rank: int, device="cpu"):
+    return build_model(case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device)
+
+
+def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
+    """(inputs, targets) of rank ``rank`` at (step, micro-step); see Note [Determinism]."""
+    g = torch.Generator().manual_seed(_mix(case.seed, 2, step, micro, rank))
+    n = case.batch_sizes[rank]
+    spec = case.model
+    if spec.kind == "lm":
+        x = torch.randint(0, spec.vocab_size, (n, spec.context_length + 1), generator=g)
+        return x[:, :-1].to(device), x[:, 1:].to(device)
+    x = torch.randn(n, spec.in_features, generator=g, dtype=torch.float64)
+    y = torch.randn(n, spec.out_features, generator=g, dtype=torch.float64)
+    return x.to(device=device, dtype=case.torch_dtype), y.to(device=device, dtype=case.torch_dtype)
+
+
+def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The per-rank loss: a mean over the local batch (MSE, or cross-entropy for the LM)."""
+    if case.model.kind == "lm":
+        return torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), target.flatten())
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def param_groups(case: Case, params: list, *, late: bool = False) -> list[dict]:
+    """Groups for the constructor (``late=False``) or for ``add_param_group`` (``late=True``)."""
+    opt = case.optimizer
+    named = {i for g in opt.groups for i in g.params}
+    rest = [i for i in range(len(params)) if i not in named]
+    out = []
+    for g in opt.groups:
+        if (g.add_at_step is not None) != late:
+            continue
+        # An empty index tuple means "every parameter no other group names".
+        idx = g.params or rest
+        d = {"params": [params[i] for i in idx], **g.options(opt.name)}
+        if late:
+            d["add_at_step"] = g.add_at_step
+        out.append(d)
+    return out
+
+
+def build_optimizer(case: Case, params: list, optimizer_cls=None, **extra):
+    """The case's optimizer over ``params`` (``list(model.parameters())``).
+
+    ``optimizer_cls`` replaces the torch class with a wrapper that takes
+    ``(params, optimizer_cls, **kwargs)`` (the CS336 ShardedOptimizer interface).
+    """
+    groups = param_groups(case, params)
+    opt = case.optimizer
+    if opt.as_generator and len(groups) == 1:
+        first = groups[0]
+        params_arg = (p for p in first.pop("params"))
+        kwargs = first
+    else:
+        params_arg, kwargs = groups, {}
+    if optimizer_cls is None:
+        return opt.cls(params_arg, **kwargs)
+    return optimizer_cls(params_arg, opt.cls, **kwargs, **extra)
+
+
+def add_late_groups(case: Case, optimizer, params: list, step: int) -> None:
+    for g in param_groups(case, params, late=True):
+        if g.pop("add_at_step") == step:
+            optimizer.add_param_group(g)
+
+
+def apply_lr_schedule(case: Case, optimizer) -> None:
+    if case.optimizer.lr_decay != 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] *= case.optimizer.lr_decay

@@ -1,0 +1,90 @@
+"""MLP workloads built deterministically from a frozen, JSON-serialisable spec.
+
+The features exist to reach the corners where data-parallel bugs live:
+
+- ``widths`` may contain 1-element and odd-sized layers;
+- ``bias`` adds 1-D parameters (the classic "only averaged 2-D tensors" bug);
+- ``frozen`` marks parameters ``requires_grad=False`` that are still used in forward;
+- ``tied`` inserts a square block applied twice (one Parameter, two uses in the graph);
+- ``unused`` adds a branch that is never used (``"always"``) or used only when the first input
+  of the local batch is positive (``"data"``), so a parameter can have a gradient on one rank and
+  none on another;
+- ``buffer`` registers a non-trainable input scale (it must be broadcast like the parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["MLPSpec", "MLP"]
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """A stack of ``Linear -> tanh`` layers; the last layer has no activation."""
+
+    in_features: int = 4
+    widths: tuple[int, ...] = (3,)
+    bias: bool = True
+    frozen: tuple[str, ...] = ()
+    tied: bool = False
+    unused: str = "none"  # "none" | "always" | "data"
+    buffer: bool = False
+
+    kind = "mlp"
+
+    def __post_init__(self):
+        if self.in_features < 1:
+            raise ValueError(f"in_features={self.in_features} must be >= 1")
+        if not self.widths or any(w < 1 for w in self.widths):
+            raise ValueError(f"widths={self.widths!r} must be a non-empty tuple of ints >= 1")
+        if self.unused not in ("none", "always", "data"):
+            raise ValueError(f"unused={self.unused!r} must be 'none', 'always' or 'data'")
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        object.__setattr__(self, "frozen", tuple(self.frozen))
+
+    @property
+    def out_features(self) -> int:
+        return self.widths[-1]
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: MLPSpec):
+        super().__init__()
+        self.spec = spec
+        sizes = (spec.in_features, *spec.widths)
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b, bias=spec.bias) for a, b in zip(sizes[:-1], sizes[1:])
+        )
+        if spec.tied:
+            # One module registered under two names: parameters() yields its weight once,
+            # forward uses it twice, so autograd sums two contributions into one .grad.
+            self.tied = nn.Linear(spec.widths[0], spec.widths[0], bias=False)
+            self.tied_again = self.tied
+        if spec.unused != "none":
+            self.branch = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        if spec.buffer:
+            self.register_buffer("scale", torch.ones(spec.in_features))
+        for name, p in self.named_parameters():
+            if name in spec.frozen:
+                p.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.buffer:
+            x = x * self.scale
+        inp = x
+        h = x
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i == 0 and self.spec.tied:
+                h = torch.tanh(h)
+                h = self.tied_again(torch.tanh(self.tied(h)))
+            if i < last:
+                h = torch.tanh(h)
+        if self.spec.unused == "data" and bool(inp[0, 0] > 0):
+            h = h + self.branch(inp)
+        return h
