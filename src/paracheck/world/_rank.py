@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -49,7 +50,7 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     if device is not None:
         torch.cuda.set_device(torch.device(device))
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-    conn.send(("ready", rank, os.getpid()))
+    _send(conn, ("ready", rank, os.getpid()))
     _serve(rank, conn, store, stack_file, backend, device, pg_timeout)
 
 
@@ -60,13 +61,13 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
     current = None  # (world_size, generation) of the live default group
     while True:
         try:
-            msg = conn.recv()
+            msg = _recv(conn)
         except EOFError:
             return
         if msg[0] == "stop":
             if dist.is_initialized():
                 dist.destroy_process_group()
-            conn.send(("stopped", rank))
+            _send(conn, ("stopped", rank))
             return
         _, job_id, world_size, generation, fn_path, payload = msg
         stack_file.seek(0)
@@ -77,17 +78,17 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
                     dist.destroy_process_group()
                 current = None
                 if rank < world_size:
-                    prefix = dist.PrefixStore(f"pg/{generation}/{world_size}", store)
+                    prefix = dist.PrefixStore(f"pg/{generation}", store)
                     kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
                     dist.init_process_group(backend, store=prefix, rank=rank, world_size=world_size,
                                             timeout=timedelta(seconds=pg_timeout), **kwargs)
                 current = (world_size, generation)
             if rank >= world_size:
-                conn.send((job_id, "idle", None))
+                _send(conn, (job_id, "idle", None))
                 continue
             fn = _resolve(fn_path)
             result = fn(payload)
-            conn.send((job_id, "ok", result))
+            _send(conn, (job_id, "ok", result))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.
             current = None
@@ -98,11 +99,18 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
                 pass
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             try:
-                conn.send((job_id, "error", text))
+                _send(conn, (job_id, "error", text))
             except Exception:
                 return
 
 
-if __name__ == "__main__":
-    _rank, _host, _port, _driver, _stacks, _backend, _device, _timeout = sys.argv[1:9]
-    rank_main(int(_rank), _host, int(_port), _driver, _stacks, _backend, _device or None, float(_timeout))
+
+# Plain pickle over the connection: multiprocessing's ForkingPickler would hand torch tensors over
+# as shared-memory file descriptors (torch.multiprocessing's reductions), which needs the
+# multiprocessing authkey of a parent/child pair that these independent processes do not share.
+def _send(conn, obj) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
 
+from paracheck.world._rank import _recv, _send
+
 __all__ = ["World", "WorldError", "RankError", "RankHang", "RankDied", "RankFailure"]
 
 _COLLECTIVES = (
@@ -129,6 +131,7 @@ class World:
         self.devices = devices
         self.start_timeout = start_timeout
         self._generation = 0
+        self._last_world_size = None
         self._job = 0
         self._procs: list = []
         self._conns: list = []
@@ -156,7 +159,7 @@ class World:
         self._procs, self._conns = [], [None] * self.size
         for rank in range(self.size):
             device = self.devices[rank] if self.devices else ""
-            args = [sys.executable, "-m", "paracheck.world._rank", str(rank), "127.0.0.1",
+            args = [sys.executable, "-m", "paracheck.world._entry", str(rank), "127.0.0.1",
                     str(self._store.port), f"{listener.address[0]}:{listener.address[1]}",
                     self._stack_dir, self.backend, device, repr(pg_timeout)]
             self._procs.append(subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL))
@@ -174,7 +177,7 @@ class World:
                     conn = listener.accept()
                 except (TimeoutError, OSError):
                     continue
-                hello = conn.recv()
+                hello = _recv(conn)
                 self._conns[hello[1]] = conn
                 connected += 1
         except BaseException:
@@ -207,7 +210,7 @@ class World:
     def close(self) -> None:
         for conn in self._conns:
             try:
-                conn.send(("stop",))
+                _send(conn, ("stop",))
             except (BrokenPipeError, OSError):
                 pass
         for p in self._procs:
@@ -242,10 +245,16 @@ class World:
         timeout = self.timeout if timeout is None else timeout
         if any(p.poll() is not None for p in self._procs):
             self.restart()
+        if w != self._last_world_size:
+            # A new default group is built; its store prefix must never have been used before
+            # (stale addresses of an earlier group under the same prefix make gloo connect to
+            # dead ports), so every re-creation gets a fresh generation.
+            self._generation += 1
+            self._last_world_size = w
         self._job += 1
         job = self._job
         for conn in self._conns:
-            conn.send(("run", job, w, self._generation, fn, payload))
+            _send(conn, ("run", job, w, self._generation, fn, payload))
         results: dict[int, object] = {}
         failures: list[RankFailure] = []
         pending = dict(enumerate(self._conns))
@@ -257,7 +266,7 @@ class World:
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
-                    msg = conn.recv()
+                    msg = _recv(conn)
                 except (EOFError, OSError):
                     failures.append(RankFailure(rank, "died", _describe_exit(_wait_code(self._procs[rank]))))
                     del pending[rank]
@@ -311,7 +320,7 @@ class World:
             for conn in wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic())):
                 rank = self._conns.index(conn)
                 try:
-                    msg = conn.recv()
+                    msg = _recv(conn)
                 except (EOFError, OSError):
                     pending.pop(rank, None)
                     continue

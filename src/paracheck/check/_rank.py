@@ -1,0 +1,76 @@
+"""What each rank runs for one case (called by ``paracheck.world``). Returns plain tensors."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from paracheck.cases import (
+    Case,
+    add_late_groups,
+    apply_lr_schedule,
+    batch_for,
+    build_case_model,
+    build_optimizer,
+    loss_fn,
+)
+from paracheck.check.targets import load_object
+
+_CLASS_CACHE: dict[str, object] = {}
+
+
+def _cls(path: str):
+    if path not in _CLASS_CACHE:
+        _CLASS_CACHE[path] = load_object(path)
+    return _CLASS_CACHE[path]
+
+
+def _device(case_device: str | None):
+    if case_device:
+        return torch.device(case_device)
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _snapshot(ts) -> list:
+    return [None if t is None else t.detach().to("cpu", copy=True) for t in ts]
+
+
+def run_ddp(payload: dict) -> dict:
+    """Train ``case`` with the DDP wrapper at ``payload['path']``; record every step."""
+    case: Case = payload["case"]
+    rank = dist.get_rank()
+    device = _device(payload.get("device"))
+    model = build_case_model(case, rank, device=device)
+    cls = _cls(payload["path"])
+    if payload.get("takes_bucket"):
+        bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+        ddp = cls(model, bucket)
+    else:
+        ddp = cls(model)
+    params = list(model.parameters())
+    record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
+    optimizer = build_optimizer(case, params)
+    on_batch_start = getattr(ddp, "on_train_batch_start", None)
+    no_sync = getattr(ddp, "no_sync", None)
+    for step in range(case.steps):
+        add_late_groups(case, optimizer, params, step)
+        optimizer.zero_grad(set_to_none=case.set_to_none)
+        if on_batch_start is not None:
+            on_batch_start()
+        for micro in range(case.accumulation):
+            skip = case.no_sync and no_sync is not None and micro < case.accumulation - 1
+            with (no_sync() if skip else contextlib.nullcontext()):
+                x, y = batch_for(case, step, micro, rank, device=device)
+                loss = loss_fn(case, ddp(x), y)
+                loss.backward()
+            if not skip:
+                # CS336 protocol: synchronise before anything reads .grad. Accumulating without
+                # no_sync() therefore synchronises after every backward (as torch DDP does).
+                ddp.finish_gradient_synchronization()
+        grads = _snapshot([p.grad for p in params])
+        optimizer.step()
+        apply_lr_schedule(case, optimizer)
+        record["steps"].append({"grads": grads, "params": _snapshot(params)})
+    return record

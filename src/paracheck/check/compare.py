@@ -1,0 +1,132 @@
+"""Compare every rank's recorded trajectory with the oracle's, and ranks with each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paracheck.check.tolerance import tolerance_for
+from paracheck.oracle import Trajectory
+
+__all__ = ["Divergence", "compare"]
+
+
+@dataclass
+class Divergence:
+    """The first place a target left the oracle (or ranks disagreed)."""
+
+    step: int  # -1: initial state after construction
+    what: str  # "param" | "grad" | "state" | "buffer" | "rank-agreement" | "structure"
+    rank: int
+    index: int | None
+    name: str | None
+    max_abs_diff: float
+    tolerance: float
+    detail: str = ""
+    worst_ratio: float = float("inf")
+
+    def describe(self) -> str:
+        where = "after construction" if self.step < 0 else f"at step {self.step}"
+        tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
+        return (f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
+                f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}").rstrip()
+
+
+def _close(got, ref, rtol: float, scale_src=None):
+    """(ok, max_abs_diff, allowed_at_worst, worst_ratio) under |got-ref| <= rtol*(|ref|+scale)."""
+    if got is None or ref is None:
+        both = got is None and ref is None
+        return both, (0.0 if both else float("inf")), 0.0, (0.0 if both else float("inf"))
+    got = got.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    if got.shape != ref.shape:
+        return False, float("inf"), 0.0, float("inf")
+    if not torch.isfinite(got).all():
+        return False, float("nan"), 0.0, float("inf")
+    src = ref if scale_src is None else scale_src.detach().to(torch.float64).cpu()
+    scale = src.abs().max().item() if src.numel() else 0.0
+    allowed = rtol * (ref.abs() + scale)
+    diff = (got - ref).abs()
+    ok = bool((diff <= allowed).all())
+    denom = (ref.abs() + scale)
+    ratio = (diff / denom.clamp_min(1e-300)).max().item() if diff.numel() else 0.0
+    if (denom == 0).any() and (diff[denom == 0] > 0).any():
+        ratio = float("inf")
+    return ok, (diff.max().item() if diff.numel() else 0.0), (allowed.max().item() if allowed.numel() else 0.0), ratio
+
+
+def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_state: bool = False) -> tuple[Divergence | None, float]:
+    """First divergence (or None) and the worst relative error seen (for margin reports)."""
+    tol = tolerance_for(traj.case.dtype)
+    worst = 0.0
+
+    def check(step, what, rank, i, got, ref, rtol, scale_src=None):
+        nonlocal worst
+        ok, diff, allowed, ratio = _close(got, ref, rtol, scale_src)
+        if ok:
+            worst = max(worst, ratio)
+            return None
+        detail = ""
+        if (got is None) != (ref is None):
+            detail = f"expected {'no gradient' if ref is None else 'a gradient'}, got {'None' if got is None else 'a tensor'}"
+        elif got is not None and not torch.isfinite(got.detach().double()).all():
+            detail = "non-finite values"
+        return Divergence(step, what, rank, i, names[i] if i is not None and i < len(names) else None, diff,
+                          allowed, detail, ratio)
+
+    for r, rec in enumerate(ranks):
+        if len(rec["steps"]) != len(traj.steps) or len(rec["initial_params"]) != len(traj.initial_params):
+            return Divergence(-1, "structure", r, None, None, float("inf"), 0.0,
+                              f"rank returned {len(rec['steps'])} steps / {len(rec['initial_params'])} parameters, "
+                              f"expected {len(traj.steps)} / {len(traj.initial_params)}"), worst
+        for i, (got, ref) in enumerate(zip(rec["initial_params"], traj.initial_params)):
+            if not torch.equal(got.double(), ref.double()):
+                return Divergence(-1, "param", r, i, names[i], (got.double() - ref.double()).abs().max().item(), 0.0,
+                                  "initial parameters must equal rank 0's exactly (missing broadcast?)"), worst
+        for j, (got, ref) in enumerate(zip(rec.get("initial_buffers", []), traj.initial_buffers)):
+            if not torch.equal(got.double(), ref.double()):
+                return Divergence(-1, "buffer", r, None, f"buffer #{j}", (got.double() - ref.double()).abs().max().item(),
+                                  0.0, "buffers must be broadcast from rank 0"), worst
+    for k, oref in enumerate(traj.steps):
+        for r, rec in enumerate(ranks):
+            step = rec["steps"][k]
+            if "grads" in step:
+                for i, (got, ref) in enumerate(zip(step["grads"], oref.grads)):
+                    d = check(k, "grad", r, i, got, ref, tol.grads, oref.grad_absum[i])
+                    if d:
+                        return d, worst
+            for i, (got, ref) in enumerate(zip(step["params"], oref.params)):
+                d = check(k, "param", r, i, got, ref, tol.params)
+                if d:
+                    return d, worst
+            if check_state and "state" in step:
+                d = _compare_state(k, r, step["state"], oref.state, tol.state, names, check)
+                if d:
+                    return d, worst
+        # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).
+        base = ranks[0]["steps"][k]["params"]
+        for r in range(1, len(ranks)):
+            for i, (a, b) in enumerate(zip(base, ranks[r]["steps"][k]["params"])):
+                if not torch.equal(a, b):
+                    return Divergence(k, "rank-agreement", r, i, names[i], (a.double() - b.double()).abs().max().item(), 0.0,
+                                      "ranks must hold bitwise identical parameters after each step"), worst
+    return None, worst
+
+
+def _compare_state(k, r, got_state, ref_state, rtol, names, check):
+    if set(got_state) != set(ref_state):
+        missing = sorted(set(ref_state) - set(got_state))
+        extra = sorted(set(got_state) - set(ref_state))
+        return Divergence(k, "state", r, (missing or extra)[0], None, float("inf"), 0.0,
+                          f"optimizer state for parameters missing {missing}, unexpected {extra}")
+    for i in sorted(ref_state):
+        for key, ref in ref_state[i].items():
+            got = got_state[i].get(key)
+            if got is None:
+                return Divergence(k, "state", r, i, names[i], float("inf"), 0.0, f"state key {key!r} missing")
+            d = check(k, "state", r, i, got.reshape(ref.shape) if got.numel() == ref.numel() else got, ref, rtol)
+            if d:
+                d.detail = f"state {key!r}. " + d.detail
+                return d
+    return None

@@ -1,0 +1,457 @@
+"""Triton RMSNorm, forward and backward, in four layers (STYLE rule 11).
+
+kernels (``@triton.jit``) -> launchers (plan, checks, allocation) -> ``RMSNormFunction``
+(``torch.autograd.Function``) -> ``TritonRMSNorm`` (``nn.Module``). The specification is
+``paracheck.oracle.rmsnorm.rms_norm_reference``; ``RMSNORM_TOLERANCES`` says how close these
+kernels are to it.
+
+Note [interpreter mode]: triton decides between compiling and interpreting a kernel when
+``triton.jit`` runs, reading ``TRITON_INTERPRET`` at that moment. The kernels here are therefore
+plain functions wrapped in ``_LazyJit``, which calls ``triton.jit`` at the first launch (and again
+if the mode changed), so importing this module fixes nothing and ``import paracheck.kernels``
+works without triton installed; a missing triton is reported at the first launch.
+
+Note [tiles and programs]: the forward runs one program per tile of ``ROWS`` rows, the whole
+(power-of-two padded) row in registers. The backward is persistent: a few programs per SM each
+walk tiles ``pid, pid + P, ...``, keep the dweight contribution of their rows in a register
+tile, and write one float32 partial row each; a second small kernel sums the ``P`` partials
+(deterministic: no atomics). In the interpreter each program instance costs about 1.6 ms
+whatever its size, so the plan uses few programs with many rows there.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+
+    class tl:  # noqa: N801 - stands in for triton.language so kernel annotations evaluate
+        constexpr = None
+
+
+__all__ = [
+    "MAX_WIDTH",
+    "RMSNORM_INTERPRETER_TOLERANCES",
+    "RMSNORM_TOLERANCES",
+    "RMSNormFunction",
+    "RMSNormKernels",
+    "RMSNormTolerance",
+    "TritonRMSNorm",
+    "lazy_jit",
+    "rms_norm",
+    "rms_norm_tolerance",
+    "rounding_depth",
+    "triton_available",
+]
+
+MAX_WIDTH = 65536
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def triton_available() -> bool:
+    """Whether triton can be imported (kernels can run at all)."""
+    return triton is not None
+
+
+def _interpreting() -> bool:
+    # Same source of truth as triton.jit itself (Note [interpreter mode]).
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+class _LazyJit:
+    """A kernel function that is ``triton.jit``-decorated at its first launch."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_mode: dict[bool, object] = {}
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid):
+        if triton is None:
+            raise RuntimeError(
+                "paracheck.kernels needs triton: pip install 'paracheck[triton]' (or triton>=3.0)"
+            )
+        mode = _interpreting()
+        jitted = self._by_mode.get(mode)
+        if jitted is None:
+            jitted = self._by_mode[mode] = triton.jit(self.fn)
+        return jitted[grid]
+
+
+def lazy_jit(fn) -> _LazyJit:
+    """Decorator: ``triton.jit`` deferred to the first launch (Note [interpreter mode])."""
+    return _LazyJit(fn)
+
+
+# --------------------------------------------------------------------------------------------
+# Layer 1: kernels. All arithmetic in float32 whatever the storage dtype.
+
+
+@lazy_jit
+def _rms_norm_fwd_kernel(
+    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+
+
+@lazy_jit
+def _rms_norm_bwd_kernel(
+    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
+    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in range(pid * ROWS, n_rows, step):
+        rows = start + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        ok = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        wdy = dy * w[None, :]
+        c = tl.sum(xhat * wdy, axis=1) / n_cols
+        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+        dw_acc += dy * xhat
+    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+@lazy_jit
+def _rms_norm_dw_kernel(
+    PARTIAL, DW, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, n_partials, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        ok = (ps < n_partials)[:, None] & col_ok[None, :]
+        acc += tl.load(PARTIAL + ps[:, None] * n_cols + cols[None, :], mask=ok, other=0.0)
+    tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+
+
+@dataclass(frozen=True)
+class RMSNormKernels:
+    """The three kernels a launch uses; mutants swap one of them for a broken variant."""
+
+    forward: _LazyJit
+    backward: _LazyJit
+    reduce_dweight: _LazyJit
+
+
+_KERNELS = RMSNormKernels(_rms_norm_fwd_kernel, _rms_norm_bwd_kernel, _rms_norm_dw_kernel)
+
+
+# --------------------------------------------------------------------------------------------
+# Layer 2: launchers. A pure plan, then checks, allocation and launches.
+
+
+@dataclass(frozen=True)
+class _Plan:
+    block_d: int
+    fwd_rows: int
+    fwd_warps: int
+    bwd_rows: int
+    bwd_warps: int
+    bwd_programs: int
+    red_block_p: int
+    red_block_n: int
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps: int,
+              bwd_rows: int, bwd_warps: int, bwd_per_sm: int) -> _Plan:
+    """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
+    block_d = triton.next_power_of_2(n_cols)
+    n_tiles = -(-n_rows // bwd_rows)
+    waves = -(-n_tiles // (bwd_per_sm * n_sms))
+    programs = -(-n_tiles // waves)
+    # One pass over the partials when they fit: BLOCK_P x BLOCK_N = 4096 values per program.
+    red_block_p = min(triton.next_power_of_2(programs), 1024)
+    red_block_n = _clamp(4096 // red_block_p, 1, block_d)
+    return _Plan(block_d, fwd_rows, fwd_warps, bwd_rows, bwd_warps, programs, red_block_p,
+                 red_block_n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int) -> _Plan:
+    """Block sizes, warps and program counts (Note [tiles and programs]); pure."""
+    block_d = triton.next_power_of_2(n_cols)
+    if interpreted:
+        # ~32k elements per tile: numpy does the work, per-program overhead is amortised.
+        rows = min(_pow2_at_most(32768 // block_d), triton.next_power_of_2(n_rows))
+        programs = min(-(-n_rows // rows), 2)
+        return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
+                     block_d)
+    # GPU: tiles of >= 4096 elements (fewer, fatter programs for narrow rows) and about 16
+    # float32 values per thread per tensor, so the whole tile lives in registers.
+    rows = min(_pow2_at_most(max(1, 4096 // block_d)), 16, triton.next_power_of_2(n_rows))
+    warps = _clamp(rows * block_d // 512, 4, 16)
+    return _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=warps,
+                     bwd_rows=rows, bwd_warps=warps, bwd_per_sm=2)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Test hook: when set, outputs are allocated full of NaN instead of uninitialised, so an
+# element a kernel forgot to write cannot pass a comparison by luck.
+_POISON_OUTPUTS = False
+
+
+@contextmanager
+def _poisoned_outputs():
+    global _POISON_OUTPUTS
+    previous, _POISON_OUTPUTS = _POISON_OUTPUTS, True
+    try:
+        yield
+    finally:
+        _POISON_OUTPUTS = previous
+
+
+def _empty(shape, *, dtype, device) -> torch.Tensor:
+    if _POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"x must be a tensor of shape (..., d), got {type(x).__name__} "
+                         f"with shape {tuple(getattr(x, 'shape', ()))}")
+    d = x.shape[-1]
+    if not 1 <= d <= MAX_WIDTH:
+        raise ValueError(f"width d=x.shape[-1]={d} must be in [1, {MAX_WIDTH}]")
+    if weight.dim() != 1 or weight.shape[0] != d:
+        raise ValueError(f"weight.shape={tuple(weight.shape)} must be ({d},) to match x.shape[-1]")
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype not in _SUPPORTED_DTYPES:
+            raise ValueError(f"{name}.dtype={t.dtype} is not supported; use one of "
+                             f"torch.float32, torch.bfloat16, torch.float16")
+    if x.device != weight.device:
+        raise ValueError(f"x.device={x.device} and weight.device={weight.device} must be the same")
+    if x.device.type != "cuda" and not (triton is not None and _interpreting()):
+        raise ValueError(f"x.device={x.device}: Triton kernels need CUDA tensors, or "
+                         f"TRITON_INTERPRET=1 to interpret them on CPU")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps={eps} must be finite and >= 0")
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D (rows, d) tensor with unit column stride, copying only if it must."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    d = t.shape[-1]
+    try:
+        return t.view(-1, d)  # keeps a padded row stride (sliced views) without a copy
+    except RuntimeError:
+        return t.reshape(-1, d)
+
+
+def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
+    n_rows, n_cols = x2.shape
+    y = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
+    rstd = _empty((n_rows,), dtype=torch.float32, device=x2.device)
+    if n_rows == 0:
+        return y, rstd
+    p = plan_override or _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda",
+                               n_sms=_sm_count(x2.device))
+    grid = (triton.cdiv(n_rows, p.fwd_rows),)
+    kernels.forward[grid](
+        x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
+        BLOCK_D=p.block_d, ROWS=p.fwd_rows, num_warps=p.fwd_warps,
+    )
+    return y, rstd
+
+
+def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
+    n_rows, n_cols = x2.shape
+    dx = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
+    if n_rows == 0:
+        return dx, torch.zeros_like(weight)
+    p = plan_override or _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda",
+                               n_sms=_sm_count(x2.device))
+    partial = _empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x2.device)
+    dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
+    kernels.backward[(p.bwd_programs,)](
+        x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
+        n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, num_warps=p.bwd_warps,
+    )
+    kernels.reduce_dweight[(triton.cdiv(n_cols, p.red_block_n),)](
+        partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
+        num_warps=4,
+    )
+    return dx, dw
+
+
+# --------------------------------------------------------------------------------------------
+# Layer 3: autograd.
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """``rms_norm_reference(x, weight, eps)`` and its gradients, by Triton kernels.
+
+    Equals the float64 oracle within ``RMSNORM_TOLERANCES[x.dtype]`` for ``x`` of shape
+    ``(..., d)`` with ``1 <= d <= MAX_WIDTH``, float32/bfloat16/float16 storage (float32
+    arithmetic), CUDA tensors or CPU tensors under ``TRITON_INTERPRET=1``. Any strides are
+    accepted (a copy is made only where the last dimension is not contiguous or the leading
+    dimensions cannot be flattened). ``apply(x, weight, eps, kernels=None)``: ``kernels`` is for
+    mutants only.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, kernels=None):
+        eps = float(eps)
+        _check_inputs(x, weight, eps)
+        kernels = kernels or _KERNELS
+        x2 = _as_rows(x)
+        y, rstd = _rms_norm_forward(x2, weight, eps, kernels)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.kernels = kernels
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        dx, dw = _rms_norm_backward(_as_rows(dy), x2, weight, rstd, ctx.kernels)
+        return (dx.view(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+                dw if ctx.needs_input_grad[1] else None, None, None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Functional form of ``RMSNormFunction``."""
+    return RMSNormFunction.apply(x, weight, eps)
+
+
+# --------------------------------------------------------------------------------------------
+# Layer 4: module.
+
+
+class TritonRMSNorm(torch.nn.Module):
+    """RMSNorm over the last dimension: equals ``rms_norm_reference(x, self.weight, eps)``.
+
+    Tolerances, supported widths, dtypes and devices are ``RMSNormFunction``'s. ``weight``
+    starts at ones, like ``torch.nn.RMSNorm``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, *, device=None, dtype=None):
+        super().__init__()
+        if not 1 <= d_model <= MAX_WIDTH:
+            raise ValueError(f"d_model={d_model} must be in [1, {MAX_WIDTH}]")
+        self.d_model = d_model
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RMSNormFunction.apply(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+# --------------------------------------------------------------------------------------------
+# Tolerances against the float64 oracle.
+
+
+@dataclass(frozen=True)
+class RMSNormTolerance:
+    """How far an output of storage dtype ``dtype`` may be from the float64 reference.
+
+    For an output element with reference ``r`` and error scale ``s`` (the sum of the absolute
+    values of the terms that make it, so cancellation is accounted for; ``s = |r|`` for the
+    forward), the bound is ``output_rel * |r| + 2 * k * u * s + atol`` where ``u = 2**-24`` is
+    float32's unit roundoff (all arithmetic is float32), ``k`` counts the roundings on the
+    longest path (see ``rounding_depth``) and the factor 2 is slack for second-order terms.
+    """
+
+    output_rel: float  # rounding of the float32 result into the storage dtype
+    atol: float  # below the dtype's smallest normal number, relative accuracy is lost
+
+
+_U32 = 2.0**-24
+
+
+def rounding_depth(n: int) -> int:
+    """Roundings on the longest path of a length-``n`` float32 sum, plus the pointwise ops.
+
+    Triton's ``tl.sum`` adds each thread's own values in sequence (at most 32 per thread for
+    the launch plans used with n <= 16384, 128 up to MAX_WIDTH) and then combines threads in a
+    tree; numpy (the interpreter) sums pairwise in blocks of 8. A sum of non-negative-scale terms
+    computed by any tree of depth t has relative error <= t*u, so t <= 128 + log2(n), capped by
+    the n-1 of plain recursive summation. The +8 covers sqrt, division and the 3-4 products and
+    subtraction around the sums.
+    """
+    return min(n - 1, 128 + max(1, n - 1).bit_length()) + 8
+
+
+RMSNORM_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
+    # float32 storage: the result is already float32; nothing is added by storing it. atol is
+    # float32's smallest normal (the GPU may flush subnormal intermediates to zero).
+    torch.float32: RMSNormTolerance(output_rel=0.0, atol=2.0**-126),
+    # bfloat16 (8 significant bits): round-to-nearest on the GPU costs half an ulp, 2**-8
+    # relative. The Triton INTERPRETER truncates float32 -> bfloat16 instead of rounding
+    # (DESIGN.md), which costs up to one full ulp, 2**-7 relative; the interpreter entry below
+    # allows that. The reference itself is the exact float64 value, not its bf16 rounding.
+    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-8, atol=2.0**-126),
+    # float16 (11 significant bits): half an ulp is 2**-11 relative above the smallest normal
+    # 2**-14; below it the spacing is the fixed 2**-24, so atol is that spacing.
+    torch.float16: RMSNormTolerance(output_rel=2.0**-11, atol=2.0**-24),
+}
+
+# Under TRITON_INTERPRET=1 (CPU), float32 -> bfloat16 truncates: one ulp instead of half.
+RMSNORM_INTERPRETER_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
+    **RMSNORM_TOLERANCES,
+    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-7, atol=2.0**-126),
+}
+
+
+def rms_norm_tolerance(dtype: torch.dtype, *, interpreted: bool) -> RMSNormTolerance:
+    """The tolerance for outputs stored in ``dtype``, on the GPU or in the interpreter."""
+    table = RMSNORM_INTERPRETER_TOLERANCES if interpreted else RMSNORM_TOLERANCES
+    return table[dtype]

@@ -1,0 +1,168 @@
+"""Deliberately broken RMSNorm kernels the property checks must kill.
+
+Each mutant differs from ``paracheck.kernels.rmsnorm`` by one realistic bug in one kernel, and
+runs through the same ``RMSNormFunction`` (so the same launchers, plans and autograd), with the
+broken kernel swapped into an ``RMSNormKernels`` set. ``RMSNORM_MUTANTS[name](x, weight, eps)``
+returns ``y`` with autograd, like ``paracheck.kernels.rms_norm``; ``RMSNORM_MUTANT_DESCRIPTIONS``
+says what is broken and which inputs expose it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paracheck.kernels.rmsnorm import (
+    _KERNELS,
+    RMSNormFunction,
+    RMSNormKernels,
+    lazy_jit,
+    tl,
+)
+
+__all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
+
+
+@lazy_jit
+def _fwd_eps_outside_sqrt(
+    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+
+
+@lazy_jit
+def _fwd_unmasked_tail(
+    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    # BUG: the load masks rows only, so the padded tail of the block (cols >= n_cols) reads
+    # whatever follows the row (the next row, padding, or a guard buffer) into the sum.
+    x_mask = row_ok[:, None] & (cols[None, :] < BLOCK_D)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+
+
+@lazy_jit
+def _bwd_dx_without_mean_term(
+    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in range(pid * ROWS, n_rows, step):
+        rows = start + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        ok = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        wdy = dy * w[None, :]
+        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * mean(xhat*w*dy))
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+        dw_acc += dy * xhat
+    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+@lazy_jit
+def _bwd_partials_overwrite(
+    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in range(pid * ROWS, n_rows, step):
+        rows = start + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        ok = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        wdy = dy * w[None, :]
+        c = tl.sum(xhat * wdy, axis=1) / n_cols
+        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+        dw_acc += dy * xhat
+    # BUG: the partial row index (pid * n_cols) is missing: every program writes row 0.
+    tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+def _with(**swap) -> RMSNormKernels:
+    kernels = {"forward": _KERNELS.forward, "backward": _KERNELS.backward,
+               "reduce_dweight": _KERNELS.reduce_dweight}
+    kernels.update(swap)
+    return RMSNormKernels(**kernels)
+
+
+def _mutant(kernels: RMSNormKernels, name: str, description: str):
+    def rms_norm_mutant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return RMSNormFunction.apply(x, weight, eps, kernels)
+
+    rms_norm_mutant.__name__ = rms_norm_mutant.__qualname__ = f"rms_norm_{name}"
+    rms_norm_mutant.__doc__ = description
+    return rms_norm_mutant
+
+
+RMSNORM_MUTANT_DESCRIPTIONS: dict[str, str] = {
+    "eps_outside_sqrt": (
+        "forward computes x / (sqrt(mean(x^2)) + eps): invisible for mean(x^2) >> eps, "
+        "exposed by small-magnitude rows"
+    ),
+    "unmasked_tail_load": (
+        "forward loads the padded tail of the block without a column mask: exposed by any "
+        "width that is not a power of two (reads the next row, padding or NaN guards)"
+    ),
+    "dx_without_mean_term": (
+        "backward treats rstd as a constant, dx = rstd * w * dy: wrong dx whenever "
+        "sum(xhat * w * dy) != 0"
+    ),
+    "dweight_partials_overwrite": (
+        "every backward program stores its dweight partial in row 0 of the partial buffer "
+        "(missing pid offset): programs overwrite each other and the other rows stay unwritten; "
+        "exposed once the backward runs on two or more programs"
+    ),
+}
+
+_MUTANT_KERNELS = {
+    "eps_outside_sqrt": _with(forward=_fwd_eps_outside_sqrt),
+    "unmasked_tail_load": _with(forward=_fwd_unmasked_tail),
+    "dx_without_mean_term": _with(backward=_bwd_dx_without_mean_term),
+    "dweight_partials_overwrite": _with(backward=_bwd_partials_overwrite),
+}
+
+RMSNORM_MUTANTS = {
+    name: _mutant(kernels, name, RMSNORM_MUTANT_DESCRIPTIONS[name])
+    for name, kernels in _MUTANT_KERNELS.items()
+}

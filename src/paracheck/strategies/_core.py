@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from paracheck.cases import Case, GroupSpec, OptimizerSpec
+from paracheck.workloads import MLPSpec, ToySpec
+
+__all__ = ["world_sizes", "mlp_specs", "model_specs", "optimizer_specs", "bucket_sizes_mb", "cases"]
+
+
+def _check_bounds(name: str, lo: int, hi: int, floor: int = 1) -> None:
+    for arg, v in ((f"min_{name}", lo), (f"max_{name}", hi)):
+        if not isinstance(v, int) or v < floor:
+            raise ValueError(f"{arg}={v!r} must be an int >= {floor}")
+    if lo > hi:
+        raise ValueError(f"min_{name}={lo} must be <= max_{name}={hi}")
+
+
+@st.composite
+def _world_sizes(draw, lo, hi):
+    return draw(st.integers(lo, hi))
+
+
+def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[int]:
+    """World sizes in [min_size, max_size], shrinking toward ``min_size``."""
+    _check_bounds("size", min_size, max_size)
+    return st.integers(min_size, max_size)
+
+
+@st.composite
+def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool = True) -> MLPSpec:
+    """MLP specs from 1 layer of width 1 upward; with ``features``, also frozen parameters,
+    tied blocks, unused and data-dependent branches and buffers (each shrinks to "off")."""
+    _check_bounds("layers", 1, max_layers)
+    _check_bounds("width", 1, max_width)
+    n = draw(st.integers(1, max_layers))
+    widths = tuple(draw(st.lists(st.integers(1, max_width), min_size=n, max_size=n)))
+    in_features = draw(st.integers(1, max_width))
+    bias = draw(st.booleans())
+    if not features:
+        return MLPSpec(in_features=in_features, widths=widths, bias=bias)
+    tied = draw(st.booleans())
+    unused = draw(st.sampled_from(["none", "data", "always"]))
+    buffer = draw(st.booleans())
+    names = [f"layers.{i}.weight" for i in range(n)] + ([f"layers.{i}.bias" for i in range(n)] if bias else [])
+    frozen = tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2)))) if draw(st.booleans()) else ()
+    return MLPSpec(in_features=in_features, widths=widths, bias=bias, frozen=frozen, tied=tied,
+                   unused=unused, buffer=buffer)
+
+
+def model_specs(*, max_layers: int = 3, max_width: int = 7) -> st.SearchStrategy:
+    """MLP specs (mostly) and the CS336 toy models."""
+    return st.one_of(mlp_specs(max_layers=max_layers, max_width=max_width),
+                     st.builds(ToySpec, tied=st.booleans()))
+
+
+def _n_params(spec) -> int:
+    from paracheck.workloads import build_model
+
+    return len(list(build_model(spec, seed=0).parameters()))
+
+
+@st.composite
+def optimizer_specs(draw, *, n_params: int, names=("sgd", "adam", "adamw"), max_groups: int = 3,
+                    late_groups: bool = True) -> OptimizerSpec:
+    """An optimizer over ``n_params`` parameters split into 1..max_groups groups with their own
+    lr / weight decay / momentum / betas; optionally a group added mid-training."""
+    if n_params < 1:
+        raise ValueError(f"n_params={n_params!r} must be >= 1")
+    name = draw(st.sampled_from(names))
+    k = draw(st.integers(1, max(1, min(max_groups, n_params))))
+    # Assign each parameter a group label; group 0 is the constructor's first group.
+    labels = draw(st.lists(st.integers(0, k - 1), min_size=n_params, max_size=n_params))
+    groups = []
+    for g in range(k):
+        idx = tuple(i for i, lab in enumerate(labels) if lab == g)
+        if not idx:
+            continue
+        lr = draw(st.sampled_from([0.05, 0.1, 0.01] if name == "sgd" else [1e-3, 1e-2]))
+        wd = draw(st.sampled_from([0.0, 0.1]))
+        mom = draw(st.sampled_from([0.0, 0.9])) if name == "sgd" else 0.0
+        betas = draw(st.sampled_from([(0.9, 0.999), (0.8, 0.99)]))
+        late = draw(st.sampled_from([None, 1])) if (late_groups and groups) else None
+        groups.append(GroupSpec(params=idx, lr=lr, weight_decay=wd, momentum=mom, betas=betas, add_at_step=late))
+    decay = draw(st.sampled_from([1.0, 0.5]))
+    as_gen = len(groups) == 1 and draw(st.booleans())
+    return OptimizerSpec(name=name, groups=tuple(groups), lr_decay=decay, as_generator=as_gen)
+
+
+def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1) -> st.SearchStrategy[float]:
+    """Bucket caps in MB from below the smallest parameter to above the whole model."""
+    if model_bytes < 1:
+        raise ValueError(f"model_bytes={model_bytes!r} must be >= 1")
+    return st.integers(1, max(2, 2 * model_bytes)).map(lambda b: b / 2**20)
+
+
+@st.composite
+def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, max_steps: int = 3,
+          max_accumulation: int = 2, dtype: str = "float64", models=None, optimizers=("sgd", "adam", "adamw"),
+          rank_dependent_init: bool | None = None) -> Case:
+    """Complete cases: world, model, per-rank batches, optimizer groups, protocol flags."""
+    _check_bounds("world_size", min_world_size, max_world_size)
+    w = draw(st.integers(min_world_size, max_world_size))
+    spec = draw(models if models is not None else model_specs())
+    n = _n_params(spec)
+    opt = draw(optimizer_specs(n_params=n, names=optimizers))
+    steps = draw(st.integers(1, max_steps))
+    if any(g.add_at_step is not None for g in opt.groups) and steps < 2:
+        steps = 2
+    acc = draw(st.integers(1, max_accumulation))
+    batch = tuple(draw(st.lists(st.integers(1, 3), min_size=w, max_size=w)))
+    from paracheck.workloads import build_model
+
+    nbytes = sum(p.numel() * 8 for p in build_model(spec, seed=0).parameters())
+    bucket = draw(bucket_sizes_mb(model_bytes=nbytes))
+    rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
+    return Case(model=spec, world_size=w, batch_sizes=batch, steps=steps, accumulation=acc,
+                no_sync=draw(st.booleans()), optimizer=opt, bucket_size_mb=bucket,
+                seed=draw(st.integers(0, 2**16)), rank_dependent_init=rdi,
+                set_to_none=draw(st.booleans()), dtype=dtype)

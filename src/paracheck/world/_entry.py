@@ -1,0 +1,13 @@
+"""``python -m paracheck.world._entry ...``: the command line of one rank process.
+
+A separate module so that ``paracheck.world._rank`` is imported normally (runpy warns when the
+module it runs as __main__ was already imported through its package).
+"""
+
+import sys
+
+from paracheck.world._rank import rank_main
+
+if __name__ == "__main__":
+    _rank, _host, _port, _driver, _stacks, _backend, _device, _timeout = sys.argv[1:9]
+    rank_main(int(_rank), _host, int(_port), _driver, _stacks, _backend, _device or None, float(_timeout))

@@ -1,0 +1,309 @@
+"""Triton RMSNorm equals the float64 oracle ``paracheck.oracle.rmsnorm`` (forward, dx, dweight).
+
+On a machine without CUDA the kernels run in the Triton interpreter: ``TRITON_INTERPRET`` is set
+below before any kernel is decorated (paracheck.kernels decorates at first launch). The
+interpreter costs ~1.6 ms per program instance, so cases are size-weighted: the number of
+elements per example is capped, wide rows come with few rows.
+
+Every input lives inside a buffer of NaN (guards on both sides, NaN padding between the rows of
+sliced views), so a kernel that reads outside its row produces NaN; outputs are allocated full
+of NaN, so an element a kernel forgot to write fails too. NaN never passes a bound.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton", reason="the RMSNorm kernels need triton (pip install triton)")
+
+from hypothesis import HealthCheck, Phase, example, find, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from paracheck.kernels.rmsnorm import (  # noqa: E402
+    MAX_WIDTH,
+    RMSNormFunction,
+    TritonRMSNorm,
+    _interpreting,
+    _poisoned_outputs,
+    rms_norm,
+    rms_norm_tolerance,
+    rounding_depth,
+)
+from paracheck.mutants.rmsnorm import RMSNORM_MUTANTS  # noqa: E402
+from paracheck.oracle.rmsnorm import rms_norm_reference, rms_norm_reference_grads  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+LAYOUTS = ("contiguous", "sliced", "transposed", "batched")
+# Interpreter budget: elements per example (x, dy, dx, y each this big). On a GPU, bigger.
+MAX_ELEMENTS = 2**16 if INTERPRETED else 2**22
+_U32 = 2.0**-24
+
+
+# ------------------------------------------------------------------------------------------
+# Cases and their inputs.
+
+
+@dataclass(frozen=True)
+class RMSNormCase:
+    rows: int
+    width: int
+    dtype: torch.dtype
+    weight_dtype: torch.dtype
+    layout: str  # how x and dy are laid out in memory; see _layout
+    x_scale: float  # rows with mean(x^2) ~ eps expose epsilon bugs
+    eps: float
+    seed: int
+
+
+@st.composite
+def rms_norm_cases(
+    draw, *, max_elements=MAX_ELEMENTS, max_rows=4096, max_width=16384, dtypes=DTYPES,
+    layouts=LAYOUTS,
+):
+    """Cases whose rows * width stays under ``max_elements``; shrink toward one small row."""
+    if not 1 <= max_width <= MAX_WIDTH:
+        raise ValueError(f"max_width={max_width} must be in [1, {MAX_WIDTH}]")
+    width = draw(st.one_of(
+        st.integers(1, min(64, max_width)),
+        st.sampled_from([w for w in (127, 1000, 1023, 1024, 1025, 1600, 4097, 12345, 16384)
+                         if w <= max_width]),
+        st.integers(1, max_width),
+    ))
+    rows = draw(st.integers(1, max(1, min(max_rows, max_elements // width))))
+    dtype = draw(st.sampled_from(dtypes))
+    weight_dtype = draw(st.sampled_from([dtype, torch.float32]))
+    return RMSNormCase(
+        rows=rows, width=width, dtype=dtype, weight_dtype=weight_dtype,
+        layout=draw(st.sampled_from(layouts)),
+        x_scale=draw(st.sampled_from([1.0, 1e-3, 30.0])),
+        eps=draw(st.sampled_from([1e-5, 1e-6, 1e-2])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _guarded(n: int, guard: int, dtype) -> torch.Tensor:
+    """A length-``n`` view into a NaN buffer with ``guard`` NaNs on each side."""
+    buf = torch.full((n + 2 * guard,), float("nan"), dtype=dtype, device=DEVICE)
+    return buf[guard:guard + n]
+
+
+def _layout(values: torch.Tensor, layout: str, guard: int) -> torch.Tensor:
+    """``values`` (rows, width) copied into a guarded buffer with the given memory layout."""
+    rows, width = values.shape
+    if layout == "contiguous":
+        out = _guarded(rows * width, guard, values.dtype).view(rows, width)
+    elif layout == "sliced":  # rows padded with NaN: row stride width + 3
+        out = _guarded(rows * (width + 3), guard, values.dtype).view(rows, width + 3)[:, :width]
+    elif layout == "transposed":  # column-major: the last dimension is not contiguous
+        out = _guarded(rows * width, guard, values.dtype).view(width, rows).t()
+    elif layout == "batched":  # (2, rows/2, width), or (rows, 1, width)
+        shape = (2, rows // 2, width) if rows % 2 == 0 else (rows, 1, width)
+        out = _guarded(rows * width, guard, values.dtype).view(shape)
+        out.copy_(values.view(shape))
+        return out
+    else:
+        raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
+    out.copy_(values)
+    return out
+
+
+def make_inputs(case: RMSNormCase):
+    """``(x, weight, dy)`` on DEVICE, each inside a NaN-guarded buffer."""
+    g = torch.Generator().manual_seed(case.seed)
+    guard = 1 << case.width.bit_length()  # >= the kernel's padded block width
+    x = torch.randn(case.rows, case.width, generator=g) * case.x_scale
+    dy = torch.randn(case.rows, case.width, generator=g)
+    w = 1.0 + torch.randn(case.width, generator=g)  # mixed signs, a few near zero
+    x = _layout(x.to(case.dtype).to(DEVICE), case.layout, guard)
+    dy = _layout(dy.to(case.dtype).to(DEVICE), case.layout, guard)
+    weight = _guarded(case.width, guard, case.weight_dtype)
+    weight.copy_(w.to(case.weight_dtype))
+    return x, weight, dy
+
+
+# ------------------------------------------------------------------------------------------
+# The check: errors against the float64 oracle, bounded element-wise.
+
+
+def _violations(name, got, ref, scale, depth, tol) -> list[str]:
+    """Elements where |got - ref| exceeds the tolerance; NaN always counts."""
+    err = (got.double() - ref).abs()
+    bound = tol.output_rel * ref.abs() + 2 * depth * _U32 * scale + tol.atol
+    bad = ~(err <= bound)  # NaN compares False, so it is bad
+    if not bool(bad.any()):
+        return []
+    i = int(torch.nonzero(bad.reshape(-1))[0])
+    return [f"{name}: {int(bad.sum())}/{bad.numel()} elements out of bound; first at flat index "
+            f"{i}: got {got.reshape(-1)[i].item()!r}, oracle {ref.reshape(-1)[i].item()!r}, "
+            f"bound {bound.reshape(-1)[i].item():.3g}"]
+
+
+def check_rms_norm(fn, case: RMSNormCase) -> list[str]:
+    """What ``fn(x, weight, eps)`` gets wrong on ``case`` against the oracle ([] if nothing).
+
+    The oracle is evaluated on float64 copies of the inputs, so it is the exact value up to
+    float64 rounding; the bounds are ``RMSNormTolerance``'s, with error scales that account for
+    cancellation (dx) and for the length of each reduction (``rounding_depth``).
+    """
+    x, weight, dy = make_inputs(case)
+    x.requires_grad_(True)
+    weight.requires_grad_(True)
+    with _poisoned_outputs():
+        y = fn(x, weight, case.eps)
+        y.backward(dy)
+    problems = []
+    if y.shape != x.shape or y.dtype != x.dtype:
+        problems.append(f"y has shape {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype}")
+    if x.grad is None or weight.grad is None:
+        return problems + ["a gradient is missing"]
+    if x.grad.dtype != x.dtype or weight.grad.dtype != weight.dtype:
+        problems.append(f"grad dtypes {x.grad.dtype}, {weight.grad.dtype} differ from inputs")
+    x64, w64, dy64 = x.detach().double(), weight.detach().double(), dy.double()
+    y_ref = rms_norm_reference(x64, w64, case.eps)
+    dx_ref, dw_ref = rms_norm_reference_grads(x64, w64, dy64, case.eps)
+    rstd = torch.rsqrt(x64.square().mean(-1, keepdim=True) + case.eps)
+    xhat = x64 * rstd
+    wdy = (w64 * dy64).abs()
+    dx_scale = rstd * (wdy + xhat.abs() * (xhat.abs() * wdy).mean(-1, keepdim=True))
+    dw_scale = (dy64 * xhat).abs().reshape(-1, case.width).sum(0)
+    d_depth = rounding_depth(case.width)
+    interp = _interpreting()
+    tol_x = rms_norm_tolerance(x.dtype, interpreted=interp)
+    tol_w = rms_norm_tolerance(weight.dtype, interpreted=interp)
+    problems += _violations("y", y.detach(), y_ref, y_ref.abs(), d_depth, tol_x)
+    problems += _violations("dx", x.grad, dx_ref, dx_scale, d_depth, tol_x)
+    problems += _violations("dweight", weight.grad, dw_ref, dw_scale,
+                            d_depth + rounding_depth(case.rows), tol_w)
+    return problems
+
+
+def _assert_matches(fn, case):
+    problems = check_rms_norm(fn, case)
+    assert not problems, f"{case}:\n" + "\n".join(problems)
+
+
+_SETTINGS = dict(deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# ------------------------------------------------------------------------------------------
+# Properties.
+
+_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+@settings(max_examples=300 if INTERPRETED else 100, **_SETTINGS)
+@given(rms_norm_cases())
+@example(RMSNormCase(1, 1, _F32, _F32, "contiguous", 1.0, 1e-5, 0))  # width 1: dx ~ 0
+@example(RMSNormCase(3, 16384, _BF16, _BF16, "contiguous", 1.0, 1e-5, 1))  # widest, few rows
+@example(RMSNormCase(4096, 7, _F16, _F16, "sliced", 1e-3, 1e-5, 2))  # many rows, eps matters
+@example(RMSNormCase(40, 1600, _F32, _F32, "contiguous", 1.0, 1e-5, 3))  # 2 backward programs
+def test_rms_norm_matches_oracle(case):
+    """Forward, dx and dweight equal the float64 oracle within the dtype's tolerance."""
+    _assert_matches(rms_norm, case)
+
+
+@settings(max_examples=100 if INTERPRETED else 30, **_SETTINGS)
+@given(rms_norm_cases(layouts=("sliced", "transposed", "batched")))
+def test_non_contiguous_inputs_match_oracle(case):
+    """Strided x and dy (padded rows, column-major, 3-D) equal the oracle like contiguous ones."""
+    _assert_matches(rms_norm, case)
+
+
+def test_module_matches_oracle():
+    """TritonRMSNorm on a (batch, seq, d) input equals the oracle, gradients included."""
+    torch.manual_seed(0)
+    module = TritonRMSNorm(96, eps=1e-6, device=DEVICE, dtype=torch.float32)
+    with torch.no_grad():
+        module.weight.normal_()
+    x = torch.randn(2, 5, 96, device=DEVICE, requires_grad=True)
+    dy = torch.randn(2, 5, 96, device=DEVICE)
+    module(x).backward(dy)
+    y_ref = rms_norm_reference(x.double(), module.weight.double(), 1e-6)
+    dx_ref, dw_ref = rms_norm_reference_grads(x.double(), module.weight.double(), dy.double(), 1e-6)
+    torch.testing.assert_close(module(x).double(), y_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(module.weight.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
+    assert "96, eps=1e-06" in repr(module)
+
+
+def test_empty_batch_gives_empty_outputs():
+    """Zero rows: y and dx are empty, dweight is zero (the oracle's sum over no rows)."""
+    x = torch.zeros(0, 8, device=DEVICE, requires_grad=True)
+    w = torch.ones(8, device=DEVICE, requires_grad=True)
+    rms_norm(x, w).sum().backward()
+    assert x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros(8, device=DEVICE))
+
+
+# ------------------------------------------------------------------------------------------
+# The properties kill every mutant.
+
+
+@pytest.mark.parametrize("name", sorted(RMSNORM_MUTANTS))
+def test_mutant_is_killed(name):
+    """Hypothesis finds a case where the mutant's output differs from the oracle."""
+    mutant = RMSNORM_MUTANTS[name]
+    # Layouts keep every input inside its NaN guard: the unmasked mutant reads past the row,
+    # and a transposed input's contiguous copy would have no guard around it.
+    cases = rms_norm_cases(layouts=("contiguous", "sliced"))
+    found = find(
+        cases, lambda case: bool(check_rms_norm(mutant, case)),
+        settings=settings(max_examples=150, phases=[Phase.generate], derandomize=True,
+                          **_SETTINGS),
+    )
+    assert check_rms_norm(mutant, found)
+
+
+# ------------------------------------------------------------------------------------------
+# Refused inputs name the argument and its value.
+
+
+@pytest.mark.parametrize("width", [0, MAX_WIDTH + 1])
+def test_unsupported_width_is_refused(width):
+    """A width outside [1, MAX_WIDTH] raises ValueError naming d and its value."""
+    x = torch.zeros(2, width, device=DEVICE)
+    w = torch.ones(width, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"d=x.shape\[-1\]={width} must be in \[1, {MAX_WIDTH}\]"):
+        rms_norm(x, w)
+    with pytest.raises(ValueError, match=rf"d_model={width}"):
+        TritonRMSNorm(width)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32])
+def test_unsupported_dtype_is_refused(dtype):
+    """float64 and integer inputs raise ValueError naming x.dtype."""
+    x = torch.zeros(2, 8, device=DEVICE, dtype=dtype)
+    with pytest.raises(ValueError, match=rf"x.dtype={dtype} is not supported"):
+        rms_norm(x, torch.ones(8, device=DEVICE))
+    with pytest.raises(ValueError, match=rf"weight.dtype={dtype} is not supported"):
+        rms_norm(torch.zeros(2, 8, device=DEVICE), torch.ones(8, device=DEVICE, dtype=dtype))
+
+
+def test_mismatched_weight_is_refused():
+    """A weight whose shape is not (d,) raises ValueError naming weight.shape."""
+    with pytest.raises(ValueError, match=r"weight.shape=\(7,\) must be \(8,\)"):
+        rms_norm(torch.zeros(2, 8, device=DEVICE), torch.ones(7, device=DEVICE))
+
+
+def test_bad_eps_is_refused():
+    """A negative or non-finite eps raises ValueError naming eps."""
+    with pytest.raises(ValueError, match=r"eps=-1.0 must be finite and >= 0"):
+        rms_norm(torch.zeros(2, 8, device=DEVICE), torch.ones(8, device=DEVICE), -1.0)
+
+
+def test_device_mismatch_is_refused():
+    """x and weight on different devices raise ValueError naming both devices."""
+    other = "meta"
+    with pytest.raises(ValueError, match=r"x.device=.* and weight.device=meta must be the same"):
+        rms_norm(torch.zeros(2, 8, device=DEVICE), torch.ones(8, device=other))
