@@ -42,8 +42,9 @@ def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool =
     tied = draw(st.booleans())
     unused = draw(st.sampled_from(["none", "data", "always"]))
     buffer = draw(st.booleans())
-    names = [f"layers.{i}.weight" for i in range(n)] + ([f"layers.{i}.bias" for i in range(n)] if bias else [])
-    frozen = tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2)))) if draw(st.booleans()) else ()
+    # The last layer's weight stays trainable so that every loss requires grad.
+    names = [f"layers.{i}.weight" for i in range(n - 1)] + ([f"layers.{i}.bias" for i in range(n)] if bias else [])
+    frozen = tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2)))) if names and draw(st.booleans()) else ()
     return MLPSpec(in_features=in_features, widths=widths, bias=bias, frozen=frozen, tied=tied,
                    unused=unused, buffer=buffer)
 
