@@ -2,12 +2,25 @@
 
 Variants: paracheck's Triton kernel, ``F.rms_norm``, the eager formula and ``torch.compile`` of
 the eager formula. Effective bandwidth counts x, y, dy and dx once each (4 * rows * d * 4 bytes)
-over the median time of one forward+backward (``triton.testing.do_bench``: L2 flushed before
-every call, gradients reset to None so no accumulation kernel runs). Each variant is first
-checked against the float64 oracle on the same inputs. Device copy bandwidth (a 2 GiB
-device-to-device copy, bytes read + written) is measured in the same run as the ceiling.
+over the median time of one forward+backward, gradients reset to None before each call (so no
+accumulation kernel runs). Each variant is first checked against the float64 oracle on the same
+inputs. Device copy bandwidth (a 2 GiB device-to-device copy, bytes read + written) is measured
+in the same run, by the same timer, as the ceiling.
 
-    PYTHONPATH=src python scripts/bench_rmsnorm.py            # table (written to $OUT too)
+Timers (both medians; see Note [timing]):
+
+* ``events`` (the main table): CUDA events around each call; before it, the L2 is flushed by
+  READING a 256 MiB buffer and the GPU is held by ``torch.cuda._sleep`` so that the host has
+  queued the whole call before it starts: what is timed is GPU time, launch gaps included.
+* ``do_bench``: ``triton.testing.do_bench``, which flushes the L2 by WRITING zeros to 256 MiB.
+
+Note [timing]: after do_bench's zero-fill the L2 (~60 MB on an H200) is full of dirty lines, and
+their write-back to DRAM is charged to the timed call: ~60 MB extra traffic, a large share for a
+4096x1024 float32 call (64 MB counted). A read flush leaves clean lines (cold cache, nothing to
+write back). do_bench also times host overhead when the host is slower than the GPU (the
+zero-fill hides only ~60 us); the host time per call is reported in its own table.
+
+    PYTHONPATH=src python scripts/bench_rmsnorm.py            # tables (written to $OUT too)
     PYTHONPATH=src python scripts/bench_rmsnorm.py --sweep    # also time launch plans
     TRITON_INTERPRET=1 PYTHONPATH=src python scripts/bench_rmsnorm.py --smoke  # CPU: code paths only
 """
@@ -17,7 +30,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +40,7 @@ import torch.nn.functional as F
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600)]
 EPS = 1e-5
 DEVICE = "cuda"
+SMOKE = False
 
 
 def eager_rms_norm(x, weight, eps):
@@ -35,13 +51,73 @@ def torch_rms_norm(x, weight, eps):
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def copy_tbps(do_bench, n=2**29) -> float:
-    """Device-to-device copy bandwidth, bytes read + written (default 2 GiB of float32)."""
-    src = torch.randn(n, device=DEVICE)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    del src, dst
-    return 2 * n * 4 / (ms * 1e-3) / 1e12
+# ------------------------------------------------------------------------------------------
+# Timers.
+
+_FLUSH = None
+
+
+def events_ms(fn, *, grad_to_none=(), reps=40, sleep_cycles=1_000_000) -> float:
+    """Median GPU time of ``fn`` with a cold, clean L2 and the call queued ahead (Note [timing])."""
+    global _FLUSH
+    if SMOKE:
+        return wall_ms(fn, grad_to_none=grad_to_none)
+    if _FLUSH is None:
+        _FLUSH = torch.ones(2**26, device=DEVICE)  # 256 MiB
+    fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        for t in grad_to_none:
+            t.grad = None
+        _FLUSH.sum()  # reads 256 MiB: evicts everything, leaves nothing dirty
+        torch.cuda._sleep(sleep_cycles)  # ~0.5 ms: the host queues fn's launches meanwhile
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def do_bench_ms(fn, *, grad_to_none=()) -> float:
+    if SMOKE:
+        return wall_ms(fn, grad_to_none=grad_to_none)
+    from triton.testing import do_bench
+
+    return do_bench(fn, grad_to_none=list(grad_to_none) or None, return_mode="median")
+
+
+def wall_ms(fn, *, grad_to_none=()) -> float:
+    for t in grad_to_none:
+        t.grad = None
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def host_us(fn, *, grad_to_none=(), n=20) -> float:
+    """Host time per call, the GPU left to run behind (no synchronisation inside the loop)."""
+    fn()
+    if not SMOKE:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for t in grad_to_none:
+            t.grad = None
+        fn()
+    t1 = time.perf_counter()
+    if not SMOKE:
+        torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def tbps(nbytes, ms) -> float:
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs, correctness, one fwd+bwd step.
 
 
 def inputs(rows, d, seed=0):
@@ -52,7 +128,7 @@ def inputs(rows, d, seed=0):
     return x, w, dy
 
 
-def check(fn, x, w, dy):
+def check(name, fn, x, w, dy):
     """Relative (Frobenius) errors of y, dx, dweight against the float64 oracle; raises."""
     from paracheck.oracle.rmsnorm import rms_norm_reference, rms_norm_reference_grads
 
@@ -65,152 +141,323 @@ def check(fn, x, w, dy):
     # float32 arithmetic with sums of length <= 16384: norm-wise errors are ~1e-7; 1e-5 is a
     # failure, not noise.
     if not all(e <= 1e-5 for e in errs):
-        raise AssertionError(f"{getattr(fn, '__name__', fn)}: relative errors y/dx/dw = {errs}")
+        raise AssertionError(f"{name}: relative errors y/dx/dw = {errs}")
     return errs
 
 
-def time_fwd_bwd(do_bench, fn, x, w, dy) -> float:
+def step_fn(fn, x, w, dy):
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
 
     def step():
         fn(xg, wg, EPS).backward(dy)
 
-    return do_bench(step, grad_to_none=[xg, wg], return_mode="median")
+    return step, (xg, wg)
 
 
-def sweep(do_bench, rows, d, lines):
-    """Time forward and backward launch plans separately (bandwidth of what each moves)."""
+def copy_tbps(n) -> tuple[float, float]:
+    """Device-to-device copy bandwidth (bytes read + written), by both timers."""
+    src = torch.randn(n, device=DEVICE)
+    dst = torch.empty_like(src)
+    out = (tbps(2 * n * 4, events_ms(lambda: dst.copy_(src))),
+           tbps(2 * n * 4, do_bench_ms(lambda: dst.copy_(src))))
+    del src, dst
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Diagnostics: where the host time of one triton fwd+bwd goes.
+
+
+def profile_host(fn, x, w, dy, lines):
+    step, grads = step_fn(fn, x, w, dy)
+    step()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            for t in grads:
+                t.grad = None
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=18, max_name_column_width=50)
+    lines += ["", "```", table, "```"]
+    from paracheck.kernels import rmsnorm as K
+
+    y, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    for name, f in {
+        "fwd launcher": lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
+        "bwd launchers (2)": lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "autograd fwd only": lambda: fn(grads[0], grads[1], EPS),
+        "autograd fwd+bwd": step,
+    }.items():
+        lines.append(f"host {name}: {host_us(f, grad_to_none=grads, n=50):.1f} us")
+
+
+# ------------------------------------------------------------------------------------------
+# Sweep of launch plans, with experimental kernel variants (eviction hints, prefetch).
+
+
+def _experimental_kernels():
+    from paracheck.kernels.rmsnorm import lazy_jit, tl
+
+    @lazy_jit
+    def exp_fwd(X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
+                BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr,
+                Y_EVICT: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        row_ok = rows < n_rows
+        col_ok = cols < n_cols
+        ok = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                    eviction_policy=X_EVICT).to(tl.float32)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
+                 mask=ok, eviction_policy=Y_EVICT)
+
+    @lazy_jit
+    def exp_bwd(X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+                BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr):
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * ROWS
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < n_cols
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        for start in range(pid * ROWS, n_rows, step):
+            rows = start + tl.arange(0, ROWS)
+            row_ok = rows < n_rows
+            ok = row_ok[:, None] & col_ok[None, :]
+            rows64 = rows.to(tl.int64)
+            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                        eviction_policy=LOAD_EVICT).to(tl.float32)
+            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                         eviction_policy=LOAD_EVICT).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            xhat = x * rstd[:, None]
+            wdy = dy * w[None, :]
+            c = tl.sum(xhat * wdy, axis=1) / n_cols
+            dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                     mask=ok)
+            dw_acc += dy * xhat
+        tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+    @lazy_jit
+    def exp_bwd_prefetch(X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows,
+                         n_cols, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                         LOAD_EVICT: tl.constexpr):
+        # Software pipelining by hand: the next tile's loads are issued before this tile's math.
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * ROWS
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < n_cols
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        ok = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                    eviction_policy=LOAD_EVICT)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                     eviction_policy=LOAD_EVICT)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        for start in range(pid * ROWS, n_rows, step):
+            nrows = start + step + tl.arange(0, ROWS)
+            nrow_ok = nrows < n_rows
+            nok = nrow_ok[:, None] & col_ok[None, :]
+            nrows64 = nrows.to(tl.int64)
+            x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
+                             eviction_policy=LOAD_EVICT)
+            dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok,
+                              other=0.0, eviction_policy=LOAD_EVICT)
+            rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
+            rows = start + tl.arange(0, ROWS)
+            ok = (rows < n_rows)[:, None] & col_ok[None, :]
+            rows64 = rows.to(tl.int64)
+            xf = x.to(tl.float32)
+            dyf = dy.to(tl.float32)
+            xhat = xf * rstd[:, None]
+            wdy = dyf * w[None, :]
+            c = tl.sum(xhat * wdy, axis=1) / n_cols
+            dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                     mask=ok)
+            dw_acc += dyf * xhat
+            x = x_next
+            dy = dy_next
+            rstd = rstd_next
+        tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+    return exp_fwd, exp_bwd, exp_bwd_prefetch
+
+
+def sweep(rows, d, lines):
+    """Each pass alone over launch plans, then whole fwd+bwd sequences with eviction hints."""
     import triton
 
     from paracheck.kernels import rmsnorm as K
 
+    exp_fwd, exp_bwd, exp_bwd_prefetch = _experimental_kernels()
     x, w, dy = inputs(rows, d)
     n_sms = K._sm_count(x.device)
-    base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+    base = K._plan(rows, d, interpreted=DEVICE != "cuda", n_sms=n_sms)
     block_d = base.block_d
+    y = torch.empty_like(x)
+    rstd = torch.empty(rows, device=x.device)
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(w)
     lines.append(f"\n### {rows}x{d} (default plan {base})\n")
-    lines.append("| pass | rows/tile | warps | programs/SM | TB/s |")
-    lines.append("| --- | --- | --- | --- | --- |")
+    lines.append("| pass | rows/tile | warps | programs/SM | variant | TB/s |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
     results = []
 
     def timed(key, fn, nbytes):
         try:
-            ms = do_bench(fn, warmup=5, rep=25, return_mode="median")
-            results.append((*key, nbytes / (ms * 1e-3) / 1e12))
+            results.append((*key, tbps(nbytes, events_ms(fn, reps=15))))
         except Exception as e:  # a plan that does not compile or launch: report, go on
-            lines.append(f"<!-- {key}: {type(e).__name__}: {str(e)[:120]} -->")
+            lines.append(f"<!-- {key}: {type(e).__name__}: {str(e)[:160]} -->")
 
-    def shapes(max_per_thread):
-        for r in (1, 2, 4, 8, 16):
-            for warps in (4, 8, 16, 32):
-                if 4 <= r * block_d // (32 * warps) <= max_per_thread and r <= rows:
+    def tiles(lo, hi, warps_set):
+        for r in (1, 2, 4, 8):
+            for warps in warps_set:
+                if lo <= r * block_d // (32 * warps) <= hi and r <= rows:
                     yield r, warps
 
-    for r, warps in shapes(64):
-        plan = dataclasses.replace(base, fwd_rows=r, fwd_warps=warps)
-        timed(("fwd", r, warps, "-"), lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan),
-              2 * rows * d * 4)
-    _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
-    for r, warps in shapes(32):
+    def fwd(r, warps, x_evict="", y_evict=""):
+        exp_fwd[(triton.cdiv(rows, r),)](x, w, y, rstd, d, d, rows, d, EPS, BLOCK_D=block_d,
+                                         ROWS=r, X_EVICT=x_evict, Y_EVICT=y_evict,
+                                         num_warps=warps)
+
+    def bwd(r, warps, per_sm, kernel, evict=""):
+        p = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=1, fwd_warps=4, bwd_rows=r,
+                        bwd_warps=warps, bwd_per_sm=per_sm)
+        partial = torch.empty(p.bwd_programs, d, device=x.device)
+        kernel[(p.bwd_programs,)](x, w, dy, rstd, dx, partial, d, d, d, rows, d,
+                                  BLOCK_D=block_d, ROWS=r, LOAD_EVICT=evict, num_warps=warps)
+        K._KERNELS.reduce_dweight[(triton.cdiv(d, p.red_block_n),)](
+            partial, dw, p.bwd_programs, d, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
+            num_warps=4)
+
+    warps_set = (4, 8, 16, 32) if block_d >= 8192 else (4, 8, 16)
+    for r, warps in tiles(4, 64, warps_set):
+        timed(("fwd", r, warps, "-", "plain"), lambda: fwd(r, warps), 2 * rows * d * 4)
+    fwd(base.fwd_rows, base.fwd_warps)
+    for r, warps in tiles(8, 32, warps_set):
         for per_sm in (1, 2, 4):
-            plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
-                               fwd_warps=base.fwd_warps, bwd_rows=r, bwd_warps=warps,
-                               bwd_per_sm=per_sm)
-            timed(("bwd", r, warps, per_sm),
-                  lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
-                  3 * rows * d * 4)
-    # Where the default plan's fwd+bwd time goes: launchers without autograd, and each part.
-    p = base
-    partial = torch.empty(p.bwd_programs, d, device=x.device)
-    dw = torch.empty_like(w)
-    parts = {
-        "fwd+bwd launchers, no autograd": lambda: K._rms_norm_backward(
-            dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS)[1], K._KERNELS),
-        "fwd": lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
-        "bwd (2 kernels)": lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
-        "dweight reduction alone": lambda: K._KERNELS.reduce_dweight[
-            (triton.cdiv(d, p.red_block_n),)](partial, dw, p.bwd_programs, d,
-                                              BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n),
-    }
-    for name, fn in parts.items():
-        ms = do_bench(fn, warmup=5, rep=25, return_mode="median")
-        lines.append(f"<!-- default plan, {name}: {ms * 1e3:.1f} us -->")
-    for pass_ in ("fwd", "bwd"):
+            timed(("bwd", r, warps, per_sm, "plain"),
+                  lambda: bwd(r, warps, per_sm, exp_bwd), 3 * rows * d * 4)
+        for per_sm in (1, 2):
+            timed(("bwd", r, warps, per_sm, "prefetch"),
+                  lambda: bwd(r, warps, per_sm, exp_bwd_prefetch), 3 * rows * d * 4)
+    best_f = max((t for t in results if t[0] == "fwd"), key=lambda t: t[-1])
+    best_b = max((t for t in results if t[0] == "bwd"), key=lambda t: t[-1])
+    kernel = exp_bwd_prefetch if best_b[4] == "prefetch" else exp_bwd
+    for x_evict, y_evict, load_evict in [("", "", ""), ("evict_last", "", ""),
+                                         ("evict_last", "evict_first", ""),
+                                         ("", "", "evict_first"),
+                                         ("evict_last", "evict_first", "evict_first")]:
+        def seq():
+            fwd(best_f[1], best_f[2], x_evict, y_evict)
+            bwd(best_b[1], best_b[2], best_b[3], kernel, load_evict)
+
+        timed(("fwd+bwd", f"{best_f[1]}/{best_b[1]}", f"{best_f[2]}/{best_b[2]}", best_b[3],
+               f"{best_b[4]} x:{x_evict or '-'} y:{y_evict or '-'} bwd:{load_evict or '-'}"),
+              seq, 4 * rows * d * 4)
+    for pass_, k in (("fwd", 5), ("bwd", 8), ("fwd+bwd", 5)):
         best = sorted((t for t in results if t[0] == pass_), key=lambda t: -t[-1])
-        for t in best[:8]:
-            lines.append(f"| {t[0]} | {t[1]} | {t[2]} | {t[3]} | {t[4]:.2f} |")
+        for t in best[:k]:
+            lines.append(f"| {t[0]} | {t[1]} | {t[2]} | {t[3]} | {t[4]} | {t[5]:.2f} |")
     print("\n".join(lines[-22:]), flush=True)
 
 
+# ------------------------------------------------------------------------------------------
+
+
 def main(argv=None) -> int:
+    global DEVICE, SHAPES, SMOKE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time launch plans")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--profile", action="store_true", help="profile one triton fwd+bwd")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU under TRITON_INTERPRET=1, tiny shapes, wall-clock timer: "
                              "checks the code paths, measures nothing")
     args = parser.parse_args(argv)
-    global DEVICE, SHAPES
     if args.smoke:
-        import time
-
-        DEVICE, SHAPES = "cpu", [(64, 100), (8, 1024)]
-
-        def do_bench(fn, grad_to_none=None, **_):
-            for t in grad_to_none or ():
-                t.grad = None
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
+        DEVICE, SHAPES, SMOKE = "cpu", [(64, 100), (8, 1024)], True
     elif not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark (skipped)")
         return 0
-    else:
-        from triton.testing import do_bench
     import triton
 
     from paracheck.kernels import rms_norm
 
     out_dir = os.environ.get("OUT")
-    device_name = (f"{torch.cuda.get_device_properties(0).name}, "
-                   f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
-                   if DEVICE == "cuda" else "CPU (Triton interpreter, smoke run)")
-    header = (f"{device_name}; torch {torch.__version__}, "
-              f"triton {triton.__version__}; fp32, eps={EPS}; median of do_bench (L2 flushed)")
-    copy = copy_tbps(do_bench, n=2**29 if DEVICE == "cuda" else 2**20)
-    lines = [f"RMSNorm forward+backward effective bandwidth (x, y, dy, dx counted once), TB/s. "
-             f"{header}. Device copy: {copy:.2f} TB/s.", "",
-             "| shape | triton | F.rms_norm | eager | torch.compile | triton / F.rms_norm "
-             "| triton / copy |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    print("\n".join(lines), flush=True)
 
     def write(name, text):
         if out_dir:
             with open(os.path.join(out_dir, name), "w") as f:
                 f.write(text + "\n")
 
+    device_name = (f"{torch.cuda.get_device_properties(0).name}, "
+                   f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
+                   if DEVICE == "cuda" else "CPU (Triton interpreter, smoke run)")
+    copy_ev, copy_db = copy_tbps(2**29 if DEVICE == "cuda" else 2**20)
+    header = (f"{device_name}; torch {torch.__version__}, triton {triton.__version__}; fp32, "
+              f"eps={EPS}. Device copy (2 GiB, read+write): {copy_ev:.2f} TB/s by events, "
+              f"{copy_db:.2f} TB/s by do_bench.")
+    cols = ["triton", "F.rms_norm", "eager"] + ([] if args.no_compile or SMOKE else ["torch.compile"])
+    head = ("| shape | " + " | ".join(cols) + " | triton / F.rms_norm | triton / copy |\n"
+            "| --- | " + " | ".join("---" for _ in cols) + " | --- | --- |")
+    tables = {"events": [], "do_bench": [], "host": []}
     for rows, d in SHAPES:
         x, w, dy = inputs(rows, d)
         variants = {"triton": rms_norm, "F.rms_norm": torch_rms_norm, "eager": eager_rms_norm}
-        if not (args.no_compile or args.smoke):
+        if "torch.compile" in cols:
             torch._dynamo.reset()
             variants["torch.compile"] = torch.compile(eager_rms_norm, dynamic=False)
-        tbps = {}
+        res = {"events": {}, "do_bench": {}, "host": {}}
         for name, fn in variants.items():
-            check(fn, x, w, dy)
-            ms = time_fwd_bwd(do_bench, fn, x, w, dy)
-            tbps[name] = 4 * rows * d * 4 / (ms * 1e-3) / 1e12
-        row = (f"| {rows}x{d} | {tbps['triton']:.2f} | {tbps['F.rms_norm']:.2f} | "
-               f"{tbps['eager']:.2f} | {tbps.get('torch.compile', float('nan')):.2f} | "
-               f"{tbps['triton'] / tbps['F.rms_norm']:.2f}x | {100 * tbps['triton'] / copy:.0f}% |")
-        lines.append(row)
-        print(row, flush=True)
-        write("rmsnorm_bench.md", "\n".join(lines))
+            check(name, fn, x, w, dy)
+            step, grads = step_fn(fn, x, w, dy)
+            nbytes = 4 * rows * d * 4
+            res["events"][name] = tbps(nbytes, events_ms(step, grad_to_none=grads))
+            res["do_bench"][name] = tbps(nbytes, do_bench_ms(step, grad_to_none=grads))
+            res["host"][name] = host_us(step, grad_to_none=grads)
+        for kind, copy in (("events", copy_ev), ("do_bench", copy_db)):
+            r = res[kind]
+            tables[kind].append(
+                f"| {rows}x{d} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
+                + f" | {r['triton'] / r['F.rms_norm']:.2f}x | {100 * r['triton'] / copy:.0f}% |")
+        tables["host"].append(f"| {rows}x{d} | " + " | ".join(f"{res['host'][c]:.0f}" for c in cols)
+                              + " | | |")
+        text = "\n".join([
+            f"RMSNorm forward+backward, effective TB/s (x, y, dy, dx counted once). {header}", "",
+            "Timer: CUDA events, L2 flushed by a read, host queued ahead (GPU time).", "", head,
+            *tables["events"], "", "Timer: triton.testing.do_bench (zero-fill flush).", "",
+            head, *tables["do_bench"], "", "Host time per fwd+bwd call, us.", "", head,
+            *tables["host"]])
+        print(tables["events"][-1], tables["do_bench"][-1], tables["host"][-1], sep="\n",
+              flush=True)
+        write("rmsnorm_bench.md", text)
+    print(text, flush=True)
+    if args.profile and not SMOKE:
+        prof_lines = []
+        profile_host(rms_norm, *inputs(4096, 1024), prof_lines)
+        print("\n".join(prof_lines), flush=True)
+        write("rmsnorm_profile.md", "\n".join(prof_lines))
     if args.sweep:
-        sweep_lines = ["## Launch-plan sweep (each pass alone; fwd moves x+y, bwd x+dy+dx)"]
+        sweep_lines = ["## Launch-plan sweep (fwd moves x+y, bwd x+dy+dx, fwd+bwd counts 4)"]
         for rows, d in SHAPES:
-            sweep(do_bench, rows, d, sweep_lines)
+            sweep(rows, d, sweep_lines)
             write("rmsnorm_sweep.md", "\n".join(sweep_lines))
     return 0
 

@@ -13,6 +13,7 @@ Note [Determinism]
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -122,7 +123,11 @@ class Case:
         return d
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+        text = json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+        if indent:
+            # Keep lists of scalars on one line: readable cases, not one number per line.
+            text = re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text)
+        return text
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":

@@ -42,6 +42,9 @@ class Target:
 BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "naive": ("paracheck.ddp:NaiveDDP", "ddp"),
     "flat": ("paracheck.ddp:FlatDDP", "ddp"),
+    "overlapped": ("paracheck.ddp.overlapped:OverlappedDDP", "ddp"),
+    "bucketed": ("paracheck.ddp.bucketed:BucketedDDP", "ddp"),
+    "torch-ddp": ("paracheck.ddp.torch_ddp:TorchDDP", "ddp"),
 }
 
 

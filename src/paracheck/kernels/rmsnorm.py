@@ -103,7 +103,7 @@ def lazy_jit(fn) -> _LazyJit:
 @lazy_jit
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -111,42 +111,67 @@ def _rms_norm_fwd_kernel(
     col_ok = cols < n_cols
     ok = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=X_EVICT).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
+             eviction_policy=Y_EVICT)
 
 
 @lazy_jit
 def _rms_norm_bwd_kernel(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
+    # The loop is software-pipelined by hand: the next tile's loads are issued before this
+    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < n_cols
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=LOAD_EVICT)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                 eviction_policy=LOAD_EVICT)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
     for start in range(pid * ROWS, n_rows, step):
+        nrows = start + step + tl.arange(0, ROWS)
+        nrow_ok = nrows < n_rows
+        nok = nrow_ok[:, None] & col_ok[None, :]
+        nrows64 = nrows.to(tl.int64)
+        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
+                         eviction_policy=LOAD_EVICT)
+        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
+                          eviction_policy=LOAD_EVICT)
+        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
-        row_ok = rows < n_rows
-        ok = row_ok[:, None] & col_ok[None, :]
+        ok = (rows < n_rows)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        wdy = dy * w[None, :]
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        xhat = xf * rstd[:, None]
+        wdy = dyf * w[None, :]
         c = tl.sum(xhat * wdy, axis=1) / n_cols
         dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
-        dw_acc += dy * xhat
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=ok)
+        dw_acc += dyf * xhat
+        x = x_next
+        dy = dy_next
+        rstd = rstd_next
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
@@ -190,6 +215,9 @@ class _Plan:
     bwd_programs: int
     red_block_p: int
     red_block_n: int
+    x_evict: str = ""  # eviction policies, Note [cache hints]
+    y_evict: str = ""
+    bwd_load_evict: str = ""
 
 
 def _pow2_at_most(n: int) -> int:
@@ -201,7 +229,7 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 
 
 def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps: int,
-              bwd_rows: int, bwd_warps: int, bwd_per_sm: int) -> _Plan:
+              bwd_rows: int, bwd_warps: int, bwd_per_sm: int, **hints: str) -> _Plan:
     """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
     block_d = triton.next_power_of_2(n_cols)
     n_tiles = -(-n_rows // bwd_rows)
@@ -211,25 +239,44 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
     red_block_p = min(triton.next_power_of_2(programs), 1024)
     red_block_n = _clamp(4096 // red_block_p, 1, block_d)
     return _Plan(block_d, fwd_rows, fwd_warps, bwd_rows, bwd_warps, programs, red_block_p,
-                 red_block_n)
+                 red_block_n, **hints)
+
+
+# Tensors up to this size (per tensor) are treated as L2-resident between forward and backward.
+_L2_RESIDENT_BYTES = 32 * 2**20
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int) -> _Plan:
-    """Block sizes, warps and program counts (Note [tiles and programs]); pure."""
+def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4) -> _Plan:
+    """Block sizes, warps, program counts and cache hints (Note [tiles and programs]); pure."""
     block_d = triton.next_power_of_2(n_cols)
+    rows_cap = triton.next_power_of_2(n_rows)
     if interpreted:
         # ~32k elements per tile: numpy does the work, per-program overhead is amortised.
-        rows = min(_pow2_at_most(32768 // block_d), triton.next_power_of_2(n_rows))
+        rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
         return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
                      block_d)
-    # GPU: tiles of >= 4096 elements (fewer, fatter programs for narrow rows) and about 16
-    # float32 values per thread per tensor, so the whole tile lives in registers.
-    rows = min(_pow2_at_most(max(1, 4096 // block_d)), 16, triton.next_power_of_2(n_rows))
-    warps = _clamp(rows * block_d // 512, 4, 16)
-    return _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=warps,
-                     bwd_rows=rows, bwd_warps=warps, bwd_per_sm=2)
+    # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
+    # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
+    # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
+    # prefetched successors; 2 programs per SM up to d = 4096, 1 beyond (registers).
+    rows = min(max(1, 4096 // block_d), 64, rows_cap)
+    fwd_warps = _clamp(rows * block_d // 1024, 4, 32)
+    if block_d <= 2048:
+        bwd_warps, per_sm = 8, 2
+    elif block_d == 4096:
+        bwd_warps, per_sm = 4, 2
+    else:
+        bwd_warps, per_sm = _clamp(block_d // 512, 16, 32), 1
+    # Note [cache hints]: x is read by the forward and again by the backward. When the
+    # tensors fit in L2 (~60 MB on an H200) it pays to keep x there (evict_last) and to let y
+    # and the backward's last-use loads go first; beyond that only evict_last on x helped.
+    small = n_rows * n_cols * elem_bytes <= _L2_RESIDENT_BYTES
+    hints = dict(x_evict="evict_last", y_evict="evict_first" if small else "",
+                 bwd_load_evict="evict_first" if small else "")
+    return _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
+                     bwd_rows=rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm, **hints)
 
 
 @functools.lru_cache(maxsize=16)
@@ -300,11 +347,12 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     if n_rows == 0:
         return y, rstd
     p = plan_override or _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda",
-                               n_sms=_sm_count(x2.device))
+                               n_sms=_sm_count(x2.device), elem_bytes=x2.element_size())
     grid = (triton.cdiv(n_rows, p.fwd_rows),)
     kernels.forward[grid](
         x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
-        BLOCK_D=p.block_d, ROWS=p.fwd_rows, num_warps=p.fwd_warps,
+        BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict,
+        num_warps=p.fwd_warps,
     )
     return y, rstd
 
@@ -315,12 +363,13 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
     p = plan_override or _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda",
-                               n_sms=_sm_count(x2.device))
+                               n_sms=_sm_count(x2.device), elem_bytes=x2.element_size())
     partial = _empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x2.device)
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
     kernels.backward[(p.bwd_programs,)](
         x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
-        n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, num_warps=p.bwd_warps,
+        n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
+        num_warps=p.bwd_warps,
     )
     kernels.reduce_dweight[(triton.cdiv(n_cols, p.red_block_n),)](
         partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,

@@ -1,0 +1,212 @@
+"""Exact, noise-free accounting of what a rank does: collectives issued and tensor bytes live.
+
+``Recorder`` is a ``TorchDispatchMode``: every aten and c10d operator dispatched while it is
+active passes through it, whoever calls it (paracheck's variants, torch DDP's C++ reducer,
+``ZeroRedundancyOptimizer``, a user's class, even code that did ``from torch.distributed import
+all_reduce`` long before). So it needs no cooperation from the code it measures and no patched
+``torch.distributed`` functions.
+
+Note [Exact quantities]
+    Timings on a shared 2-core machine move by tens of percent between identical runs; these do
+    not move at all, which is why the merge gate fails on *any* increase of them:
+
+    * collectives per step, by kind (all_reduce, broadcast, all_gather, reduce_scatter, ...);
+    * payload bytes per step: the message size of each collective (the buffer of an all-reduce or
+      broadcast, the full gathered output of an all-gather, the full input of a reduce-scatter);
+    * bus bytes per step: what each rank sends with ring algorithms, the nccl-tests convention:
+      all-reduce 2(W-1)/W x size, all-gather and reduce-scatter (W-1)/W x size, broadcast and reduce
+      1 x size. With it ZeRO-1's reduce-scatter + all-gather costs exactly one all-reduce;
+    * live and peak tensor bytes: the sum of the sizes of the tensor storages allocated under the
+      recorder that are still referenced. Frees are seen the moment the last reference goes
+      (a finaliser on the storage's Python object, which torch keeps for the storage's whole
+      life), so the peak is exact at operator granularity and does not depend on the allocator,
+      the OS or other processes. Workspace an operator frees before it returns is not seen, nor
+      are buffers that gloo/NCCL allocate outside torch's dispatcher.
+
+    Python's cyclic garbage collector frees cycles at moments that depend on the process's
+    history; ``Recorder`` therefore collects before it starts and disables the collector while it
+    is active (restored on exit), so the same code gives the same peak in any process.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["Recorder", "CollectiveCall", "COLLECTIVE_KINDS", "bus_factor"]
+
+# c10d (torch.distributed) and _c10d_functional operator names -> kind.
+_C10D_KINDS = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "broadcast_": "broadcast", "broadcast": "broadcast",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather", "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    "barrier": "barrier", "monitored_barrier_": "barrier",
+}
+COLLECTIVE_KINDS = tuple(sorted(set(_C10D_KINDS.values())))
+# Kinds whose message size is the larger of (output, input): the full tensor, not one shard.
+_SHARDED_KINDS = {"all_gather", "reduce_scatter", "gather", "scatter"}
+
+
+def bus_factor(kind: str, world_size: int) -> float:
+    """Bytes each rank sends per byte of message with ring algorithms (nccl-tests' bus factor)."""
+    w = max(int(world_size), 1)
+    if kind == "all_reduce":
+        return 2.0 * (w - 1) / w
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (w - 1) / w
+    if kind == "barrier":
+        return 0.0
+    return 1.0 if w > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    kind: str
+    op: str
+    payload_bytes: int
+    world_size: int
+
+    @property
+    def bus_bytes(self) -> float:
+        return self.payload_bytes * bus_factor(self.kind, self.world_size)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+
+
+def _nbytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+
+
+def _group_size(args, kwargs) -> int:
+    for a in list(args) + list((kwargs or {}).values()):
+        size = getattr(a, "size", None)
+        if callable(size) and not isinstance(a, torch.Tensor) and type(a).__name__ in ("ProcessGroup", "ScriptObject"):
+            try:
+                return int(size())
+            except Exception:  # noqa: BLE001 - not a process group after all
+                continue
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        if t.device.type == "meta" or t.layout != torch.strided:
+            return None
+        st = t.untyped_storage()
+        return st._cdata, st
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+@dataclass
+class _Counters:
+    calls: list = field(default_factory=list)
+
+
+class Recorder(TorchDispatchMode):
+    """Records every collective and tracks live/peak tensor bytes while active (a context manager).
+
+    ``calls`` lists the ``CollectiveCall``s since the last ``reset_calls()``; ``live_bytes`` and
+    ``peak_bytes`` are the storage bytes allocated under the recorder and still referenced, and
+    their maximum since the last ``reset_peak()``. See Note [Exact quantities]. Not thread-safe
+    beyond what autograd's own threads need (finalisers only subtract).
+    """
+
+    def __init__(self, *, track_memory: bool = True):
+        super().__init__()
+        self.track_memory = track_memory
+        self.calls: list[CollectiveCall] = []
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._live: dict[int, int] = {}
+        self._gc_was_enabled = False
+
+    # -- context --------------------------------------------------------------------------
+    def __enter__(self):
+        gc.collect()
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._gc_was_enabled:
+                gc.enable()
+
+    # -- queries --------------------------------------------------------------------------
+    def reset_calls(self) -> None:
+        self.calls = []
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
+
+    def storage_bytes(self, tensors) -> int:
+        """Bytes of the distinct storages behind ``tensors`` (views and shared buffers once)."""
+        seen: dict[int, int] = {}
+        for t in tensors:
+            if t is None:
+                continue
+            key = _storage_key(t)
+            if key is not None:
+                seen[key[0]] = key[1].nbytes()
+        return sum(seen.values())
+
+    # -- the mode -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = getattr(func, "overloadpacket", None)
+        ns = getattr(func, "namespace", "")
+        name = getattr(packet, "__name__", str(func)).split(".")[-1]
+        if ns in ("c10d", "_c10d_functional", "c10d_functional") and name in _C10D_KINDS:
+            kind = _C10D_KINDS[name]
+            if kind in _SHARDED_KINDS and len(args) > 1:
+                payload = max(_nbytes(args[0]), _nbytes(args[1]))
+            else:
+                payload = _nbytes(args[0]) if args else 0
+            self.calls.append(CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(args, kwargs)))
+        if not self.track_memory:
+            return func(*args, **kwargs)
+        inputs = {k[0] for k in map(_storage_key, _tensors(list(args) + list(kwargs.values()))) if k is not None}
+        out = func(*args, **kwargs)
+        for t in _tensors(out):
+            key = _storage_key(t)
+            if key is None:
+                continue
+            cdata, st = key
+            nbytes = st.nbytes()
+            if cdata in self._live:
+                # An in-place resize_ may have grown a storage we already count.
+                self.live_bytes += nbytes - self._live[cdata]
+                self._live[cdata] = nbytes
+            elif cdata not in inputs:
+                self._live[cdata] = nbytes
+                self.live_bytes += nbytes
+                weakref.finalize(st, self._free, cdata)
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out
+
+    def _free(self, cdata: int) -> None:
+        self.live_bytes -= self._live.pop(cdata, 0)

@@ -1,0 +1,371 @@
+"""One training step of a variant on W ranks: its time, its memory, its communication.
+
+Two jobs per ``StepSpec``, run on a ``paracheck.world.World``:
+
+* ``time_step``: median step time (per step, the slowest rank; forward + backward +
+  synchronisation + optimizer step, each step started together after a barrier), CUDA peak memory
+  at the CS336 points, and each rank's peak RSS (noisy: other processes and the allocator move it);
+* ``account_step``: the exact quantities of Note [Exact quantities] (``paracheck.bench._record``)
+  for one steady-state step (the second: the first allocates the optimizer state), plus the
+  memory breakdown (parameters, gradients, optimizer state, the rest) at the point just before
+  ``optimizer.step()``.
+
+Timing and accounting are separate jobs because the recorder costs Python work per operator.
+
+Note [CUDA memory points]
+    ``init``: the peak while the model, the variant and the optimizer are built. ``before_step``:
+    the peak during forward, backward and gradient synchronisation of a steady-state step.
+    ``after_step``: the peak during that step's ``optimizer.step()``. ``peak``: the maximum over
+    the whole job. All from ``torch.cuda.max_memory_allocated`` (tensors, not the caching
+    allocator's reserve), reset between the points; the allocator acts when a kernel is launched,
+    not when it runs, so no synchronisation is needed and the timed steps are not disturbed (the
+    points are taken on one extra step after the timed ones).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from paracheck.workloads.lm import LMSpec
+
+__all__ = ["StepSpec", "StepTiming", "StepAccount", "time_step", "account_step", "rank_time", "rank_account"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What to measure: ``variant`` training the LM ``model`` on ``world_size`` ranks, local batch
+    ``batch`` of ``model.context_length`` tokens, ``warmup`` untimed then ``steps`` timed steps."""
+
+    variant: str
+    model: LMSpec = field(default_factory=LMSpec)
+    world_size: int = 2
+    batch: int = 4
+    dtype: str = "float32"
+    bucket_mb: float = 25.0
+    warmup: int = 2
+    steps: int = 8
+    tf32: bool = True
+    fused: bool = True  # fused AdamW where the device has it (CUDA)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(_DTYPES)}")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size={self.world_size!r} must be an int >= 1")
+        if self.variant == "local" and self.world_size != 1:
+            raise ValueError(f"variant='local' runs on one rank; world_size={self.world_size} must be 1")
+        if self.batch < 1 or self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"batch={self.batch}, steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0")
+        if not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb={self.bucket_mb!r} must be > 0")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["model"] = asdict(self.model)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepSpec":
+        d = dict(d)
+        d["model"] = LMSpec(**d["model"])
+        return cls(**d)
+
+    def with_(self, **changes) -> "StepSpec":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    spec: StepSpec
+    step_times: tuple[float, ...]  # per timed step, the slowest rank's time (s)
+    cuda_memory: dict  # Note [CUDA memory points], bytes, max over ranks; {} on CPU
+    rss_peak: int  # max over ranks of the peak resident set during the job (bytes); noisy
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.step_times)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.to_dict(), "step_times": list(self.step_times), "median": self.median,
+                "cuda_memory": dict(self.cuda_memory), "rss_peak": self.rss_peak}
+
+
+@dataclass(frozen=True)
+class StepAccount:
+    """Exact per-rank quantities (max over ranks) of one steady-state step; see
+    Note [Exact quantities]."""
+
+    spec: StepSpec
+    collectives: int
+    collectives_by_kind: dict
+    payload_bytes: int
+    bus_bytes: float
+    init_collectives: int
+    optimizer_state_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    peak_init_bytes: int
+    peak_before_step_bytes: int
+    peak_step_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.peak_init_bytes, self.peak_before_step_bytes, self.peak_step_bytes)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "spec"}
+        d["spec"] = self.spec.to_dict()
+        d["peak_bytes"] = self.peak_bytes
+        return d
+
+
+# -- on a rank --------------------------------------------------------------------------------
+def _device():
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _build_model(spec: StepSpec, device: torch.device):
+    from paracheck.workloads.lm import TransformerLM
+
+    devices = [device.index] if device.type == "cuda" else []
+    # Built directly on the device (an xl model initialised on the CPU takes tens of seconds), from
+    # a forked RNG so the rank's global generator is left as it was.
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(spec.seed)
+        with torch.device(device):
+            model = TransformerLM(spec.model)
+    return model.to(dtype=_DTYPES[spec.dtype])
+
+
+def _batch(spec: StepSpec, device: torch.device, rank: int):
+    g = torch.Generator().manual_seed(1000 * spec.seed + rank)
+    shape = (spec.batch, spec.model.context_length)
+    x = torch.randint(spec.model.vocab_size, shape, generator=g)
+    y = torch.randint(spec.model.vocab_size, shape, generator=g)
+    return x.to(device), y.to(device)
+
+
+def _train_step(setup, x, y) -> None:
+    import torch.nn.functional as F
+
+    setup.optimizer.zero_grad(set_to_none=True)
+    if setup.before_forward is not None:
+        setup.before_forward()
+    logits = setup.forward(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    loss.backward()
+    setup.after_backward()
+    setup.optimizer.step()
+
+
+def _configure(spec: StepSpec, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = spec.tf32
+        torch.backends.cudnn.allow_tf32 = spec.tf32
+
+
+def _reset_rss_peak() -> bool:
+    # Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) of this process.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_peak() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _release(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def rank_time(payload: dict) -> dict:
+    """World job: time ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
+    import torch.distributed as dist
+
+    spec = StepSpec.from_dict(payload)
+    device = _device()
+    _configure(spec, device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    cuda = device.type == "cuda"
+    _release(device)
+    _reset_rss_peak()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    from paracheck.bench.variants import build_setup
+
+    model = _build_model(spec, device)
+    setup = build_setup(spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and cuda)
+    memory = {}
+    if cuda:
+        memory["init"] = torch.cuda.max_memory_allocated(device)
+    x, y = _batch(spec, device, rank)
+    times = []
+    for i in range(spec.warmup + spec.steps):
+        if distributed:
+            dist.barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        _train_step(setup, x, y)
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    if cuda:
+        # One extra step for Note [CUDA memory points].
+        memory["peak"] = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        setup.optimizer.zero_grad(set_to_none=True)
+        if setup.before_forward is not None:
+            setup.before_forward()
+        import torch.nn.functional as F
+
+        logits = setup.forward(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
+        del logits
+        setup.after_backward()
+        memory["before_step"] = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        setup.optimizer.step()
+        memory["after_step"] = torch.cuda.max_memory_allocated(device)
+        memory["peak"] = max(memory.values())
+    result = {"times": times[spec.warmup:], "cuda_memory": memory, "rss_peak": _rss_peak()}
+    del setup, model
+    _release(device)
+    return result
+
+
+def _tensors_in(obj, out: list) -> list:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors_in(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors_in(v, out)
+    return out
+
+
+def optimizer_state_tensors(opt, _seen=None) -> list:
+    """Every tensor of ``opt``'s state and of the optimizers it wraps (ZeroRedundancyOptimizer's
+    ``optim``, a sharded optimizer's local optimizer under any attribute name)."""
+    seen = set() if _seen is None else _seen
+    if id(opt) in seen:
+        return []
+    seen.add(id(opt))
+    tensors = _tensors_in(list(getattr(opt, "state", {}).values()), [])
+    for value in vars(opt).values():
+        if isinstance(value, torch.optim.Optimizer):
+            tensors += optimizer_state_tensors(value, seen)
+    return tensors
+
+
+def rank_account(payload: dict) -> dict:
+    """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
+    import torch.distributed as dist
+
+    from paracheck.bench._record import Recorder
+    from paracheck.bench.variants import build_setup
+
+    spec = StepSpec.from_dict(payload)
+    device = _device()
+    _configure(spec, device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    _release(device)
+    with Recorder() as rec:
+        model = _build_model(spec, device)
+        setup = build_setup(spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and device.type == "cuda")
+        x, y = _batch(spec, device, rank)
+        peak_init = rec.peak_bytes
+        init_calls = len(rec.calls)
+        _train_step(setup, x, y)  # the first step allocates the optimizer state
+        import torch.nn.functional as F
+
+        rec.reset_calls()
+        rec.reset_peak()
+        setup.optimizer.zero_grad(set_to_none=True)
+        if setup.before_forward is not None:
+            setup.before_forward()
+        logits = setup.forward(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
+        del logits
+        setup.after_backward()
+        peak_before = rec.peak_bytes
+        params = list(model.parameters())
+        param_bytes = rec.storage_bytes(params)
+        grad_bytes = rec.storage_bytes([p.grad for p in params])
+        rec.reset_peak()
+        setup.optimizer.step()
+        peak_step = rec.peak_bytes
+        state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
+        calls = list(rec.calls)
+    by_kind: dict[str, int] = {}
+    for c in calls:
+        by_kind[c.kind] = by_kind.get(c.kind, 0) + 1
+    result = {
+        "collectives": len(calls), "collectives_by_kind": by_kind,
+        "payload_bytes": sum(c.payload_bytes for c in calls), "bus_bytes": sum(c.bus_bytes for c in calls),
+        "init_collectives": init_calls, "optimizer_state_bytes": state_bytes,
+        "param_bytes": param_bytes, "grad_bytes": grad_bytes,
+        "peak_init_bytes": peak_init, "peak_before_step_bytes": peak_before, "peak_step_bytes": peak_step,
+    }
+    del setup, model, rec
+    _release(device)
+    return result
+
+
+# -- on the driver ----------------------------------------------------------------------------
+def _check_world(world, spec: StepSpec) -> None:
+    if spec.world_size > world.size:
+        raise ValueError(f"world_size={spec.world_size} exceeds the World's size {world.size}")
+
+
+def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTiming:
+    """Run ``rank_time`` on ``spec.world_size`` ranks of ``world``; see the module docstring."""
+    _check_world(world, spec)
+    per_rank = world.run("paracheck.bench.step:rank_time", spec.to_dict(), world_size=spec.world_size, timeout=timeout)
+    # A step is as slow as its slowest rank: they wait for each other in the next collective.
+    times = tuple(max(r["times"][i] for r in per_rank) for i in range(spec.steps))
+    memory = {k: max(r["cuda_memory"][k] for r in per_rank) for k in per_rank[0]["cuda_memory"]}
+    return StepTiming(spec, times, memory, max(r["rss_peak"] for r in per_rank))
+
+
+def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepAccount:
+    """Run ``rank_account`` on ``spec.world_size`` ranks of ``world``; max over ranks."""
+    _check_world(world, spec)
+    per_rank = world.run("paracheck.bench.step:rank_account", spec.to_dict(), world_size=spec.world_size, timeout=timeout)
+    by_kind: dict[str, int] = {}
+    for r in per_rank:
+        for k, n in r["collectives_by_kind"].items():
+            by_kind[k] = max(by_kind.get(k, 0), n)
+    fields = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "collectives_by_kind"}
+    return StepAccount(spec=spec, collectives_by_kind=dict(sorted(by_kind.items())), **fields)

@@ -1,0 +1,193 @@
+"""``paracheck``: check data-parallel implementations against the single-process oracle.
+
+    paracheck check [TARGET ...] [--world-sizes 1,2,4] [--max-examples N] [--seed N]
+                    [--backend gloo|nccl] [--timeout S] [--kind ddp|sharded] [--case JSON]
+    paracheck selftest [--profile ci|dev] [--only NAME ...]
+    paracheck bench | memory | gate | report ...   (speed and memory tracking)
+
+Exit status: 0 every property holds; 1 a property failed (the shrunk case is printed as JSON
+with a command that replays it); 2 usage errors (unknown target, a module that does not import,
+a world size below 1 or above the GPUs present with nccl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["main"]
+
+DEFAULT_TARGETS_NOTE = "all built-in targets"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--world-sizes={text!r} must be comma-separated integers, e.g. 1,2,4") from None
+    if not sizes:
+        raise UsageError(f"--world-sizes={text!r} names no world size")
+    bad = [s for s in sizes if s < 1]
+    if bad:
+        raise UsageError(f"--world-sizes={text!r}: world size {bad[0]} must be >= 1")
+    return sizes
+
+
+def _positive(name: str, value, kind=int):
+    if value is None:
+        return None
+    if not value > 0:
+        raise UsageError(f"{name}={value!r} must be > 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="paracheck", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command")
+    c = sub.add_parser("check", help="check targets against the oracle")
+    c.add_argument("targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)")
+    c.add_argument("--world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4 on gloo)")
+    c.add_argument("--max-examples", type=int, default=None, help="generated cases per target (default: profile)")
+    c.add_argument("--seed", type=int, default=0, help="derandomisation seed (default 0)")
+    c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
+    c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    c.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as hung")
+    c.add_argument("--kind", choices=["ddp", "sharded"], default=None, help="interface of an import-path target")
+    c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
+    c.add_argument("--dtype", default=None, choices=["float64", "float32"],
+                   help="dtype of the target's computation (default float64; the oracle is always float64)")
+    c.add_argument("--case", default=None, help="replay exactly this case (JSON from a failure report)")
+    c.add_argument("--properties", default=None, help="comma-separated subset of properties to check")
+    s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
+    s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
+    s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names")
+    s.add_argument("--world-sizes", default="1,2,3,4")
+    s.add_argument("--timeout", type=float, default=10.0)
+    for name in ("bench", "memory", "gate", "report"):
+        sp = sub.add_parser(name, help=f"speed and memory tracking: {name}", add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def _make_world(backend: str, size: int, timeout: float):
+    from paracheck.world import World
+
+    if backend == "nccl":
+        import torch
+
+        n = torch.cuda.device_count()
+        if size > n:
+            raise UsageError(f"--world-sizes: world size {size} exceeds the {n} CUDA device(s) present (--backend nccl)")
+    return World(size, backend=backend, timeout=timeout)
+
+
+def cmd_check(args) -> int:
+    from paracheck.check.property import PROFILES, check_target, replay_command
+    from paracheck.check.targets import BUILTIN_TARGETS, TargetError, resolve_target
+
+    names = args.targets or list(BUILTIN_TARGETS)
+    try:
+        targets = [resolve_target(n, args.kind) for n in names]
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    case = None
+    if args.case:
+        from paracheck.cases import Case
+
+        try:
+            case = Case.from_json(args.case)
+        except Exception as exc:  # noqa: BLE001
+            raise UsageError(f"--case is not a valid case: {type(exc).__name__}: {exc}") from None
+        sizes = (case.world_size,)
+    else:
+        default = "1,2,3,4" if args.backend == "gloo" else None
+        if args.world_sizes is None and default is None:
+            import torch
+
+            default = ",".join(str(i) for i in range(1, torch.cuda.device_count() + 1)) or "1"
+        sizes = _world_sizes(args.world_sizes or default)
+    _positive("--timeout", args.timeout)
+    max_examples = args.max_examples if args.max_examples is not None else PROFILES[args.profile]["max_examples"]
+    _positive("--max-examples", max_examples)
+    world = _make_world(args.backend, max(sizes), args.timeout)
+    failed = 0
+    try:
+        for target in targets:
+            if case is not None:
+                from paracheck.check.run import run_case
+
+                result = run_case(world, target, case, timeout=args.timeout)
+                if result.ok:
+                    print(f"PASS {target.name}: the given case")
+                    continue
+                failed += 1
+                _print_failure(target, result, args.backend, examples=1)
+                continue
+            report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
+                                  seed=None if args.random else args.seed, timeout=args.timeout)
+            print(report.summary(), flush=True)
+            if not report.passed:
+                failed += 1
+                _print_failure(target, report.failure, args.backend, examples=report.examples, notes=report.notes)
+    finally:
+        world.close()
+    return 1 if failed else 0
+
+
+def _print_failure(target, result, backend, *, examples, notes=()):
+    from paracheck.check.property import replay_command
+
+    print(f"  {target.name} does not equal the oracle (failing case found after {examples} case(s)).")
+    for n in notes:
+        print(f"  note: {n}")
+    print("  shrunk case:")
+    print("    " + result.case.to_json(indent=2).replace("\n", "\n    "))
+    print("  what diverged:")
+    print("    " + result.describe().replace("\n", "\n    "))
+    print("  replay exactly this case:")
+    print("    " + replay_command(target, result.case, backend))
+
+
+def cmd_selftest(args) -> int:
+    from paracheck.selftest import run_selftest
+
+    return run_selftest(profile=args.profile, only=args.only, world_sizes=_world_sizes(args.world_sizes),
+                        timeout=args.timeout)
+
+
+def _delegate(name: str, rest: list[str]) -> int:
+    try:
+        import paracheck.bench as bench
+    except ImportError as exc:
+        raise UsageError(f"paracheck {name} needs the benchmark extras: {exc}") from None
+    fn = getattr(bench, f"{name}_main", None)
+    if fn is None:
+        raise UsageError(f"paracheck {name} is not available in this version")
+    return int(fn(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "selftest":
+            return cmd_selftest(args)
+        return _delegate(args.command, args.rest)
+    except UsageError as exc:
+        print(f"paracheck: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""paracheck's pytest plugin (entry point ``pytest11``). Cheap to import: no torch at collection.
+
+Options:
+    --paracheck-backend gloo|nccl      backend of the shared runner (default gloo)
+    --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
+    --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised)
+    --paracheck-timeout SECONDS        per-case hang timeout (default 20)
+
+Markers: ``world_size(n)`` (skipped when n exceeds what the backend can run), ``gpu`` (skipped
+without CUDA). Every skip of either kind is counted and reported at the end of the session:
+silent skips hide bugs.
+
+Fixtures: ``paracheck_world`` (one persistent ``World`` per session and xdist worker; on GPU
+machines each xdist worker gets disjoint devices), ``paracheck_world_sizes``,
+``paracheck_settings`` (the profile's Hypothesis settings), ``paracheck_check`` (checks a target
+and fails the test with the full report).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_PROFILES = {"ci": 40, "dev": 100, "nightly": 1000}
+_SKIPS: dict[str, int] = {"gpu": 0, "world_size": 0}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("paracheck")
+    g.addoption("--paracheck-backend", default="gloo", choices=["gloo", "nccl"], help="backend of the shared runner")
+    g.addoption("--paracheck-world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4)")
+    g.addoption("--paracheck-profile", default="ci", choices=sorted(_PROFILES), help="Hypothesis profile")
+    g.addoption("--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
+    config.addinivalue_line("markers", "gpu: the test needs CUDA devices")
+    text = config.getoption("--paracheck-world-sizes")
+    if text is not None:
+        try:
+            sizes = [int(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise pytest.UsageError(f"--paracheck-world-sizes={text!r} must be comma-separated integers") from None
+        if not sizes or min(sizes) < 1:
+            raise pytest.UsageError(f"--paracheck-world-sizes={text!r}: every world size must be >= 1")
+
+
+def _world_sizes(config) -> tuple[int, ...]:
+    text = config.getoption("--paracheck-world-sizes")
+    if text is None:
+        return (1, 2, 3, 4)
+    return tuple(int(s) for s in text.split(",") if s.strip())
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _worker_devices(config) -> list[str]:
+    """This xdist worker's share of the GPUs: worker k of n takes devices k, k+n, k+2n, ..."""
+    total = _cuda_count()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    k = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return [f"cuda:{i}" for i in range(k, total, max(1, n_workers))]
+
+
+def pytest_collection_modifyitems(config, items):
+    # Decide GPU skips here, once; world_size skips need the backend, also known now.
+    backend = config.getoption("--paracheck-backend")
+    need_devices = any(item.get_closest_marker("gpu") for item in items) or backend == "nccl"
+    available = len(_worker_devices(config)) if need_devices else 0
+    for item in items:
+        if item.get_closest_marker("gpu") and available == 0:
+            item.add_marker(pytest.mark.skip(reason="paracheck: needs CUDA devices, none present"))
+            item.user_properties.append(("paracheck_skip", "gpu"))
+        m = item.get_closest_marker("world_size")
+        if m is not None and m.args:
+            n = int(m.args[0])
+            limit = available if backend == "nccl" or item.get_closest_marker("gpu") else max(_world_sizes(config))
+            if n > limit:
+                item.add_marker(pytest.mark.skip(reason=f"paracheck: world size {n} > {limit} available"))
+                item.user_properties.append(("paracheck_skip", "world_size"))
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and report.when in ("setup", "call"):
+        for key, value in getattr(report, "user_properties", []):
+            if key == "paracheck_skip":
+                _SKIPS[value] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SKIPS["gpu"] or _SKIPS["world_size"]:
+        terminalreporter.write_sep("-", "paracheck")
+        terminalreporter.write_line(
+            f"paracheck: {_SKIPS['gpu']} GPU test(s) skipped for lack of CUDA devices, "
+            f"{_SKIPS['world_size']} skipped for lack of ranks/devices: those cases were NOT checked."
+        )
+
+
+@pytest.fixture(scope="session")
+def paracheck_world_sizes(pytestconfig) -> tuple[int, ...]:
+    return _world_sizes(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def paracheck_world(pytestconfig, paracheck_world_sizes):
+    """One persistent World per session (and per xdist worker), sized for the largest world size."""
+    from paracheck.world import World
+
+    backend = pytestconfig.getoption("--paracheck-backend")
+    timeout = pytestconfig.getoption("--paracheck-timeout")
+    size = max(paracheck_world_sizes)
+    devices = None
+    if backend == "nccl":
+        devices = _worker_devices(pytestconfig)
+        if size > len(devices):
+            pytest.skip(f"paracheck: world size {size} needs {size} GPUs, this worker has {len(devices)}")
+    world = World(size, backend=backend, timeout=timeout, devices=devices)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="session")
+def paracheck_max_examples(pytestconfig) -> int:
+    return _PROFILES[pytestconfig.getoption("--paracheck-profile")]
+
+
+@pytest.fixture
+def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
+    """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report."""
+    from paracheck.check.property import check_target, replay_command
+    from paracheck.check.targets import resolve_target
+
+    derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
+
+    def check(target, *, kind=None, world_sizes=None, max_examples=None, **kwargs):
+        t = resolve_target(target, kind) if isinstance(target, str) else target
+        report = check_target(t, paracheck_world, world_sizes=tuple(world_sizes or paracheck_world_sizes),
+                              max_examples=max_examples or paracheck_max_examples,
+                              seed=0 if derandomise else None, **kwargs)
+        if not report.passed:
+            f = report.failure
+            pytest.fail(
+                f"{t.name} does not equal the oracle after {report.examples} case(s):\n{f.describe()}\n"
+                f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}",
+                pytrace=False,
+            )
+        return report
+
+    return check

@@ -1,0 +1,93 @@
+"""``paracheck selftest``: the harness against its own catalogue of broken implementations.
+
+Trust in a pass comes from showing that the same check fails on known bugs. For every mutant in
+``paracheck.mutants`` and every built-in target, run the default check; print a table (name,
+verdict, examples needed, seconds, shrunk case in one line) and the kill rate. Exit 0 only if
+every mutant is killed and every built-in target passes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+__all__ = ["run_selftest", "selftest_rows"]
+
+
+def _one_line(case) -> str:
+    m = case.model
+    model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
+    groups = len(case.optimizer.groups)
+    return (f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
+            f"acc={case.accumulation} bucket={case.bucket_size_mb:.2g}MB")
+
+
+def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), timeout: float = 10.0,
+                  world=None, max_examples: int | None = None):
+    """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
+    from paracheck.check.property import PROFILES, check_target
+    from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
+    from paracheck.mutants import MUTANTS
+    from paracheck.world import World
+
+    n = max_examples or PROFILES[profile]["max_examples"]
+    own = world is None
+    world = world or World(max(world_sizes), timeout=timeout)
+    try:
+        items = [("target", name, resolve_target(name)) for name in BUILTIN_TARGETS]
+        items += [("mutant", m.name, Target(m.name, m.path, m.kind, _takes_bucket(m.path)))
+                  for m in MUTANTS.values() if m.kind in ("ddp", "sharded", "zero")]
+        for role, name, target in items:
+            if only and name not in only:
+                continue
+            t0 = time.monotonic()
+            report = check_target(target, world, world_sizes=world_sizes, max_examples=n, seed=0, timeout=timeout)
+            seconds = time.monotonic() - t0
+            if role == "target":
+                ok = report.passed
+                verdict = "pass" if ok else "FAIL"
+            else:
+                ok = not report.passed
+                how = ""
+                if report.failure is not None and report.failure.error is not None:
+                    how = f" ({report.failure.error.kind})"
+                verdict = ("killed" + how) if ok else "SURVIVED"
+            yield {
+                "role": role, "name": name, "ok": ok, "verdict": verdict, "examples": report.examples,
+                "seconds": seconds,
+                "case": _one_line(report.failure.case) if report.failure is not None else "",
+                "detail": report.failure.describe().splitlines()[0] if report.failure is not None else "",
+            }
+    finally:
+        if own:
+            world.close()
+
+
+def _takes_bucket(path: str) -> bool:
+    from paracheck.check.targets import resolve_target
+
+    try:
+        return resolve_target(path).takes_bucket
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=10.0) -> int:
+    t0 = time.monotonic()
+    rows = []
+    print(f"{'name':34} {'role':7} {'verdict':18} {'examples':>8} {'seconds':>8}  shrunk case")
+    for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout):
+        rows.append(row)
+        print(f"{row['name']:34} {row['role']:7} {row['verdict']:18} {row['examples']:>8} "
+              f"{row['seconds']:>8.1f}  {row['case']}", flush=True)
+    mutants = [r for r in rows if r["role"] == "mutant"]
+    targets = [r for r in rows if r["role"] == "target"]
+    killed = [r for r in mutants if r["ok"]]
+    print()
+    if mutants:
+        med = statistics.median(r["examples"] for r in killed) if killed else float("nan")
+        print(f"kill rate: {len(killed)}/{len(mutants)} = {100 * len(killed) / len(mutants):.0f}%; "
+              f"median examples to kill: {med}")
+    print(f"built-in targets passing: {sum(r['ok'] for r in targets)}/{len(targets)}; "
+          f"total {time.monotonic() - t0:.1f} s")
+    return 0 if all(r["ok"] for r in rows) else 1

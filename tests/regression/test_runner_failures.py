@@ -1,0 +1,127 @@
+"""The runner reports a raising, hanging or dying rank by rank, then keeps serving cases."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paracheck.world import RankDied, RankError, RankHang, World
+
+JOBS = '''
+import os
+import torch
+import torch.distributed as dist
+
+def ok(_):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_world_size(), t.item()
+
+def raise_on_1(_):
+    if dist.get_rank() == 1:
+        raise ValueError("planted failure on rank 1")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+
+def mismatched_collectives(_):
+    # rank 0 issues one all-reduce more than rank 1: the classic DDP hang.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+
+def spin_on_1(_):
+    if dist.get_rank() == 1:
+        while True:
+            pass
+
+def exit_on_1(_):
+    if dist.get_rank() == 1:
+        os._exit(7)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+
+def segv_on_0(_):
+    if dist.get_rank() == 0:
+        import ctypes
+        ctypes.string_at(0)
+'''
+
+
+@pytest.fixture(scope="module")
+def small_world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("jobs")
+    (d / "paracheck_test_jobs.py").write_text(JOBS)
+    sys.path.insert(0, str(d))
+    w = World(3, timeout=3.0)
+    yield w
+    w.close()
+    sys.path.remove(str(d))
+
+
+def _healthy(world):
+    assert world.run("paracheck_test_jobs:ok", None, world_size=3) == [(3, 6.0)] * 3
+
+
+def test_world_serves_every_size_up_to_its_own(small_world):
+    """One pool runs world sizes 1..3 with a default group of exactly that size."""
+    for w, total in ((1, 1.0), (2, 3.0), (3, 6.0), (2, 3.0)):
+        assert small_world.run("paracheck_test_jobs:ok", None, world_size=w) == [(w, total)] * w
+
+
+def test_raising_rank_reports_its_traceback_and_pool_survives(small_world):
+    """A rank that raises fails the job with that rank's traceback first; the next job passes."""
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        small_world.run("paracheck_test_jobs:raise_on_1", None, world_size=2)
+    assert time.monotonic() - t0 < small_world.timeout
+    first = info.value.failures[0]
+    assert first.rank == 1 and "planted failure on rank 1" in first.detail
+    _healthy(small_world)
+
+
+def test_mismatched_collectives_reported_as_hang_with_collective(small_world):
+    """A hang names the stuck rank, its stack and the collective; ranks recover without respawn."""
+    pids = small_world.pids
+    t0 = time.monotonic()
+    with pytest.raises(RankHang) as info:
+        small_world.run("paracheck_test_jobs:mismatched_collectives", None, world_size=2)
+    elapsed = time.monotonic() - t0
+    assert elapsed < small_world.timeout * 1.2 + 4.5
+    hung = [f for f in info.value.failures if f.kind == "hung"]
+    assert [f.rank for f in hung] == [0]
+    assert hung[0].collective == "all_reduce"
+    assert "mismatched_collectives" in hung[0].detail
+    _healthy(small_world)
+    assert small_world.pids == pids  # recovered in place
+
+
+def test_python_level_hang_kills_and_restarts(small_world):
+    """A rank stuck outside any collective is killed; the pool restarts and serves the next job."""
+    restarts = small_world.restarts
+    with pytest.raises(RankHang) as info:
+        small_world.run("paracheck_test_jobs:spin_on_1", None, world_size=2)
+    assert [f.rank for f in info.value.failures if f.kind == "hung"] == [1]
+    assert "spin_on_1" in info.value.failures[0].detail
+    assert small_world.restarts == restarts + 1
+    _healthy(small_world)
+
+
+@pytest.mark.parametrize("job,rank,text", [("exit_on_1", 1, "exited with code 7"),
+                                           ("segv_on_0", 0, "SIGSEGV")])
+def test_dying_rank_reported_with_exit_code_or_signal(small_world, job, rank, text):
+    """A rank that dies is reported with its exit code or signal; the pool is restarted."""
+    with pytest.raises(RankDied) as info:
+        small_world.run(f"paracheck_test_jobs:{job}", None, world_size=2)
+    dead = info.value.failures
+    assert dead[0].rank == rank and text in dead[0].detail
+    _healthy(small_world)
+
+
+def test_bad_world_size_is_refused(small_world):
+    """A world size outside 1..size is a usage error naming the value."""
+    with pytest.raises(ValueError, match="world_size=4"):
+        small_world.run("paracheck_test_jobs:ok", None, world_size=4)
+    with pytest.raises(ValueError, match="size=0"):
+        World(0)
