@@ -196,126 +196,19 @@ def profile_host(fn, x, w, dy, lines):
 
 
 # ------------------------------------------------------------------------------------------
-# Sweep of launch plans, with experimental kernel variants (eviction hints, prefetch).
-
-
-def _experimental_kernels():
-    from paracheck.kernels.rmsnorm import lazy_jit, tl
-
-    @lazy_jit
-    def exp_fwd(X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-                BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr,
-                Y_EVICT: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK_D)
-        row_ok = rows < n_rows
-        col_ok = cols < n_cols
-        ok = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                    eviction_policy=X_EVICT).to(tl.float32)
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-        tl.store(RSTD + rows, rstd, mask=row_ok)
-        y = x * rstd[:, None] * w[None, :]
-        tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
-                 mask=ok, eviction_policy=Y_EVICT)
-
-    @lazy_jit
-    def exp_bwd(X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-                BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr):
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) * ROWS
-        cols = tl.arange(0, BLOCK_D)
-        col_ok = cols < n_cols
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-        for start in range(pid * ROWS, n_rows, step):
-            rows = start + tl.arange(0, ROWS)
-            row_ok = rows < n_rows
-            ok = row_ok[:, None] & col_ok[None, :]
-            rows64 = rows.to(tl.int64)
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                        eviction_policy=LOAD_EVICT).to(tl.float32)
-            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                         eviction_policy=LOAD_EVICT).to(tl.float32)
-            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-            xhat = x * rstd[:, None]
-            wdy = dy * w[None, :]
-            c = tl.sum(xhat * wdy, axis=1) / n_cols
-            dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=ok)
-            dw_acc += dy * xhat
-        tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-
-    @lazy_jit
-    def exp_bwd_prefetch(X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows,
-                         n_cols, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                         LOAD_EVICT: tl.constexpr):
-        # Software pipelining by hand: the next tile's loads are issued before this tile's math.
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) * ROWS
-        cols = tl.arange(0, BLOCK_D)
-        col_ok = cols < n_cols
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < n_rows
-        ok = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                    eviction_policy=LOAD_EVICT)
-        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                     eviction_policy=LOAD_EVICT)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        for start in range(pid * ROWS, n_rows, step):
-            nrows = start + step + tl.arange(0, ROWS)
-            nrow_ok = nrows < n_rows
-            nok = nrow_ok[:, None] & col_ok[None, :]
-            nrows64 = nrows.to(tl.int64)
-            x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
-                             eviction_policy=LOAD_EVICT)
-            dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok,
-                              other=0.0, eviction_policy=LOAD_EVICT)
-            rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
-            rows = start + tl.arange(0, ROWS)
-            ok = (rows < n_rows)[:, None] & col_ok[None, :]
-            rows64 = rows.to(tl.int64)
-            xf = x.to(tl.float32)
-            dyf = dy.to(tl.float32)
-            xhat = xf * rstd[:, None]
-            wdy = dyf * w[None, :]
-            c = tl.sum(xhat * wdy, axis=1) / n_cols
-            dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=ok)
-            dw_acc += dyf * xhat
-            x = x_next
-            dy = dy_next
-            rstd = rstd_next
-        tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-
-    return exp_fwd, exp_bwd, exp_bwd_prefetch
+# Sweep of launch plans (the kernels' free parameters and cache hints).
 
 
 def sweep(rows, d, lines):
-    """Each pass alone over launch plans, then whole fwd+bwd sequences with eviction hints."""
-    import triton
-
+    """Each pass alone over launch plans, then whole fwd+bwd sequences with cache hints."""
     from paracheck.kernels import rmsnorm as K
 
-    exp_fwd, exp_bwd, exp_bwd_prefetch = _experimental_kernels()
     x, w, dy = inputs(rows, d)
     n_sms = K._sm_count(x.device)
     base = K._plan(rows, d, interpreted=DEVICE != "cuda", n_sms=n_sms)
     block_d = base.block_d
-    y = torch.empty_like(x)
-    rstd = torch.empty(rows, device=x.device)
-    dx = torch.empty_like(x)
-    dw = torch.empty_like(w)
     lines.append(f"\n### {rows}x{d} (default plan {base})\n")
-    lines.append("| pass | rows/tile | warps | programs/SM | variant | TB/s |")
+    lines.append("| pass | rows/tile | warps | programs/SM | hints x/y/bwd | TB/s |")
     lines.append("| --- | --- | --- | --- | --- | --- |")
     results = []
 
@@ -325,57 +218,90 @@ def sweep(rows, d, lines):
         except Exception as e:  # a plan that does not compile or launch: report, go on
             lines.append(f"<!-- {key}: {type(e).__name__}: {str(e)[:160]} -->")
 
-    def tiles(lo, hi, warps_set):
+    def tiles(lo, hi):
         for r in (1, 2, 4, 8):
-            for warps in warps_set:
+            for warps in (4, 8, 16, 32):
                 if lo <= r * block_d // (32 * warps) <= hi and r <= rows:
                     yield r, warps
 
-    def fwd(r, warps, x_evict="", y_evict=""):
-        exp_fwd[(triton.cdiv(rows, r),)](x, w, y, rstd, d, d, rows, d, EPS, BLOCK_D=block_d,
-                                         ROWS=r, X_EVICT=x_evict, Y_EVICT=y_evict,
-                                         num_warps=warps)
-
-    def bwd(r, warps, per_sm, kernel, evict=""):
-        p = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=1, fwd_warps=4, bwd_rows=r,
-                        bwd_warps=warps, bwd_per_sm=per_sm)
-        partial = torch.empty(p.bwd_programs, d, device=x.device)
-        kernel[(p.bwd_programs,)](x, w, dy, rstd, dx, partial, d, d, d, rows, d,
-                                  BLOCK_D=block_d, ROWS=r, LOAD_EVICT=evict, num_warps=warps)
-        K._KERNELS.reduce_dweight[(triton.cdiv(d, p.red_block_n),)](
-            partial, dw, p.bwd_programs, d, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
-            num_warps=4)
-
-    warps_set = (4, 8, 16, 32) if block_d >= 8192 else (4, 8, 16)
-    for r, warps in tiles(4, 64, warps_set):
-        timed(("fwd", r, warps, "-", "plain"), lambda: fwd(r, warps), 2 * rows * d * 4)
-    fwd(base.fwd_rows, base.fwd_warps)
-    for r, warps in tiles(8, 32, warps_set):
+    hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
+    hint_text = "/".join(h or "-" for h in hints.values())
+    for r, warps in tiles(8, 64):
+        plan = dataclasses.replace(base, fwd_rows=r, fwd_warps=warps)
+        timed(("fwd", r, warps, "-", hint_text),
+              lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan), 2 * rows * d * 4)
+    _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    for r, warps in tiles(8, 32):
         for per_sm in (1, 2, 4):
-            timed(("bwd", r, warps, per_sm, "plain"),
-                  lambda: bwd(r, warps, per_sm, exp_bwd), 3 * rows * d * 4)
-        for per_sm in (1, 2):
-            timed(("bwd", r, warps, per_sm, "prefetch"),
-                  lambda: bwd(r, warps, per_sm, exp_bwd_prefetch), 3 * rows * d * 4)
-    best_f = max((t for t in results if t[0] == "fwd"), key=lambda t: t[-1])
-    best_b = max((t for t in results if t[0] == "bwd"), key=lambda t: t[-1])
-    kernel = exp_bwd_prefetch if best_b[4] == "prefetch" else exp_bwd
-    for x_evict, y_evict, load_evict in [("", "", ""), ("evict_last", "", ""),
-                                         ("evict_last", "evict_first", ""),
-                                         ("", "", "evict_first"),
-                                         ("evict_last", "evict_first", "evict_first")]:
-        def seq():
-            fwd(best_f[1], best_f[2], x_evict, y_evict)
-            bwd(best_b[1], best_b[2], best_b[3], kernel, load_evict)
+            plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
+                               fwd_warps=base.fwd_warps, bwd_rows=r, bwd_warps=warps,
+                               bwd_per_sm=per_sm, **hints)
+            timed(("bwd", r, warps, per_sm, hint_text),
+                  lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
+                  3 * rows * d * 4)
+    for combo in [("evict_last", "", ""), ("", "", ""),
+                  ("evict_last", "evict_first", "evict_first")]:
+        plan = dataclasses.replace(base, **dict(zip(hints, combo)))
 
-        timed(("fwd+bwd", f"{best_f[1]}/{best_b[1]}", f"{best_f[2]}/{best_b[2]}", best_b[3],
-               f"{best_b[4]} x:{x_evict or '-'} y:{y_evict or '-'} bwd:{load_evict or '-'}"),
-              seq, 4 * rows * d * 4)
-    for pass_, k in (("fwd", 5), ("bwd", 8), ("fwd+bwd", 5)):
+        def seq():
+            K._rms_norm_backward(dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)[1],
+                                 K._KERNELS, plan)
+
+        timed(("fwd+bwd", f"{base.fwd_rows}/{base.bwd_rows}",
+               f"{base.fwd_warps}/{base.bwd_warps}", "default",
+               "/".join(h or "-" for h in combo)), seq, 4 * rows * d * 4)
+    for pass_, k in (("fwd", 4), ("bwd", 6), ("fwd+bwd", 3)):
         best = sorted((t for t in results if t[0] == pass_), key=lambda t: -t[-1])
         for t in best[:k]:
             lines.append(f"| {t[0]} | {t[1]} | {t[2]} | {t[3]} | {t[4]} | {t[5]:.2f} |")
-    print("\n".join(lines[-22:]), flush=True)
+    print("\n".join(lines[-16:]), flush=True)
+
+
+def host_breakdown(x, w, dy, lines):
+    """Host time of the pieces of one triton fwd+bwd, and which thread runs them."""
+    import collections
+    import threading
+
+    from paracheck.kernels import rmsnorm as K
+    from paracheck.kernels import rms_norm
+
+    spans = collections.defaultdict(list)
+    orig_fwd, orig_bwd, orig_getitem = K._rms_norm_forward, K._rms_norm_backward, K._LazyJit.__getitem__
+
+    def wrap(name, f):
+        def inner(*a, **k):
+            t0 = time.perf_counter()
+            out = f(*a, **k)
+            spans[f"{name} [{threading.current_thread().name}]"].append(time.perf_counter() - t0)
+            return out
+        return inner
+
+    def getitem(self, grid):
+        return wrap(f"launch {self.fn.__name__}", orig_getitem(self, grid))
+
+    step, grads = step_fn(rms_norm, x, w, dy)
+    K._rms_norm_forward, K._rms_norm_backward = wrap("_rms_norm_forward", orig_fwd), wrap(
+        "_rms_norm_backward", orig_bwd)
+    K._LazyJit.__getitem__ = getitem
+    try:
+        for _ in range(30):
+            for t in grads:
+                t.grad = None
+            step()
+        if not SMOKE:
+            torch.cuda.synchronize()
+    finally:
+        K._rms_norm_forward, K._rms_norm_backward = orig_fwd, orig_bwd
+        K._LazyJit.__getitem__ = orig_getitem
+    for name, ts in sorted(spans.items()):
+        lines.append(f"host {name}: median {statistics.median(ts) * 1e6:.1f} us over {len(ts)}")
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        lines.append(f"host autograd fwd+bwd, backward on the calling thread "
+                     f"(set_multithreading_enabled(False)): {host_us(step, grad_to_none=grads, n=50):.1f} us")
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+    lines.append(f"host autograd fwd+bwd, default: {host_us(step, grad_to_none=grads, n=50):.1f} us")
 
 
 # ------------------------------------------------------------------------------------------
@@ -449,9 +375,11 @@ def main(argv=None) -> int:
               flush=True)
         write("rmsnorm_bench.md", text)
     print(text, flush=True)
-    if args.profile and not SMOKE:
+    if args.profile:
         prof_lines = []
-        profile_host(rms_norm, *inputs(4096, 1024), prof_lines)
+        host_breakdown(*inputs(*SHAPES[0]), prof_lines)
+        if not SMOKE:
+            profile_host(rms_norm, *inputs(*SHAPES[0]), prof_lines)
         print("\n".join(prof_lines), flush=True)
         write("rmsnorm_profile.md", "\n".join(prof_lines))
     if args.sweep:

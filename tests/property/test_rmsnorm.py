@@ -203,7 +203,7 @@ _SETTINGS = dict(deadline=None, database=None,
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-@settings(max_examples=300 if INTERPRETED else 100, **_SETTINGS)
+@settings(max_examples=200 if INTERPRETED else 100, **_SETTINGS)
 @given(rms_norm_cases())
 @example(RMSNormCase(1, 1, _F32, _F32, "contiguous", 1.0, 1e-5, 0))  # width 1: dx ~ 0
 @example(RMSNormCase(3, 16384, _BF16, _BF16, "contiguous", 1.0, 1e-5, 1))  # widest, few rows
@@ -214,7 +214,7 @@ def test_rms_norm_matches_oracle(case):
     _assert_matches(rms_norm, case)
 
 
-@settings(max_examples=100 if INTERPRETED else 30, **_SETTINGS)
+@settings(max_examples=60 if INTERPRETED else 30, **_SETTINGS)
 @given(rms_norm_cases(layouts=("sliced", "transposed", "batched")))
 def test_non_contiguous_inputs_match_oracle(case):
     """Strided x and dy (padded rows, column-major, 3-D) equal the oracle like contiguous ones."""

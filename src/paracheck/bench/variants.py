@@ -69,7 +69,7 @@ class Setup:
     name: str
     forward: Callable
     after_backward: Callable[[], None]
-    optimizer: torch.optim.Optimizer
+    optimizer: object  # has step() and zero_grad(set_to_none=...)
     wrapper: object = None
     before_forward: Callable[[], None] | None = None
 
@@ -127,7 +127,13 @@ def build_setup(name: str, model: torch.nn.Module, *, bucket_mb: float, device: 
         opt = cls(model.parameters(), torch.optim.AdamW, lr=1e-4, **_adamw_options(fused))
         return Setup(name, wrapper, wrapper.finish_gradient_synchronization, opt, wrapper)
     if kind == "zero":
-        # ZeRO-1 reduce-scatters the gradients itself; a protocol hook is honoured if it has one.
-        opt = cls(model.parameters(), torch.optim.AdamW, lr=1e-4, **_adamw_options(fused))
-        return Setup(name, model, getattr(opt, "finish_gradient_synchronization", _noop), opt, opt)
+        # paracheck.zero.Zero1's interface: a wrapper and an optimizer in one
+        # (``Zero1(module, optimizer_cls, bucket_size_mb=..., **defaults)``), reduce-scattering
+        # during backward and all-gathering in ``step()``.
+        import inspect
+
+        extra = {"bucket_size_mb": bucket_mb} if "bucket_size_mb" in inspect.signature(cls).parameters else {}
+        zero = cls(model, torch.optim.AdamW, lr=1e-4, **extra, **_adamw_options(fused))
+        return Setup(name, zero, zero.finish_gradient_synchronization, zero, zero,
+                     getattr(zero, "on_train_batch_start", None))
     raise ValueError(f"variant={name!r} has kind={kind!r}, which the benchmarks cannot drive")

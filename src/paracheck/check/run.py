@@ -73,13 +73,23 @@ def run_case(world: World, target: Target, case: Case, *, device: str | None = N
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
     target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
     payload = {"case": case, "path": target.path, "takes_bucket": target.takes_bucket, "device": device}
+    ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+    traj = oracle_for(case)  # computed while the ranks train
     try:
-        ranks = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+        ranks = world.collect(ticket)
     except WorldError as exc:
         return CaseResult(case, error=exc)
-    traj = oracle_for(case)
+    sharding = target.kind in ("sharded", "zero")
+    if sharding:  # optimizer-state sharding: selectable properties (paracheck.check._rank_zero)
+        from paracheck.check._rank_zero import check_sharding_properties, resolve_properties
+
+        props = resolve_properties(target.properties)
     if check_state is None:
-        check_state = target.kind in ("sharded", "zero")
-    div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
+        check_state = sharding and "state" in props
+    div, worst = None, 0.0
+    if not sharding or props & {"equivalence", "state"}:
+        div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
+    if div is None and sharding:
+        div = check_sharding_properties(case, traj, ranks, target.kind, props)
     extra = {k: v for k, v in ranks[0].items() if k not in ("initial_params", "initial_buffers", "steps")}
     return CaseResult(case, divergence=div, worst_ratio=worst, extra=extra)

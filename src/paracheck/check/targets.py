@@ -28,13 +28,15 @@ class Target:
     path: str  # "package.module:Class"
     kind: str  # "ddp" | "sharded" | "zero"
     takes_bucket: bool = False
+    # Which properties a check runs (None: all of the kind's; see paracheck.check._rank_zero.PROPERTIES).
+    properties: frozenset[str] | None = None
 
     @property
     def rank_fn(self) -> str:
         return {
             "ddp": "paracheck.check._rank:run_ddp",
-            "sharded": "paracheck.check._rank:run_sharded",
-            "zero": "paracheck.check._rank:run_zero",
+            "sharded": "paracheck.check._rank_zero:run_sharded",
+            "zero": "paracheck.check._rank_zero:run_zero",
         }[self.kind]
 
 
@@ -45,6 +47,9 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "overlapped": ("paracheck.ddp.overlapped:OverlappedDDP", "ddp"),
     "bucketed": ("paracheck.ddp.bucketed:BucketedDDP", "ddp"),
     "torch-ddp": ("paracheck.ddp.torch_ddp:TorchDDP", "ddp"),
+    "sharded": ("paracheck.zero:ShardedOptimizer", "sharded"),
+    "zero1": ("paracheck.zero:Zero1", "zero"),
+    "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
 }
 
 

@@ -15,8 +15,11 @@ Note [tiles and programs]: the forward runs one program per tile of ``ROWS`` row
 (power-of-two padded) row in registers. The backward is persistent: a few programs per SM each
 walk tiles ``pid, pid + P, ...``, keep the dweight contribution of their rows in a register
 tile, and write one float32 partial row each; a second small kernel sums the ``P`` partials
-(deterministic: no atomics). In the interpreter each program instance costs about 1.6 ms
-whatever its size, so the plan uses few programs with many rows there.
+(deterministic: no atomics). The backward loop loads the next tile before it works on the
+current one (software pipelining by hand: two tiles in flight per program). Block sizes, warps
+and programs per SM come from a sweep on an H200 (``scripts/bench_rmsnorm.py --sweep``). In the
+interpreter each program instance costs about 1.6 ms whatever its size, so the plan uses few
+programs with many rows there.
 """
 
 from __future__ import annotations
@@ -71,6 +74,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def _require_triton() -> None:
+    if triton is None:
+        raise RuntimeError(
+            "paracheck.kernels needs triton: pip install 'paracheck[triton]' (or triton>=3.0)"
+        )
+
+
 class _LazyJit:
     """A kernel function that is ``triton.jit``-decorated at its first launch."""
 
@@ -80,10 +90,7 @@ class _LazyJit:
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
-        if triton is None:
-            raise RuntimeError(
-                "paracheck.kernels needs triton: pip install 'paracheck[triton]' (or triton>=3.0)"
-            )
+        _require_triton()
         mode = _interpreting()
         jitted = self._by_mode.get(mode)
         if jitted is None:
@@ -395,10 +402,12 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, kernels=None):
+        _require_triton()
         eps = float(eps)
         _check_inputs(x, weight, eps)
         kernels = kernels or _KERNELS
         x2 = _as_rows(x)
+        weight = weight.contiguous()  # the kernels read it with unit stride
         y, rstd = _rms_norm_forward(x2, weight, eps, kernels)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.kernels = kernels

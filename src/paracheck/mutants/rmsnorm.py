@@ -25,7 +25,7 @@ __all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
 @lazy_jit
 def _fwd_eps_outside_sqrt(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -33,18 +33,22 @@ def _fwd_eps_outside_sqrt(
     col_ok = cols < n_cols
     ok = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=X_EVICT).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
     rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
+             eviction_policy=Y_EVICT)
 
 
 @lazy_jit
 def _fwd_unmasked_tail(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -52,69 +56,122 @@ def _fwd_unmasked_tail(
     col_ok = cols < n_cols
     ok = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
+    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
     # BUG: the load masks rows only, so the padded tail of the block (cols >= n_cols) reads
     # whatever follows the row (the next row, padding, or a guard buffer) into the sum.
     x_mask = row_ok[:, None] & (cols[None, :] < BLOCK_D)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=x_mask, other=0.0,
+                eviction_policy=X_EVICT).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
+             eviction_policy=Y_EVICT)
 
 
 @lazy_jit
 def _bwd_dx_without_mean_term(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
 ):
+    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
+    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
+    # The loop is software-pipelined by hand: the next tile's loads are issued before this
+    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < n_cols
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=LOAD_EVICT)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                 eviction_policy=LOAD_EVICT)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
     for start in range(pid * ROWS, n_rows, step):
+        nrows = start + step + tl.arange(0, ROWS)
+        nrow_ok = nrows < n_rows
+        nok = nrow_ok[:, None] & col_ok[None, :]
+        nrows64 = nrows.to(tl.int64)
+        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
+                         eviction_policy=LOAD_EVICT)
+        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
+                          eviction_policy=LOAD_EVICT)
+        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
-        row_ok = rows < n_rows
-        ok = row_ok[:, None] & col_ok[None, :]
+        ok = (rows < n_rows)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        wdy = dy * w[None, :]
-        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * mean(xhat*w*dy))
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
-        dw_acc += dy * xhat
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        xhat = xf * rstd[:, None]
+        wdy = dyf * w[None, :]
+        c = tl.sum(xhat * wdy, axis=1) / n_cols
+        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * c)
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=ok)
+        dw_acc += dyf * xhat
+        x = x_next
+        dy = dy_next
+        rstd = rstd_next
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
 @lazy_jit
 def _bwd_partials_overwrite(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
 ):
+    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
+    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
+    # The loop is software-pipelined by hand: the next tile's loads are issued before this
+    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < n_cols
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    ok = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=LOAD_EVICT)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                 eviction_policy=LOAD_EVICT)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
     for start in range(pid * ROWS, n_rows, step):
+        nrows = start + step + tl.arange(0, ROWS)
+        nrow_ok = nrows < n_rows
+        nok = nrow_ok[:, None] & col_ok[None, :]
+        nrows64 = nrows.to(tl.int64)
+        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
+                         eviction_policy=LOAD_EVICT)
+        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
+                          eviction_policy=LOAD_EVICT)
+        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
-        row_ok = rows < n_rows
-        ok = row_ok[:, None] & col_ok[None, :]
+        ok = (rows < n_rows)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        wdy = dy * w[None, :]
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        xhat = xf * rstd[:, None]
+        wdy = dyf * w[None, :]
         c = tl.sum(xhat * wdy, axis=1) / n_cols
         dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
-        dw_acc += dy * xhat
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=ok)
+        dw_acc += dyf * xhat
+        x = x_next
+        dy = dy_next
+        rstd = rstd_next
     # BUG: the partial row index (pid * n_cols) is missing: every program writes row 0.
     tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 

@@ -239,6 +239,11 @@ class World:
     # -- jobs -----------------------------------------------------------------------------
     def run(self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None) -> list:
         """Call ``fn(payload)`` on ranks 0..world_size-1; return their results in rank order."""
+        return self.collect(self.submit(fn, payload, world_size=world_size, timeout=timeout))
+
+    def submit(self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None):
+        """Start a job and return a ticket for ``collect``; the driver is free meanwhile (the
+        check computes the oracle while the ranks train). One job at a time."""
         w = self.size if world_size is None else world_size
         if not isinstance(w, int) or not 1 <= w <= self.size:
             raise ValueError(f"world_size={w!r} must be an int in 1..{self.size} (this World's size)")
@@ -255,10 +260,17 @@ class World:
         job = self._job
         for conn in self._conns:
             _send(conn, ("run", job, w, self._generation, fn, payload))
+        # The timeout runs from submission: time the driver spends elsewhere counts.
+        return (job, fn, w, time.monotonic() + timeout)
+
+    def collect(self, ticket) -> list:
+        """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied`` on failure."""
+        job, fn, w, deadline = ticket
+        if job != self._job:
+            raise RuntimeError(f"ticket for job {job} is stale (job {self._job} was submitted since)")
         results: dict[int, object] = {}
         failures: list[RankFailure] = []
         pending = dict(enumerate(self._conns))
-        deadline = time.monotonic() + timeout
         while pending:
             ready = wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:

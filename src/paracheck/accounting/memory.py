@@ -1,0 +1,161 @@
+"""Analytic memory per rank: optimizer state from a partition, and a training-step breakdown.
+
+Everything here is exact arithmetic on sizes, checked bit-for-bit against what ranks hold
+(``tests/regression/test_sharding_exact.py``) and against CUDA peaks (``scripts/memory_xl.py``).
+
+Note [Optimizer state per tensor]
+    torch's optimizers keep, per parameter tensor they have stepped at least once:
+    SGD with momentum != 0: ``momentum_buffer`` (one element per element), none without momentum;
+    Adam / AdamW: ``exp_avg`` and ``exp_avg_sq`` (two per element, three with ``amsgrad``) and a
+    0-dimensional ``step`` tensor of torch's scalar dtype (float32, float64 when the default dtype
+    is float64 at step time; on the device with ``fused``/``capturable``, the same bytes). So one
+    tensor of n elements of e bytes costs ``per_element * n * e + per_tensor`` bytes
+    (``StateModel``). A tensor never stepped (no gradient at any step so far) has no state. A
+    ZeRO-1 piece is a tensor of its own: every piece carries its own ``step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+__all__ = [
+    "MemoryBreakdown", "StateModel", "flat_state_bytes", "measured_state_bytes", "sharded_state_bytes",
+    "state_model", "training_memory",
+]
+
+
+@dataclass(frozen=True)
+class StateModel:
+    """Bytes of optimizer state of one tensor: ``per_element * numel * element_size + per_tensor``."""
+
+    per_element: int
+    per_tensor: int
+
+    def bytes(self, numel: int, element_size: int) -> int:
+        return self.per_element * numel * element_size + self.per_tensor
+
+
+def _scalar_bytes() -> int:
+    return 8 if torch.get_default_dtype() == torch.float64 else 4
+
+
+_NAMES = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+
+
+def state_model(optimizer, options: Mapping | None = None) -> StateModel:
+    """Note [Optimizer state per tensor] for ``optimizer`` (``"sgd"``, ``"adam"``, ``"adamw"`` or
+    the torch class) with a group's ``options`` (momentum, amsgrad)."""
+    name = _NAMES.get(optimizer, optimizer) if isinstance(optimizer, type) else optimizer
+    options = dict(options or {})
+    if name == "sgd":
+        return StateModel(1 if options.get("momentum", 0) != 0 else 0, 0)
+    if name in ("adam", "adamw"):
+        return StateModel(3 if options.get("amsgrad", False) else 2, _scalar_bytes())
+    raise ValueError(f"optimizer={optimizer!r} has no state model; known: sgd, adam, adamw")
+
+
+def sharded_state_bytes(owners: Sequence[int | None], rank: int, *, numels: Sequence[int],
+                        element_sizes: Sequence[int], models: Sequence[StateModel | None],
+                        stateful: Iterable[int]) -> int:
+    """State bytes ``rank`` holds when parameter i (with state: ``i in stateful``) is owned by
+    ``owners[i]`` as a whole tensor (``ShardedOptimizer``)."""
+    return sum(models[i].bytes(numels[i], element_sizes[i]) for i in set(stateful) if owners[i] == rank)
+
+
+def flat_state_bytes(pieces, *, element_size: int, models: Sequence[StateModel | None],
+                     stateful: Iterable[int]) -> int:
+    """State bytes of the ``pieces`` (``partition.Piece``: param, length) whose parameter has state
+    (``Zero1``: each piece is a tensor of its own, Note [Optimizer state per tensor])."""
+    stateful = set(stateful)
+    return sum(models[p.param].bytes(p.length, element_size) for p in pieces if p.param in stateful)
+
+
+def measured_state_bytes(state: Mapping) -> int:
+    """Bytes of every tensor in an optimizer's ``state`` mapping (param -> dict), as held.
+
+    Iterates ``items()`` only: indexing torch's ``defaultdict`` state would create entries.
+    """
+    total = 0
+    for _, entry in state.items():
+        for v in entry.values():
+            if torch.is_tensor(v):
+                total += v.numel() * v.element_size()
+    return total
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes one rank holds for a training step, by role. ``comm`` counts communication buffers
+    that live across the step (torch DDP's buckets) or transiently at the sync (FlatDDP's flat
+    copy); activations and allocator slack are the measured rest."""
+
+    params: int
+    grads: int
+    optimizer_state: int
+    comm: int
+
+    @property
+    def static(self) -> int:
+        return self.params + self.grads + self.optimizer_state
+
+    @property
+    def total(self) -> int:
+        return self.static + self.comm
+
+
+_DESIGNS = ("ddp-flat", "torch-ddp", "sharded", "zero1", "torch-zero")
+
+
+def training_memory(design: str, numels: Sequence[int], element_size: int, world_size: int, *, rank: int,
+                    model: StateModel, bucket_numel: int | None = None) -> MemoryBreakdown:
+    """Analytic bytes on ``rank`` after a step of ``design`` over trainable parameters ``numels``
+    (every parameter stepped, one group, one dtype):
+
+    * ``ddp-flat``: paracheck FlatDDP + plain optimizer: comm = the flat copy of all gradients
+      plus one flag per parameter (transient, at the sync);
+    * ``torch-ddp``: torch DistributedDataParallel (buckets not aliased with ``.grad``): comm = P;
+    * ``sharded``: FlatDDP + ``ShardedOptimizer``: state of the parameters ``partition_by_size``
+      gives ``rank``;
+    * ``zero1``: ``Zero1``: parameters in padded flat buckets, gradients = the padded bucket
+      buffers plus this rank's shard of them, state of this rank's pieces;
+    * ``torch-zero``: torch DDP + ``ZeroRedundancyOptimizer``: its partition (greedy by numel,
+      largest first) decides the state, comm = P.
+    """
+    from paracheck.zero.partition import flat_layout, partition_by_size
+
+    if design not in _DESIGNS:
+        raise ValueError(f"design={design!r} must be one of {_DESIGNS}")
+    e = element_size
+    n = list(numels)
+    P = sum(n) * e
+    all_idx = range(len(n))
+    full_state = sum(model.bytes(k, e) for k in n)
+    if design == "ddp-flat":
+        return MemoryBreakdown(P, P, full_state, P + len(n) * e)
+    if design == "torch-ddp":
+        return MemoryBreakdown(P, P, full_state, P)
+    if design == "sharded":
+        part = partition_by_size([k * e for k in n], world_size)
+        state = sharded_state_bytes(part.owners, rank, numels=n, element_sizes=[e] * len(n),
+                                    models=[model] * len(n), stateful=all_idx)
+        return MemoryBreakdown(P, P, state, P + len(n) * e)
+    if design == "torch-zero":
+        # torch's ZeroRedundancyOptimizer: per group, sorted by numel (stable), onto min total numel.
+        loads = [0] * world_size
+        owners = [0] * len(n)
+        for i in sorted(all_idx, key=lambda j: -n[j]):
+            r = min(range(world_size), key=lambda q: (loads[q], q))
+            owners[i] = r
+            loads[r] += n[i]
+        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=[e] * len(n),
+                                    models=[model] * len(n), stateful=all_idx)
+        return MemoryBreakdown(P, P, state, P)
+    if bucket_numel is None:
+        raise ValueError("design='zero1' needs bucket_numel")
+    layout = flat_layout(n, world_size, bucket_numel=bucket_numel)
+    padded = layout.padded_numel * e
+    state = flat_state_bytes(layout.pieces(rank), element_size=e, models=[model] * len(n), stateful=all_idx)
+    return MemoryBreakdown(padded, padded + padded // world_size, state, 0)

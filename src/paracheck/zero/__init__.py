@@ -1,0 +1,28 @@
+"""Optimizer-state sharding: the CS336 owner-broadcast ``ShardedOptimizer``, a true ZeRO-1
+(``Zero1``), torch's ``ZeroRedundancyOptimizer`` behind the same interface (``TorchZero``), and
+the pure partition plans they consume."""
+
+from paracheck.zero.partition import (
+    Bucket,
+    FlatLayout,
+    ParamPartition,
+    Piece,
+    flat_layout,
+    partition_by_size,
+)
+from paracheck.zero.sharded import ShardedOptimizer
+from paracheck.zero.zero1 import Zero1, Zero1Optimizer
+
+__all__ = [
+    "Bucket", "FlatLayout", "ParamPartition", "Piece", "ShardedOptimizer", "TorchZero", "Zero1", "Zero1Optimizer",
+    "flat_layout", "partition_by_size",
+]
+
+
+def __getattr__(name):
+    # torch.distributed.optim is imported only by whoever asks for the adapter.
+    if name == "TorchZero":
+        from paracheck.zero.torch_zero import TorchZero
+
+        return TorchZero
+    raise AttributeError(f"module 'paracheck.zero' has no attribute {name!r}")

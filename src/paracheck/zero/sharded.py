@@ -1,0 +1,190 @@
+"""ShardedOptimizer: optimizer-state sharding by whole parameters, then a broadcast from each owner.
+
+The CS336 design. Every rank holds every parameter and (from a DDP wrapper) every averaged
+gradient; each parameter is *owned* by one rank (``partition_by_size``), which alone keeps its
+optimizer state and updates it, then broadcasts the new value. Saves optimizer-state memory, not
+gradient memory, and communicates 1.5x as much as ZeRO-1 (Note [Owner broadcast versus ZeRO-1]
+in ``paracheck.accounting.traffic``); ``Zero1`` is the real thing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paracheck.zero.partition import ParamPartition, partition_by_size
+
+__all__ = ["ShardedOptimizer"]
+
+
+def _param_weight(p: torch.Tensor) -> int:
+    # Only a trainable parameter ever gets optimizer state; a frozen one costs its owner nothing.
+    return p.numel() * p.element_size() if p.requires_grad else 0
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``optimizer_cls`` over ``params``, with its state sharded across the ranks of ``process_group``.
+
+    Contract: when every rank calls ``step()`` with the same parameters and the same (already
+    averaged) gradients, every rank ends with bitwise identical parameters, each equal bit for bit
+    to what ``optimizer_cls`` over the same param groups computes in one process: the owner runs
+    exactly that update and broadcasts it. Precondition: ``optimizer_cls`` updates each parameter
+    from its own gradient and state only (SGD, Adam, AdamW and any elementwise or per-tensor rule;
+    not one that couples parameters inside ``step``), and every rank gives the same parameters in
+    the same order and groups.
+
+    * Partition (Note [Balance bound] in ``paracheck.zero.partition``): a parameter's weight is its
+      bytes if it requires grad, else 0; the largest parameter goes first, to the least loaded rank;
+      ``max load <= total / W + largest``. ``add_param_group`` (in the constructor and during
+      training) extends the partition without moving earlier parameters.
+    * The wrapped optimizer (``local_optimizer``) is built over this rank's parameters with one
+      group per group of ``self.param_groups`` (possibly empty) carrying every hyper-parameter of
+      that group; ``self.state`` is its state (this rank's shard only). Hyper-parameters changed
+      in ``self.param_groups`` (an LR scheduler) are copied to the wrapped groups at every step.
+    * ``state_dict()`` returns the *consolidated* state of every parameter in the format
+      ``optimizer_cls`` itself would produce (tensors on CPU); ``load_state_dict()`` accepts it,
+      or a plain ``optimizer_cls`` state dict, at any world size: each rank keeps what it owns.
+
+    Collectives every rank must call: ``step()`` (one broadcast per trainable parameter, from its
+    owner) and ``state_dict()`` (an all-gather of the shards). ``add_param_group``,
+    ``load_state_dict`` and ``zero_grad`` are local: the partition is a pure function of sizes.
+    """
+
+    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
+        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_cls={optimizer_cls!r} must be a torch.optim.Optimizer subclass")
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
+        self.optimizer_cls = optimizer_cls
+        self._kwargs = dict(kwargs)
+        self._partition = ParamPartition(self.world_size, (), ())
+        self._params: list[torch.Tensor] = []  # every parameter, in the order of self.param_groups
+        self.local_optimizer: torch.optim.Optimizer | None = None
+        # torch's constructor calls self.add_param_group once per group (the CS336 protocol).
+        super().__init__(params, kwargs)
+        self.state = self.local_optimizer.state
+
+    # -- partition -----------------------------------------------------------------------------
+    @property
+    def partition(self) -> ParamPartition:
+        """Owner of every parameter, in the order of ``self.param_groups`` (flattened)."""
+        return self._partition
+
+    def _source(self, owner: int) -> int:
+        """Global rank of group rank ``owner`` (collectives name global ranks)."""
+        if self.process_group is None:
+            return owner
+        return dist.get_global_rank(self.process_group, owner)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group: partition its parameters (extending the current partition) and give this
+        rank's share, with every hyper-parameter of the group, to the wrapped optimizer."""
+        super().add_param_group(param_group)  # validates, fills our defaults, appends
+        group = self.param_groups[-1]
+        params = group["params"]
+        self._partition = partition_by_size([_param_weight(p) for p in params], self.world_size,
+                                            previous=self._partition)
+        self._params.extend(params)
+        owners = self._partition.owners[len(self._partition.owners) - len(params):]
+        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        local["params"] = [p for p, o in zip(params, owners) if o == self.rank]
+        if "param_names" in group:
+            local["param_names"] = [n for n, o in zip(group["param_names"], owners) if o == self.rank]
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+        else:
+            self.local_optimizer.add_param_group(local)
+        # The wrapped class's own defaults fill what neither the group nor kwargs gave (betas, eps,
+        # ...): show them here too, so self.param_groups reads like optimizer_cls's own.
+        for k, v in self.local_optimizer.param_groups[-1].items():
+            if k not in ("params", "param_names"):
+                group.setdefault(k, v)
+
+    def _sync_hyperparameters(self) -> None:
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
+            for k, v in group.items():
+                if k not in ("params", "param_names"):
+                    local[k] = v
+
+    # -- step ----------------------------------------------------------------------------------
+    def step(self, closure=None, **kwargs):
+        """Step this rank's shard with the wrapped optimizer, then broadcast every trainable
+        parameter from its owner. A collective: every rank must call it."""
+        self._sync_hyperparameters()
+        if closure is None:
+            loss = self.local_optimizer.step(**kwargs)
+        else:
+            loss = self.local_optimizer.step(closure, **kwargs)
+        self._broadcast_parameters()
+        return loss
+
+    def _broadcast_parameters(self) -> None:
+        if self.world_size == 1:
+            return
+        # Asynchronous, one per parameter: no flat staging copy (so no extra memory), and the
+        # backend pipelines them; all are waited for before step() returns.
+        handles = []
+        for p, owner in zip(self._params, self._partition.owners):
+            if not p.requires_grad:
+                continue  # a frozen parameter is never changed by the optimizer
+            handles.append(dist.broadcast(p.detach(), src=self._source(owner), group=self.process_group,
+                                          async_op=True))
+        for h in handles:
+            h.wait()
+
+    # -- state ---------------------------------------------------------------------------------
+    def _gather(self, obj) -> list:
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.process_group)
+        return out
+
+    def state_dict(self) -> dict:
+        """The consolidated state of every parameter (a collective), in ``optimizer_cls``'s format
+        over ``self.param_groups``: ``{"state": {index: {...}}, "param_groups": [...]}``."""
+        self._sync_hyperparameters()
+        index = {id(p): i for i, p in enumerate(self._params)}
+        local = {
+            index[id(p)]: {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in st.items()}
+            for p, st in self.local_optimizer.state.items()
+        }
+        state = {}
+        for part in self._gather(local):
+            state.update(part)
+        groups = []
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(packed)
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a consolidated (or plain ``optimizer_cls``) state dict saved at any world size;
+        this rank keeps the state of the parameters it owns now."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
+                             f"{len(self.param_groups)}: they must match")
+        for k, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
+                                 f"has {len(group['params'])}: they must match")
+        by_saved_index = {}
+        for saved, group in zip(saved_groups, self.param_groups):
+            by_saved_index.update(zip(saved["params"], group["params"]))
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        local_index = {id(p): i for i, p in enumerate(p for g in self.local_optimizer.param_groups for p in g["params"])}
+        local_groups = []
+        for group, lg in zip(self.param_groups, self.local_optimizer.param_groups):
+            packed = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            packed["params"] = [local_index[id(p)] for p in lg["params"]]
+            if "param_names" in lg:
+                packed["param_names"] = list(lg["param_names"])
+            local_groups.append(packed)
+        local_state = {local_index[id(p)]: st for i, st in state_dict["state"].items()
+                       if id(p := by_saved_index[i]) in local_index}
+        self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
+        # torch's load_state_dict replaces the state mapping: keep self.state pointing at it.
+        self.state = self.local_optimizer.state

@@ -1,0 +1,56 @@
+"""TorchZero: torch's ``ZeroRedundancyOptimizer`` under the CS336 ``ShardedOptimizer`` interface,
+so that paracheck checks it exactly like ``ShardedOptimizer`` (target ``torch-zero``).
+
+The adapter changes nothing in torch's algorithm (partition, local step, broadcasts). It adds
+what the check needs: ``state_dict()`` consolidated on *every* rank (torch consolidates onto one
+rank with ``consolidate_state_dict(to=...)``; the adapter then broadcasts it) and ``partition``,
+torch's owner of every parameter. What paracheck found about torch's design is in
+``docs/findings-torch-zero.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from paracheck.zero.partition import ParamPartition
+
+__all__ = ["TorchZero"]
+
+
+class TorchZero(ZeroRedundancyOptimizer):
+    """``ZeroRedundancyOptimizer(params, optimizer_cls, **kwargs)``; same contract as
+    ``ShardedOptimizer`` (torch: each rank steps the parameters its greedy-by-numel partition
+    gives it, then every parameter is broadcast from its owner).
+
+    Collectives every rank must call: ``step()`` and ``state_dict()``.
+    """
+
+    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
+        super().__init__(params, optimizer_cls, process_group=process_group, **kwargs)
+
+    @property
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        return self.optim
+
+    @property
+    def partition(self) -> ParamPartition:
+        """torch's owner of each parameter of ``param_groups`` (flattened); sizes as paracheck
+        weighs them (bytes if trainable, else 0), so that the balance property judges torch's
+        partition by the state it causes."""
+        owner = self._param_to_rank
+        params = [p for g in self.param_groups for p in g["params"]]
+        sizes = [p.numel() * p.element_size() if p.requires_grad else 0 for p in params]
+        return ParamPartition(self.world_size, tuple(sizes), tuple(owner[p] for p in params))
+
+    def state_dict(self) -> dict:
+        """The consolidated state on every rank (torch's ``consolidate_state_dict(to=0)`` then a
+        broadcast of rank 0's result)."""
+        self.consolidate_state_dict(to=0)
+        sd = super().state_dict() if self.rank == 0 else None
+        if self.world_size > 1:
+            box = [sd]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
+            sd = box[0]
+        return sd

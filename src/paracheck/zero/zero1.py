@@ -1,0 +1,475 @@
+"""Zero1: ZeRO stage 1 proper. Flat buckets split by element; gradients reduce-scattered during
+backward; each rank steps only its shard; parameters all-gathered.
+
+Diff with ``ShardedOptimizer``: there a DDP wrapper all-reduces every gradient and owners
+broadcast whole parameters (3(W-1)/W Psi per rank and step); here the gradient all-reduce is cut
+in its two halves and the optimizer step runs between them, on 1/W of every bucket
+(2(W-1)/W Psi, an all-reduce's worth; Note [Owner broadcast versus ZeRO-1]).
+
+Note [Zero1 data flow]
+    Construction packs the module's trainable parameters into per-bucket flat buffers
+    (``flat_layout``, reverse registration order) and re-points every ``p.data`` at its slice, so
+    the all-gather after the step writes the parameters in place. Rank r's optimizer does not see
+    the parameters: it sees *pieces*, 1-D views of rank r's chunk of each bucket, one per
+    (parameter, rank) overlap (``partition.Piece``), grouped like the parameter groups.
+
+    Backward: a post-accumulate-grad hook copies ``p.grad`` into the bucket's gradient buffer and
+    drops ``p.grad`` (ZeRO-1 keeps no full-size gradient on the parameter). When every parameter
+    of bucket b has arrived, and buckets 0..b-1 have been launched (launch order must be the same
+    on every rank), an asynchronous ``reduce_scatter_tensor`` sums the bucket into rank r's chunk.
+    ``finish_gradient_synchronization()`` launches the buckets still waiting (a parameter unused
+    on this rank contributes zeros), all-reduces one presence flag per parameter (Note [Gradients
+    that exist on some ranks only] in ``paracheck.ddp._common``), waits, divides by W and sets
+    each piece's ``.grad`` to a view of its chunk, or None where no rank had a gradient (so the
+    optimizer skips it, as single-process training would).
+
+    ``step()`` runs the wrapped optimizer on the pieces, then ``all_gather_into_tensor`` per
+    bucket with rank r's chunk (a view of the same buffer) as input: in place, as NCCL documents
+    (``sendbuff == recvbuff + rank * count``) and FSDP2 relies on; gloo gives the same result.
+
+Note [Zero1 gradient accumulation]
+    The chunk buffer of bucket b is *fresh* after ``zero_grad()`` (its contents are dead or
+    zero): the next reduce-scatter writes its sum there directly. A second synchronisation in the
+    same step (accumulating without ``no_sync()``) reduces into a temporary and adds, so the chunk
+    holds sum over syncs of (sum over ranks)/W, the oracle's average up to summation order. Within
+    ``no_sync()`` the hooks do nothing and ``p.grad`` accumulates locally, as in DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paracheck.ddp._common import check_bucket_size_mb
+from paracheck.zero.partition import FlatLayout, flat_layout
+
+__all__ = ["Zero1", "Zero1Optimizer"]
+
+
+def _reduce_scatter(output, input, group, async_op):
+    # torch >= 2.13 renames reduce_scatter_tensor (which then forwards and warns); look the name up
+    # on the namespace at call time so that paracheck.accounting's recorder sees the call.
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def _all_gather(output, input, group, async_op):
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+class Zero1:
+    """ZeRO-1 data parallelism: a module wrapper and an optimizer in one.
+
+    Contract: with every rank calling, in order, ``forward`` / ``backward`` /
+    ``finish_gradient_synchronization()`` (after each backward outside ``no_sync()``) /
+    ``step()``, every rank holds bitwise identical parameters, equal to single-process training of
+    ``optimizer_cls`` on the rank-averaged gradient (the oracle) up to summation order (float64:
+    relative 1e-10, ``paracheck.check.tolerance``). Preconditions: identical modules and
+    registration order on every rank; all trainable parameters share one dtype and device;
+    ``optimizer_cls`` is *elementwise* (SGD, Adam, AdamW: a parameter's update element depends
+    only on the same element of its gradient and state, so stepping a piece equals stepping the
+    whole tensor; LAMB-like per-tensor norms are not); trainability fixed at construction.
+
+    Interface (``paracheck check``'s kind ``zero``)::
+
+        zero = Zero1(module, torch.optim.AdamW, params=groups_or_params, bucket_size_mb=25, lr=1e-3)
+        loss = loss_fn(zero(x), y); loss.backward(); zero.finish_gradient_synchronization()
+        zero.step(); zero.zero_grad(set_to_none=True)
+
+    ``params`` is what an optimizer's first argument would be (default: ``module.parameters()``);
+    ``kwargs`` are the optimizer's defaults. ``zero.optimizer`` is a ``torch.optim.Optimizer``
+    (``param_groups``, ``add_param_group``, consolidated ``state_dict()`` / ``load_state_dict()``)
+    usable by LR schedulers; ``zero.param_groups``, ``add_param_group``, ``state_dict`` and
+    ``load_state_dict`` forward to it. Zero1 is deliberately not an ``nn.Module``: its
+    ``state_dict`` is the optimizer's; the weights are ``zero.module.state_dict()``. After the
+    synchronisation ``p.grad`` is None for every trainable parameter: this rank's averaged shard is
+    on the pieces (``full_gradients()`` gathers the whole, for checks).
+
+    Collectives every rank must call: the constructor (broadcast of parameters and buffers from
+    the group's first rank), backward (reduce-scatters issued from hooks),
+    ``finish_gradient_synchronization()``, ``step()`` (all-gathers), ``state_dict()`` and
+    ``full_gradients()``. World size 1 runs the same code with the collectives replaced by copies.
+    """
+
+    def __init__(self, module: nn.Module, optimizer_cls: type[torch.optim.Optimizer], *, params=None,
+                 bucket_size_mb: float = 25.0, process_group=None, **kwargs):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module={module!r} must be a torch.nn.Module")
+        cap_mb = check_bucket_size_mb(bucket_size_mb)
+        self.module = module
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
+        self.trainable = [p for p in module.parameters() if p.requires_grad]
+        if not self.trainable:
+            raise ValueError("module has no parameter with requires_grad=True: nothing to shard")
+        ref = self.trainable[0]
+        names = {id(p): n for n, p in module.named_parameters()}
+        for p in self.trainable:
+            if p.dtype != ref.dtype or p.device != ref.device:
+                raise ValueError(f"parameter {names[id(p)]!r} is {p.dtype} on {p.device}, the first trainable one "
+                                 f"{ref.dtype} on {ref.device}: Zero1 needs one dtype and device")
+            if p.dim() == 0 or p.numel() == 0:
+                # A 0-dim parameter's per-element state could not be told from a per-tensor value
+                # like Adam's 0-dim "step" when a state dict is sliced into pieces.
+                raise ValueError(f"parameter {names[id(p)]!r} has shape {tuple(p.shape)}: Zero1 needs at least one "
+                                 f"dimension and one element (reshape a scalar parameter to (1,))")
+        self._index = {id(p): i for i, p in enumerate(self.trainable)}
+        bucket_numel = max(1, int(cap_mb * 2**20) // ref.element_size())
+        self.layout: FlatLayout = flat_layout([p.numel() for p in self.trainable], self.world_size,
+                                              bucket_numel=bucket_numel)
+        self._broadcast_module()
+        self._build_buffers()
+        self._sync_enabled = True
+        self._reset_round()
+        self._fresh = [True] * len(self.layout.buckets)
+        self._has_grad = [False] * len(self.trainable)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.trainable)]
+        self.optimizer = Zero1Optimizer(self, module.parameters() if params is None else params, optimizer_cls,
+                                        **kwargs)
+
+    # -- construction --------------------------------------------------------------------------
+    def _broadcast_module(self) -> None:
+        if self.world_size == 1:
+            return
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        with torch.no_grad():
+            for t in itertools.chain(self.module.parameters(), self.module.buffers()):
+                dist.broadcast(t.detach(), src=src, group=self.process_group)
+
+    def _build_buffers(self) -> None:
+        ref = self.trainable[0]
+        kw = {"dtype": ref.dtype, "device": ref.device}
+        self._param_flat, self._grad_flat, self._grad_shard = [], [], []
+        self._where = [None] * len(self.trainable)
+        with torch.no_grad():
+            for b, bucket in enumerate(self.layout.buckets):
+                # Bucket by bucket, so the originals of one bucket are freed before the next is
+                # allocated: the construction peak is the model plus one bucket, not twice the model.
+                flat = torch.zeros(bucket.padded, **kw)
+                for i, off in zip(bucket.params, bucket.offsets):
+                    p = self.trainable[i]
+                    view = flat[off: off + p.numel()]
+                    view.copy_(p.detach().reshape(-1))
+                    p.data = view.view_as(p)
+                    self._where[i] = (b, off)
+                self._param_flat.append(flat)
+                self._grad_flat.append(torch.zeros(bucket.padded, **kw))
+                self._grad_shard.append(torch.zeros(bucket.padded // self.world_size, **kw))
+        # This rank's pieces: parameter views the wrapped optimizer steps, and their gradient views.
+        self.pieces = self.layout.pieces(self.rank)
+        self._piece_params, self._piece_grads = [], []
+        for pc in self.pieces:
+            s = self.layout.shard_numel(pc.bucket)
+            self._piece_params.append(self._param_flat[pc.bucket].narrow(0, pc.offset, pc.length))
+            self._piece_grads.append(self._grad_shard[pc.bucket].narrow(0, pc.offset - self.rank * s, pc.length))
+        self._pieces_of = [[] for _ in self.trainable]
+        for k, pc in enumerate(self.pieces):
+            self._pieces_of[pc.param].append(k)
+
+    def pieces_of(self, p: torch.Tensor) -> list[torch.Tensor]:
+        """The piece tensors of parameter ``p`` this rank steps (empty for a frozen parameter or one
+        that lies wholly in other ranks' chunks). ValueError for a trainable tensor not in the module."""
+        i = self._index.get(id(p))
+        if i is None:
+            if p.requires_grad:
+                raise ValueError(f"parameter of shape {tuple(p.shape)} requires grad but is not a trainable "
+                                 f"parameter of the wrapped module at construction: Zero1 cannot synchronise it")
+            return []
+        return [self._piece_params[k] for k in self._pieces_of[i]]
+
+    # -- module protocol -----------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate local gradients in ``p.grad``."""
+        previous = self._sync_enabled
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def _reset_round(self) -> None:
+        self._fired = [False] * len(self.trainable)
+        self._pending = [len(b.params) for b in self.layout.buckets]
+        self._next = 0
+        self._inflight = []
+        ref = self.trainable[0]
+        self._present = torch.zeros(len(self.trainable), dtype=ref.dtype, device=ref.device)
+
+    def _make_hook(self, i: int):
+        def hook(p):
+            if self._sync_enabled:
+                self._take_grad(i, p)
+                self._launch_ready()
+        return hook
+
+    def _take_grad(self, i: int, p) -> None:
+        if self._fired[i]:
+            raise RuntimeError(
+                f"trainable parameter #{i} received a second gradient before finish_gradient_synchronization(): "
+                f"call it after every backward outside no_sync()")
+        b, off = self._where[i]
+        self._grad_flat[b][off: off + p.numel()].copy_(p.grad.reshape(-1))
+        p.grad = None
+        self._fired[i] = True
+        self._present[i] = 1
+        self._pending[b] -= 1
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.layout.buckets) and self._pending[self._next] == 0:
+            self._launch(self._next)
+
+    def _launch(self, b: int) -> None:
+        bucket = self.layout.buckets[b]
+        for i, off in zip(bucket.params, bucket.offsets):
+            if not self._fired[i]:  # unused on this rank: contributes zeros
+                self._grad_flat[b][off: off + self.trainable[i].numel()].zero_()
+        out = self._grad_shard[b] if self._fresh[b] else torch.empty_like(self._grad_shard[b])
+        if self.world_size == 1:
+            out.copy_(self._grad_flat[b])
+            handle = None
+        else:
+            handle = _reduce_scatter(out, self._grad_flat[b], self.process_group, True)
+        self._fresh[b] = False
+        self._inflight.append((b, out, handle))
+        self._next = b + 1
+
+    def finish_gradient_synchronization(self) -> None:
+        """Complete the reduce-scatters of this backward; afterwards each piece's ``.grad`` is this
+        rank's chunk of the rank-averaged gradient (Note [Zero1 data flow]). A collective."""
+        if not self._sync_enabled:
+            return
+        # A gradient accumulated under no_sync() whose parameter the last backward did not touch
+        # is still in p.grad: its bucket cannot have been launched, so take it now.
+        for i, p in enumerate(self.trainable):
+            if not self._fired[i] and p.grad is not None:
+                self._take_grad(i, p)
+        for b in range(self._next, len(self.layout.buckets)):
+            self._launch(b)
+        if self.world_size > 1:
+            dist.all_reduce(self._present, group=self.process_group)
+        for b, out, handle in self._inflight:
+            if handle is not None:
+                handle.wait()
+            if out is self._grad_shard[b]:
+                out.div_(self.world_size)
+            else:
+                self._grad_shard[b].add_(out.div_(self.world_size))
+        for i, flag in enumerate(self._present.tolist()):
+            if flag:
+                self._has_grad[i] = True
+        self._attach_piece_grads()
+        self._reset_round()
+
+    def _attach_piece_grads(self) -> None:
+        for k, pc in enumerate(self.pieces):
+            self._piece_params[k].grad = self._piece_grads[k] if self._has_grad[pc.param] else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients: the pieces' (None, or zeros where there was one) and any local ``p.grad``."""
+        for p in self.trainable:
+            p.grad = None
+        if set_to_none:
+            self._has_grad = [False] * len(self.trainable)
+        else:
+            for g in self._grad_shard:
+                g.zero_()
+        self._fresh = [True] * len(self.layout.buckets)
+        self._attach_piece_grads()
+
+    def step(self, closure=None, **kwargs):
+        return self.optimizer.step(closure, **kwargs)
+
+    def _all_gather_parameters(self) -> None:
+        if self.world_size == 1:
+            return
+        handles = []
+        for b, flat in enumerate(self._param_flat):
+            s = self.layout.shard_numel(b)
+            handles.append(_all_gather(flat, flat.narrow(0, self.rank * s, s), self.process_group, True))
+        for h in handles:
+            h.wait()
+
+    def full_gradients(self) -> list[torch.Tensor | None]:
+        """The rank-averaged gradient of every trainable parameter (None where no rank had one),
+        gathered from the shards: for checks, not for training (a collective; allocates the model)."""
+        fulls = []
+        for b, shard in enumerate(self._grad_shard):
+            full = torch.empty(self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device)
+            if self.world_size == 1:
+                full.copy_(shard)
+            else:
+                _all_gather(full, shard, self.process_group, False)
+            fulls.append(full)
+        out = []
+        for i, p in enumerate(self.trainable):
+            b, off = self._where[i]
+            out.append(fulls[b][off: off + p.numel()].view_as(p).clone() if self._has_grad[i] else None)
+        return out
+
+    def _gather_object(self, obj) -> list:
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.process_group)
+        return out
+
+    # -- optimizer forwarding ------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+class Zero1Optimizer(torch.optim.Optimizer):
+    """The optimizer face of a ``Zero1``: ``param_groups`` hold the real parameters (what a user and
+    an LR scheduler see), ``local_optimizer`` steps this rank's pieces, one group per group.
+
+    ``state_dict()`` (a collective) consolidates the pieces into whole tensors per parameter, in
+    ``optimizer_cls``'s own format over ``param_groups`` (tensors on CPU): a state value shaped
+    like its piece is per element and is concatenated; any other (Adam's ``step``) is per tensor
+    and must agree across pieces. ``load_state_dict()`` slices such a dict (saved at any world
+    size, or by plain ``optimizer_cls``) back into this rank's pieces.
+    """
+
+    def __init__(self, zero: Zero1, params, optimizer_cls, **kwargs):
+        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_cls={optimizer_cls!r} must be a torch.optim.Optimizer subclass")
+        self._zero = zero
+        self.optimizer_cls = optimizer_cls
+        self._kwargs = dict(kwargs)
+        self.local_optimizer: torch.optim.Optimizer | None = None
+        super().__init__(params, kwargs)
+        self.state = self.local_optimizer.state
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        local["params"] = [piece for p in group["params"] for piece in self._zero.pieces_of(p)]
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+        else:
+            self.local_optimizer.add_param_group(local)
+        for k, v in self.local_optimizer.param_groups[-1].items():
+            if k not in ("params", "param_names"):
+                group.setdefault(k, v)
+
+    def _sync_hyperparameters(self) -> None:
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
+            for k, v in group.items():
+                if k not in ("params", "param_names"):
+                    local[k] = v
+
+    def step(self, closure=None, **kwargs):
+        """Step this rank's pieces, then all-gather every bucket. A collective."""
+        self._sync_hyperparameters()
+        if closure is None:
+            loss = self.local_optimizer.step(**kwargs)
+        else:
+            loss = self.local_optimizer.step(closure, **kwargs)
+        self._zero._all_gather_parameters()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero.zero_grad(set_to_none=set_to_none)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict:
+        self._sync_hyperparameters()
+        zero = self._zero
+        index = {id(p): i for i, p in enumerate(self._params())}
+        piece_of = {id(t): k for k, t in enumerate(zero._piece_params)}
+        local = {}
+        for t, st in self.local_optimizer.state.items():
+            pc = zero.pieces[piece_of[id(t)]]
+            p = zero.trainable[pc.param]
+            local[(index[id(p)], pc.start)] = (pc.length, {
+                k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in st.items()})
+        parts = {}
+        for chunk in zero._gather_object(local):
+            parts.update(chunk)
+        params = self._params()
+        state = {}
+        for i in sorted({i for i, _ in parts}):
+            pieces = [parts[key] for key in sorted(key for key in parts if key[0] == i)]
+            state[i] = _merge_pieces(i, params[i], pieces)
+        groups = []
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        zero = self._zero
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
+                             f"{len(self.param_groups)}: they must match")
+        by_saved_index = {}
+        for k, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
+                                 f"has {len(group['params'])}: they must match")
+            by_saved_index.update(zip(saved["params"], group["params"]))
+            group.update({key: v for key, v in saved.items() if key != "params"})
+        local_params = [t for g in self.local_optimizer.param_groups for t in g["params"]]
+        local_index = {id(t): j for j, t in enumerate(local_params)}
+        piece_of = {id(t): k for k, t in enumerate(zero._piece_params)}
+        local_state = {}
+        for i, st in state_dict["state"].items():
+            p = by_saved_index[i]
+            for t in zero.pieces_of(p):
+                pc = zero.pieces[piece_of[id(t)]]
+                local_state[local_index[id(t)]] = {
+                    key: (v.reshape(-1)[pc.start: pc.start + pc.length].clone()
+                          if torch.is_tensor(v) and v.shape == p.shape else v)
+                    for key, v in st.items()}
+        local_groups = []
+        for group, lg in zip(self.param_groups, self.local_optimizer.param_groups):
+            packed = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            packed["params"] = [local_index[id(t)] for t in lg["params"]]
+            local_groups.append(packed)
+        self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self.state = self.local_optimizer.state
+
+
+def _merge_pieces(i: int, p: torch.Tensor, pieces: list) -> dict:
+    """One parameter's state from its pieces' states ``[(length, state), ...]`` in element order:
+    a value shaped ``(length,)`` in every piece is per element (concatenated, reshaped like the
+    parameter); anything else is per tensor and must be equal in every piece."""
+    merged = {}
+    for key in pieces[0][1]:
+        values = [st[key] for _, st in pieces]
+        per_element = all(torch.is_tensor(v) and v.shape == (n,) for (n, _), v in zip(pieces, values))
+        if per_element:
+            merged[key] = torch.cat(values).view(p.shape)
+            continue
+        first = values[0]
+        for v in values[1:]:
+            if not (torch.equal(v, first) if torch.is_tensor(v) else v == first):
+                raise RuntimeError(f"the pieces of parameter #{i} disagree on per-tensor state {key!r}")
+        merged[key] = first
+    return merged
