@@ -94,6 +94,7 @@ class Case:
     rank_dependent_init: bool = False
     set_to_none: bool = True
     dtype: str = "float64"
+    merged_ranks: int = 1
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -105,6 +106,8 @@ class Case:
             raise ValueError(f"batch_sizes={self.batch_sizes} must all be >= 1")
         if self.steps < 1 or self.accumulation < 1:
             raise ValueError(f"steps={self.steps} and accumulation={self.accumulation} must be >= 1")
+        if self.merged_ranks < 1:
+            raise ValueError(f"merged_ranks={self.merged_ranks} must be >= 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
 
@@ -165,9 +168,22 @@ def build_case_model(case: Case, rank: int, device="cpu"):
 
 
 def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
-    """(inputs, targets) of rank ``rank`` at (step, micro-step); see Note [Determinism]."""
+    """(inputs, targets) of rank ``rank`` at (step, micro-step); see Note [Determinism].
+
+    With ``merged_ranks = m`` rank r receives the concatenation of the batches that ranks
+    r*m .. r*m+m-1 of an m-times larger world would have received: the metamorphic relation
+    "W ranks with equal local batches equal one rank fed all of them" is then a comparison of two
+    cases (``paracheck.check.metamorphic``).
+    """
+    if case.merged_ranks > 1:
+        parts = [_batch(case, step, micro, rank * case.merged_ranks + j, case.batch_sizes[rank], device)
+                 for j in range(case.merged_ranks)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return _batch(case, step, micro, rank, case.batch_sizes[rank], device)
+
+
+def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
     g = torch.Generator().manual_seed(_mix(case.seed, 2, step, micro, rank))
-    n = case.batch_sizes[rank]
     spec = case.model
     if spec.kind == "lm":
         x = torch.randint(0, spec.vocab_size, (n, spec.context_length + 1), generator=g)

@@ -238,6 +238,21 @@ def test_module_matches_oracle():
     assert "96, eps=1e-06" in repr(module)
 
 
+def test_strided_weight_matches_oracle():
+    """A weight that is a strided view (every other element) gives the oracle's y and grads."""
+    torch.manual_seed(1)
+    x = torch.randn(7, 33, device=DEVICE, requires_grad=True)
+    weight = torch.randn(66, device=DEVICE)[::2].requires_grad_(True)
+    dy = torch.randn(7, 33, device=DEVICE)
+    y = rms_norm(x, weight, 1e-5)
+    y.backward(dy)
+    dx_ref, dw_ref = rms_norm_reference_grads(x.double(), weight.double(), dy.double(), 1e-5)
+    torch.testing.assert_close(y.double(), rms_norm_reference(x.double(), weight.double(), 1e-5),
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_empty_batch_gives_empty_outputs():
     """Zero rows: y and dx are empty, dweight is zero (the oracle's sum over no rows)."""
     x = torch.zeros(0, 8, device=DEVICE, requires_grad=True)

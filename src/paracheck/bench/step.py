@@ -227,17 +227,19 @@ def rank_time(payload: dict) -> dict:
     if cuda:
         memory["init"] = torch.cuda.max_memory_allocated(device)
     x, y = _batch(spec, device, rank)
-    times = []
+    times, cpu_times = [], []
     for i in range(spec.warmup + spec.steps):
         if distributed:
             dist.barrier()
         if cuda:
             torch.cuda.synchronize(device)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         _train_step(setup, x, y)
         if cuda:
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     if cuda:
         # One extra step for Note [CUDA memory points].
         memory["peak"] = torch.cuda.max_memory_allocated(device)
@@ -256,7 +258,8 @@ def rank_time(payload: dict) -> dict:
         setup.optimizer.step()
         memory["after_step"] = torch.cuda.max_memory_allocated(device)
         memory["peak"] = max(memory.values())
-    result = {"times": times[spec.warmup:], "cuda_memory": memory, "rss_peak": _rss_peak()}
+    result = {"times": times[spec.warmup:], "cpu_times": cpu_times[spec.warmup:], "cuda_memory": memory,
+              "rss_peak": _rss_peak()}
     del setup, model
     _release(device)
     return result

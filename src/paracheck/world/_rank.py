@@ -46,6 +46,11 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     import torch
     import torch.distributed as dist
 
+    # Constructing the first torch.optim optimizer imports torch._dynamo (3 s on an idle core,
+    # over 10 s with six ranks on two busy cores): paid here, at start, not inside the first
+    # job's hang timeout, where it made a correct target "hang" on its first case.
+    import torch._dynamo  # noqa: F401
+
     torch.set_num_threads(1)
     if device is not None:
         torch.cuda.set_device(torch.device(device))

@@ -77,14 +77,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             return owner
         return dist.get_global_rank(self.process_group, owner)
 
+    def _extend_partition(self, params: list[torch.Tensor]) -> ParamPartition:
+        """The partition with ``params`` appended (the policy: Note [Balance bound])."""
+        return partition_by_size([_param_weight(p) for p in params], self.world_size, previous=self._partition)
+
     def add_param_group(self, param_group: dict) -> None:
         """Add a group: partition its parameters (extending the current partition) and give this
         rank's share, with every hyper-parameter of the group, to the wrapped optimizer."""
         super().add_param_group(param_group)  # validates, fills our defaults, appends
         group = self.param_groups[-1]
         params = group["params"]
-        self._partition = partition_by_size([_param_weight(p) for p in params], self.world_size,
-                                            previous=self._partition)
+        self._partition = self._extend_partition(params)
         self._params.extend(params)
         owners = self._partition.owners[len(self._partition.owners) - len(params):]
         local = {k: v for k, v in group.items() if k not in ("params", "param_names")}

@@ -1,0 +1,244 @@
+"""Broken optimizer-state sharding. Each class differs from ``ShardedOptimizer`` or ``Zero1`` by one
+realistic bug (marked ``BUG``); the default check must kill every one (``tests/property/
+test_sharding_mutants.py``). Several are invisible to equivalence alone: ``sharded-no-shard``
+trains correctly while sharding nothing, ``sharded-count-partition`` trains correctly while piling
+state on one rank; the ``memory`` and ``balance`` properties exist for them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paracheck.zero.partition import ParamPartition
+from paracheck.zero.sharded import ShardedOptimizer, _param_weight
+from paracheck.zero.zero1 import Zero1
+
+__all__ = [
+    "BroadcastFromRankZero", "CountPartition", "FirstGroupHyperparameters", "HyperparametersDropped",
+    "LateGroupNotStepped", "LocalStateDict", "LrNotSynced", "NoShard", "Zero1AccumulationOverwrites",
+    "Zero1LocalStateDict", "Zero1NoAverage", "Zero1NoInitialBroadcast", "Zero1StepsUnused",
+]
+
+
+# -- owner-broadcast ShardedOptimizer -----------------------------------------------------------
+
+class BroadcastFromRankZero(ShardedOptimizer):
+    """Every parameter is broadcast from rank 0 instead of from its owner."""
+
+    def _broadcast_parameters(self) -> None:
+        if self.world_size == 1:
+            return
+        handles = []
+        for p, owner in zip(self._params, self._partition.owners):
+            if not p.requires_grad:
+                continue
+            handles.append(dist.broadcast(p.detach(), src=self._source(0),  # BUG: src should be the owner
+                                          group=self.process_group, async_op=True))
+        for h in handles:
+            h.wait()
+
+
+class LateGroupNotStepped(ShardedOptimizer):
+    """A group added after construction is partitioned, but no rank's wrapped optimizer gets it."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self.local_optimizer is None:
+            return super().add_param_group(param_group)
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        params = self.param_groups[-1]["params"]
+        self._partition = self._extend_partition(params)
+        self._params.extend(params)
+        # BUG: self.local_optimizer.add_param_group(...) is only reached from the constructor
+
+
+class HyperparametersDropped(ShardedOptimizer):
+    """The wrapped optimizer gets this rank's parameters without their group's hyper-parameters."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        group = self.param_groups[-1]
+        params = group["params"]
+        self._partition = self._extend_partition(params)
+        self._params.extend(params)
+        owners = self._partition.owners[len(self._partition.owners) - len(params):]
+        local = {"params": [p for p, o in zip(params, owners) if o == self.rank]}  # BUG: options not copied
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+        else:
+            self.local_optimizer.add_param_group(local)
+
+    def _sync_hyperparameters(self) -> None:
+        pass  # consistent with the bug: the wrapped groups are never told about the options
+
+
+class FirstGroupHyperparameters(ShardedOptimizer):
+    """All of this rank's parameters go into one wrapped group with the first group's options."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        group = self.param_groups[-1]
+        params = group["params"]
+        self._partition = self._extend_partition(params)
+        self._params.extend(params)
+        owners = self._partition.owners[len(self._partition.owners) - len(params):]
+        mine = [p for p, o in zip(params, owners) if o == self.rank]
+        if self.local_optimizer is None:
+            local = {k: v for k, v in group.items() if k != "params"}
+            local["params"] = mine
+            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+        else:
+            self.local_optimizer.param_groups[0]["params"].extend(mine)  # BUG: later groups' options lost
+        for k, v in self.local_optimizer.param_groups[0].items():
+            if k != "params":
+                group.setdefault(k, v)
+
+
+class CountPartition(ShardedOptimizer):
+    """Parameters dealt round-robin by index (``params[rank::world_size]``), ignoring their sizes."""
+
+    def _extend_partition(self, params):
+        before = self._partition
+        n = len(before.owners)
+        owners = tuple((n + j) % self.world_size for j in range(len(params)))  # BUG: by count, not size
+        return ParamPartition(self.world_size, before.sizes + tuple(_param_weight(p) for p in params),
+                              before.owners + owners)
+
+
+class LocalStateDict(ShardedOptimizer):
+    """``state_dict()`` is torch's own, which only sees this rank's shard of the state."""
+
+    state_dict = torch.optim.Optimizer.state_dict  # BUG: not consolidated
+
+
+class LrNotSynced(ShardedOptimizer):
+    """Learning rates changed through ``param_groups`` (an LR scheduler) never reach the wrapped optimizer."""
+
+    def step(self, closure=None, **kwargs):
+        # BUG: no self._sync_hyperparameters()
+        loss = self.local_optimizer.step(**kwargs) if closure is None else self.local_optimizer.step(closure, **kwargs)
+        self._broadcast_parameters()
+        return loss
+
+
+class NoShard(ShardedOptimizer):
+    """Every rank builds the wrapped optimizer over *all* parameters (then broadcasts its own):
+    trains correctly, shards nothing."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        group = self.param_groups[-1]
+        self._partition = self._extend_partition(group["params"])
+        self._params.extend(group["params"])
+        local = {k: v for k, v in group.items() if k != "params"}
+        local["params"] = list(group["params"])  # BUG: not only the owned ones
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+        else:
+            self.local_optimizer.add_param_group(local)
+        for k, v in self.local_optimizer.param_groups[-1].items():
+            if k != "params":
+                group.setdefault(k, v)
+
+
+# -- Zero1 --------------------------------------------------------------------------------------
+
+class Zero1NoAverage(Zero1):
+    """The reduce-scattered gradient chunks are sums over ranks, never divided by the world size."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        for i, p in enumerate(self.trainable):
+            if not self._fired[i] and p.grad is not None:
+                self._take_grad(i, p)
+        for b in range(self._next, len(self.layout.buckets)):
+            self._launch(b)
+        if self.world_size > 1:
+            dist.all_reduce(self._present, group=self.process_group)
+        for b, out, handle in self._inflight:
+            if handle is not None:
+                handle.wait()
+            if out is not self._grad_shard[b]:
+                self._grad_shard[b].add_(out)  # BUG: no division by the world size (here nor above)
+        for i, flag in enumerate(self._present.tolist()):
+            if flag:
+                self._has_grad[i] = True
+        self._attach_piece_grads()
+        self._reset_round()
+
+
+class Zero1StepsUnused(Zero1):
+    """Every piece always gets its chunk as gradient: parameters no rank used are stepped with
+    zeros (momentum, Adam's moments and weight decay then move them)."""
+
+    def _attach_piece_grads(self) -> None:
+        for k in range(len(self.pieces)):
+            self._piece_params[k].grad = self._piece_grads[k]  # BUG: ignores the presence flags
+
+
+class Zero1NoInitialBroadcast(Zero1):
+    """The flat buffers are filled from each rank's own initial parameters: no broadcast from rank 0."""
+
+    def _broadcast_module(self) -> None:
+        pass  # BUG
+
+
+class Zero1AccumulationOverwrites(Zero1):
+    """A second synchronisation in one step (accumulation without ``no_sync()``) overwrites the
+    chunk instead of adding to it."""
+
+    def _launch(self, b: int) -> None:
+        bucket = self.layout.buckets[b]
+        for i, off in zip(bucket.params, bucket.offsets):
+            if not self._fired[i]:
+                self._grad_flat[b][off: off + self.trainable[i].numel()].zero_()
+        out = self._grad_shard[b]  # BUG: always written in place, even when it already holds this step's sum
+        if self.world_size == 1:
+            out.copy_(self._grad_flat[b])
+            handle = None
+        else:
+            from paracheck.zero.zero1 import _reduce_scatter
+
+            handle = _reduce_scatter(out, self._grad_flat[b], self.process_group, True)
+        self._fresh[b] = False
+        self._inflight.append((b, out, handle))
+        self._next = b + 1
+
+
+class Zero1LocalStateDict(Zero1):
+    """``state_dict()`` never gathers the other ranks' pieces."""
+
+    def _gather_object(self, obj) -> list:
+        return [obj]  # BUG: no all_gather_object
+
+
+from paracheck.mutants import register  # noqa: E402  (after the classes: paracheck.mutants imports us)
+
+_M = "paracheck.mutants.sharding"
+register("sharded-broadcast-from-rank0", f"{_M}:BroadcastFromRankZero", "sharded",
+         "after the step every parameter is broadcast from rank 0 instead of from its owner")
+register("sharded-late-group-not-stepped", f"{_M}:LateGroupNotStepped", "sharded",
+         "a group added after construction is partitioned but given to no rank's wrapped optimizer")
+register("sharded-hyperparams-dropped", f"{_M}:HyperparametersDropped", "sharded",
+         "the wrapped optimizer's groups get the parameters but not their lr / weight decay / betas")
+register("sharded-first-group-hyperparams", f"{_M}:FirstGroupHyperparameters", "sharded",
+         "all of a rank's parameters go into one wrapped group with the first group's hyper-parameters")
+register("sharded-count-partition", f"{_M}:CountPartition", "sharded",
+         "parameters are dealt round-robin by count, not by size (only the balance property sees it)")
+register("sharded-state-dict-local", f"{_M}:LocalStateDict", "sharded",
+         "state_dict() is torch's own and returns only this rank's shard")
+register("sharded-lr-not-synced", f"{_M}:LrNotSynced", "sharded",
+         "lr changes made through param_groups (an LR scheduler) never reach the wrapped optimizer")
+register("sharded-no-shard", f"{_M}:NoShard", "sharded",
+         "every rank keeps optimizer state for every parameter (only the memory property sees it)")
+register("zero1-no-average", f"{_M}:Zero1NoAverage", "zero",
+         "reduce-scattered gradient chunks are summed over ranks but not divided by the world size")
+register("zero1-steps-unused", f"{_M}:Zero1StepsUnused", "zero",
+         "parameters no rank used in a step are stepped anyway, with zero gradients")
+register("zero1-no-initial-broadcast", f"{_M}:Zero1NoInitialBroadcast", "zero",
+         "the initial parameters are not broadcast from rank 0")
+register("zero1-accumulation-overwrites", f"{_M}:Zero1AccumulationOverwrites", "zero",
+         "a second gradient synchronisation in one step overwrites the first instead of adding")
+register("zero1-state-dict-local", f"{_M}:Zero1LocalStateDict", "zero",
+         "state_dict() does not gather the other ranks' pieces")

@@ -1,0 +1,64 @@
+"""Oracle-free properties: a target agrees with itself across world sizes and bucket sizes."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paracheck.check.metamorphic import bucket_size_independence, world_size_relation
+from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
+from paracheck.strategies import cases, mlp_specs
+
+_SETTINGS = settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+def _relation_cases():
+    # Equal local batch sizes and no data-dependent branch: the preconditions of the relation.
+    models = mlp_specs().filter(lambda m: m.unused != "data")
+    return st.tuples(cases(min_world_size=2, max_world_size=4, models=models), st.integers(1, 3)).map(
+        lambda t: t[0].__class__(**{**t[0].__dict__, "batch_sizes": (t[1],) * t[0].world_size}))
+
+
+@pytest.mark.parametrize("name", ["naive", "flat"])
+def test_world_size_relation_holds(world, name):
+    """W ranks with equal batches equal one rank fed their concatenation (no oracle involved)."""
+    target = resolve_target(name)
+
+    @_SETTINGS
+    @given(_relation_cases())
+    def prop(case):
+        d = world_size_relation(world, target, case)
+        assert d is None, d.describe()
+
+    prop()
+
+
+def test_world_size_relation_kills_no_divide(world):
+    """The relation alone catches gradients summed but not averaged."""
+    target = resolve_target("paracheck.mutants.ddp:NoDivideDDP")
+    found = []
+
+    @_SETTINGS
+    @given(_relation_cases())
+    def prop(case):
+        d = world_size_relation(world, target, case)
+        if d is not None:
+            found.append(d)
+        assert d is None
+
+    with pytest.raises(AssertionError):
+        prop()
+    assert found
+
+
+@pytest.mark.skipif("bucketed" not in BUILTIN_TARGETS, reason="bucketed DDP not registered yet")
+def test_bucket_size_independence(world):
+    """BucketedDDP's result does not depend on its bucket size (tiny buckets vs one big bucket)."""
+    target = resolve_target("bucketed")
+
+    @_SETTINGS
+    @given(cases(min_world_size=1, max_world_size=4))
+    def prop(case):
+        d = bucket_size_independence(world, target, case, other_bucket_mb=1000.0)
+        assert d is None, d.describe()
+
+    prop()
