@@ -3,8 +3,11 @@
 Builds, in a temporary clone (the repository it is run from is only read), three commits:
 
 * ``base``: the current working tree of this repository (tracked and untracked, not ignored);
-* ``slow``: base plus a patch that makes the bucketed DDP's step 25% slower (after gradient
-  synchronisation it sleeps a quarter of the previous step's period: forward to forward);
+* ``slow``: base plus a patch that makes the bucketed DDP's step 25% slower: after gradient
+  synchronisation it computes (spins) for a quarter of the CPU time of the previous step (forward
+  to forward), i.e. extra work of 25% of a step, the way a needless copy or a redundant pass is.
+  On ``--device cpu`` the gate times CPU time (Note [The gate rule]), which a ``sleep`` would not
+  raise; on a dedicated machine ``--timing wall`` catches a sleep as well;
 * ``fatter``: base plus a patch that gives the bucketed DDP one extra full-size gradient buffer
   (a float32 tensor of every trainable element, allocated at construction and kept).
 
@@ -28,6 +31,7 @@ import time
 _SLOW_PATCH = '''
 
 # --- gate demo: 25% slower -----------------------------------------------------------------
+import functools as _gate_demo_functools
 import time as _gate_demo_time
 
 _gate_demo_forward = {cls}.forward
@@ -35,7 +39,7 @@ _gate_demo_finish = {cls}.finish_gradient_synchronization
 
 
 def _gate_demo_slow_forward(self, *args, **kwargs):
-    now = _gate_demo_time.perf_counter()
+    now = _gate_demo_time.process_time()
     self._gate_demo_period = now - getattr(self, "_gate_demo_start", now)
     self._gate_demo_start = now
     return _gate_demo_forward(self, *args, **kwargs)
@@ -43,10 +47,14 @@ def _gate_demo_slow_forward(self, *args, **kwargs):
 
 def _gate_demo_slow_finish(self):
     _gate_demo_finish(self)
-    period = self._gate_demo_period or (_gate_demo_time.perf_counter() - self._gate_demo_start)
-    _gate_demo_time.sleep(0.25 * period)
+    period = self._gate_demo_period or (_gate_demo_time.process_time() - self._gate_demo_start)
+    until = _gate_demo_time.process_time() + 0.25 * period
+    while _gate_demo_time.process_time() < until:
+        pass
 
 
+_gate_demo_functools.update_wrapper(_gate_demo_slow_forward, _gate_demo_forward)
+_gate_demo_functools.update_wrapper(_gate_demo_slow_finish, _gate_demo_finish)
 {cls}.forward = _gate_demo_slow_forward
 {cls}.finish_gradient_synchronization = _gate_demo_slow_finish
 '''
@@ -56,9 +64,12 @@ _FAT_PATCH = '''
 # --- gate demo: one extra full-size gradient buffer ------------------------------------------
 import torch as _gate_demo_torch
 
+import functools as _gate_demo_functools
+
 _gate_demo_init = {cls}.__init__
 
 
+@_gate_demo_functools.wraps(_gate_demo_init)  # keeps the signature: paracheck reads bucket_size_mb from it
 def _gate_demo_fat_init(self, module, *args, **kwargs):
     _gate_demo_init(self, module, *args, **kwargs)
     trainable = [p for p in module.parameters() if p.requires_grad]

@@ -64,11 +64,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="dtype of the target's computation (default float64; the oracle is always float64)")
     c.add_argument("--case", default=None, help="replay exactly this case (JSON from a failure report)")
     c.add_argument("--properties", default=None, help="comma-separated subset of properties to check")
+    c.add_argument("--database", default=".paracheck/examples",
+                   help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)")
+    c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
     s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
     s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names")
     s.add_argument("--world-sizes", default="1,2,3,4")
     s.add_argument("--timeout", type=float, default=10.0)
+    s.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    s.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     for name in ("bench", "memory", "gate", "report"):
         sp = sub.add_parser(name, help=f"speed and memory tracking: {name}", add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -115,6 +120,11 @@ def cmd_check(args) -> int:
     _positive("--timeout", args.timeout)
     max_examples = args.max_examples if args.max_examples is not None else PROFILES[args.profile]["max_examples"]
     _positive("--max-examples", max_examples)
+    database = None
+    if not args.no_database and case is None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        database = DirectoryBasedExampleDatabase(args.database)
     world = _make_world(args.backend, max(sizes), args.timeout)
     failed = 0
     try:
@@ -130,7 +140,8 @@ def cmd_check(args) -> int:
                 _print_failure(target, result, args.backend, examples=1)
                 continue
             report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
-                                  seed=None if args.random else args.seed, timeout=args.timeout)
+                                  seed=None if args.random else args.seed, timeout=args.timeout,
+                                  database=database, dtype=args.dtype or "float64")
             print(report.summary(), flush=True)
             if not report.passed:
                 failed += 1
@@ -157,8 +168,13 @@ def _print_failure(target, result, backend, *, examples, notes=()):
 def cmd_selftest(args) -> int:
     from paracheck.selftest import run_selftest
 
-    return run_selftest(profile=args.profile, only=args.only, world_sizes=_world_sizes(args.world_sizes),
-                        timeout=args.timeout)
+    sizes = _world_sizes(args.world_sizes)
+    world = _make_world(args.backend, max(sizes), args.timeout)
+    try:
+        return run_selftest(profile=args.profile, only=args.only, world_sizes=sizes, timeout=args.timeout,
+                            world=world, dtype=args.dtype)
+    finally:
+        world.close()
 
 
 def _delegate(name: str, rest: list[str]) -> int:

@@ -23,7 +23,7 @@ def _one_line(case) -> str:
 
 
 def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), timeout: float = 10.0,
-                  world=None, max_examples: int | None = None):
+                  world=None, max_examples: int | None = None, dtype: str = "float64"):
     """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
@@ -41,7 +41,8 @@ def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), t
             if only and name not in only:
                 continue
             t0 = time.monotonic()
-            report = check_target(target, world, world_sizes=world_sizes, max_examples=n, seed=0, timeout=timeout)
+            report = check_target(target, world, world_sizes=world_sizes, max_examples=n, seed=0, timeout=timeout,
+                                  dtype=dtype)
             seconds = time.monotonic() - t0
             if role == "target":
                 ok = report.passed
@@ -72,11 +73,13 @@ def _takes_bucket(path: str) -> bool:
         return False
 
 
-def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=10.0) -> int:
+def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=10.0, world=None,
+                 dtype="float64") -> int:
     t0 = time.monotonic()
     rows = []
     print(f"{'name':34} {'role':7} {'verdict':18} {'examples':>8} {'seconds':>8}  shrunk case")
-    for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout):
+    for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout, world=world,
+                             dtype=dtype):
         rows.append(row)
         print(f"{row['name']:34} {row['role']:7} {row['verdict']:18} {row['examples']:>8} "
               f"{row['seconds']:>8.1f}  {row['case']}", flush=True)

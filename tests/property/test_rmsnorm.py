@@ -30,7 +30,6 @@ from hypothesis import strategies as st  # noqa: E402
 
 from paracheck.kernels.rmsnorm import (  # noqa: E402
     MAX_WIDTH,
-    RMSNormFunction,
     TritonRMSNorm,
     _interpreting,
     _poisoned_outputs,

@@ -19,8 +19,13 @@ Note [The gate rule]
       allocator's peaks of Note [CUDA memory points]) are measured twice per side, in the first
       and the last round. They FAIL on any increase, however small. A side whose two readings
       differ is reported UNSTABLE (a warning: that quantity is then not exact and is not gated).
-    * Timings (median step time of each variant, slowest rank per step): for each round the
-      ratio head/base; a pass's estimate is the median of its ``rounds`` ratios. A timing whose
+    * Timings, per variant: each job times ``steps`` steps (slowest rank per step) and keeps
+      the fastest step, the reading least disturbed by other processes. What is timed is the
+      step's CPU time on ``--device cpu`` (the rank processes' CPU time over all their threads:
+      the work done; on the shared 2-core machine wall time moved 0.4x-1.8x between back-to-back
+      identical jobs, CPU time 0.85x-1.12x) and its wall time on ``--device cuda`` (a dedicated
+      machine; ``--timing`` overrides either). For each round the ratio head/base; a pass's
+      estimate is the median of its ``rounds`` ratios. A timing whose
       estimate exceeds ``1 + threshold`` (default 0.10) is only *suspect*; it is measured again
       in a second, fresh interleaved pass, and FAILS only if the second estimate exceeds
       ``1 + threshold`` too. Below ``1 - threshold`` twice is reported as faster, never a failure.
@@ -181,11 +186,12 @@ class _Config:
     variants: tuple[str, ...] | None = None
     rounds: int = 5
     threshold: float = 0.10
-    steps: int = 6
+    steps: int = 8
     warmup: int = 2
     bucket_mb: float = 1.0
     model: str = "gate"
     timeout: float = 300.0
+    timing: str = "cpu"  # "cpu" | "wall"
     verbose: bool = False
     json_path: str | None = None
     log: object = field(default=sys.stderr)
@@ -206,20 +212,23 @@ def _say(cfg: _Config, text: str) -> None:
     print(text, file=cfg.log, flush=True)
 
 
-def _timing_pass(cfg, sides, variants, exact: dict | None) -> dict[str, list[float]]:
-    """One interleaved pass; returns per-variant head/base ratios; fills ``exact`` readings."""
+def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> dict[str, list[float]]:
+    """One interleaved pass; returns per-variant head/base ratios; appends each job's reading to
+    ``readings[(variant, side)]`` and fills ``exact`` readings when given."""
+    key = "cpu_min" if cfg.timing == "cpu" else "min"
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(cfg.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
         for v in variants:
-            medians = {}
+            value = {}
             for side in order:
                 res = side.request({"cmd": "time", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
-                medians[side.label] = res["median"]
+                value[side.label] = res[key]
+                readings.setdefault((v, side.label), []).append(res[key])
                 if exact is not None and r in (0, cfg.rounds - 1):
-                    for key, value in res["cuda_memory"].items():
-                        exact.setdefault((v, f"cuda_{key}", side.label), []).append(value)
-            ratios[v].append(medians["head"] / medians["base"])
+                    for k, reading in res["cuda_memory"].items():
+                        exact.setdefault((v, f"cuda_{k}", side.label), []).append(reading)
+            ratios[v].append(value["head"] / value["base"])
         if exact is not None and r in (0, cfg.rounds - 1):
             for v in variants:
                 for side in order:
@@ -265,19 +274,23 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
                   f"{cfg.device}, {cfg.world_size} ranks, variants {', '.join(variants)}")
         _say(cfg, "pass 1 (head/base step-time ratio per round):")
         exact: dict = {}
-        first = _timing_pass(cfg, sides, variants, exact)
+        readings: dict = {}
+        first = _timing_pass(cfg, sides, variants, exact, readings)
         suspects = [v for v in variants if abs(statistics.median(first[v]) - 1) > cfg.threshold]
         second: dict[str, list[float]] = {}
         if suspects:
             _say(cfg, f"pass 2, re-measuring the suspects {', '.join(suspects)}:")
-            second = _timing_pass(cfg, sides, suspects, None)
+            second = _timing_pass(cfg, sides, suspects, None, readings)
+        quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
             m1 = statistics.median(first[v])
             verdict = timing_verdict(first[v], second.get(v), cfg.threshold)
-            detail = f"pass 1 x{m1:.3f}" + (f", pass 2 x{statistics.median(second[v]):.3f}" if v in second else "")
-            rows.append(GateRow(v, "step time (ratio)", 1.0, m1 if v not in second else statistics.median(second[v]),
-                                verdict, detail))
-        for (v, key, label) in sorted({(v, k, "base") for (v, k, _) in exact}):
+            detail = f"ratio: pass 1 x{m1:.3f}" + (f", pass 2 x{statistics.median(second[v]):.3f}" if v in second else "")
+            rows.append(GateRow(v, quantity, 1e3 * statistics.median(readings[(v, "base")]),
+                                1e3 * statistics.median(readings[(v, "head")]), verdict, detail))
+        order = {v: i for i, v in enumerate(variants)}
+        names = list(EXACT_QUANTITIES) + [f"cuda_{k}" for k in ("init", "before_step", "after_step", "peak")]
+        for (v, key) in sorted({(v, k) for (v, k, _) in exact}, key=lambda vk: (order[vk[0]], names.index(vk[1]))):
             b, h = exact.get((v, key, "base"), []), exact.get((v, key, "head"), [])
             if not b or not h:
                 continue
@@ -285,7 +298,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
                                 "" if len(set(b + h)) == 1 else f"base {sorted(set(b))}, head {sorted(set(h))}"))
         record = {"base": {"ref": cfg.base, "sha": shas["base"]}, "head": {"ref": cfg.head, "sha": shas["head"]},
                   "device": cfg.device, "world_size": cfg.world_size, "threshold": cfg.threshold,
-                  "rounds": cfg.rounds, "first_pass": first, "second_pass": second,
+                  "rounds": cfg.rounds, "timing": cfg.timing, "first_pass": first, "second_pass": second,
                   "rows": [r.__dict__ for r in rows]}
         return rows, record
     finally:
@@ -297,8 +310,8 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
 def _fmt(q: str, v) -> str:
     if v is None:
         return "-"
-    if q.startswith("step time"):
-        return f"{v:.3f}"
+    if q.startswith("step "):
+        return f"{v:.2f}"
     if isinstance(v, float) and not v.is_integer():
         return f"{v:,.1f}"
     return f"{int(v):,}"
@@ -307,7 +320,7 @@ def _fmt(q: str, v) -> str:
 def format_rows(rows: list[GateRow], *, verbose: bool = False) -> str:
     """A markdown table: every timing, every exact quantity that changed or is unstable (all
     exact quantities with ``verbose``)."""
-    shown = [r for r in rows if verbose or r.quantity.startswith("step time") or r.verdict != "ok"]
+    shown = [r for r in rows if verbose or r.quantity.startswith("step ") or r.verdict != "ok"]
     hidden = len(rows) - len(shown)
     lines = ["| variant | quantity | base | head | verdict | detail |", "| --- | --- | ---: | ---: | --- | --- |"]
     for r in shown:
@@ -322,7 +335,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="paracheck gate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Rule: exact quantities fail on any increase; step times fail when the median "
-                                       "head/base ratio of interleaved rounds exceeds 1+threshold in two passes.")
+                                       "head/base ratio of interleaved rounds exceeds 1+threshold in two passes. "
+                                       "Step time is CPU time on --device cpu, wall time on --device cuda.")
     p.add_argument("--base", required=True, help="the commit to compare against (any git revision)")
     p.add_argument("--head", default="HEAD", help="the commit under test (default HEAD)")
     p.add_argument("--repo", default=".", help="the git repository (default: the current directory)")
@@ -331,7 +345,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=None, help="comma-separated variants (default: all on both sides)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per pass (default 5)")
     p.add_argument("--threshold", type=float, default=0.10, help="relative step-time threshold (default 0.10)")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per job (default 6)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per job (default 8)")
+    p.add_argument("--timing", choices=("cpu", "wall"), default=None,
+                   help="what a step's time is: CPU time (default on cpu) or wall time (default on cuda)")
     p.add_argument("--model", default=None, help="model of the suites (default: 'gate' on CPU, 'small' on CUDA)")
     p.add_argument("--bucket-mb", type=float, default=None, help="bucket size (default 1 on CPU, 25 on CUDA)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
@@ -358,6 +374,7 @@ def main(argv=None) -> int:
                   rounds=args.rounds, threshold=args.threshold, steps=args.steps,
                   bucket_mb=args.bucket_mb if args.bucket_mb is not None else (25.0 if cuda else 1.0),
                   model=args.model or ("small" if cuda else "gate"), timeout=args.timeout,
+                  timing=args.timing or ("wall" if cuda else "cpu"),
                   verbose=args.verbose, json_path=args.json_path)
     t0 = time.monotonic()
     try:

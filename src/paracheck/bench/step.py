@@ -84,17 +84,29 @@ class StepSpec:
 
 @dataclass(frozen=True)
 class StepTiming:
+    """Per timed step, the slowest rank's wall time (``step_times``) and CPU time (``cpu_times``,
+    the rank process's CPU time over all its threads, gloo's included: the work done, which other
+    processes on a loaded machine barely move, while they move wall time by tens of percent)."""
+
     spec: StepSpec
-    step_times: tuple[float, ...]  # per timed step, the slowest rank's time (s)
+    step_times: tuple[float, ...]  # seconds
+    cpu_times: tuple[float, ...]  # seconds
     cuda_memory: dict  # Note [CUDA memory points], bytes, max over ranks; {} on CPU
     rss_peak: int  # max over ranks of the peak resident set during the job (bytes); noisy
 
     @property
     def median(self) -> float:
+        """Median wall time per step (the CS336 convention)."""
         return statistics.median(self.step_times)
 
+    @property
+    def cpu_min(self) -> float:
+        """Least CPU time of a step: the estimate least disturbed by other processes."""
+        return min(self.cpu_times)
+
     def to_dict(self) -> dict:
-        return {"spec": self.spec.to_dict(), "step_times": list(self.step_times), "median": self.median,
+        return {"spec": self.spec.to_dict(), "step_times": list(self.step_times), "cpu_times": list(self.cpu_times),
+                "median": self.median, "min": min(self.step_times), "cpu_min": self.cpu_min,
                 "cuda_memory": dict(self.cuda_memory), "rss_peak": self.rss_peak}
 
 
@@ -291,6 +303,21 @@ def optimizer_state_tensors(opt, _seen=None) -> list:
     return tensors
 
 
+def _settle(rec) -> None:
+    """Wait (at most ~0.2 s) until no tensor is being freed any more.
+
+    A tensor given to a gloo collective is also referenced by the collective's work object, which
+    gloo's worker thread drops a moment *after* ``wait()`` returns; a temporary buffer (FlatDDP's)
+    therefore dies at a moment that races with the next phase. Waiting until the live bytes stop
+    changing makes each phase start from the same state in every run."""
+    last = None
+    for _ in range(10):
+        if rec.live_bytes == last:
+            return
+        last = rec.live_bytes
+        time.sleep(0.02)
+
+
 def rank_account(payload: dict) -> dict:
     """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
     import torch.distributed as dist
@@ -314,6 +341,7 @@ def rank_account(payload: dict) -> dict:
         _train_step(setup, x, y)
         import torch.nn.functional as F
 
+        _settle(rec)
         rec.reset_calls()
         rec.reset_peak()
         setup.optimizer.zero_grad(set_to_none=True)
@@ -323,12 +351,14 @@ def rank_account(payload: dict) -> dict:
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
         del logits
         setup.after_backward()
+        _settle(rec)
         peak_before = rec.peak_bytes
         params = list(model.parameters())
         param_bytes = rec.storage_bytes(params)
         grad_bytes = rec.storage_bytes([p.grad for p in params])
         rec.reset_peak()
         setup.optimizer.step()
+        _settle(rec)
         peak_step = rec.peak_bytes
         state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
         calls = list(rec.calls)
@@ -359,8 +389,9 @@ def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTim
     per_rank = world.run("paracheck.bench.step:rank_time", spec.to_dict(), world_size=spec.world_size, timeout=timeout)
     # A step is as slow as its slowest rank: they wait for each other in the next collective.
     times = tuple(max(r["times"][i] for r in per_rank) for i in range(spec.steps))
+    cpu = tuple(max(r["cpu_times"][i] for r in per_rank) for i in range(spec.steps))
     memory = {k: max(r["cuda_memory"][k] for r in per_rank) for k in per_rank[0]["cuda_memory"]}
-    return StepTiming(spec, times, memory, max(r["rss_peak"] for r in per_rank))
+    return StepTiming(spec, times, cpu, memory, max(r["rss_peak"] for r in per_rank))
 
 
 def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepAccount:

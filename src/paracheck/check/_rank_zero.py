@@ -330,12 +330,13 @@ def _check_sharded_step(case, k, ranks, props, params, models, stateful, nbytes,
         weights = {i: nbytes[i] if params[i].requires_grad else 0 for i in in_opt}
         loads = [sum(w for i, w in weights.items() if owners[i] == r) for r in range(W)]
         total, largest = sum(weights.values()), max(weights.values(), default=0)
-        if W * max(loads) > total + W * largest:
+        if W * max(loads) > total + (W - 1) * largest:
             r = loads.index(max(loads))
+            bound = total / W + (W - 1) / W * largest
             return _diverge(k, "balance", r,
-                            f"rank {r} owns {max(loads)} bytes of trainable parameters; the bound is total/W + largest "
-                            f"= {total}/{W} + {largest} = {total / W + largest:g} (loads {loads}, owners {owners})",
-                            got=max(loads), expected=total / W + largest)
+                            f"rank {r} owns {max(loads)} bytes of trainable parameters; the bound total/W + (W-1)/W * "
+                            f"largest is {total}/{W} + {W - 1}/{W} * {largest} = {bound:g} (loads {loads}, owners "
+                            f"{owners})", got=max(loads), expected=bound)
     if owners is not None and "memory" in props:
         for r, rec in enumerate(ranks):
             got = rec["steps"][k]["state_bytes"]

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
@@ -49,7 +50,7 @@ def replay_command(target: Target, case: Case, backend: str = "gloo") -> str:
 
 def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], max_examples: int = 40,
                  seed: int | None = 0, strategy=None, device_fn=None, database=None,
-                 timeout: float | None = None, explicit: list[Case] = ()) -> CheckReport:
+                 timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64") -> CheckReport:
     """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first).
 
     ``seed`` not None derandomises Hypothesis (the ci profile); the shrunk failing case is the
@@ -58,7 +59,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     from paracheck.strategies import cases
 
     if strategy is None:
-        strategy = cases(min_world_size=1, max_world_size=max(world_sizes))
+        strategy = cases(min_world_size=1, max_world_size=max(world_sizes), dtype=dtype)
     sizes = tuple(sorted(set(world_sizes)))
     strategy = st.tuples(strategy, st.sampled_from(sizes)).map(lambda t: t[0].with_world_size(t[1]))
     state = {"n": 0, "first_fail_at": None, "last": None, "worst": 0.0}
@@ -89,7 +90,9 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
         print_blob=False,
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     )
-    if seed is not None:
+    # A seed makes the run reproducible. Without a database that is Hypothesis's derandomize
+    # mode; with one (the CLI's default), failing cases are saved and replayed first next time.
+    if seed is not None and database is None:
         cfg["derandomize"] = True
 
     @settings(**cfg)
@@ -97,8 +100,8 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     def prop(case):
         one(case)
 
-    if seed is not None:
-        prop._hypothesis_internal_use_seed = seed
+    if seed is not None and database is not None:
+        prop = hypothesis_seed(seed)(prop)
     try:
         prop()
     except CheckFailure as exc:

@@ -59,12 +59,14 @@ class BucketedDDP(DDPBase):
     ``.grad``. With ``world_size == 1`` the collectives are skipped and the same bookkeeping runs.
     """
 
+    planner = staticmethod(plan_buckets)
+
     def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0, *, process_group=None):
         # Refuse a bad cap before the constructor's collective: every rank raises alike.
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
         super().__init__(module, process_group=process_group)
         params = self.trainable
-        self.plan = plan_buckets([p.numel() for p in params], [p.element_size() for p in params],
+        self.plan = self.planner([p.numel() for p in params], [p.element_size() for p in params],
                                  bucket_size_mb=self.bucket_size_mb, keys=[(p.dtype, p.device) for p in params])
         self._buffers: list[torch.Tensor] = []
         self._views: list[torch.Tensor | None] = [None] * len(params)
@@ -146,27 +148,35 @@ class BucketedDDP(DDPBase):
             flags.fill_(1)
         else:
             flags.copy_(torch.tensor(bits, dtype=buf.dtype))
-        if self.world_size > 1:
-            self._works[k] = dist.all_reduce(buf, group=self.process_group, async_op=True)
+        self._works[k] = self._reduce(k)
         self._next = k + 1
+
+    def _reduce(self, k: int):
+        if self.world_size == 1:
+            return None
+        return dist.all_reduce(self._buffers[k], group=self.process_group, async_op=True)
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled:
             return
         while self._next < len(self._buffers):
             self._launch(self._next)
-        for k, b in enumerate(self.plan.buckets):
-            buf = self._buffers[k]
-            if self._works[k] is not None:
-                self._works[k].wait()
-            if self.world_size > 1:
-                buf[: b.numel].div_(self.world_size)
-            if all(self._present[i] for i in b.params):
-                continue  # Note [Presence flags in the bucket]: no need to read the counts
-            for i, count in zip(b.params, buf[b.numel:].tolist()):
-                if count == 0:
-                    self.trainable[i].grad = None
-                    self._present[i] = False
-                else:
-                    self._present[i] = True
+        for k in range(len(self._buffers)):
+            self._settle(k)
         self._reset_window()
+
+    def _settle(self, k: int) -> None:
+        """Wait for bucket k's all-reduce, average in place, apply its presence flags."""
+        b, buf = self.plan.buckets[k], self._buffers[k]
+        if self._works[k] is not None:
+            self._works[k].wait()
+        if self.world_size > 1:
+            buf[: b.numel].div_(self.world_size)
+        if all(self._present[i] for i in b.params):
+            return  # Note [Presence flags in the bucket]: every count is >= 1, nothing to read
+        for i, count in zip(b.params, buf[b.numel:].tolist()):
+            if count == 0:
+                self.trainable[i].grad = None  # no rank had a gradient
+                self._present[i] = False
+            else:
+                self._present[i] = True

@@ -94,6 +94,10 @@ class OverlappedDDP(DDPBase):
         self._works.append(self._all_reduce(p.grad))
         self._next = k + 1
 
+    def _average(self, p: torch.Tensor) -> None:
+        if self.world_size > 1:
+            p.grad.div_(self.world_size)
+
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled or not self._order:
             return
@@ -111,8 +115,8 @@ class OverlappedDDP(DDPBase):
         for k, p in enumerate(self._order):
             if counts is not None and counts[k] == 0:
                 p.grad = None  # no rank had a gradient: as in single-process training
-            elif self.world_size > 1:
-                p.grad.div_(self.world_size)
+            else:
+                self._average(p)
         self._ready = [False] * len(self._order)
         self._works = []
         self._next = 0

@@ -31,6 +31,29 @@ def register(name: str, path: str, kind: str, bug: str, expect: str = "diverge")
 
 register("ddp-no-divide", "paracheck.mutants.ddp:NoDivideDDP", "ddp",
          "gradients are summed over ranks but never divided by the world size")
+register("ddp-vectors-not-averaged", "paracheck.mutants.ddp:VectorsNotAveragedDDP", "ddp",
+         "1-D parameters (biases) are never all-reduced and keep their local gradients")
+register("ddp-last-bucket-never-reduced", "paracheck.mutants.ddp:LastBucketNeverReducedDDP", "ddp",
+         "a bucket is reduced only when full, so the last, partly filled bucket never is")
+register("ddp-oversized-param-dropped", "paracheck.mutants.ddp:OversizedParamDroppedDDP", "ddp",
+         "the bucket planner skips a parameter larger than the cap, which is then never reduced")
+register("ddp-no-initial-broadcast", "paracheck.mutants.ddp:NoInitialBroadcastDDP", "ddp",
+         "parameters and buffers are not broadcast from rank 0 at construction")
+register("ddp-buffers-not-broadcast", "paracheck.mutants.ddp:BuffersNotBroadcastDDP", "ddp",
+         "parameters are broadcast at construction, buffers are not")
+register("ddp-missing-wait", "paracheck.mutants.ddp:MissingWaitDDP", "ddp",
+         "the async all-reduces launched from backward hooks are never waited for")
+register("ddp-partial-copy-back", "paracheck.mutants.ddp:PartialCopyBackDDP", "ddp",
+         "averaged values are copied back into all but the last parameter of the flat buffer")
+register("ddp-skip-none-grad", "paracheck.mutants.ddp:SkipNoneGradDDP", "ddp",
+         "a parameter whose local gradient is None is skipped: ranks with different branches hang",
+         expect="hang")
+register("ddp-accumulation-reduced-twice", "paracheck.mutants.ddp:StaleAccumulatorDDP", "ddp",
+         "a persistent accumulation buffer is never cleared, so reduced gradients are reduced again")
+register("ddp-hooks-registered-twice", "paracheck.mutants.ddp:HooksRegisteredTwiceDDP", "ddp",
+         "hooks registered per parameter name: a tied parameter is pre-divided twice")
+register("ddp-flags-averaged", "paracheck.mutants.ddp:FlagsAveragedDDP", "ddp",
+         "presence flags are averaged with the gradients, so a partly used parameter loses its gradient")
 
 # Further catalogues register themselves on import.
 from paracheck.mutants import ddp as _ddp  # noqa: E402,F401

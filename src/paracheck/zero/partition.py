@@ -14,16 +14,15 @@ Note [Balance bound]
     however many calls extend an earlier partition (one per ``add_param_group``), the largest
     load obeys
 
-        max_r load_r  <=  total / W + max_i size_i
+        max_r load_r  <=  total / W + (W - 1) / W * largest        (so also <= mean + largest)
 
     Proof: let p be the last parameter given to the most loaded rank R. When p arrived, R had the
     smallest load, at most the mean of the loads so far, which is <= (total - size_p) / W; R gets
-    nothing after p, so load_R <= (total - size_p) / W + size_p <= total / W + max size. Sorting
-    largest-first within a call only tightens it in practice (LPT is within 4/3 of optimal). A
-    partition by *count* (round-robin, the CS336 seeds' choice) has no such bound: with an MLP's
-    parameters in registration order (weight, bias, weight, bias, ...) and two ranks, round-robin
-    puts every weight on rank 0. The check states the bound exactly as integers:
-    ``W * max_r load_r <= total + W * max size``.
+    nothing after p, so load_R <= (total - size_p) / W + size_p = total / W + (W - 1) / W * size_p.
+    Sorting largest-first within a call only tightens it in practice (LPT is within 4/3 of
+    optimal). A partition by *count* (round-robin, the CS336 seeds' choice) has no such bound:
+    CS336's toy model on two ranks puts 750 of 850 trainable elements on rank 0 (bound 675). The
+    check states the bound in integers: ``W * max_r load_r <= total + (W - 1) * largest``.
 
 Note [Flat layout]
     Trainable parameters are packed in *reverse* registration order (the order backward produces
@@ -102,8 +101,8 @@ class ParamPartition:
         return max(self.sizes, default=0)
 
     def within_bound(self) -> bool:
-        """Note [Balance bound], in integers: ``W * max load <= total + W * largest``."""
-        return self.world_size * max(self.loads) <= self.total + self.world_size * self.largest
+        """Note [Balance bound], in integers: ``W * max load <= total + (W - 1) * largest``."""
+        return self.world_size * max(self.loads) <= self.total + (self.world_size - 1) * self.largest
 
 
 def partition_by_size(sizes: Sequence[int], world_size: int, *, previous: ParamPartition | None = None) -> ParamPartition:

@@ -146,8 +146,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """The consolidated state of every parameter (a collective), in ``optimizer_cls``'s format
-        over ``self.param_groups``: ``{"state": {index: {...}}, "param_groups": [...]}``."""
-        self._sync_hyperparameters()
+        over ``self.param_groups``: ``{"state": {index: {...}}, "param_groups": [...]}``. It changes
+        nothing (hyper-parameters are read from ``self.param_groups``, synced only by ``step()``)."""
         index = {id(p): i for i, p in enumerate(self._params)}
         local = {
             index[id(p)]: {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in st.items()}
