@@ -215,7 +215,7 @@ def _say(cfg: _Config, text: str) -> None:
 def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> dict[str, list[float]]:
     """One interleaved pass; returns per-variant head/base ratios; appends each job's reading to
     ``readings[(variant, side)]`` and fills ``exact`` readings when given."""
-    key = "cpu_min" if cfg.timing == "cpu" else "min"
+    estimator = "cpu_min" if cfg.timing == "cpu" else "min"
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(cfg.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
@@ -223,8 +223,8 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> di
             value = {}
             for side in order:
                 res = side.request({"cmd": "time", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
-                value[side.label] = res[key]
-                readings.setdefault((v, side.label), []).append(res[key])
+                value[side.label] = res[estimator]
+                readings.setdefault((v, side.label), []).append(res[estimator])
                 if exact is not None and r in (0, cfg.rounds - 1):
                     for k, reading in res["cuda_memory"].items():
                         exact.setdefault((v, f"cuda_{k}", side.label), []).append(reading)
@@ -233,8 +233,8 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> di
             for v in variants:
                 for side in order:
                     res = side.request({"cmd": "account", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
-                    for key in EXACT_QUANTITIES:
-                        exact.setdefault((v, key, side.label), []).append(res[key])
+                    for q in EXACT_QUANTITIES:
+                        exact.setdefault((v, q, side.label), []).append(res[q])
         _say(cfg, f"  round {r + 1}/{cfg.rounds}: " + ", ".join(f"{v} {ratios[v][-1]:.3f}" for v in variants))
     return ratios
 

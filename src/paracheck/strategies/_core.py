@@ -1,9 +1,21 @@
+"""The strategies behind ``paracheck.strategies`` (see its docstring for the house style).
+
+What they reach, because that is where data-parallel bugs live: 1-element and odd-sized layers,
+biases (1-D parameters), frozen parameters, tied weights, parameters unused always or on some
+ranks only (a data-dependent branch), buffers, rank-dependent initial weights, unequal per-rank
+batches, 1..4 steps, gradient accumulation with and without ``no_sync()``, ``zero_grad`` both ways,
+SGD / SGD with momentum / Adam / AdamW over several groups (one possibly added mid-training, lr
+schedules), and bucket caps from below the smallest parameter to above the whole model, including
+caps that fall exactly on a bucket boundary. Everything shrinks toward the smallest world, the
+smallest model, the smallest bucket (one byte: every parameter alone) and the fewest steps.
+"""
+
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from paracheck.cases import Case, GroupSpec, OptimizerSpec
-from paracheck.workloads import MLPSpec, ToySpec
+from paracheck.cases import DTYPES, Case, GroupSpec, OptimizerSpec
+from paracheck.workloads import MLPSpec, ToySpec, build_model
 
 __all__ = ["world_sizes", "mlp_specs", "model_specs", "optimizer_specs", "bucket_sizes_mb", "cases"]
 
@@ -14,11 +26,6 @@ def _check_bounds(name: str, lo: int, hi: int, floor: int = 1) -> None:
             raise ValueError(f"{arg}={v!r} must be an int >= {floor}")
     if lo > hi:
         raise ValueError(f"min_{name}={lo} must be <= max_{name}={hi}")
-
-
-@st.composite
-def _world_sizes(draw, lo, hi):
-    return draw(st.integers(lo, hi))
 
 
 def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[int]:
@@ -50,15 +57,10 @@ def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool =
 
 
 def model_specs(*, max_layers: int = 3, max_width: int = 7) -> st.SearchStrategy:
-    """MLP specs (mostly) and the CS336 toy models."""
-    return st.one_of(mlp_specs(max_layers=max_layers, max_width=max_width),
-                     st.builds(ToySpec, tied=st.booleans()))
-
-
-def _n_params(spec) -> int:
-    from paracheck.workloads import build_model
-
-    return len(list(build_model(spec, seed=0).parameters()))
+    """MLP specs (three draws in four; they carry every feature) and the CS336 toy models."""
+    mlps = mlp_specs(max_layers=max_layers, max_width=max_width)
+    # one_of picks its branches uniformly and shrinks toward the first: MLPs, weighted 3:1.
+    return st.one_of(mlps, mlps, mlps, st.builds(ToySpec, tied=st.booleans()))
 
 
 @st.composite
@@ -88,32 +90,59 @@ def optimizer_specs(draw, *, n_params: int, names=("sgd", "adam", "adamw"), max_
     return OptimizerSpec(name=name, groups=tuple(groups), lr_decay=decay, as_generator=as_gen)
 
 
-def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1) -> st.SearchStrategy[float]:
-    """Bucket caps in MB from below the smallest parameter to above the whole model."""
-    if model_bytes < 1:
-        raise ValueError(f"model_bytes={model_bytes!r} must be >= 1")
-    return st.integers(1, max(2, 2 * model_bytes)).map(lambda b: b / 2**20)
+def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=()) -> st.SearchStrategy[float]:
+    """Bucket caps in MB (2**20 bytes) from ``min_bytes`` (below the smallest parameter) to twice
+    ``model_bytes`` (above the whole model), shrinking toward ``min_bytes``.
+
+    With ``param_bytes`` (the trainable parameters' sizes in registration order), a third of the
+    caps fall exactly on, or one byte either side of, a bucket boundary of the greedy reverse-order
+    plan or a single parameter's size: where off-by-one bugs in bucket filling live.
+    """
+    if not isinstance(model_bytes, int) or model_bytes < 1:
+        raise ValueError(f"model_bytes={model_bytes!r} must be an int >= 1")
+    if not isinstance(min_bytes, int) or not 1 <= min_bytes <= 2 * model_bytes:
+        raise ValueError(f"min_bytes={min_bytes!r} must be an int in 1..2*model_bytes={2 * model_bytes}")
+    param_bytes = tuple(param_bytes)
+    if any(not isinstance(b, int) or b < 1 for b in param_bytes):
+        raise ValueError(f"param_bytes={param_bytes!r} must be ints >= 1")
+    uniform = st.integers(min_bytes, max(min_bytes + 1, 2 * model_bytes))
+    if not param_bytes:
+        return uniform.map(lambda b: b / 2**20)
+    # Prefix sums in reverse registration order: the byte counts at which a bucket is exactly full.
+    edges, total = set(), 0
+    for b in reversed(param_bytes):
+        total += b
+        edges.add(total)
+    edges |= set(param_bytes)
+    near = st.tuples(st.sampled_from(sorted(edges)), st.sampled_from([0, -1, 1])).map(
+        lambda t: max(min_bytes, t[0] + t[1]))
+    return st.one_of(uniform, uniform, near).map(lambda b: b / 2**20)
 
 
 @st.composite
-def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, max_steps: int = 3,
-          max_accumulation: int = 2, dtype: str = "float64", models=None, optimizers=("sgd", "adam", "adamw"),
+def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, max_steps: int = 4,
+          max_accumulation: int = 3, dtype: str = "float64", models=None, optimizers=("sgd", "adam", "adamw"),
           rank_dependent_init: bool | None = None) -> Case:
-    """Complete cases: world, model, per-rank batches, optimizer groups, protocol flags."""
+    """Complete cases: world, model, per-rank batches (1..3 each), optimizer groups, 1..max_steps
+    steps, 1..max_accumulation micro-steps with or without ``no_sync()``, ``zero_grad`` to None or to
+    zeros, a bucket cap, identical or rank-dependent initial weights (None: drawn)."""
     _check_bounds("world_size", min_world_size, max_world_size)
+    _check_bounds("steps", 1, max_steps)
+    _check_bounds("accumulation", 1, max_accumulation)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
     w = draw(st.integers(min_world_size, max_world_size))
     spec = draw(models if models is not None else model_specs())
-    n = _n_params(spec)
-    opt = draw(optimizer_specs(n_params=n, names=optimizers))
+    params = list(build_model(spec, seed=0).parameters())
+    opt = draw(optimizer_specs(n_params=len(params), names=optimizers))
     steps = draw(st.integers(1, max_steps))
     if any(g.add_at_step is not None for g in opt.groups) and steps < 2:
         steps = 2
     acc = draw(st.integers(1, max_accumulation))
     batch = tuple(draw(st.lists(st.integers(1, 3), min_size=w, max_size=w)))
-    from paracheck.workloads import build_model
-
-    nbytes = sum(p.numel() * 8 for p in build_model(spec, seed=0).parameters())
-    bucket = draw(bucket_sizes_mb(model_bytes=nbytes))
+    itemsize = DTYPES[dtype].itemsize
+    trainable = [p.numel() * itemsize for p in params if p.requires_grad]
+    bucket = draw(bucket_sizes_mb(model_bytes=sum(p.numel() for p in params) * itemsize, param_bytes=trainable))
     rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
     return Case(model=spec, world_size=w, batch_sizes=batch, steps=steps, accumulation=acc,
                 no_sync=draw(st.booleans()), optimizer=opt, bucket_size_mb=bucket,

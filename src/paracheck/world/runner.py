@@ -248,6 +248,10 @@ class World:
         if not isinstance(w, int) or not 1 <= w <= self.size:
             raise ValueError(f"world_size={w!r} must be an int in 1..{self.size} (this World's size)")
         timeout = self.timeout if timeout is None else timeout
+        if not 0 < timeout <= self.timeout:
+            # The ranks' process-group timeout was fixed from World.timeout at start; a longer job
+            # timeout would let collectives time out first and read as "raised", not "hung".
+            raise ValueError(f"timeout={timeout!r} must be in (0, {self.timeout:g}] (this World's timeout)")
         if any(p.poll() is not None for p in self._procs):
             self.restart()
         if w != self._last_world_size:
@@ -308,12 +312,11 @@ class World:
     def _handle_hang(self, fn, w, stuck: list[int], results, failures) -> None:
         stacks = {}
         for rank in stuck:
-            path = os.path.join(self._stack_dir, f"rank{rank}.stack")
             try:
                 os.kill(self._procs[rank].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-        time.sleep(0.3)
+        time.sleep(0.3)  # faulthandler writes from the signal handler; give it a moment
         for rank in stuck:
             path = os.path.join(self._stack_dir, f"rank{rank}.stack")
             try:

@@ -35,8 +35,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     * Partition (Note [Balance bound] in ``paracheck.zero.partition``): a parameter's weight is its
       bytes if it requires grad, else 0; the largest parameter goes first, to the least loaded rank;
-      ``max load <= total / W + largest``. ``add_param_group`` (in the constructor and during
-      training) extends the partition without moving earlier parameters.
+      ``max load <= total / W + (W - 1) / W * largest``. ``add_param_group`` (in the constructor and
+      during training) extends the partition without moving earlier parameters.
     * The wrapped optimizer (``local_optimizer``) is built over this rank's parameters with one
       group per group of ``self.param_groups`` (possibly empty) carrying every hyper-parameter of
       that group; ``self.state`` is its state (this rank's shard only). Hyper-parameters changed

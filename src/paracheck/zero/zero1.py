@@ -397,7 +397,6 @@ class Zero1Optimizer(torch.optim.Optimizer):
         return [p for g in self.param_groups for p in g["params"]]
 
     def state_dict(self) -> dict:
-        self._sync_hyperparameters()
         zero = self._zero
         index = {id(p): i for i, p in enumerate(self._params())}
         piece_of = {id(t): k for k, t in enumerate(zero._piece_params)}
@@ -460,6 +459,10 @@ def _merge_pieces(i: int, p: torch.Tensor, pieces: list) -> dict:
     """One parameter's state from its pieces' states ``[(length, state), ...]`` in element order:
     a value shaped ``(length,)`` in every piece is per element (concatenated, reshaped like the
     parameter); anything else is per tensor and must be equal in every piece."""
+    covered = sum(n for n, _ in pieces)
+    if covered != p.numel():
+        raise RuntimeError(f"the pieces of parameter #{i} with optimizer state cover {covered} of its {p.numel()} "
+                           f"elements: every rank owning a piece must contribute its state")
     merged = {}
     for key in pieces[0][1]:
         values = [st[key] for _, st in pieces]
