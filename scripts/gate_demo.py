@@ -40,17 +40,19 @@ _gate_demo_finish = {cls}.finish_gradient_synchronization
 
 def _gate_demo_slow_forward(self, *args, **kwargs):
     now = _gate_demo_time.process_time()
-    self._gate_demo_period = now - getattr(self, "_gate_demo_start", now)
+    # CPU time of the previous step without the extra work itself (else it would compound).
+    self._gate_demo_period = now - getattr(self, "_gate_demo_start", now) - getattr(self, "_gate_demo_spun", 0.0)
     self._gate_demo_start = now
     return _gate_demo_forward(self, *args, **kwargs)
 
 
 def _gate_demo_slow_finish(self):
     _gate_demo_finish(self)
-    period = self._gate_demo_period or (_gate_demo_time.process_time() - self._gate_demo_start)
-    until = _gate_demo_time.process_time() + 0.25 * period
-    while _gate_demo_time.process_time() < until:
+    start = _gate_demo_time.process_time()
+    period = self._gate_demo_period if self._gate_demo_period > 0 else start - self._gate_demo_start
+    while _gate_demo_time.process_time() < start + 0.25 * period:
         pass
+    self._gate_demo_spun = _gate_demo_time.process_time() - start
 
 
 _gate_demo_functools.update_wrapper(_gate_demo_slow_forward, _gate_demo_forward)

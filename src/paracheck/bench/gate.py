@@ -27,8 +27,8 @@ Note [The gate rule]
       machine; ``--timing`` overrides either). For each round the ratio head/base; a pass's
       estimate is the median of its ``rounds`` ratios. A timing whose
       estimate exceeds ``1 + threshold`` (default 0.10) is only *suspect*; it is measured again
-      in a second, fresh interleaved pass, and FAILS only if the second estimate exceeds
-      ``1 + threshold`` too. Below ``1 - threshold`` twice is reported as faster, never a failure.
+      in a second interleaved pass by freshly started workers and ranks, and FAILS only if the
+      second estimate exceeds ``1 + threshold`` too. Below ``1 - threshold`` twice is reported as faster, never a failure.
     * Exit 1 when something FAILS (a table says what), 0 otherwise, 2 when the gate cannot
       measure (an unknown ref, a commit without ``paracheck.bench``, a rank that raised).
 """
@@ -120,7 +120,10 @@ def _git(repo: str, *args: str) -> str:
 def _export(repo: str, sha: str, dest: str) -> None:
     data = subprocess.run(["git", "-C", repo, "archive", "--format=tar", sha], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(dest)
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4: refuse links out of dest
+            tar.extractall(dest, filter="data")
+        else:
+            tar.extractall(dest)
 
 
 class _Side:
@@ -239,21 +242,10 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> di
     return ratios
 
 
-def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
-    """Measure and decide; returns the rows and a JSON-able record. Raises GateError."""
-    shas = {label: _git(cfg.repo, "rev-parse", "--verify", f"{ref}^{{commit}}")
-            for label, ref in (("base", cfg.base), ("head", cfg.head))}
-    tmp = tempfile.mkdtemp(prefix="paracheck-gate-")
-    sides: list[_Side] = []
+def _start_sides(cfg: _Config, trees: list[tuple[str, str, str, str]]) -> list[_Side]:
+    """One fresh worker (and World) per (label, ref, sha, tree), started in parallel."""
+    sides = [_Side(*t) for t in trees]
     try:
-        for label, ref in (("base", cfg.base), ("head", cfg.head)):
-            tree = os.path.join(tmp, label)
-            os.makedirs(tree)
-            _export(cfg.repo, shas[label], tree)
-            if not os.path.exists(os.path.join(tree, "src", "paracheck", "bench", "_worker.py")):
-                raise GateError(f"{label} {ref} ({shas[label][:10]}) has no src/paracheck/bench/_worker.py: "
-                                f"the gate measures each commit with its own paracheck.bench, which it lacks")
-            sides.append(_Side(label, ref, shas[label], tree))
         start = {"cmd": "start", "device": cfg.device, "world_size": cfg.world_size, "timeout": cfg.timeout}
         for side in sides:
             side.send(start)
@@ -262,6 +254,30 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
             if not side.info["paracheck"].startswith(side.tree):
                 raise GateError(f"{side.label} imported paracheck from {side.info['paracheck']}, not from its tree "
                                 f"{side.tree}: an install shadows PYTHONPATH")
+    except BaseException:
+        for side in sides:
+            side.close()
+        raise
+    return sides
+
+
+def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
+    """Measure and decide; returns the rows and a JSON-able record. Raises GateError."""
+    shas = {label: _git(cfg.repo, "rev-parse", "--verify", f"{ref}^{{commit}}")
+            for label, ref in (("base", cfg.base), ("head", cfg.head))}
+    tmp = tempfile.mkdtemp(prefix="paracheck-gate-")
+    sides: list[_Side] = []
+    try:
+        trees = []
+        for label, ref in (("base", cfg.base), ("head", cfg.head)):
+            tree = os.path.join(tmp, label)
+            os.makedirs(tree)
+            _export(cfg.repo, shas[label], tree)
+            if not os.path.exists(os.path.join(tree, "src", "paracheck", "bench", "_worker.py")):
+                raise GateError(f"{label} {ref} ({shas[label][:10]}) has no src/paracheck/bench/_worker.py: "
+                                f"the gate measures each commit with its own paracheck.bench, which it lacks")
+            trees.append((label, ref, shas[label], tree))
+        sides = _start_sides(cfg, trees)
         base_v, head_v = (set(s.info["variants"]) for s in sides)
         wanted = cfg.variants or tuple(v for v in sides[1].info["variants"] if v in base_v)
         variants = [v for v in wanted if v in base_v and v in head_v]
@@ -279,7 +295,14 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
         suspects = [v for v in variants if abs(statistics.median(first[v]) - 1) > cfg.threshold]
         second: dict[str, list[float]] = {}
         if suspects:
-            _say(cfg, f"pass 2, re-measuring the suspects {', '.join(suspects)}:")
+            # Fresh processes for the confirmation: a process's own luck (where the allocator
+            # and the loader put things, which cores its ranks share) can bias one side by
+            # several percent for its whole life; it must not be able to confirm itself.
+            for side in sides:
+                side.close()
+            sides = []
+            _say(cfg, f"pass 2, fresh workers, re-measuring the suspects {', '.join(suspects)}:")
+            sides = _start_sides(cfg, trees)
             second = _timing_pass(cfg, sides, suspects, None, readings)
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
@@ -289,7 +312,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
             rows.append(GateRow(v, quantity, 1e3 * statistics.median(readings[(v, "base")]),
                                 1e3 * statistics.median(readings[(v, "head")]), verdict, detail))
         order = {v: i for i, v in enumerate(variants)}
-        names = list(EXACT_QUANTITIES) + [f"cuda_{k}" for k in ("init", "before_step", "after_step", "peak")]
+        names = list(EXACT_QUANTITIES) + list(CUDA_QUANTITIES)
         for (v, key) in sorted({(v, k) for (v, k, _) in exact}, key=lambda vk: (order[vk[0]], names.index(vk[1]))):
             b, h = exact.get((v, key, "base"), []), exact.get((v, key, "head"), [])
             if not b or not h:

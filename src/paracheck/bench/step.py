@@ -169,7 +169,9 @@ def _batch(spec: StepSpec, device: torch.device, rank: int):
     return x.to(device), y.to(device)
 
 
-def _train_step(setup, x, y) -> None:
+def _train_step(setup, x, y, *, before_step=None) -> None:
+    """One step of the CS336 protocol; ``before_step()`` runs between the gradient
+    synchronisation and ``optimizer.step()`` (the memory points)."""
     import torch.nn.functional as F
 
     setup.optimizer.zero_grad(set_to_none=True)
@@ -178,7 +180,10 @@ def _train_step(setup, x, y) -> None:
     logits = setup.forward(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
     loss.backward()
+    del logits, loss  # not alive during the optimizer step, as in a training loop's next iteration
     setup.after_backward()
+    if before_step is not None:
+        before_step()
     setup.optimizer.step()
 
 
@@ -256,18 +261,12 @@ def rank_time(payload: dict) -> dict:
         # One extra step for Note [CUDA memory points].
         memory["peak"] = torch.cuda.max_memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        setup.optimizer.zero_grad(set_to_none=True)
-        if setup.before_forward is not None:
-            setup.before_forward()
-        import torch.nn.functional as F
 
-        logits = setup.forward(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
-        del logits
-        setup.after_backward()
-        memory["before_step"] = torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        setup.optimizer.step()
+        def before_step():
+            memory["before_step"] = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+        _train_step(setup, x, y, before_step=before_step)
         memory["after_step"] = torch.cuda.max_memory_allocated(device)
         memory["peak"] = max(memory.values())
     result = {"times": times[spec.warmup:], "cpu_times": cpu_times[spec.warmup:], "cuda_memory": memory,
@@ -304,18 +303,8 @@ def optimizer_state_tensors(opt, _seen=None) -> list:
 
 
 def _settle(rec) -> None:
-    """Wait (at most ~0.2 s) until no tensor is being freed any more.
-
-    A tensor given to a gloo collective is also referenced by the collective's work object, which
-    gloo's worker thread drops a moment *after* ``wait()`` returns; a temporary buffer (FlatDDP's)
-    therefore dies at a moment that races with the next phase. Waiting until the live bytes stop
-    changing makes each phase start from the same state in every run."""
-    last = None
-    for _ in range(10):
-        if rec.live_bytes == last:
-            return
-        last = rec.live_bytes
-        time.sleep(0.02)
+    """Let late frees land before a phase boundary (Note [Late frees after a collective])."""
+    rec.settle(quiet_steps=3, limit_s=0.2)
 
 
 def rank_account(payload: dict) -> dict:
@@ -339,25 +328,19 @@ def rank_account(payload: dict) -> dict:
         # during step 2. Step 3 is the steady state that every later step repeats.
         _train_step(setup, x, y)
         _train_step(setup, x, y)
-        import torch.nn.functional as F
-
         _settle(rec)
         rec.reset_calls()
         rec.reset_peak()
-        setup.optimizer.zero_grad(set_to_none=True)
-        if setup.before_forward is not None:
-            setup.before_forward()
-        logits = setup.forward(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
-        del logits
-        setup.after_backward()
-        _settle(rec)
-        peak_before = rec.peak_bytes
-        params = list(model.parameters())
-        param_bytes = rec.storage_bytes(params)
-        grad_bytes = rec.storage_bytes([p.grad for p in params])
-        rec.reset_peak()
-        setup.optimizer.step()
+        phase = {}
+
+        def before_step(rec=rec, model=model):
+            _settle(rec)
+            params = list(model.parameters())
+            phase.update(peak_before=rec.peak_bytes, params=rec.storage_bytes(params),
+                         grads=rec.storage_bytes([p.grad for p in params]))
+            rec.reset_peak()
+
+        _train_step(setup, x, y, before_step=before_step)
         _settle(rec)
         peak_step = rec.peak_bytes
         state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
@@ -369,10 +352,10 @@ def rank_account(payload: dict) -> dict:
         "collectives": len(calls), "collectives_by_kind": by_kind,
         "payload_bytes": sum(c.payload_bytes for c in calls), "bus_bytes": sum(c.bus_bytes for c in calls),
         "init_collectives": init_calls, "optimizer_state_bytes": state_bytes,
-        "param_bytes": param_bytes, "grad_bytes": grad_bytes,
-        "peak_init_bytes": peak_init, "peak_before_step_bytes": peak_before, "peak_step_bytes": peak_step,
+        "param_bytes": phase["params"], "grad_bytes": phase["grads"],
+        "peak_init_bytes": peak_init, "peak_before_step_bytes": phase["peak_before"], "peak_step_bytes": peak_step,
     }
-    del setup, model, rec
+    del setup, model, rec, before_step
     _release(device)
     return result
 

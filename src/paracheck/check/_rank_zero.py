@@ -123,6 +123,19 @@ def _owners(opt, index: dict[int, int], n: int):
     return tuple(out)
 
 
+def _reset_outside_optimizer(case: Case, opt, params) -> None:
+    # The oracle resets every gradient each step. A parameter whose group is added later (after
+    # step k >= 2) is outside the optimizer's zero_grad() until then, so its .grad would accumulate
+    # over steps; reset exactly those, leaving the target's own zero_grad() under test.
+    inside = {id(p) for g in opt.param_groups for p in g["params"]}
+    for p in params:
+        if id(p) not in inside and p.grad is not None:
+            if case.set_to_none:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+
 def _train_micro_steps(case: Case, wrapper, rank: int, device, step: int) -> None:
     no_sync = getattr(wrapper, "no_sync", None)
     for micro in range(case.accumulation):
@@ -153,6 +166,7 @@ def run_sharded(payload: dict) -> dict:
     for step in range(case.steps):
         add_late_groups(case, opt, params, step)
         opt.zero_grad(set_to_none=case.set_to_none)
+        _reset_outside_optimizer(case, opt, params)
         _train_micro_steps(case, ddp, rank, device, step)
         grads = _snapshot([p.grad for p in params])
         with record_collectives() as rec:

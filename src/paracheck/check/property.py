@@ -61,7 +61,10 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     if strategy is None:
         strategy = cases(min_world_size=1, max_world_size=max(world_sizes), dtype=dtype)
     sizes = tuple(sorted(set(world_sizes)))
-    strategy = st.tuples(strategy, st.sampled_from(sizes)).map(lambda t: t[0].with_world_size(t[1]))
+    # The world size is drawn first: drawn after a whole case, Hypothesis left it at its simplest
+    # value (world size 1, no communication at all) in 21 of 40 derandomised examples; first, it
+    # is spread over the sizes and still shrinks first, toward the fewest ranks.
+    strategy = st.tuples(st.sampled_from(sizes), strategy).map(lambda t: t[1].with_world_size(t[0]))
     state = {"n": 0, "first_fail_at": None, "last": None, "worst": 0.0}
     t0 = time.monotonic()
 

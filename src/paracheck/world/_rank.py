@@ -37,12 +37,14 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
               pg_timeout: float) -> None:
     from multiprocessing.connection import Client
 
-    dhost, dport = driver.rsplit(":", 1)
-    conn = Client((dhost, int(dport)), authkey=bytes.fromhex(os.environ["PARACHECK_AUTHKEY"]))
     # faulthandler dumps every thread's Python stack from a C signal handler, so it works even
     # while the main thread is blocked inside a collective.
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # Import before connecting: the driver accepts (and authenticates) one rank at a time and
+    # waits for its "ready", so a rank that connected first and imported after made the ranks
+    # start one after another (measured: one rank every ~4 s, 26 s for six, over the 120 s
+    # start timeout on a busy machine); imported first, they import in parallel.
     import torch
     import torch.distributed as dist
 
@@ -51,6 +53,8 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     # job's hang timeout, where it made a correct target "hang" on its first case.
     import torch._dynamo  # noqa: F401
 
+    dhost, dport = driver.rsplit(":", 1)
+    conn = Client((dhost, int(dport)), authkey=bytes.fromhex(os.environ["PARACHECK_AUTHKEY"]))
     torch.set_num_threads(1)
     if device is not None:
         torch.cuda.set_device(torch.device(device))

@@ -17,6 +17,14 @@ from paracheck.zero.partition import ParamPartition, partition_by_size
 __all__ = ["ShardedOptimizer"]
 
 
+def check_optimizer_cls(optimizer_cls) -> type[torch.optim.Optimizer]:
+    if isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer):
+        return optimizer_cls
+    what = (f"an {type(optimizer_cls).__name__} instance" if isinstance(optimizer_cls, torch.optim.Optimizer)
+            else repr(optimizer_cls))
+    raise TypeError(f"optimizer_cls={what} must be a torch.optim.Optimizer subclass (the class, not an instance)")
+
+
 def _param_weight(p: torch.Tensor) -> int:
     # Only a trainable parameter ever gets optimizer state; a frozen one costs its owner nothing.
     return p.numel() * p.element_size() if p.requires_grad else 0
@@ -51,8 +59,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
-        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
-            raise TypeError(f"optimizer_cls={optimizer_cls!r} must be a torch.optim.Optimizer subclass")
+        check_optimizer_cls(optimizer_cls)
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0

@@ -46,6 +46,7 @@ from torch import nn
 
 from paracheck.ddp._common import check_bucket_size_mb
 from paracheck.zero.partition import FlatLayout, flat_layout
+from paracheck.zero.sharded import check_optimizer_cls
 
 __all__ = ["Zero1", "Zero1Optimizer"]
 
@@ -100,6 +101,7 @@ class Zero1:
                  bucket_size_mb: float = 25.0, process_group=None, **kwargs):
         if not isinstance(module, nn.Module):
             raise TypeError(f"module={module!r} must be a torch.nn.Module")
+        check_optimizer_cls(optimizer_cls)
         cap_mb = check_bucket_size_mb(bucket_size_mb)
         self.module = module
         self.process_group = process_group
@@ -352,8 +354,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, zero: Zero1, params, optimizer_cls, **kwargs):
-        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
-            raise TypeError(f"optimizer_cls={optimizer_cls!r} must be a torch.optim.Optimizer subclass")
+        check_optimizer_cls(optimizer_cls)
         self._zero = zero
         self.optimizer_cls = optimizer_cls
         self._kwargs = dict(kwargs)

@@ -1,0 +1,110 @@
+"""One training step of every variant on 2 gloo ranks, torch DDP and ZeroRedundancyOptimizer
+beside them: the 'cpu' LM (4.2 M parameters), batch 4 x 64 tokens per rank, 25 MB buckets."""
+
+from paracheck.bench.asvtools import key, measure_steps, require
+
+MODEL = "cpu"
+VARIANTS = ["local", "naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "torch-zero"]
+
+
+def measure(*_):
+    return measure_steps(device="cpu", models=[MODEL], variants=VARIANTS)
+
+
+measure.timeout = 900
+
+
+class StepTime:
+    """Wall time (median of 8 steps) and CPU time (least of 8) of a step, slowest rank."""
+
+    params = [VARIANTS]
+    param_names = ["variant"]
+    setup_cache = measure
+    timeout = 900
+
+    def setup(self, results, variant):
+        self.r = require(results, key(MODEL, variant))
+
+    def track_wall(self, results, variant):
+        return self.r["median"]
+
+    track_wall.unit = "seconds"
+
+    def track_cpu(self, results, variant):
+        return self.r["cpu_min"]
+
+    track_cpu.unit = "seconds"
+
+
+class StepMemory:
+    """Exact tensor bytes per rank (peaks by phase, optimizer state) and the noisy rank RSS peak."""
+
+    params = [VARIANTS]
+    param_names = ["variant"]
+    setup_cache = measure
+    timeout = 900
+
+    def setup(self, results, variant):
+        self.r = require(results, key(MODEL, variant))
+
+    def track_tensor_params(self, results, variant):
+        return self.r["account"]["param_bytes"]
+
+    track_tensor_params.unit = "bytes"
+
+    def track_tensor_grads(self, results, variant):
+        return self.r["account"]["grad_bytes"]
+
+    track_tensor_grads.unit = "bytes"
+
+    def track_tensor_peak_init(self, results, variant):
+        return self.r["account"]["peak_init_bytes"]
+
+    track_tensor_peak_init.unit = "bytes"
+
+    def track_tensor_peak_before_step(self, results, variant):
+        return self.r["account"]["peak_before_step_bytes"]
+
+    track_tensor_peak_before_step.unit = "bytes"
+
+    def track_tensor_peak_step(self, results, variant):
+        return self.r["account"]["peak_step_bytes"]
+
+    track_tensor_peak_step.unit = "bytes"
+
+    def track_optimizer_state(self, results, variant):
+        return self.r["account"]["optimizer_state_bytes"]
+
+    track_optimizer_state.unit = "bytes"
+
+    def track_rank_rss_peak(self, results, variant):
+        return self.r["rss_peak"]
+
+    track_rank_rss_peak.unit = "bytes"
+
+
+class StepTraffic:
+    """Exact communication per rank and step: collectives, payload bytes, bus bytes."""
+
+    params = [VARIANTS]
+    param_names = ["variant"]
+    setup_cache = measure
+    timeout = 900
+
+    def setup(self, results, variant):
+        self.r = require(results, key(MODEL, variant))
+
+    def track_collectives(self, results, variant):
+        return self.r["account"]["collectives"]
+
+    track_collectives.unit = "collectives"
+
+    def track_payload_bytes(self, results, variant):
+        return self.r["account"]["payload_bytes"]
+
+    track_payload_bytes.unit = "bytes"
+
+    def track_bus_bytes(self, results, variant):
+        return self.r["account"]["bus_bytes"]
+
+    track_bus_bytes.unit = "bytes"

@@ -1,0 +1,1 @@
+"""GPU tier: NCCL ranks, one GPU each, the CS336 LM sizes; skipped (never failed) without GPUs."""

@@ -1,0 +1,37 @@
+"""Planted regressions for the measuring code's own tests: a benchmark property is only as good
+as the regressions it catches. Not used by paracheck itself.
+
+* ``FatFlatDDP``: FlatDDP plus one extra full-size gradient buffer, allocated at construction and
+  kept (the classic "a copy of the gradients for later" change): exactly 4 bytes x trainable
+  elements more at every memory point, no other quantity changes;
+* ``ChattyFlatDDP``: FlatDDP that all-reduces its presence flags in a second collective: one
+  collective more per step, the same payload plus the flags once more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paracheck.ddp.flat import FlatDDP
+
+__all__ = ["FatFlatDDP", "ChattyFlatDDP"]
+
+
+class FatFlatDDP(FlatDDP):
+    """FlatDDP with an extra float buffer the size of every trainable parameter together."""
+
+    def __init__(self, module, *, process_group=None):
+        super().__init__(module, process_group=process_group)
+        ref = self.trainable[0]
+        self.grad_copy = torch.zeros(sum(p.numel() for p in self.trainable), dtype=ref.dtype, device=ref.device)
+
+
+class ChattyFlatDDP(FlatDDP):
+    """FlatDDP plus one redundant all-reduce of the presence flags per synchronisation."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if self.world_size > 1 and self._sync_enabled and self.trainable:
+            flags = self._presence(self.trainable)
+            dist.all_reduce(flags, group=self.process_group)
+        super().finish_gradient_synchronization()

@@ -1,0 +1,294 @@
+"""``paracheck report``: asv's history pages, made to work offline, plus plots of the seeds'
+experiments.
+
+1. ``asv publish`` (unless ``--no-publish``) writes the pages to the configuration's ``html_dir``.
+2. asv's ``index.html`` loads jQuery, flot, bootstrap, md5 and stupidtable from CDNs; a machine
+   without network (or a CI artifact opened later) shows an error banner and no graph. Every
+   such reference is replaced by a copy under ``<html_dir>/vendor/``, taken from the npm packages
+   listed in ``_www/MANIFEST.json`` (re-created and verified by ``scripts/vendor_asv_js.sh``).
+   A CDN reference not in the manifest (a newer asv) is an error, not a silent half-offline page.
+3. Plots (matplotlib, PNG) of the latest measurements: all-reduce bus bandwidth against size, step
+   time against bucket size, and memory per variant (exact breakdown into parameters, gradients,
+   optimizer state and the rest where available, CUDA peaks otherwise). Data comes from the
+   newest asv result file of each machine and from ``--from-json`` files written by
+   ``paracheck bench --json`` or ``scripts/gpu_bench.py``. Written to ``--out``
+   (default ``<html_dir>/paracheck``) with an ``index.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import html
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+__all__ = ["main", "vendorize", "VendorError", "collect", "plot_all"]
+
+_WWW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_www")
+_EXTERNAL = re.compile(r'<(script|link)\b[^>]*?\b(src|href)="(https?://[^"]+)"[^>]*>', re.IGNORECASE)
+
+
+class VendorError(RuntimeError):
+    """asv's pages reference something from the network that paracheck does not vendor."""
+
+
+def _manifest() -> dict:
+    if not os.path.exists(os.path.join(_WWW, "MANIFEST.json")):
+        raise VendorError(f"{_WWW}/MANIFEST.json is missing: paracheck was installed without its package data "
+                          f"(pyproject: [tool.setuptools.package-data] \"paracheck.bench\" = [\"_www/*\"])")
+    with open(os.path.join(_WWW, "MANIFEST.json")) as f:
+        return {e["url"]: e for e in json.load(f)["files"]}
+
+
+def vendorize(html_dir: str) -> list[str]:
+    """Rewrite every ``.html`` file under ``html_dir`` to load its scripts and styles from
+    ``vendor/`` (copied there); returns the URLs replaced. Raises VendorError for a URL of a
+    ``<script src>`` or ``<link href>`` that the manifest does not know."""
+    manifest = _manifest()
+    vendor = os.path.join(html_dir, "vendor")
+    os.makedirs(vendor, exist_ok=True)
+    replaced: list[str] = []
+    for page in glob.glob(os.path.join(html_dir, "**", "*.html"), recursive=True):
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        prefix = os.path.relpath(vendor, os.path.dirname(page)).replace(os.sep, "/")
+
+        def local(match):
+            tag, url = match.group(0), match.group(3)
+            if match.group(1).lower() == "link" and "stylesheet" not in tag.lower():
+                return tag  # a plain hyperlink-like <link>, nothing is loaded from it
+            if url not in manifest:
+                raise VendorError(f"{os.path.relpath(page, html_dir)} loads {url}, which paracheck does not vendor "
+                                  f"(a newer asv?): add it to {_WWW}/MANIFEST.json and run scripts/vendor_asv_js.sh")
+            entry = manifest[url]
+            shutil.copyfile(os.path.join(_WWW, entry["file"]), os.path.join(vendor, entry["file"]))
+            replaced.append(url)
+            # The page's integrity hash is the CDN file's; a local copy may be the npm package's
+            # unminified build of the same version, so the attribute goes, with crossorigin.
+            tag = tag.replace(url, f"{prefix}/{entry['file']}")
+            tag = re.sub(r'\s(integrity|crossorigin|referrerpolicy)="[^"]*"', "", tag)
+            return tag
+
+        new = _EXTERNAL.sub(local, text)
+        if new != text:
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(new)
+    shutil.copyfile(os.path.join(_WWW, "LICENSES.txt"), os.path.join(vendor, "LICENSES.txt"))
+    return replaced
+
+
+# -- data ---------------------------------------------------------------------------------------
+def _asv_latest(results_dir: str) -> list[dict]:
+    """The newest result file of each machine, as {name: {params tuple: value}} with params."""
+    out = []
+    for machine_dir in sorted(glob.glob(os.path.join(results_dir, "*", ""))):
+        files = [f for f in glob.glob(os.path.join(machine_dir, "*.json")) if not f.endswith("machine.json")]
+        if not files:
+            continue
+        newest = max(files, key=lambda f: json.load(open(f)).get("date", 0))
+        from asv.results import Results
+
+        res = Results.load(newest)
+        values = {}
+        for name in sorted(res.get_all_result_keys()):
+            params = res.get_result_params(name)
+            vals = res.get_result_value(name, params)
+            values[name] = {tuple(p): v for p, v in zip(itertools.product(*params), vals) if v is not None}
+        out.append({"machine": os.path.basename(os.path.dirname(machine_dir)), "file": newest, "values": values})
+    return out
+
+
+def _unquote(p: str):
+    p = p.strip()
+    if len(p) >= 2 and p[0] == p[-1] and p[0] in "'\"":
+        return p[1:-1]
+    try:
+        return float(p)
+    except ValueError:
+        return p
+
+
+def collect(results_dir: str | None, json_files) -> dict:
+    """Series for the plots: ``allreduce`` [(backend, W, MB, busbw GB/s)], ``bucket``
+    [(variant, MB, step ms)], ``memory`` [(label, variant, dict)]."""
+    data = {"allreduce": [], "bucket": [], "memory": []}
+    for path in json_files:
+        with open(path) as f:
+            rec = json.load(f)
+        where = rec.get("machine", {}).get("gpu") or rec.get("machine", {}).get("host", os.path.basename(path))
+        for r in rec.get("allreduce", []):
+            data["allreduce"].append((f"{r['backend']} {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
+        for r in rec.get("bucket", []):
+            data["bucket"].append((f"{r['spec']['variant']} ({where})", r["spec"]["bucket_mb"], r["median"] * 1e3))
+        for r in rec.get("step", []):
+            if "error" in r:
+                continue
+            size = r["spec"]["model"]
+            label = f"d{size['d_model']}x{size['num_layers']} {where}"
+            entry = dict(r.get("account") or {})
+            if r.get("cuda_memory"):
+                entry["cuda"] = r["cuda_memory"]
+            data["memory"].append((label, r["spec"]["variant"], entry))
+        for r in rec.get("memory", []):
+            data["memory"].append((f"memory {where}", r["spec"]["variant"], r))
+    for run in (_asv_latest(results_dir) if results_dir and os.path.isdir(results_dir) else []):
+        v = run["values"]
+        for (w, mb), bw in v.get("cpu.allreduce.AllReduce.track_busbw", {}).items():
+            data["allreduce"].append((f"gloo asv:{run['machine']}", int(_unquote(w)), _unquote(mb), bw))
+        for (w, mb), bw in v.get("gpu.allreduce.AllReduce.track_busbw", {}).items():
+            data["allreduce"].append((f"nccl asv:{run['machine']}", int(_unquote(w)), _unquote(mb), bw))
+        for tier in ("cpu", "gpu"):
+            for (var, mb), t in v.get(f"{tier}.bucket.BucketSweep.track_wall", {}).items():
+                data["bucket"].append((f"{_unquote(var)} ({tier} asv:{run['machine']})", _unquote(mb), t * 1e3))
+        mem = {}
+        for q, field in (("track_tensor_params", "param_bytes"), ("track_tensor_grads", "grad_bytes"),
+                         ("track_optimizer_state", "optimizer_state_bytes"),
+                         ("track_tensor_peak_before_step", "peak_before_step_bytes"),
+                         ("track_tensor_peak_step", "peak_step_bytes"), ("track_tensor_peak_init", "peak_init_bytes")):
+            for (var,), value in v.get(f"cpu.step.StepMemory.{q}", {}).items():
+                mem.setdefault(_unquote(var), {})[field] = value
+        for var, entry in mem.items():
+            if {"param_bytes", "grad_bytes", "optimizer_state_bytes"} <= entry.keys():
+                entry["peak_bytes"] = max(entry.get(k, 0) for k in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"))
+                data["memory"].append((f"cpu asv:{run['machine']}", var, entry))
+    return data
+
+
+# -- plots --------------------------------------------------------------------------------------
+def plot_all(data: dict, out: str) -> list[str]:
+    """Write the PNGs for whatever ``data`` holds; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out, exist_ok=True)
+    written = []
+    if data["allreduce"]:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for (label, w) in sorted({(a, b) for a, b, _, _ in data["allreduce"]}):
+            pts = sorted((mb, bw) for a, b, mb, bw in data["allreduce"] if (a, b) == (label, w))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks")
+        ax.set(xscale="log", xlabel="message size (MB, 2^20 bytes)", ylabel="bus bandwidth (GB/s)",
+               title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "allreduce_busbw.png"), dpi=110)
+        plt.close(fig)
+        written.append("allreduce_busbw.png")
+    if data["bucket"]:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label in sorted({a for a, _, _ in data["bucket"]}):
+            pts = sorted((mb, t) for a, mb, t in data["bucket"] if a == label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set(xscale="log", xlabel="bucket size (MB)", ylabel="step time (ms, median)", title="step time against bucket size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "bucket_sweep.png"), dpi=110)
+        plt.close(fig)
+        written.append("bucket_sweep.png")
+    groups = {}
+    for label, variant, entry in data["memory"]:
+        groups.setdefault(label, {})[variant] = entry
+    for i, (label, by_variant) in enumerate(sorted(groups.items())):
+        names = list(by_variant)
+        exact = all({"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_bytes"} <= by_variant[n].keys() for n in names)
+        cuda = all("cuda" in by_variant[n] for n in names)
+        if not (exact or cuda):
+            continue
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2) + 2.5, 4.5))
+        xs = range(len(names))
+        if exact:
+            parts = [("parameters", [by_variant[n]["param_bytes"] for n in names]),
+                     ("gradients", [by_variant[n]["grad_bytes"] for n in names]),
+                     ("optimizer state", [by_variant[n]["optimizer_state_bytes"] for n in names])]
+            rest = [by_variant[n]["peak_bytes"] - sum(p[1][j] for p in parts) for j, n in enumerate(names)]
+            parts.append(("rest at peak (activations, buffers)", [max(r, 0) for r in rest]))
+            bottom = [0.0] * len(names)
+            for name, vals in parts:
+                mib = [v / 2**20 for v in vals]
+                ax.bar(xs, mib, bottom=bottom, label=name)
+                bottom = [b + m for b, m in zip(bottom, mib)]
+            ax.set_ylabel("MiB per rank (exact tensor bytes, at the peak)")
+        else:
+            points = ("init", "before_step", "after_step")
+            width = 0.8 / len(points)
+            for k, point in enumerate(points):
+                ax.bar([x + (k - 1) * width for x in xs], [by_variant[n]["cuda"][point] / 2**30 for n in names],
+                       width=width, label=point.replace("_", " "))
+            ax.set_ylabel("GiB per GPU (torch.cuda.max_memory_allocated)")
+        ax.set_xticks(list(xs), names, rotation=30, ha="right")
+        ax.set_title(f"memory per variant: {label}")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        fname = f"memory_{i}.png"
+        fig.savefig(os.path.join(out, fname), dpi=110)
+        plt.close(fig)
+        written.append(fname)
+    with open(os.path.join(out, "index.html"), "w") as f:
+        f.write("<!doctype html><meta charset='utf-8'><title>paracheck plots</title>"
+                "<h1>paracheck: the seeds' experiments</h1>\n")
+        for w in written:
+            f.write(f"<p><img src='{html.escape(w)}' alt='{html.escape(w)}'></p>\n")
+        if not written:
+            f.write("<p>No measurements found: run <code>asv run</code> or <code>paracheck bench --json</code>.</p>")
+    return written
+
+
+def _load_conf(path: str) -> dict:
+    from asv.util import load_json
+
+    return load_json(path, js_comments=True)
+
+
+def main(argv=None) -> int:
+    """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
+    vendoring fails, 2 on a usage error."""
+    p = argparse.ArgumentParser(prog="paracheck report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)")
+    p.add_argument("--html-dir", default=None, help="override the configuration's html_dir")
+    p.add_argument("--out", default=None, help="where the plots go (default <html_dir>/paracheck)")
+    p.add_argument("--from-json", action="append", default=[], help="a paracheck bench --json file (repeatable)")
+    p.add_argument("--no-publish", action="store_true", help="do not run asv publish (vendor and plot only)")
+    args = p.parse_args(argv)
+    if not os.path.exists(args.config):
+        print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
+        return 2
+    for path in args.from_json:
+        if not os.path.exists(path):
+            print(f"paracheck report: --from-json={path!r} does not exist", file=sys.stderr)
+            return 2
+    conf = _load_conf(args.config)
+    base = os.path.dirname(os.path.abspath(args.config))
+    html_dir = os.path.join(base, args.html_dir or conf.get("html_dir", "html"))
+    results_dir = os.path.join(base, conf.get("results_dir", "results"))
+    if not args.no_publish:
+        cmd = [sys.executable, "-m", "asv", "publish", "--config", os.path.abspath(args.config)]
+        if args.html_dir:
+            cmd += ["--html-dir", html_dir]
+        proc = subprocess.run(cmd, cwd=base, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"paracheck report: asv publish failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+    if os.path.exists(os.path.join(html_dir, "index.html")):
+        try:
+            replaced = vendorize(html_dir)
+        except VendorError as exc:
+            print(f"paracheck report: {exc}", file=sys.stderr)
+            return 1
+        print(f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/; "
+              f"view with `asv preview` or any static HTTP server)")
+    else:
+        print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
+    out = args.out or os.path.join(html_dir, "paracheck")
+    written = plot_all(collect(results_dir, args.from_json), out)
+    print(f"plots: {', '.join(written) or 'none (no measurements)'} in {out}")
+    return 0

@@ -1,0 +1,61 @@
+"""Every DDP mutant in ``paracheck.mutants`` is killed by the default check, the way it declares.
+
+The default check: ``check_target(..., world_sizes=(1, 2, 3, 4, 6), max_examples=40, seed=0)``
+on the session World. Examples needed to kill, on CPU/gloo with the ci seed (2026-11-22):
+
+    ddp-no-divide 2, ddp-vectors-not-averaged 9, ddp-last-bucket-never-reduced 3,
+    ddp-oversized-param-dropped 2, ddp-no-initial-broadcast 3, ddp-buffers-not-broadcast 8,
+    ddp-missing-wait 2, ddp-partial-copy-back 2, ddp-skip-none-grad 33 (hang),
+    ddp-accumulation-reduced-twice 3, ddp-hooks-registered-twice 6, ddp-flags-averaged 33
+
+A hanging mutant costs the hang timeout for its first failure and again for every shrink step
+that still hangs (about six minutes at a 10 s timeout): its full check is marked ``slow``; the
+default run replays its pinned shrunk case (``tests/regression/test_ddp_regressions.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from paracheck.check.property import check_target
+from paracheck.check.targets import Target, resolve_target
+from paracheck.mutants import MUTANTS
+
+_DDP = sorted(m.name for m in MUTANTS.values() if m.kind == "ddp")
+_FAST = [n for n in _DDP if MUTANTS[n].expect != "hang"]
+_HANGING = [n for n in _DDP if MUTANTS[n].expect == "hang"]
+
+
+def _kill(world, world_sizes, name, record_property):
+    m = MUTANTS[name]
+    target = Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket)
+    report = check_target(target, world, world_sizes=world_sizes, max_examples=40, seed=0)
+    assert not report.passed, f"{name} survived 40 examples: {m.bug}"
+    record_property("examples_to_kill", report.examples)
+    failure = report.failure
+    if m.expect == "diverge":
+        assert failure.divergence is not None, failure.describe()
+    else:
+        kind = {"hang": "hung", "raise": "raised"}[m.expect]
+        assert failure.error is not None and failure.error.kind == kind, failure.describe()
+    return report
+
+
+def test_catalogue_has_at_least_nine_ddp_mutants():
+    """The DDP catalogue holds the original no-divide mutant and at least eight more."""
+    assert "ddp-no-divide" in _DDP and len(_DDP) >= 9
+
+
+@pytest.mark.parametrize("name", _FAST)
+def test_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property):
+    """The default check kills the mutant with a shrunk counterexample of the declared kind."""
+    report = _kill(world, paracheck_world_sizes, name, record_property)
+    assert report.failure.case.world_size >= 2  # every DDP bug here needs communication to show
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _HANGING)
+def test_hanging_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property):
+    """The default check kills a hanging mutant as a hang, naming the ranks and the collective."""
+    report = _kill(world, paracheck_world_sizes, name, record_property)
+    assert any(f.kind == "hung" for f in report.failure.error.failures)

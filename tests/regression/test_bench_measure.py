@@ -1,0 +1,54 @@
+"""Pure pieces of the measuring code: bandwidth arithmetic, overlap intervals, variant lookup, asv skips."""
+
+import pytest
+
+from paracheck.bench._record import bus_factor
+from paracheck.bench.asvtools import require
+from paracheck.bench.comm import bus_bandwidth
+from paracheck.bench.overlap import hidden_time
+from paracheck.bench.variants import available_variants, variant_kind
+
+
+def test_bus_bandwidth_is_nccl_tests_formula():
+    """busbw = 2(W-1)/W x bytes / t: 1 GB in 1 s on 4 ranks is 1.5 GB/s; one rank moves nothing."""
+    assert bus_bandwidth(10**9, 1.0, 4) == pytest.approx(1.5e9, rel=1e-15)
+    assert bus_bandwidth(10**9, 2.0, 2) == pytest.approx(0.5e9, rel=1e-15)
+    assert bus_bandwidth(10**9, 1.0, 1) == 0.0
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0])
+def test_bus_bandwidth_refuses_non_positive_time(seconds):
+    """A time <= 0 is refused, naming the argument."""
+    with pytest.raises(ValueError, match="seconds"):
+        bus_bandwidth(1, seconds, 2)
+
+
+def test_ring_factors_make_reduce_scatter_plus_all_gather_one_all_reduce():
+    """(W-1)/W + (W-1)/W = 2(W-1)/W: ZeRO-1's two halves cost one all-reduce per byte."""
+    for w in (2, 3, 8):
+        assert bus_factor("reduce_scatter", w) + bus_factor("all_gather", w) == pytest.approx(bus_factor("all_reduce", w))
+    assert bus_factor("broadcast", 4) == 1.0 and bus_factor("barrier", 4) == 0.0
+
+
+def test_hidden_time_counts_only_covered_communication():
+    """Communication [0,10) under compute [2,4) and [3,6) and [8,20): covered 2..6 and 8..10, i.e. 6."""
+    assert hidden_time([(0, 10)], [(2, 4), (3, 6), (8, 20)]) == pytest.approx(6.0)
+    assert hidden_time([(0, 1), (5, 6)], [(1, 5)]) == 0.0
+    assert hidden_time([(0, 4)], [(-1, 9)]) == pytest.approx(4.0)
+
+
+def test_missing_variants_are_skipped_not_failed():
+    """A name that is neither a baseline nor an importable target is dropped from the benchmark grid."""
+    assert variant_kind("no-such-variant") is None
+    assert available_variants(["flat", "no-such-variant", "torch-ddp"]) == ("flat", "torch-ddp")
+
+
+def test_asv_setup_skips_what_was_not_measured():
+    """require() raises NotImplementedError (asv's skip) for a tier without hardware, a missing point, a failure."""
+    with pytest.raises(NotImplementedError, match="no CUDA"):
+        require({"skip": "no CUDA device"}, "x")
+    with pytest.raises(NotImplementedError, match="not available"):
+        require({"missing": {"cpu|zero9": "not available in this commit"}}, "cpu|zero9")
+    with pytest.raises(NotImplementedError, match="failed"):
+        require({"cpu|flat": {"error": "RuntimeError: boom"}}, "cpu|flat")
+    assert require({"cpu|flat": {"median": 1.0}}, "cpu|flat") == {"median": 1.0}

@@ -1,0 +1,98 @@
+"""The merge gate's rule (Note [The gate rule] in paracheck.bench.gate) and one real gate run
+that must catch a planted memory regression."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paracheck.bench.gate import exact_verdict, format_rows, timing_verdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_timing_within_threshold_passes_without_second_pass():
+    """A first-pass median ratio within 1 +- threshold is ok and needs no confirmation."""
+    assert timing_verdict([1.09, 0.95, 1.30, 1.02, 0.99], None, 0.10) == "ok"
+
+
+def test_timing_suspect_not_confirmed_passes():
+    """A slow first pass that the second, fresh pass does not repeat is noise, not a regression."""
+    assert timing_verdict([1.3, 1.4, 1.2], [1.05, 0.98, 1.01], 0.10) == "ok"
+
+
+def test_timing_confirmed_slowdown_fails():
+    """Both passes' median ratios above 1 + threshold: a regression."""
+    assert timing_verdict([1.26, 1.24, 1.31, 1.19, 1.25], [1.22, 1.27, 1.25, 1.3, 1.24], 0.10) == "REGRESSION"
+
+
+def test_timing_median_ignores_one_outlier_round():
+    """One disturbed round out of five does not make a pass suspect."""
+    assert timing_verdict([1.0, 1.01, 2.5, 0.99, 1.02], None, 0.10) == "ok"
+
+
+def test_timing_confirmed_speedup_is_reported_not_failed():
+    """Faster in both passes is reported as faster, never as a failure."""
+    assert timing_verdict([0.7, 0.75, 0.72], [0.74, 0.71, 0.73], 0.10) == "faster"
+
+
+def test_timing_suspect_without_second_pass_is_refused():
+    """The rule needs the second pass for a suspect: deciding on one pass is an error."""
+    with pytest.raises(ValueError, match="second pass"):
+        timing_verdict([1.5, 1.5, 1.5], None, 0.10)
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.1])
+def test_timing_threshold_must_be_positive(threshold):
+    """threshold <= 0 is refused with the argument named."""
+    with pytest.raises(ValueError, match="threshold"):
+        timing_verdict([1.0], None, threshold)
+
+
+def test_exact_increase_of_one_byte_fails():
+    """Exact quantities fail on any increase, however small."""
+    assert exact_verdict([1_000_000, 1_000_000], [1_000_001, 1_000_001]) == "REGRESSION"
+
+
+def test_exact_equal_and_smaller_pass():
+    """Equal is ok; smaller is reported as better."""
+    assert exact_verdict([10, 10], [10, 10]) == "ok"
+    assert exact_verdict([10, 10], [9, 9]) == "better"
+
+
+def test_exact_side_disagreeing_with_itself_is_unstable_not_gated():
+    """A quantity that differs between two readings of the same commit is not exact: a warning."""
+    assert exact_verdict([10, 12], [13, 13]) == "UNSTABLE"
+
+
+def test_table_shows_timings_and_changes_and_counts_the_rest():
+    """The default table lists every timing and every changed exact quantity, and counts the unchanged."""
+    from paracheck.bench.gate import GateRow
+
+    rows = [GateRow("flat", "step cpu time (ms)", 20.0, 25.0, "REGRESSION", "ratio: pass 1 x1.250"),
+            GateRow("flat", "collectives", 1, 1, "ok"), GateRow("flat", "peak_step_bytes", 10, 14, "REGRESSION")]
+    text = format_rows(rows)
+    assert "step cpu time" in text and "peak_step_bytes" in text and "| collectives |" not in text
+    assert "1 exact quantities unchanged" in text
+
+
+def _demo():
+    spec = importlib.util.spec_from_file_location("gate_demo", os.path.join(ROOT, "scripts", "gate_demo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository")
+def test_gate_catches_extra_gradient_buffer(tmp_path):
+    """paracheck gate exits 1 and names the peaks when head adds a full-size gradient buffer to FlatDDP."""
+    demo = _demo()
+    repo, shas = demo.build_repo(str(tmp_path), ("flat", "paracheck.ddp.flat", "FlatDDP"))
+    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--repo", repo, "--base", shas["base"],
+                           "--head", shas["fatter"], "--variants", "flat", "--rounds", "1", "--steps", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for q in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"):
+        assert any(q in line and "REGRESSION" in line for line in proc.stdout.splitlines()), proc.stdout
