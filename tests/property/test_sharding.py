@@ -25,8 +25,8 @@ def _target(name, properties=None):
 
 
 def _check(world, sizes, target, max_examples=40):
-    report = check_target(target, world, world_sizes=sizes, max_examples=max_examples, seed=0,
-                          strategy=sharding_cases(max_world_size=max(sizes)))
+    # The default strategy for these kinds is paracheck.strategies._sharding.sharding_cases.
+    report = check_target(target, world, world_sizes=sizes, max_examples=max_examples, seed=0)
     if not report.passed:
         f = report.failure
         pytest.fail(f"{target.name}: {f.describe()}\nreplay: {replay_command(target, f.case)}", pytrace=False)
@@ -123,7 +123,7 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
     """A consolidated state dict saved after training at world size a, loaded at world size b, round-trips
     bit for bit and steps exactly like a plain torch optimizer loaded with the same dict."""
     sizes = paracheck_world_sizes
-    case = data.draw(sharding_cases(max_world_size=max(sizes)))
+    case = data.draw(sharding_cases(world_sizes=sizes))
     a, b = data.draw(st.sampled_from(sizes)), data.draw(st.sampled_from(sizes))
     case = case.with_world_size(a)
     target = resolve_target(name)
@@ -201,6 +201,47 @@ def test_sharded_single_process_equals_wrapped_optimizer_with_user_class_and_sch
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert [g["lr"] for g in sharded.param_groups] == [g["lr"] for g in plain.param_groups] == [0.00125, 0.0025]
     assert sharded.param_groups[1]["betas"] == (0.8, 0.99) and sharded.param_groups[1]["eps"] == 1e-8
+
+
+def _user_model_and_grads():
+    g = torch.Generator().manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1, bias=False)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
+    grads = [[torch.randn(p.shape, generator=g, dtype=torch.float64) for p in model.parameters()] for _ in range(3)]
+    return model, grads
+
+
+def user_optimizer_job(payload):
+    """Rank job: ShardedOptimizer over HalvingSGD, the same gradients on every rank, three steps."""
+    from paracheck.zero import ShardedOptimizer
+
+    model, grads = _user_model_and_grads()
+    opt = ShardedOptimizer(model.parameters(), HalvingSGD, lr=0.3)
+    for step_grads in grads:
+        for p, g in zip(model.parameters(), step_grads):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], opt.state_dict()["state"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 6])
+def test_sharded_steps_a_user_defined_optimizer_like_one_process(world, world_size):
+    """On several ranks, ShardedOptimizer over a user-defined class (with per-tensor state) equals that
+    class stepped in one process on the same gradients, bit for bit, state included."""
+    model, grads = _user_model_and_grads()
+    plain = HalvingSGD(model.parameters(), lr=0.3)
+    for step_grads in grads:
+        for p, g in zip(model.parameters(), step_grads):
+            p.grad = g.clone()
+        plain.step()
+    expected = [p.detach() for p in model.parameters()]
+    expected_state = plain.state_dict()["state"]
+    for params, state in world.run(f"{__name__}:user_optimizer_job", None, world_size=world_size):
+        assert all(torch.equal(a, b) for a, b in zip(params, expected))
+        assert state.keys() == expected_state.keys()
+        assert all(torch.equal(state[i]["scale"], expected_state[i]["scale"]) for i in state)
 
 
 def test_zero1_errors_name_argument_value_and_rule():

@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 __all__ = [
-    "MemoryBreakdown", "StateModel", "flat_state_bytes", "measured_state_bytes", "sharded_state_bytes",
+    "DESIGNS", "MemoryBreakdown", "StateModel", "flat_state_bytes", "measured_state_bytes", "sharded_state_bytes",
     "state_model", "training_memory",
 ]
 
@@ -88,9 +88,9 @@ def measured_state_bytes(state: Mapping) -> int:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes one rank holds for a training step, by role. ``comm`` counts communication buffers
-    that live across the step (torch DDP's buckets) or transiently at the sync (FlatDDP's flat
-    copy); activations and allocator slack are the measured rest."""
+    """Bytes one rank holds across a training step, by role. ``comm`` counts communication buffers
+    that live across the step (torch DDP's buckets, presence flags); activations, temporaries and
+    allocator slack are the measured rest."""
 
     params: int
     grads: int
@@ -106,56 +106,58 @@ class MemoryBreakdown:
         return self.static + self.comm
 
 
-_DESIGNS = ("ddp-flat", "torch-ddp", "sharded", "zero1", "torch-zero")
+DESIGNS = ("ddp", "sharded", "zero1", "torch-ddp", "torch-zero")
 
 
 def training_memory(design: str, numels: Sequence[int], element_size: int, world_size: int, *, rank: int,
                     model: StateModel, bucket_numel: int | None = None) -> MemoryBreakdown:
-    """Analytic bytes on ``rank`` after a step of ``design`` over trainable parameters ``numels``
-    (every parameter stepped, one group, one dtype):
+    """Analytic bytes ``rank`` holds after a step of ``design`` over trainable parameters ``numels``
+    (every parameter stepped, one group, one dtype and device):
 
-    * ``ddp-flat``: paracheck FlatDDP + plain optimizer: comm = the flat copy of all gradients
-      plus one flag per parameter (transient, at the sync);
-    * ``torch-ddp``: torch DistributedDataParallel (buckets not aliased with ``.grad``): comm = P;
-    * ``sharded``: FlatDDP + ``ShardedOptimizer``: state of the parameters ``partition_by_size``
-      gives ``rank``;
-    * ``zero1``: ``Zero1``: parameters in padded flat buckets, gradients = the padded bucket
-      buffers plus this rank's shard of them, state of this rank's pieces;
-    * ``torch-zero``: torch DDP + ``ZeroRedundancyOptimizer``: its partition (greedy by numel,
-      largest first) decides the state, comm = P.
+    * ``ddp``: paracheck ``BucketedDDP`` + the optimizer: gradients are views into the buckets,
+      which also hold one presence flag per parameter (grads = P + n * e);
+    * ``sharded``: ``BucketedDDP`` + ``ShardedOptimizer``: state of the parameters
+      ``partition_by_size`` gives ``rank``;
+    * ``zero1``: ``Zero1``: parameters in padded flat buckets (P'), gradients = the padded bucket
+      buffers plus this rank's chunk of them (P' + P'/W), state of this rank's pieces, comm = the
+      presence flags (n * e);
+    * ``torch-ddp``: torch ``DistributedDataParallel`` at its defaults: bucket buffers separate from
+      ``.grad`` (``gradient_as_bucket_view=False``), comm = P;
+    * ``torch-zero``: torch DDP + ``ZeroRedundancyOptimizer``: state by torch's partition (greedy by
+      numel, largest first), comm = P.
     """
     from paracheck.zero.partition import flat_layout, partition_by_size
 
-    if design not in _DESIGNS:
-        raise ValueError(f"design={design!r} must be one of {_DESIGNS}")
+    if design not in DESIGNS:
+        raise ValueError(f"design={design!r} must be one of {DESIGNS}")
     e = element_size
     n = list(numels)
     P = sum(n) * e
-    all_idx = range(len(n))
+    everything = range(len(n))
+    models = [model] * len(n)
+    sizes = [e] * len(n)
     full_state = sum(model.bytes(k, e) for k in n)
-    if design == "ddp-flat":
-        return MemoryBreakdown(P, P, full_state, P + len(n) * e)
+    if design == "ddp":
+        return MemoryBreakdown(P, P + len(n) * e, full_state, 0)
     if design == "torch-ddp":
         return MemoryBreakdown(P, P, full_state, P)
     if design == "sharded":
-        part = partition_by_size([k * e for k in n], world_size)
-        state = sharded_state_bytes(part.owners, rank, numels=n, element_sizes=[e] * len(n),
-                                    models=[model] * len(n), stateful=all_idx)
-        return MemoryBreakdown(P, P, state, P + len(n) * e)
+        owners = partition_by_size([k * e for k in n], world_size).owners
+        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything)
+        return MemoryBreakdown(P, P + len(n) * e, state, 0)
     if design == "torch-zero":
-        # torch's ZeroRedundancyOptimizer: per group, sorted by numel (stable), onto min total numel.
+        # torch's ZeroRedundancyOptimizer: sorted by numel (stable), each onto the least total numel.
         loads = [0] * world_size
         owners = [0] * len(n)
-        for i in sorted(all_idx, key=lambda j: -n[j]):
+        for i in sorted(everything, key=lambda j: -n[j]):
             r = min(range(world_size), key=lambda q: (loads[q], q))
             owners[i] = r
             loads[r] += n[i]
-        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=[e] * len(n),
-                                    models=[model] * len(n), stateful=all_idx)
+        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything)
         return MemoryBreakdown(P, P, state, P)
     if bucket_numel is None:
         raise ValueError("design='zero1' needs bucket_numel")
     layout = flat_layout(n, world_size, bucket_numel=bucket_numel)
     padded = layout.padded_numel * e
-    state = flat_state_bytes(layout.pieces(rank), element_size=e, models=[model] * len(n), stateful=all_idx)
-    return MemoryBreakdown(padded, padded + padded // world_size, state, 0)
+    state = flat_state_bytes(layout.pieces(rank), element_size=e, models=models, stateful=everything)
+    return MemoryBreakdown(padded, padded + padded // world_size, state, len(n) * e)

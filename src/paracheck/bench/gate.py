@@ -27,8 +27,9 @@ Note [The gate rule]
       machine; ``--timing`` overrides either). For each round the ratio head/base; a pass's
       estimate is the median of its ``rounds`` ratios. A timing whose
       estimate exceeds ``1 + threshold`` (default 0.10) is only *suspect*; it is measured again
-      in a second interleaved pass by freshly started workers and ranks, and FAILS only if the
-      second estimate exceeds ``1 + threshold`` too. Below ``1 - threshold`` twice is reported as faster, never a failure.
+      in a second interleaved pass of ``confirm_rounds`` rounds (default twice ``rounds``: only
+      the suspects are re-measured, so a longer, steadier pass is cheap) by freshly started
+      workers and ranks, and FAILS only if the second estimate exceeds ``1 + threshold`` too. Below ``1 - threshold`` twice is reported as faster, never a failure.
     * Exit 1 when something FAILS (a table says what), 0 otherwise, 2 when the gate cannot
       measure (an unknown ref, a commit without ``paracheck.bench``, a rank that raised).
 """
@@ -188,6 +189,7 @@ class _Config:
     world_size: int = 2
     variants: tuple[str, ...] | None = None
     rounds: int = 5
+    confirm_rounds: int | None = None  # None: 2 * rounds
     threshold: float = 0.10
     steps: int = 8
     warmup: int = 2
@@ -215,12 +217,12 @@ def _say(cfg: _Config, text: str) -> None:
     print(text, file=cfg.log, flush=True)
 
 
-def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> dict[str, list[float]]:
-    """One interleaved pass; returns per-variant head/base ratios; appends each job's reading to
-    ``readings[(variant, side)]`` and fills ``exact`` readings when given."""
+def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict, rounds: int) -> dict[str, list[float]]:
+    """One interleaved pass of ``rounds`` rounds; returns per-variant head/base ratios; appends
+    each job's reading to ``readings[(variant, side)]`` and fills ``exact`` readings when given."""
     estimator = "cpu_min" if cfg.timing == "cpu" else "min"
     ratios: dict[str, list[float]] = {v: [] for v in variants}
-    for r in range(cfg.rounds):
+    for r in range(rounds):
         order = sides if r % 2 == 0 else sides[::-1]
         for v in variants:
             value = {}
@@ -228,17 +230,17 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, readings: dict) -> di
                 res = side.request({"cmd": "time", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
                 value[side.label] = res[estimator]
                 readings.setdefault((v, side.label), []).append(res[estimator])
-                if exact is not None and r in (0, cfg.rounds - 1):
+                if exact is not None and r in (0, rounds - 1):
                     for k, reading in res["cuda_memory"].items():
                         exact.setdefault((v, f"cuda_{k}", side.label), []).append(reading)
             ratios[v].append(value["head"] / value["base"])
-        if exact is not None and r in (0, cfg.rounds - 1):
+        if exact is not None and r in (0, rounds - 1):
             for v in variants:
                 for side in order:
                     res = side.request({"cmd": "account", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
                     for q in EXACT_QUANTITIES:
                         exact.setdefault((v, q, side.label), []).append(res[q])
-        _say(cfg, f"  round {r + 1}/{cfg.rounds}: " + ", ".join(f"{v} {ratios[v][-1]:.3f}" for v in variants))
+        _say(cfg, f"  round {r + 1}/{rounds}: " + ", ".join(f"{v} {ratios[v][-1]:.3f}" for v in variants))
     return ratios
 
 
@@ -291,7 +293,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
         _say(cfg, "pass 1 (head/base step-time ratio per round):")
         exact: dict = {}
         readings: dict = {}
-        first = _timing_pass(cfg, sides, variants, exact, readings)
+        first = _timing_pass(cfg, sides, variants, exact, readings, cfg.rounds)
         suspects = [v for v in variants if abs(statistics.median(first[v]) - 1) > cfg.threshold]
         second: dict[str, list[float]] = {}
         if suspects:
@@ -303,7 +305,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
             sides = []
             _say(cfg, f"pass 2, fresh workers, re-measuring the suspects {', '.join(suspects)}:")
             sides = _start_sides(cfg, trees)
-            second = _timing_pass(cfg, sides, suspects, None, readings)
+            second = _timing_pass(cfg, sides, suspects, None, readings, cfg.confirm_rounds or 2 * cfg.rounds)
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
             m1 = statistics.median(first[v])
@@ -321,7 +323,8 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
                                 "" if len(set(b + h)) == 1 else f"base {sorted(set(b))}, head {sorted(set(h))}"))
         record = {"base": {"ref": cfg.base, "sha": shas["base"]}, "head": {"ref": cfg.head, "sha": shas["head"]},
                   "device": cfg.device, "world_size": cfg.world_size, "threshold": cfg.threshold,
-                  "rounds": cfg.rounds, "timing": cfg.timing, "first_pass": first, "second_pass": second,
+                  "rounds": cfg.rounds, "confirm_rounds": cfg.confirm_rounds or 2 * cfg.rounds, "timing": cfg.timing,
+                  "first_pass": first, "second_pass": second,
                   "rows": [r.__dict__ for r in rows]}
         return rows, record
     finally:
@@ -366,7 +369,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on CPU or NCCL on GPUs")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--variants", default=None, help="comma-separated variants (default: all on both sides)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per pass (default 5)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the first pass (default 5)")
+    p.add_argument("--confirm-rounds", type=int, default=None,
+                   help="rounds of the second pass, which re-measures only the suspects (default 2 x rounds)")
     p.add_argument("--threshold", type=float, default=0.10, help="relative step-time threshold (default 0.10)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per job (default 8)")
     p.add_argument("--timing", choices=("cpu", "wall"), default=None,
@@ -383,8 +388,8 @@ def main(argv=None) -> int:
     """``paracheck gate``: 0 when nothing regressed, 1 on a regression (table on stdout), 2 when
     the gate cannot measure."""
     args = _parser().parse_args(argv)
-    for name in ("world_size", "rounds", "steps"):
-        if getattr(args, name) < 1:
+    for name in ("world_size", "rounds", "steps", "confirm_rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             print(f"paracheck gate: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1", file=sys.stderr)
             return 2
     if not args.threshold > 0:
@@ -394,7 +399,7 @@ def main(argv=None) -> int:
     cfg = _Config(repo=os.path.abspath(args.repo), base=args.base, head=args.head, device=args.device,
                   world_size=args.world_size,
                   variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()) if args.variants else None,
-                  rounds=args.rounds, threshold=args.threshold, steps=args.steps,
+                  rounds=args.rounds, confirm_rounds=args.confirm_rounds, threshold=args.threshold, steps=args.steps,
                   bucket_mb=args.bucket_mb if args.bucket_mb is not None else (25.0 if cuda else 1.0),
                   model=args.model or ("small" if cuda else "gate"), timeout=args.timeout,
                   timing=args.timing or ("wall" if cuda else "cpu"),

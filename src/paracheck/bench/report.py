@@ -114,6 +114,18 @@ def _unquote(p: str):
         return p
 
 
+def _model_name(model: dict) -> str:
+    """The suite's name of an LM spec dict (``cpu``, ``xl``, ...), else its shape."""
+    from dataclasses import asdict
+
+    from paracheck.bench.suites import CPU_MODELS, GPU_SIZES, model_for
+
+    for name in (*CPU_MODELS, *GPU_SIZES, "2.7B"):
+        if asdict(model_for(name)) == model:
+            return name
+    return f"d{model['d_model']}x{model['num_layers']}"
+
+
 def collect(results_dir: str | None, json_files) -> dict:
     """Series for the plots: ``allreduce`` [(backend, W, MB, busbw GB/s)], ``bucket``
     [(variant, MB, step ms)], ``memory`` [(label, variant, dict)]."""
@@ -125,12 +137,12 @@ def collect(results_dir: str | None, json_files) -> dict:
         for r in rec.get("allreduce", []):
             data["allreduce"].append((f"{r['backend']} {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
         for r in rec.get("bucket", []):
-            data["bucket"].append((f"{r['spec']['variant']} ({where})", r["spec"]["bucket_mb"], r["median"] * 1e3))
+            data["bucket"].append((f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM ({where})",
+                                   r["spec"]["bucket_mb"], r["median"] * 1e3))
         for r in rec.get("step", []):
             if "error" in r:
                 continue
-            size = r["spec"]["model"]
-            label = f"d{size['d_model']}x{size['num_layers']} {where}"
+            label = f"{_model_name(r['spec']['model'])} LM, {where}"
             entry = dict(r.get("account") or {})
             if r.get("cuda_memory"):
                 entry["cuda"] = r["cuda_memory"]
@@ -144,8 +156,9 @@ def collect(results_dir: str | None, json_files) -> dict:
         for (w, mb), bw in v.get("gpu.allreduce.AllReduce.track_busbw", {}).items():
             data["allreduce"].append((f"nccl asv:{run['machine']}", int(_unquote(w)), _unquote(mb), bw))
         for tier in ("cpu", "gpu"):
+            model = "cpu" if tier == "cpu" else "xl"
             for (var, mb), t in v.get(f"{tier}.bucket.BucketSweep.track_wall", {}).items():
-                data["bucket"].append((f"{_unquote(var)} ({tier} asv:{run['machine']})", _unquote(mb), t * 1e3))
+                data["bucket"].append((f"{_unquote(var)}, {model} LM (asv:{run['machine']})", _unquote(mb), t * 1e3))
         mem = {}
         for q, field in (("track_tensor_params", "param_bytes"), ("track_tensor_grads", "grad_bytes"),
                          ("track_optimizer_state", "optimizer_state_bytes"),
@@ -156,7 +169,7 @@ def collect(results_dir: str | None, json_files) -> dict:
         for var, entry in mem.items():
             if {"param_bytes", "grad_bytes", "optimizer_state_bytes"} <= entry.keys():
                 entry["peak_bytes"] = max(entry.get(k, 0) for k in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"))
-                data["memory"].append((f"cpu asv:{run['machine']}", var, entry))
+                data["memory"].append((f"cpu LM, asv:{run['machine']}", var, entry))
     return data
 
 

@@ -309,7 +309,6 @@ def check_sharding_properties(case: Case, traj, ranks: list[dict], kind: str, pr
     if not props & {"memory", "balance", "traffic"}:
         return None
     params = _case_params(case)
-    W = case.world_size
     esize = [p.element_size() for p in params]
     nbytes = [p.numel() * p.element_size() for p in params]
     options, added = _group_of(case, params)

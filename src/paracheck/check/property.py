@@ -58,13 +58,19 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     """
     from paracheck.strategies import cases
 
-    if strategy is None:
-        strategy = cases(min_world_size=1, max_world_size=max(world_sizes), dtype=dtype)
     sizes = tuple(sorted(set(world_sizes)))
-    # The world size is drawn first: drawn after a whole case, Hypothesis left it at its simplest
-    # value (world size 1, no communication at all) in 21 of 40 derandomised examples; first, it
-    # is spread over the sizes and still shrinks first, toward the fewest ranks.
-    strategy = st.tuples(st.sampled_from(sizes), strategy).map(lambda t: t[1].with_world_size(t[0]))
+    if strategy is None:
+        # cases() draws the world size first, from `sizes`: spread over the sizes, shrinking first
+        # toward the fewest ranks, and no overridden draws (which made duplicate examples).
+        default = cases
+        if target.kind in ("sharded", "zero"):
+            # More parameter groups and late add_param_group calls (paracheck.strategies._sharding).
+            from paracheck.strategies._sharding import sharding_cases as default
+        strategy = default(world_sizes=sizes, dtype=dtype)
+    else:
+        # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
+        # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
+        strategy = st.tuples(st.sampled_from(sizes), strategy).map(lambda t: t[1].with_world_size(t[0]))
     state = {"n": 0, "first_fail_at": None, "last": None, "worst": 0.0}
     t0 = time.monotonic()
 

@@ -68,13 +68,13 @@ class BucketedDDP(DDPBase):
         params = self.trainable
         self.plan = self.planner([p.numel() for p in params], [p.element_size() for p in params],
                                  bucket_size_mb=self.bucket_size_mb, keys=[(p.dtype, p.device) for p in params])
-        self._buffers: list[torch.Tensor] = []
+        self._bucket_buffers: list[torch.Tensor] = []
         self._views: list[torch.Tensor | None] = [None] * len(params)
         self._bucket_of = [0] * len(params)
         for k, b in enumerate(self.plan.buckets):
             ref = params[b.params[0]]
             buf = torch.zeros(b.numel + len(b.params), dtype=ref.dtype, device=ref.device)
-            self._buffers.append(buf)
+            self._bucket_buffers.append(buf)
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
@@ -99,7 +99,7 @@ class BucketedDDP(DDPBase):
     def _attach_views(self) -> None:
         for k, b in enumerate(self.plan.buckets):
             if all(self.trainable[i].grad is None for i in b.params):
-                self._buffers[k].zero_()  # one memset for the common case after zero_grad()
+                self._bucket_buffers[k].zero_()  # one memset for the common case after zero_grad()
                 for i in b.params:
                     self.trainable[i].grad = self._views[i]
                     self._present[i] = False
@@ -134,11 +134,11 @@ class BucketedDDP(DDPBase):
         self._ready[i] = True
         k = self._bucket_of[i]
         self._pending[k] -= 1
-        while self._next < len(self._buffers) and self._pending[self._next] == 0:
+        while self._next < len(self._bucket_buffers) and self._pending[self._next] == 0:
             self._launch(self._next)
 
     def _launch(self, k: int) -> None:
-        b, buf = self.plan.buckets[k], self._buffers[k]
+        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
         for i in b.params:
             if not self._ready[i]:
                 self._adopt(i)  # no hook this window: whatever local gradient there is, or zeros
@@ -154,20 +154,20 @@ class BucketedDDP(DDPBase):
     def _reduce(self, k: int):
         if self.world_size == 1:
             return None
-        return dist.all_reduce(self._buffers[k], group=self.process_group, async_op=True)
+        return dist.all_reduce(self._bucket_buffers[k], group=self.process_group, async_op=True)
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled:
             return
-        while self._next < len(self._buffers):
+        while self._next < len(self._bucket_buffers):
             self._launch(self._next)
-        for k in range(len(self._buffers)):
+        for k in range(len(self._bucket_buffers)):
             self._settle(k)
         self._reset_window()
 
     def _settle(self, k: int) -> None:
         """Wait for bucket k's all-reduce, average in place, apply its presence flags."""
-        b, buf = self.plan.buckets[k], self._buffers[k]
+        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
         if self._works[k] is not None:
             self._works[k].wait()
         if self.world_size > 1:

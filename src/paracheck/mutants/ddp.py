@@ -19,6 +19,7 @@ __all__ = [
     "NoDivideDDP", "VectorsNotAveragedDDP", "LastBucketNeverReducedDDP", "OversizedParamDroppedDDP",
     "NoInitialBroadcastDDP", "BuffersNotBroadcastDDP", "MissingWaitDDP", "PartialCopyBackDDP",
     "SkipNoneGradDDP", "StaleAccumulatorDDP", "HooksRegisteredTwiceDDP", "FlagsAveragedDDP",
+    "PresenceLostUnderNoSyncDDP",
 ]
 
 
@@ -216,7 +217,7 @@ class FlagsAveragedDDP(BucketedDDP):
     gradient on the ranks that did not use it."""
 
     def _settle(self, k: int) -> None:
-        b, buf = self.plan.buckets[k], self._buffers[k]
+        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
         if self._works[k] is not None:
             self._works[k].wait()
         if self.world_size > 1:
@@ -229,3 +230,16 @@ class FlagsAveragedDDP(BucketedDDP):
                 self._present[i] = False
             else:
                 self._present[i] = True
+
+
+class PresenceLostUnderNoSyncDDP(BucketedDDP):
+    """BucketedDDP whose hooks inside ``no_sync()`` adopt the gradient into its bucket slot but do
+    not record that it exists: a parameter whose gradient comes only from no_sync micro-steps
+    counts as absent, and where no rank used it in the synchronising micro-step its accumulated
+    gradient is dropped (set to None)."""
+
+    def _grad_ready(self, i: int) -> None:
+        if not self._sync_enabled:
+            self._adopt(i)  # BUG: self._present[i] = True forgotten on this path
+            return
+        super()._grad_ready(i)

@@ -42,8 +42,13 @@ class BroadcastFromRankZero(ShardedOptimizer):
 class LateGroupNotStepped(ShardedOptimizer):
     """A group added after construction is partitioned, but no rank's wrapped optimizer gets it."""
 
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self._constructed = False
+        super().__init__(params, optimizer_cls, **kwargs)
+        self._constructed = True
+
     def add_param_group(self, param_group: dict) -> None:
-        if self.local_optimizer is None:
+        if not self._constructed:
             return super().add_param_group(param_group)
         torch.optim.Optimizer.add_param_group(self, param_group)
         params = self.param_groups[-1]["params"]

@@ -151,8 +151,8 @@ class Zero1:
         self._where = [None] * len(self.trainable)
         with torch.no_grad():
             for b, bucket in enumerate(self.layout.buckets):
-                # Bucket by bucket, so the originals of one bucket are freed before the next is
-                # allocated: the construction peak is the model plus one bucket, not twice the model.
+                # Bucket by bucket: re-pointing p.data frees each original before the next bucket
+                # is allocated, so the parameters never exist twice (plus one bucket at most).
                 flat = torch.zeros(bucket.padded, **kw)
                 for i, off in zip(bucket.params, bucket.offsets):
                     p = self.trainable[i]
