@@ -1,7 +1,8 @@
 """``paracheck``: check data-parallel implementations against the single-process oracle.
 
     paracheck check [TARGET ...] [--world-sizes 1,2,4] [--max-examples N] [--seed N]
-                    [--backend gloo|nccl] [--timeout S] [--kind ddp|sharded] [--case JSON]
+                    [--backend gloo|nccl] [--timeout S] [--kind ddp|sharded|zero] [--case JSON]
+                    [--properties equivalence,state,memory,balance,traffic]
     paracheck selftest [--profile ci|dev] [--only NAME ...]
     paracheck bench | memory | gate | report ...   (speed and memory tracking)
 
@@ -58,12 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
     c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     c.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as hung")
-    c.add_argument("--kind", choices=["ddp", "sharded"], default=None, help="interface of an import-path target")
+    c.add_argument("--kind", choices=["ddp", "sharded", "zero"], default=None, help="interface of an import-path target")
     c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
     c.add_argument("--dtype", default=None, choices=["float64", "float32"],
                    help="dtype of the target's computation (default float64; the oracle is always float64)")
     c.add_argument("--case", default=None, help="replay exactly this case (JSON from a failure report)")
-    c.add_argument("--properties", default=None, help="comma-separated subset of properties to check")
+    c.add_argument("--properties", default=None,
+                   help="sharding targets: comma-separated subset of equivalence,state,memory,balance,traffic")
     c.add_argument("--database", default=".paracheck/examples",
                    help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)")
     c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
@@ -101,6 +103,20 @@ def cmd_check(args) -> int:
         targets = [resolve_target(n, args.kind) for n in names]
     except TargetError as exc:
         raise UsageError(str(exc)) from None
+    if args.properties is not None:
+        import dataclasses
+
+        from paracheck.check._rank_zero import resolve_properties
+
+        chosen = frozenset(p.strip() for p in args.properties.split(",") if p.strip())
+        try:
+            resolve_properties(chosen)
+        except ValueError as exc:
+            raise UsageError(f"--properties={args.properties!r}: {exc}") from None
+        if any(t.kind == "ddp" for t in targets):
+            print("paracheck: warning: --properties applies to sharding targets only; DDP targets run every property",
+                  file=sys.stderr)
+        targets = [dataclasses.replace(t, properties=chosen) if t.kind != "ddp" else t for t in targets]
     case = None
     if args.case:
         from paracheck.cases import Case
@@ -154,7 +170,13 @@ def cmd_check(args) -> int:
 def _print_failure(target, result, backend, *, examples, notes=()):
     from paracheck.check.property import replay_command
 
-    print(f"  {target.name} does not equal the oracle (failing case found after {examples} case(s)).")
+    d = result.divergence
+    if d is not None and d.what in ("memory", "balance", "traffic"):
+        print(f"  {target.name} breaks the {d.what} property (failing case found after {examples} case(s)).")
+    elif result.error is not None:
+        print(f"  {target.name} failed on the ranks: {result.error.kind} (failing case found after {examples} case(s)).")
+    else:
+        print(f"  {target.name} does not equal the oracle (failing case found after {examples} case(s)).")
     for n in notes:
         print(f"  note: {n}")
     print("  shrunk case:")

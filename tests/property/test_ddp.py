@@ -40,7 +40,7 @@ def test_torch_ddp_matches_oracle(paracheck_check):
 # -- in process: layout and protocol ---------------------------------------------------------
 
 def _bucket_storage(ddp: BucketedDDP) -> set[int]:
-    return {buf.untyped_storage().data_ptr() for buf in ddp._buffers}
+    return {buf.untyped_storage().data_ptr() for buf in ddp._bucket_buffers}
 
 
 def grads_are_bucket_views(ddp) -> bool:

@@ -49,7 +49,7 @@ PINNED: dict[str, Case] = {
     "ddp-hooks-registered-twice": _shrunk(model={"tied": True}),
     "ddp-flags-averaged": _shrunk(model={"unused": "data"}, world_size=3, batch_sizes=(1, 1, 1)),
     # The branch runs in micro-step 0 (inside no_sync()) only: its gradient exists by accumulation.
-    "ddp-presence-lost-under-no-sync": _shrunk(model={"widths": (1, 1), "tied": True, "unused": "data"},
+    "ddp-presence-from-hooks": _shrunk(model={"widths": (1, 1), "tied": True, "unused": "data"},
                                                world_size=1, batch_sizes=(1,), accumulation=2, no_sync=True, seed=1),
 }
 
@@ -97,7 +97,7 @@ def test_corner_seeds_still_select_their_branch_pattern():
     assert _branch_use(CORNERS["branch-only-inside-no-sync"]) == [[[True, False], [False, False]],
                                                                   [[False, False], [False, False]]]
     assert _branch_use(CORNERS["branch-alternating-micro-steps"]) == [[[True, False], [False, True]]]
-    assert _branch_use(PINNED["ddp-presence-lost-under-no-sync"]) == [[[True], [False]]]
+    assert _branch_use(PINNED["ddp-presence-from-hooks"]) == [[[True], [False]]]
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))

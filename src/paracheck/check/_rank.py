@@ -57,6 +57,10 @@ def run_ddp(payload: dict) -> dict:
     for step in range(case.steps):
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
+        # Parameters of a group not added yet are not the optimizer's to reset; the oracle starts
+        # every step from no gradient for them too (a late group added at step k >= 2 would
+        # otherwise carry k steps of accumulated gradient).
+        model.zero_grad(set_to_none=case.set_to_none)
         if on_batch_start is not None:
             on_batch_start()
         for micro in range(case.accumulation):

@@ -6,7 +6,12 @@ A target is ``(kind, import path)``. Kinds:
   ``Class(module, bucket_size_mb)``, ``forward``, ``finish_gradient_synchronization()``, and
   optionally ``on_train_batch_start()`` and ``no_sync()``;
 * ``sharded``: an optimizer ``Class(params, optimizer_cls, **kwargs)`` (CS336 ShardedOptimizer);
-  gradients are synchronised by paracheck's FlatDDP before its ``step()``.
+  gradients are synchronised by paracheck's FlatDDP before its ``step()``;
+* ``zero``: a ZeRO wrapper ``Class(module, optimizer_cls, *, params, bucket_size_mb, **kwargs)``
+  that synchronises gradients itself (``paracheck.zero.Zero1``).
+
+The sharding kinds' properties, and how a target selects a subset (``Target.properties``), are in
+``paracheck.check._rank_zero``.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ def _infer_kind(cls, path: str) -> tuple[str, bool]:
                   if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     import torch
 
+    if len(names) >= 2 and names[0] == "module" and names[1] in ("optimizer_cls", "optimizer_class"):
+        return "zero", False  # Class(module, optimizer_cls, ...): a ZeRO wrapper (paracheck.zero.Zero1)
     if issubclass(cls, torch.optim.Optimizer) or (len(names) >= 2 and names[1] in ("optimizer_cls", "optimizer_class")):
         return "sharded", False
     if hasattr(cls, "finish_gradient_synchronization"):
@@ -111,8 +118,8 @@ def resolve_target(name: str, kind: str | None = None) -> Target:
     cls = load_object(name)
     inferred, bucket = _infer_kind(cls, name) if kind is None else (kind, False)
     if kind is not None:
-        if kind not in ("ddp", "sharded"):
-            raise TargetError(f"kind={kind!r} must be 'ddp' or 'sharded'")
+        if kind not in ("ddp", "sharded", "zero"):
+            raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
         if kind == "ddp":
             bucket = "bucket_size_mb" in inspect.signature(cls.__init__).parameters
     return Target(name, name, inferred, bucket)

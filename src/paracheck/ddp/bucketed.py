@@ -1,18 +1,21 @@
 """BucketedDDP: gradients live in flat bucket buffers; one asynchronous all-reduce per bucket,
 launched from backward as soon as the bucket is complete. Diff with OverlappedDDP: the unit of the
 launch plan is a bucket of parameters (``paracheck.ddp.plan``) instead of one parameter, and each
-``.grad`` is a view into its bucket, so backward accumulates straight into the buffer that is
-reduced: no copy in, no copy out, no per-parameter collective.
+``.grad`` is a view into its bucket, so the buffer that is reduced *is* the gradient: no copy out,
+no per-parameter collective.
 
 Note [Gradients as bucket views]
-    ``p.grad`` is set to a view of its bucket's buffer before backward (in ``forward()``), so
-    autograd's AccumulateGrad adds into the buffer in place. ``zero_grad(set_to_none=True)`` drops
-    the views; the next ``forward()`` re-attaches them (zeroing the slots), lazily. A gradient that
-    is not the view when it matters (backward through ``self.module`` directly, ``zero_grad`` between
-    forward and backward, a ``.grad`` assigned by hand) is copied into its slot and the view put
-    back: correct, one copy slower. Attaching a zeroed view must not make a parameter look as if
-    it had a gradient, so the wrapper keeps a logical "has a local gradient" bit per parameter
-    (``_present``), which is what the presence flags carry.
+    Once a parameter's gradient has been produced, ``p.grad`` is a view of its slot in the bucket
+    buffer: later backward passes (accumulation, ``no_sync()``, ``zero_grad(set_to_none=False)``)
+    add into the buffer in place, and the averaged result is read by the optimizer where it lies.
+    ``zero_grad(set_to_none=True)`` drops the views; they are re-attached lazily, in the hook of the
+    parameter's next gradient: autograd has then just *stolen* the freshly computed gradient into
+    ``p.grad`` (no copy, no zeroing), and one copy puts it in its slot. That is cheaper than
+    attaching zeroed views before backward, which costs a memset of the buffer plus an in-place
+    add (read, read, write) instead of a copy (read, write): on one CPU core, 64 MB, 5.0 ms
+    against 3.2 ms. A gradient that is not the view at launch time (a ``.grad`` assigned by hand,
+    ``zero_grad`` between backward and finish) is copied the same way; a parameter without a
+    local gradient gets a zeroed slot and stays None unless some rank had one.
 
 Note [Presence flags in the bucket]
     Each buffer holds the bucket's gradients followed by one flag per parameter (1 where the local
@@ -78,7 +81,6 @@ class BucketedDDP(DDPBase):
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
-        self._present = [False] * len(params)  # logical "has a local gradient" (Note [Gradients as bucket views])
         self._reset_window()
         ref = weakref.ref(self)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
@@ -88,42 +90,25 @@ class BucketedDDP(DDPBase):
         self._ready = [False] * len(self.trainable)
         self._pending = [len(b.params) for b in self.plan.buckets]
         self._works = [None] * len(self.plan.buckets)
+        self._absent: list[list[int]] = [[] for _ in self.plan.buckets]  # positions without a local gradient
         self._next = 0  # the first bucket not launched yet
 
-    # -- views ---------------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled():  # an eval forward must not give parameters zero gradients
-            self._attach_views()
-        return self.module(*args, **kwargs)
-
-    def _attach_views(self) -> None:
-        for k, b in enumerate(self.plan.buckets):
-            if all(self.trainable[i].grad is None for i in b.params):
-                self._bucket_buffers[k].zero_()  # one memset for the common case after zero_grad()
-                for i in b.params:
-                    self.trainable[i].grad = self._views[i]
-                    self._present[i] = False
-            else:
-                for i in b.params:
-                    self._adopt(i)
-
-    def _adopt(self, i: int) -> None:
-        """Make parameter i's slot hold its local gradient and ``.grad`` the slot's view."""
+    def _adopt(self, i: int) -> bool:
+        """Put parameter i's local gradient in its slot (zeros if it has none) and make ``.grad``
+        the slot's view (Note [Gradients as bucket views]); return whether it had one."""
         p, view = self.trainable[i], self._views[i]
         g = p.grad
         if g is None:
             view.zero_()
-            p.grad = view
-            self._present[i] = False
-        elif g is not view and not (g.data_ptr() == view.data_ptr() and g.shape == view.shape):
+            return False
+        if g is not view and not (g.data_ptr() == view.data_ptr() and g.shape == view.shape):
             view.copy_(g)
             p.grad = view
-            self._present[i] = True
+        return True
 
     # -- launching -----------------------------------------------------------------------------
     def _grad_ready(self, i: int) -> None:
-        self._adopt(i)
-        self._present[i] = True  # backward just produced a local gradient, even under no_sync
+        self._adopt(i)  # into the bucket even under no_sync(): later micro-steps add in place
         if not self._sync_enabled:
             return  # Note [Hooks under no_sync]
         if self._ready[i]:
@@ -139,15 +124,14 @@ class BucketedDDP(DDPBase):
 
     def _launch(self, k: int) -> None:
         b, buf = self.plan.buckets[k], self._bucket_buffers[k]
-        for i in b.params:
-            if not self._ready[i]:
-                self._adopt(i)  # no hook this window: whatever local gradient there is, or zeros
+        # Parameters whose hook fired are in place already; the others (no gradient this window,
+        # or one from no_sync micro-steps or earlier windows) are put in their slots now.
+        absent = [j for j, i in enumerate(b.params) if not self._adopt(i)]
         flags = buf[b.numel:]
-        bits = [self._present[i] for i in b.params]
-        if all(bits):
-            flags.fill_(1)
-        else:
-            flags.copy_(torch.tensor(bits, dtype=buf.dtype))
+        flags.fill_(1)
+        if absent:
+            flags[absent] = 0
+        self._absent[k] = absent
         self._works[k] = self._reduce(k)
         self._next = k + 1
 
@@ -172,11 +156,10 @@ class BucketedDDP(DDPBase):
             self._works[k].wait()
         if self.world_size > 1:
             buf[: b.numel].div_(self.world_size)
-        if all(self._present[i] for i in b.params):
+        if not self._absent[k]:
             return  # Note [Presence flags in the bucket]: every count is >= 1, nothing to read
-        for i, count in zip(b.params, buf[b.numel:].tolist()):
-            if count == 0:
-                self.trainable[i].grad = None  # no rank had a gradient
-                self._present[i] = False
-            else:
-                self._present[i] = True
+        counts = buf[b.numel:].tolist()
+        for j in self._absent[k]:
+            i = b.params[j]
+            # Some rank had a gradient: this rank's is the average, in the slot. None had: None.
+            self.trainable[i].grad = self._views[i] if counts[j] > 0 else None

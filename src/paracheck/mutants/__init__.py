@@ -54,8 +54,8 @@ register("ddp-hooks-registered-twice", "paracheck.mutants.ddp:HooksRegisteredTwi
          "hooks registered per parameter name: a tied parameter is pre-divided twice")
 register("ddp-flags-averaged", "paracheck.mutants.ddp:FlagsAveragedDDP", "ddp",
          "presence flags are averaged with the gradients, so a partly used parameter loses its gradient")
-register("ddp-presence-lost-under-no-sync", "paracheck.mutants.ddp:PresenceLostUnderNoSyncDDP", "ddp",
-         "a gradient produced only inside no_sync() is not marked present and can be dropped")
+register("ddp-presence-from-hooks", "paracheck.mutants.ddp:PresenceFromHooksDDP", "ddp",
+         "presence = 'my hook fired in the last backward': accumulated or zeroed gradients can be dropped")
 
 # Further catalogues register themselves on import.
 from paracheck.mutants import ddp as _ddp  # noqa: E402,F401

@@ -19,7 +19,7 @@ __all__ = [
     "NoDivideDDP", "VectorsNotAveragedDDP", "LastBucketNeverReducedDDP", "OversizedParamDroppedDDP",
     "NoInitialBroadcastDDP", "BuffersNotBroadcastDDP", "MissingWaitDDP", "PartialCopyBackDDP",
     "SkipNoneGradDDP", "StaleAccumulatorDDP", "HooksRegisteredTwiceDDP", "FlagsAveragedDDP",
-    "PresenceLostUnderNoSyncDDP",
+    "PresenceFromHooksDDP",
 ]
 
 
@@ -222,24 +222,20 @@ class FlagsAveragedDDP(BucketedDDP):
             self._works[k].wait()
         if self.world_size > 1:
             buf.div_(self.world_size)  # BUG: the flags are counts, not gradients
-        if all(self._present[i] for i in b.params):
+        if not self._absent[k]:
             return
-        for i, flag in zip(b.params, buf[b.numel:].tolist()):
-            if flag < 1:
-                self.trainable[i].grad = None
-                self._present[i] = False
-            else:
-                self._present[i] = True
+        flags = buf[b.numel:].tolist()
+        for j in self._absent[k]:
+            i = b.params[j]
+            self.trainable[i].grad = self._views[i] if flags[j] >= 1 else None
 
 
-class PresenceLostUnderNoSyncDDP(BucketedDDP):
-    """BucketedDDP whose hooks inside ``no_sync()`` adopt the gradient into its bucket slot but do
-    not record that it exists: a parameter whose gradient comes only from no_sync micro-steps
-    counts as absent, and where no rank used it in the synchronising micro-step its accumulated
-    gradient is dropped (set to None)."""
+class PresenceFromHooksDDP(BucketedDDP):
+    """BucketedDDP that flags a parameter present only if its hook fired in the synchronising
+    backward: a gradient from no_sync() micro-steps, from an earlier micro-step, or the zeros of
+    ``zero_grad(set_to_none=False)`` is reduced but flagged absent, and dropped (None) where no
+    rank used the parameter in that last backward."""
 
-    def _grad_ready(self, i: int) -> None:
-        if not self._sync_enabled:
-            self._adopt(i)  # BUG: self._present[i] = True forgotten on this path
-            return
-        super()._grad_ready(i)
+    def _adopt(self, i: int) -> bool:
+        has = super()._adopt(i)
+        return has and self._ready[i]  # BUG: "present" = "my hook fired", not "I have a gradient"

@@ -18,5 +18,6 @@ from paracheck.strategies._core import (
     optimizer_specs,
     world_sizes,
 )
+from paracheck.strategies._sharding import sharding_cases
 
-__all__ = ["bucket_sizes_mb", "cases", "mlp_specs", "model_specs", "optimizer_specs", "world_sizes"]
+__all__ = ["bucket_sizes_mb", "cases", "mlp_specs", "model_specs", "optimizer_specs", "sharding_cases", "world_sizes"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import subprocess
 import os
 import re
+import select
 import signal
 import sys
 import tempfile
@@ -163,7 +164,11 @@ class World:
                     str(self._store.port), f"{listener.address[0]}:{listener.address[1]}",
                     self._stack_dir, self.backend, device, repr(pg_timeout)]
             self._procs.append(subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL))
-        listener._listener._socket.settimeout(0.5)
+        # Wait for pending connections with select() and never put a timeout on the listening
+        # socket: a timeout there can also cut the authentication handshake of an accepted
+        # connection short under load, leaving that rank blocked forever (seen under pytest on a
+        # loaded 2-core machine: the driver's socket in CLOSE-WAIT, the rank waiting).
+        sock = listener._listener._socket
         deadline = time.monotonic() + self.start_timeout
         try:
             connected = 0
@@ -173,10 +178,11 @@ class World:
                     raise RuntimeError(
                         f"ranks failed to start: {dead}" if dead else f"ranks did not start within {self.start_timeout} s"
                     )
-                try:
-                    conn = listener.accept()
-                except (TimeoutError, OSError):
+                if not select.select([sock], [], [], 0.5)[0]:
                     continue
+                conn = listener.accept()
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise RuntimeError(f"a rank connected but did not report within {self.start_timeout} s")
                 hello = _recv(conn)
                 self._conns[hello[1]] = conn
                 connected += 1
