@@ -78,8 +78,8 @@ def test_view_property_catches_copying_variants():
         assert not grads_are_bucket_views(ddp)
 
 
-def test_bucketed_accumulates_in_place_without_copies():
-    """Two micro-steps under no_sync() accumulate into the same bucket memory that is reduced."""
+def test_bucketed_accumulates_in_place_across_micro_steps():
+    """After the first micro-step the gradients are bucket views, and later micro-steps add into them."""
     model = build_model(MLPSpec(in_features=3, widths=(4, 2)), seed=0)
     ddp = BucketedDDP(model, bucket_size_mb=1.0)
     x = torch.ones(2, 3, dtype=torch.float64)

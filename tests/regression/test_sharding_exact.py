@@ -162,3 +162,37 @@ def test_recorder_counts_each_call_once_with_its_payload(world):
         for got in world.run(f"{__name__}:collectives_job", None, world_size=w):
             assert got == {"all_reduce": (1, 48), "broadcast": (1, 48), "reduce_scatter": (1, 24),
                            "all_gather": (1, 24)}
+
+
+def gradient_memory_job(_):
+    """Rank job: Zero1 over the MLP with a 100-byte cap (buckets padded to 12, 6, 15 at W = 3):
+    the distinct gradient storage it holds, and the bytes kept aside during a second
+    synchronisation in one step (measured just before it completes)."""
+    from paracheck.accounting import state_model, training_memory
+    from paracheck.workloads import MLP
+    from paracheck.zero import Zero1
+
+    torch.manual_seed(0)
+    model = MLP(MODEL).double()
+    zero = Zero1(model, torch.optim.Adam, bucket_size_mb=100 / 2**20, lr=1e-2)
+    storages = {}
+    for t in zero._grad_flat + zero._grad_shard:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    x = torch.ones(2, 3, dtype=torch.float64)
+    zero(x).sum().backward()
+    zero.finish_gradient_synchronization()
+    zero(x).sum().backward()
+    saved = sum(t.numel() * t.element_size() for t in zero._saved if t is not None)
+    zero.finish_gradient_synchronization()
+    w, r = dist.get_world_size(), dist.get_rank()
+    kw = {"rank": r, "model": state_model("adam"), "bucket_numel": 12}
+    return (sum(storages.values()), saved, training_memory("zero1", NUMELS, 8, w, **kw).grads,
+            training_memory("zero1", NUMELS, 8, w, syncs=2, **kw).grads)
+
+
+def test_zero1_gradient_memory_is_the_padded_buckets_exactly(world):
+    """Three ranks, padded buckets 12 + 6 + 15 = 33 float64: the reduced chunks are views, so the
+    gradient storage is 264 B, not 264 + 88; a second synchronisation keeps 11 elements (88 B) aside."""
+    for held, saved, one_sync, two_syncs in world.run(f"{__name__}:gradient_memory_job", None, world_size=3):
+        assert (held, saved) == (264, 88)
+        assert (one_sync, two_syncs) == (264, 264 + 88)

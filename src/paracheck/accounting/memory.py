@@ -110,7 +110,7 @@ DESIGNS = ("ddp", "sharded", "zero1", "torch-ddp", "torch-zero")
 
 
 def training_memory(design: str, numels: Sequence[int], element_size: int, world_size: int, *, rank: int,
-                    model: StateModel, bucket_numel: int | None = None) -> MemoryBreakdown:
+                    model: StateModel, bucket_numel: int | None = None, syncs: int = 1) -> MemoryBreakdown:
     """Analytic bytes ``rank`` holds after a step of ``design`` over trainable parameters ``numels``
     (every parameter stepped, one group, one dtype and device):
 
@@ -119,8 +119,11 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
     * ``sharded``: ``BucketedDDP`` + ``ShardedOptimizer``: state of the parameters
       ``partition_by_size`` gives ``rank``;
     * ``zero1``: ``Zero1``: parameters in padded flat buckets (P'), gradients = the padded bucket
-      buffers plus this rank's chunk of them (P' + P'/W), state of this rank's pieces, comm = the
-      presence flags (n * e);
+      buffers (P': this rank's reduced chunk is a view of them, Note [Zero1 in-place
+      reduce-scatter] in ``paracheck.zero.zero1``), state of this rank's pieces, comm = the
+      presence flags (n * e). With ``syncs`` > 1 gradient synchronisations per step (accumulation
+      without ``no_sync()``) the later ones also keep the accumulated chunk aside while the buckets
+      refill: grads = P' + P'/W at their peak (Note [Zero1 gradient accumulation]);
     * ``torch-ddp``: torch ``DistributedDataParallel`` at its defaults: bucket buffers separate from
       ``.grad`` (``gradient_as_bucket_view=False``), comm = P;
     * ``torch-zero``: torch DDP + ``ZeroRedundancyOptimizer``: state by torch's partition (greedy by
@@ -130,6 +133,8 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
 
     if design not in DESIGNS:
         raise ValueError(f"design={design!r} must be one of {DESIGNS}")
+    if isinstance(syncs, bool) or not isinstance(syncs, int) or syncs < 1:
+        raise ValueError(f"syncs={syncs!r} must be an int >= 1 (gradient synchronisations per step)")
     e = element_size
     n = list(numels)
     P = sum(n) * e
@@ -160,4 +165,5 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
     layout = flat_layout(n, world_size, bucket_numel=bucket_numel)
     padded = layout.padded_numel * e
     state = flat_state_bytes(layout.pieces(rank), element_size=e, models=models, stateful=everything)
-    return MemoryBreakdown(padded, padded + padded // world_size, state, len(n) * e)
+    saved = padded // world_size if syncs > 1 else 0  # every bucket divides into W equal chunks
+    return MemoryBreakdown(padded, padded + saved, state, len(n) * e)

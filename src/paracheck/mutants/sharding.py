@@ -161,11 +161,12 @@ class Zero1NoAverage(Zero1):
             self._launch(b)
         if self.world_size > 1:
             dist.all_reduce(self._present, group=self.process_group)
-        for b, out, handle in self._inflight:
+        for b, handle in self._inflight:
             if handle is not None:
                 handle.wait()
-            if out is not self._grad_shard[b]:
-                self._grad_shard[b].add_(out)  # BUG: no division by the world size (here nor above)
+            shard = self._grad_shard[b]  # BUG: no .div_(self.world_size): the chunk stays a sum over ranks
+            if self._saved[b] is not None:
+                shard.add_(self._saved[b])
         for i, flag in enumerate(self._present.tolist()):
             if flag:
                 self._has_grad[i] = True
@@ -191,24 +192,11 @@ class Zero1NoInitialBroadcast(Zero1):
 
 class Zero1AccumulationOverwrites(Zero1):
     """A second synchronisation in one step (accumulation without ``no_sync()``) overwrites the
-    chunk instead of adding to it."""
+    chunk instead of adding to it: the in-place reduce-scatter's chunk lives inside the gradient
+    buffer, and the accumulated chunk is not saved before the next round's hooks write over it."""
 
-    def _launch(self, b: int) -> None:
-        bucket = self.layout.buckets[b]
-        for i, off in zip(bucket.params, bucket.offsets):
-            if not self._fired[i]:
-                self._grad_flat[b][off: off + self.trainable[i].numel()].zero_()
-        out = self._grad_shard[b]  # BUG: always written in place, even when it already holds this step's sum
-        if self.world_size == 1:
-            out.copy_(self._grad_flat[b])
-            handle = None
-        else:
-            from paracheck.zero.zero1 import _reduce_scatter
-
-            handle = _reduce_scatter(out, self._grad_flat[b], self.process_group, True)
-        self._fresh[b] = False
-        self._inflight.append((b, out, handle))
-        self._next = b + 1
+    def _start_bucket(self, b: int) -> None:
+        self._started[b] = True  # BUG: no self._saved[b] = self._grad_shard[b].clone() when not fresh
 
 
 class Zero1LocalStateDict(Zero1):

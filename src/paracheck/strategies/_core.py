@@ -104,8 +104,8 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=()) -> 
     ``model_bytes`` (above the whole model), shrinking toward ``min_bytes``.
 
     With ``param_bytes`` (the trainable parameters' sizes in registration order), a third of the
-    caps fall exactly on, or one byte either side of, a bucket boundary of the greedy reverse-order
-    plan or a single parameter's size: where off-by-one bugs in bucket filling live.
+    caps fall exactly on, or one byte either side of, the size of a contiguous run of parameters,
+    i.e. a cap at which some bucket is exactly full: where off-by-one bugs in bucket filling live.
     """
     if not isinstance(model_bytes, int) or model_bytes < 1:
         raise ValueError(f"model_bytes={model_bytes!r} must be an int >= 1")
@@ -117,12 +117,9 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=()) -> 
     uniform = st.integers(min_bytes, max(min_bytes + 1, 2 * model_bytes))
     if not param_bytes:
         return uniform.map(lambda b: b / 2**20)
-    # Prefix sums in reverse registration order: the byte counts at which a bucket is exactly full.
-    edges, total = set(), 0
-    for b in reversed(param_bytes):
-        total += b
-        edges.add(total)
-    edges |= set(param_bytes)
+    # A greedy bucket is a contiguous run of parameters, so the caps at which some bucket of some
+    # plan is exactly full are the sums of contiguous runs (single parameters included).
+    edges = {sum(param_bytes[a:b]) for a in range(len(param_bytes)) for b in range(a + 1, len(param_bytes) + 1)}
     near = st.tuples(st.sampled_from(sorted(edges)), st.sampled_from([0, -1, 1])).map(
         lambda t: max(min_bytes, t[0] + t[1]))
     return st.one_of(uniform, uniform, near).map(lambda b: b / 2**20)

@@ -28,11 +28,30 @@ Note [Zero1 data flow]
     (``sendbuff == recvbuff + rank * count``) and FSDP2 relies on; gloo gives the same result.
 
 Note [Zero1 gradient accumulation]
-    The chunk buffer of bucket b is *fresh* after ``zero_grad()`` (its contents are dead or
-    zero): the next reduce-scatter writes its sum there directly. A second synchronisation in the
-    same step (accumulating without ``no_sync()``) reduces into a temporary and adds, so the chunk
-    holds sum over syncs of (sum over ranks)/W, the oracle's average up to summation order. Within
+    The chunk of bucket b is *fresh* after ``zero_grad()`` (its contents are dead or zero): the
+    next reduce-scatter writes its sum there directly. A second synchronisation in the same step
+    (accumulating without ``no_sync()``) must keep the chunk, but the chunk lives inside the
+    gradient buffer that the new round's hooks overwrite (Note [Zero1 in-place reduce-scatter]); so
+    before the round's first write into bucket b a non-fresh chunk is cloned aside, and after the
+    reduce-scatter the chunk becomes ``new / W + saved``: the chunk holds sum over syncs of (sum
+    over ranks)/W, the oracle's average up to summation order (and bit for bit what adding
+    ``new / W`` into the kept chunk gives: IEEE addition commutes). The clones live only from the
+    round's first hook to ``finish_gradient_synchronization()``, and only when accumulating. Within
     ``no_sync()`` the hooks do nothing and ``p.grad`` accumulates locally, as in DDP.
+
+Note [Zero1 in-place reduce-scatter]
+    Rank r's reduced chunk of bucket b is not a buffer of its own: it is the view
+    ``grad_flat[b].narrow(0, r * s, s)`` (s = the bucket's shard size), and the reduce-scatter
+    runs in place, output aliasing its input at rank r's offset. NCCL documents this case
+    (``recvbuff == sendbuff + rank * recvcount``) and Megatron-LM's distributed optimizer relies
+    on it; gloo's ``reduce_scatter_tensor`` gives the same result with the aliased output (checked
+    on torch 2.13 CPU, W = 2, 3, 4, and by every zero1 property run). This saves P'/W bytes of
+    gradient per rank against a separate chunk buffer: gradients are the padded buckets only
+    (``paracheck.accounting.memory.training_memory``). The price: between a backward and its
+    ``finish_gradient_synchronization()`` the chunk (and so a piece's ``.grad`` kept by
+    ``zero_grad(set_to_none=False)``) holds this rank's local, unreduced gradient; it is the
+    averaged one again once the synchronisation returns. The padding at a bucket's end is never
+    written by a hook, so it stays zero through every reduce-scatter.
 """
 
 from __future__ import annotations
@@ -161,8 +180,11 @@ class Zero1:
                     p.data = view.view_as(p)
                     self._where[i] = (b, off)
                 self._param_flat.append(flat)
-                self._grad_flat.append(torch.zeros(bucket.padded, **kw))
-                self._grad_shard.append(torch.zeros(bucket.padded // self.world_size, **kw))
+                grad = torch.zeros(bucket.padded, **kw)
+                self._grad_flat.append(grad)
+                # A view, not a buffer: Note [Zero1 in-place reduce-scatter].
+                s = bucket.padded // self.world_size
+                self._grad_shard.append(grad.narrow(0, self.rank * s, s))
         # This rank's pieces: parameter views the wrapped optimizer steps, and their gradient views.
         self.pieces = self.layout.pieces(self.rank)
         self._piece_params, self._piece_grads = [], []
@@ -206,6 +228,10 @@ class Zero1:
         self._pending = [len(b.params) for b in self.layout.buckets]
         self._next = 0
         self._inflight = []
+        # Per bucket: written this round yet, and the accumulated chunk kept aside before the first
+        # write (Note [Zero1 gradient accumulation]; None when the chunk was fresh).
+        self._started = [False] * len(self.layout.buckets)
+        self._saved = [None] * len(self.layout.buckets)
         ref = self.trainable[0]
         self._present = torch.zeros(len(self.trainable), dtype=ref.dtype, device=ref.device)
 
@@ -222,11 +248,21 @@ class Zero1:
                 f"trainable parameter #{i} received a second gradient before finish_gradient_synchronization(): "
                 f"call it after every backward outside no_sync()")
         b, off = self._where[i]
+        self._start_bucket(b)
         self._grad_flat[b][off: off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None
         self._fired[i] = True
         self._present[i] = 1
         self._pending[b] -= 1
+
+    def _start_bucket(self, b: int) -> None:
+        """Called before every write into bucket b's gradient buffer: the round's first one keeps a
+        non-fresh chunk aside, since the chunk is part of that buffer (Note [Zero1 gradient accumulation])."""
+        if self._started[b]:
+            return
+        self._started[b] = True
+        if not self._fresh[b]:
+            self._saved[b] = self._grad_shard[b].clone()
 
     def _launch_ready(self) -> None:
         while self._next < len(self.layout.buckets) and self._pending[self._next] == 0:
@@ -234,17 +270,17 @@ class Zero1:
 
     def _launch(self, b: int) -> None:
         bucket = self.layout.buckets[b]
+        self._start_bucket(b)
         for i, off in zip(bucket.params, bucket.offsets):
             if not self._fired[i]:  # unused on this rank: contributes zeros
                 self._grad_flat[b][off: off + self.trainable[i].numel()].zero_()
-        out = self._grad_shard[b] if self._fresh[b] else torch.empty_like(self._grad_shard[b])
-        if self.world_size == 1:
-            out.copy_(self._grad_flat[b])
-            handle = None
-        else:
-            handle = _reduce_scatter(out, self._grad_flat[b], self.process_group, True)
+        # In place: the output is this rank's chunk of the input (Note [Zero1 in-place reduce-scatter]).
+        # One rank: the chunk is the whole buffer, already holding the "sum".
+        handle = None
+        if self.world_size > 1:
+            handle = _reduce_scatter(self._grad_shard[b], self._grad_flat[b], self.process_group, True)
         self._fresh[b] = False
-        self._inflight.append((b, out, handle))
+        self._inflight.append((b, handle))
         self._next = b + 1
 
     def finish_gradient_synchronization(self) -> None:
@@ -261,13 +297,12 @@ class Zero1:
             self._launch(b)
         if self.world_size > 1:
             dist.all_reduce(self._present, group=self.process_group)
-        for b, out, handle in self._inflight:
+        for b, handle in self._inflight:
             if handle is not None:
                 handle.wait()
-            if out is self._grad_shard[b]:
-                out.div_(self.world_size)
-            else:
-                self._grad_shard[b].add_(out.div_(self.world_size))
+            shard = self._grad_shard[b].div_(self.world_size)
+            if self._saved[b] is not None:
+                shard.add_(self._saved[b])
         for i, flag in enumerate(self._present.tolist()):
             if flag:
                 self._has_grad[i] = True
