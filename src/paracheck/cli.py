@@ -211,6 +211,15 @@ def _delegate(name: str, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("bench", "memory", "gate", "report"):
+        # These parse their own options (paracheck.bench); argparse's REMAINDER would reject
+        # an option that comes first.
+        try:
+            return _delegate(argv[0], argv[1:])
+        except UsageError as exc:
+            print(f"paracheck: error: {exc}", file=sys.stderr)
+            return 2
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
