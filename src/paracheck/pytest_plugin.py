@@ -80,6 +80,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("gpu") and available == 0:
             item.add_marker(pytest.mark.skip(reason="paracheck: needs CUDA devices, none present"))
             item.user_properties.append(("paracheck_skip", "gpu"))
+            continue  # counted once, as a GPU skip
         m = item.get_closest_marker("world_size")
         if m is not None and m.args:
             n = int(m.args[0])

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paracheck.check.metamorphic import bucket_size_independence, world_size_relation
-from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
+from paracheck.check.targets import resolve_target
 from paracheck.strategies import cases, mlp_specs
 
 _SETTINGS = settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -50,7 +50,6 @@ def test_world_size_relation_kills_no_divide(world):
     assert found
 
 
-@pytest.mark.skipif("bucketed" not in BUILTIN_TARGETS, reason="bucketed DDP not registered yet")
 def test_bucket_size_independence(world):
     """BucketedDDP's result does not depend on its bucket size (tiny buckets vs one big bucket)."""
     target = resolve_target("bucketed")

@@ -79,8 +79,8 @@ class OverlappedDDP(DDPBase):
             return  # Note [Hooks under no_sync]
         if self._ready[k]:
             raise RuntimeError(
-                f"{type(self).__name__}: trainable parameter #{len(self._order) - 1 - k} produced a gradient twice in one "
-                f"synchronisation window: call finish_gradient_synchronization() after every synchronised "
+                f"{type(self).__name__}: trainable parameter #{len(self._order) - 1 - k} produced a gradient "
+                f"twice in one synchronisation window: call finish_gradient_synchronization() after every synchronised "
                 f"backward (or wrap the earlier ones in no_sync())")
         self._ready[k] = True
         while self._next < len(self._order) and self._ready[self._next]:
