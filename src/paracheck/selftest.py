@@ -74,12 +74,12 @@ def _takes_bucket(path: str) -> bool:
 
 
 def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=10.0, world=None,
-                 dtype="float64") -> int:
+                 dtype="float64", max_examples: int | None = None) -> int:
     t0 = time.monotonic()
     rows = []
     print(f"{'name':34} {'role':7} {'verdict':18} {'examples':>8} {'seconds':>8}  shrunk case")
     for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout, world=world,
-                             dtype=dtype):
+                             dtype=dtype, max_examples=max_examples):
         rows.append(row)
         print(f"{row['name']:34} {row['role']:7} {row['verdict']:18} {row['examples']:>8} "
               f"{row['seconds']:>8.1f}  {row['case']}", flush=True)
