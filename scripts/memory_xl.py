@@ -1,6 +1,7 @@
 """Peak memory of optimizer-state sharding on the CS336 LM, measured against the analytic breakdown.
 
-One run, two ranks spawned by this script (``mp.spawn``, no torchrun; NCCL on GPUs, gloo on CPU).
+Two ranks spawned by this script for each design (``mp.spawn``, no torchrun; NCCL on GPUs, gloo on
+CPU): every design is measured in fresh processes.
 Designs, all with AdamW (fused on CUDA), fp32, 25 MB buckets:
 
 * ``ddp``: paracheck ``BucketedDDP`` (gradients as bucket views) + AdamW, no sharding;
@@ -222,14 +223,23 @@ def main(argv=None) -> int:
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
         p.error(f"--world-size {args.world_size} needs that many GPUs; {torch.cuda.device_count()} present")
     spec = _spec(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
     t0 = time.monotonic()
-    mp.spawn(_worker, args=(args.world_size, port, args, queue), nprocs=args.world_size, join=True)
-    gathered = queue.get()
+    # Each design in fresh processes: measured one after another in the same processes, a design's
+    # peaks were disturbed by what earlier designs left in the caching allocator and in NCCL (torch's
+    # ZeroRedundancyOptimizer once read 17.13 GiB, less than the tensors it holds; alone, 28.1 GiB).
+    gathered = [[] for _ in range(args.world_size)]
+    designs = args.designs
+    for design in designs:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        queue = ctx.SimpleQueue()
+        args.designs = [design]
+        mp.spawn(_worker, args=(args.world_size, port, args, queue), nprocs=args.world_size, join=True)
+        for rank, rows in enumerate(queue.get()):
+            gathered[rank].extend(rows)
+    args.designs = designs
     table, records, unit = _table(gathered, spec, args.world_size)
     from paracheck.workloads import lm_parameter_count
 
