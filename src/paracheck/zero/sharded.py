@@ -97,25 +97,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._partition = self._extend_partition(params)
         self._params.extend(params)
         owners = self._partition.owners[len(self._partition.owners) - len(params):]
-        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
-        local["params"] = [p for p, o in zip(params, owners) if o == self.rank]
-        if "param_names" in group:
-            local["param_names"] = [n for n, o in zip(group["param_names"], owners) if o == self.rank]
-        if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
-        else:
-            self.local_optimizer.add_param_group(local)
-        # The wrapped class's own defaults fill what neither the group nor kwargs gave (betas, eps,
-        # ...): show them here too, so self.param_groups reads like optimizer_cls's own.
-        for k, v in self.local_optimizer.param_groups[-1].items():
-            if k not in ("params", "param_names"):
-                group.setdefault(k, v)
+        names = group.get("param_names")
+        add_local_group(self, group, [p for p, o in zip(params, owners) if o == self.rank],
+                        None if names is None else [n for n, o in zip(names, owners) if o == self.rank])
 
     def _sync_hyperparameters(self) -> None:
-        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
-            for k, v in group.items():
-                if k not in ("params", "param_names"):
-                    local[k] = v
+        sync_hyperparameters(self)
 
     # -- step ----------------------------------------------------------------------------------
     def step(self, closure=None, **kwargs):
@@ -198,3 +185,34 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
         # torch's load_state_dict replaces the state mapping: keep self.state pointing at it.
         self.state = self.local_optimizer.state
+
+
+_NOT_HYPER = ("params", "param_names")
+
+
+def add_local_group(wrapper, group: dict, local_params: list, local_names: list | None = None) -> None:
+    """Give ``wrapper.local_optimizer`` this rank's share of ``group`` (a group of the wrapper's
+    ``param_groups``) with every hyper-parameter of the group, creating the local optimizer on the
+    first call. The wrapped class's own defaults fill what neither the group nor the wrapper's
+    kwargs gave (betas, eps, ...), and are copied back so ``wrapper.param_groups`` reads like
+    ``optimizer_cls``'s own. Shared by ShardedOptimizer and Zero1Optimizer."""
+    local = {k: v for k, v in group.items() if k not in _NOT_HYPER}
+    local["params"] = local_params
+    if local_names is not None:
+        local["param_names"] = local_names
+    if wrapper.local_optimizer is None:
+        wrapper.local_optimizer = wrapper.optimizer_cls([local], **wrapper._kwargs)
+    else:
+        wrapper.local_optimizer.add_param_group(local)
+    for k, v in wrapper.local_optimizer.param_groups[-1].items():
+        if k not in _NOT_HYPER:
+            group.setdefault(k, v)
+
+
+def sync_hyperparameters(wrapper) -> None:
+    """Copy every group's hyper-parameters (changed by an LR scheduler, say) into the local
+    optimizer's matching group before it steps."""
+    for group, local in zip(wrapper.param_groups, wrapper.local_optimizer.param_groups):
+        for k, v in group.items():
+            if k not in _NOT_HYPER:
+                local[k] = v

@@ -65,7 +65,7 @@ from torch import nn
 
 from paracheck.ddp._common import check_bucket_size_mb
 from paracheck.zero.partition import FlatLayout, flat_layout
-from paracheck.zero.sharded import check_optimizer_cls
+from paracheck.zero.sharded import add_local_group, check_optimizer_cls, sync_hyperparameters
 
 __all__ = ["Zero1", "Zero1Optimizer"]
 
@@ -400,21 +400,10 @@ class Zero1Optimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
-        local["params"] = [piece for p in group["params"] for piece in self._zero.pieces_of(p)]
-        if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
-        else:
-            self.local_optimizer.add_param_group(local)
-        for k, v in self.local_optimizer.param_groups[-1].items():
-            if k not in ("params", "param_names"):
-                group.setdefault(k, v)
+        add_local_group(self, group, [piece for p in group["params"] for piece in self._zero.pieces_of(p)])
 
     def _sync_hyperparameters(self) -> None:
-        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
-            for k, v in group.items():
-                if k not in ("params", "param_names"):
-                    local[k] = v
+        sync_hyperparameters(self)
 
     def step(self, closure=None, **kwargs):
         """Step this rank's pieces, then all-gather every bucket. A collective."""
