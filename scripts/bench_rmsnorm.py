@@ -7,18 +7,10 @@ accumulation kernel runs). Each variant is first checked against the float64 ora
 inputs. Device copy bandwidth (a 2 GiB device-to-device copy, bytes read + written) is measured
 in the same run, by the same timer, as the ceiling.
 
-Timers (both medians; see Note [timing]):
-
-* ``events`` (the main table): CUDA events around each call; before it, the L2 is flushed by
-  READING a 256 MiB buffer and the GPU is held by ``torch.cuda._sleep`` so that the host has
-  queued the whole call before it starts: what is timed is GPU time, launch gaps included.
-* ``do_bench``: ``triton.testing.do_bench``, which flushes the L2 by WRITING zeros to 256 MiB.
-
-Note [timing]: after do_bench's zero-fill the L2 (~60 MB on an H200) is full of dirty lines, and
-their write-back to DRAM is charged to the timed call: ~60 MB extra traffic, a large share for a
-4096x1024 float32 call (64 MB counted). A read flush leaves clean lines (cold cache, nothing to
-write back). do_bench also times host overhead when the host is slower than the GPU (the
-zero-fill hides only ~60 us); the host time per call is reported in its own table.
+Timers (both medians; Note [timing] in ``paracheck.bench.rmsnorm``, which holds the measuring
+code this script shares with the asv GPU tier): ``events`` (the main table: GPU time, L2 flushed
+by a read, host queued ahead) and ``triton.testing.do_bench`` (zero-fill flush, host time
+included when the host is the slower side); the host time per call has its own table.
 
     PYTHONPATH=src python scripts/bench_rmsnorm.py            # tables (written to $OUT too)
     PYTHONPATH=src python scripts/bench_rmsnorm.py --sweep    # also time launch plans
@@ -35,133 +27,105 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
-SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600)]
-EPS = 1e-5
+from paracheck.bench import rmsnorm as B
+from paracheck.bench.rmsnorm import EPS, eager_rms_norm, tbps, torch_rms_norm
+
+SHAPES = list(B.SHAPES)
 DEVICE = "cuda"
 SMOKE = False
 
 
-def eager_rms_norm(x, weight, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+def events_ms(fn, **kw):
+    return B.events_ms(fn, device=DEVICE, **kw)
 
 
-def torch_rms_norm(x, weight, eps):
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+def do_bench_ms(fn, **kw):
+    return B.do_bench_ms(fn, device=DEVICE, **kw)
 
 
-# ------------------------------------------------------------------------------------------
-# Timers.
-
-_FLUSH = None
-
-
-def events_ms(fn, *, grad_to_none=(), reps=40, sleep_cycles=1_000_000) -> float:
-    """Median GPU time of ``fn`` with a cold, clean L2 and the call queued ahead (Note [timing])."""
-    global _FLUSH
-    if SMOKE:
-        return wall_ms(fn, grad_to_none=grad_to_none)
-    if _FLUSH is None:
-        _FLUSH = torch.ones(2**26, device=DEVICE)  # 256 MiB
-    fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        for t in grad_to_none:
-            t.grad = None
-        _FLUSH.sum()  # reads 256 MiB: evicts everything, leaves nothing dirty
-        torch.cuda._sleep(sleep_cycles)  # ~0.5 ms: the host queues fn's launches meanwhile
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def do_bench_ms(fn, *, grad_to_none=()) -> float:
-    if SMOKE:
-        return wall_ms(fn, grad_to_none=grad_to_none)
-    from triton.testing import do_bench
-
-    return do_bench(fn, grad_to_none=list(grad_to_none) or None, return_mode="median")
-
-
-def wall_ms(fn, *, grad_to_none=()) -> float:
-    for t in grad_to_none:
-        t.grad = None
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def host_us(fn, *, grad_to_none=(), n=20) -> float:
-    """Host time per call, the GPU left to run behind (no synchronisation inside the loop)."""
-    fn()
-    if not SMOKE:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        for t in grad_to_none:
-            t.grad = None
-        fn()
-    t1 = time.perf_counter()
-    if not SMOKE:
-        torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
-def tbps(nbytes, ms) -> float:
-    return nbytes / (ms * 1e-3) / 1e12
-
-
-# ------------------------------------------------------------------------------------------
-# Inputs, correctness, one fwd+bwd step.
+def host_us(fn, **kw):
+    return B.host_us(fn, device=DEVICE, **kw)
 
 
 def inputs(rows, d, seed=0):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    x = torch.randn(rows, d, device=DEVICE, generator=g)
-    w = 1.0 + 0.1 * torch.randn(d, device=DEVICE, generator=g)
-    dy = torch.randn(rows, d, device=DEVICE, generator=g)
-    return x, w, dy
+    return B.rmsnorm_inputs(rows, d, seed=seed, device=DEVICE)
 
 
-def check(name, fn, x, w, dy):
-    """Relative (Frobenius) errors of y, dx, dweight against the float64 oracle; raises."""
-    from paracheck.oracle.rmsnorm import rms_norm_reference, rms_norm_reference_grads
-
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-    y = fn(xg, wg, EPS)
-    y.backward(dy)
-    x64, w64, dy64 = x.double(), w.double(), dy.double()
-    refs = (rms_norm_reference(x64, w64, EPS), *rms_norm_reference_grads(x64, w64, dy64, EPS))
-    errs = [((a.double() - r).norm() / r.norm()).item() for a, r in zip((y, xg.grad, wg.grad), refs)]
-    # float32 arithmetic with sums of length <= 16384: norm-wise errors are ~1e-7; 1e-5 is a
-    # failure, not noise.
-    if not all(e <= 1e-5 for e in errs):
-        raise AssertionError(f"{name}: relative errors y/dx/dw = {errs}")
-    return errs
+check = B.check_against_oracle
+step_fn = B.step_fn
 
 
-def step_fn(fn, x, w, dy):
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+def triton_variant(*, fast_launch=True):
+    """paracheck's kernel with its launch switch set for this call and its backward."""
+    from paracheck.kernels import rmsnorm as K
 
-    def step():
-        fn(xg, wg, EPS).backward(dy)
+    def fn(x, weight, eps):
+        K._FAST_LAUNCH = fast_launch
+        return K.rms_norm(x, weight, eps)
 
-    return step, (xg, wg)
+    return fn
 
 
-def copy_tbps(n) -> tuple[float, float]:
-    """Device-to-device copy bandwidth (bytes read + written), by both timers."""
-    src = torch.randn(n, device=DEVICE)
-    dst = torch.empty_like(src)
-    out = (tbps(2 * n * 4, events_ms(lambda: dst.copy_(src))),
-           tbps(2 * n * 4, do_bench_ms(lambda: dst.copy_(src))))
-    del src, dst
-    return out
+# Ablation of the host-time measure (Note [direct launch] in paracheck/kernels/rmsnorm.py),
+# timed beside the default with --variants.
+ABLATIONS = {"triton: triton's own launch path": dict(fast_launch=False)}
+
+
+# ------------------------------------------------------------------------------------------
+# Diagnostics: the GPU timeline of one call.
+
+
+def kernel_timeline(fn, x, w, dy, reps=10) -> str:
+    """Each kernel of one fwd+bwd (L2 flushed, host queued ahead) with the gap before it, and
+    the span from the first kernel's start to the last one's end; medians over ``reps``."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.ones(2**26, device=DEVICE)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+    sleep_names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    step, grads = step_fn(fn, x, w, dy)
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for t in grads:
+                t.grad = None
+            flush.sum()
+            torch.cuda._sleep(1_000_000)
+            step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    calls, current = [], None
+    for e in kernels:  # the kernels after each sleep kernel, up to the next flush, are a call
+        name = e["name"]
+        if name in sleep_names:
+            current = []
+            calls.append(current)
+        elif current is not None and "reduce" in name.lower() and e["dur"] > 20:
+            current = None  # the 256 MiB flush
+        elif current is not None:
+            current.append(e)
+    calls = [c for c in calls if c]
+    if not calls:
+        return "no kernels found"
+    n = min(len(c) for c in calls)
+    parts = []
+    for i in range(n):
+        dur = statistics.median(c[i]["dur"] for c in calls)
+        gap = statistics.median((c[i]["ts"] - c[i - 1]["ts"] - c[i - 1]["dur"]) for c in calls) if i else 0.0
+        short = calls[0][i]["name"].split("(")[0][-40:]
+        parts.append(f"[gap {gap:.1f}] {short} {dur:.1f}")
+    span = statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls)
+    return f"span {span:.1f} us: " + ", ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -313,6 +277,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time launch plans")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--profile", action="store_true", help="profile one triton fwd+bwd")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time the ablations of the launch measures (ABLATIONS)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="GPU timeline per shape: each kernel's duration and the gaps")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU under TRITON_INTERPRET=1, tiny shapes, wall-clock timer: "
                              "checks the code paths, measures nothing")
@@ -336,17 +304,24 @@ def main(argv=None) -> int:
     device_name = (f"{torch.cuda.get_device_properties(0).name}, "
                    f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
                    if DEVICE == "cuda" else "CPU (Triton interpreter, smoke run)")
-    copy_ev, copy_db = copy_tbps(2**29 if DEVICE == "cuda" else 2**20)
+    n_copy = 2**29 if DEVICE == "cuda" else 2**20
+    copy_ev = B.copy_tbps(n_copy, device=DEVICE, timer=B.events_ms)
+    copy_db = B.copy_tbps(n_copy, device=DEVICE, timer=B.do_bench_ms)
     header = (f"{device_name}; torch {torch.__version__}, triton {triton.__version__}; fp32, "
               f"eps={EPS}. Device copy (2 GiB, read+write): {copy_ev:.2f} TB/s by events, "
               f"{copy_db:.2f} TB/s by do_bench.")
     cols = ["triton", "F.rms_norm", "eager"] + ([] if args.no_compile or SMOKE else ["torch.compile"])
+    if args.variants:
+        cols += list(ABLATIONS)
     head = ("| shape | " + " | ".join(cols) + " | triton / F.rms_norm | triton / copy |\n"
             "| --- | " + " | ".join("---" for _ in cols) + " | --- | --- |")
     tables = {"events": [], "do_bench": [], "host": []}
     for rows, d in SHAPES:
         x, w, dy = inputs(rows, d)
-        variants = {"triton": rms_norm, "F.rms_norm": torch_rms_norm, "eager": eager_rms_norm}
+        variants = {"triton": triton_variant(), "F.rms_norm": torch_rms_norm,
+                    "eager": eager_rms_norm}
+        if args.variants:
+            variants.update({k: triton_variant(**v) for k, v in ABLATIONS.items()})
         if "torch.compile" in cols:
             torch._dynamo.reset()
             variants["torch.compile"] = torch.compile(eager_rms_norm, dynamic=False)
@@ -382,6 +357,14 @@ def main(argv=None) -> int:
               flush=True)
         write("rmsnorm_bench.md", text)
     print(text, flush=True)
+    if args.kernels and not SMOKE:
+        lines = ["## GPU timeline of one fwd+bwd (torch.profiler; us; median over 10 calls)"]
+        for rows, d in SHAPES:
+            x, w, dy = inputs(rows, d)
+            for name, fn in {"triton": triton_variant(), "F.rms_norm": torch_rms_norm}.items():
+                lines.append(f"{rows}x{d} {name}: " + kernel_timeline(fn, x, w, dy))
+            print("\n".join(lines[-2:]), flush=True)
+        write("rmsnorm_kernels.md", "\n".join(lines))
     if args.profile:
         prof_lines = []
         host_breakdown(*inputs(*SHAPES[0]), prof_lines)

@@ -252,6 +252,26 @@ def test_strided_weight_matches_oracle():
     torch.testing.assert_close(weight.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_alignment_changing_between_calls_matches_oracle():
+    """Inputs 16-byte aligned, then not, then aligned again (views at element offsets 0, 1, 0,
+    3) all equal the oracle: on a GPU each alignment needs its own compiled kernel, so the
+    direct-launch cache (Note [direct launch]) must key on it."""
+    torch.manual_seed(2)
+    buf = torch.randn(8 * 32 + 3, device=DEVICE)
+    dy = torch.randn(8, 32, device=DEVICE)
+    for offset in (0, 1, 0, 3):
+        x = buf[offset:offset + 8 * 32].view(8, 32).detach().requires_grad_(True)
+        w = torch.randn(35, device=DEVICE)[offset:offset + 32].detach().requires_grad_(True)
+        y = rms_norm(x, w, 1e-5)
+        y.backward(dy)
+        x64, w64 = x.detach().double(), w.detach().double()
+        dx_ref, dw_ref = rms_norm_reference_grads(x64, w64, dy.double(), 1e-5)
+        torch.testing.assert_close(y.double(), rms_norm_reference(x64, w64, 1e-5),
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_empty_batch_gives_empty_outputs():
     """Zero rows: y and dx are empty, dweight is zero (the oracle's sum over no rows)."""
     x = torch.zeros(0, 8, device=DEVICE, requires_grad=True)
@@ -321,3 +341,18 @@ def test_device_mismatch_is_refused():
     other = "meta"
     with pytest.raises(ValueError, match=r"x.device=.* and weight.device=meta must be the same"):
         rms_norm(torch.zeros(2, 8, device=DEVICE), torch.ones(8, device=other))
+
+
+def test_benchmark_measurement_checks_every_variant_against_the_oracle():
+    """The measuring code shared with the asv GPU tier checks and times each variant and
+    reports the ratios the benchmark tracks (on CPU: interpreter, wall clock, code paths only)."""
+    from paracheck.bench.rmsnorm import measure_rmsnorm
+
+    (r,) = measure_rmsnorm(device=DEVICE, shapes=[(8, 100)], compile=False, reps=3,
+                           copy_elements=2**12)
+    assert (r.rows, r.d) == (8, 100)
+    assert set(r.tbps) == {"triton", "F.rms_norm", "eager"}
+    assert all(v > 0 for v in r.tbps.values()) and r.copy_tbps > 0
+    d = r.to_dict()
+    assert d["triton_vs_torch"] == r.tbps["triton"] / r.tbps["F.rms_norm"]
+    assert d["triton_fraction_of_copy"] == r.tbps["triton"] / r.copy_tbps

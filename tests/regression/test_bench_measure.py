@@ -52,3 +52,17 @@ def test_asv_setup_skips_what_was_not_measured():
     with pytest.raises(NotImplementedError, match="failed"):
         require({"cpu|flat": {"error": "RuntimeError: boom"}}, "cpu|flat")
     assert require({"cpu|flat": {"median": 1.0}}, "cpu|flat") == {"median": 1.0}
+
+
+def test_rmsnorm_benchmark_skips_without_a_gpu():
+    """The asv GPU tier's RMSNorm benchmark is skipped (NotImplementedError), never failed, on CPU."""
+    import torch
+
+    from paracheck.bench.asvtools import measure_rmsnorm
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the benchmark would measure, not skip")
+    results = measure_rmsnorm(shapes=[(8, 16)])
+    with pytest.raises(NotImplementedError, match="CUDA"):
+        require(results, "8|16")
+

@@ -10,7 +10,7 @@ measured (a variant this commit lacks, missing GPUs). Keys are ``"|"``-joined pa
 from __future__ import annotations
 
 __all__ = ["key", "skip_reason", "measure_steps", "measure_allreduce", "measure_buckets", "measure_lm",
-           "measure_overlap", "require"]
+           "measure_overlap", "measure_rmsnorm", "require"]
 
 
 def key(*params) -> str:
@@ -125,6 +125,23 @@ def measure_lm(*, device: str, models, steps: int = 5) -> dict:
             except Exception as exc:  # noqa: BLE001
                 out[key(m, ac)] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
+
+
+def measure_rmsnorm(*, shapes) -> dict:
+    """``{key(rows, d): RMSNormBandwidth.to_dict()}`` on one GPU (needs triton)."""
+    reason = skip_reason("cuda", 1)
+    if reason:
+        return {"skip": reason}
+    from paracheck.kernels import triton_available
+
+    if not triton_available():
+        return {"skip": "triton is not installed (pip install 'paracheck[triton]')"}
+    from paracheck.bench.rmsnorm import measure_rmsnorm as measure
+
+    try:
+        return {key(r.rows, r.d): r.to_dict() for r in measure(device="cuda", shapes=shapes)}
+    except Exception as exc:  # noqa: BLE001 - recorded, reported by require()
+        return {key(rows, d): {"error": f"{type(exc).__name__}: {exc}"} for rows, d in shapes}
 
 
 def measure_overlap(*, model: str, variants, world_size: int = 2) -> dict:
