@@ -56,20 +56,21 @@ check = B.check_against_oracle
 step_fn = B.step_fn
 
 
-def triton_variant(*, fast_launch=True):
-    """paracheck's kernel with its launch switch set for this call and its backward."""
+def triton_variant(*, fast_launch=True, dependent_launch=True):
+    """paracheck's kernel with its launch switches set for this call and its backward."""
     from paracheck.kernels import rmsnorm as K
 
     def fn(x, weight, eps):
-        K._FAST_LAUNCH = fast_launch
+        K._FAST_LAUNCH, K._USE_PDL = fast_launch, dependent_launch
         return K.rms_norm(x, weight, eps)
 
     return fn
 
 
-# Ablation of the host-time measure (Note [direct launch] in paracheck/kernels/rmsnorm.py),
-# timed beside the default with --variants.
-ABLATIONS = {"triton: triton's own launch path": dict(fast_launch=False)}
+# Ablations of the launch measures (Note [direct launch], Note [dependent launch] in
+# paracheck/kernels/rmsnorm.py), timed beside the default with --variants.
+ABLATIONS = {"triton: triton's own launch path": dict(fast_launch=False),
+             "triton: no dependent launch": dict(dependent_launch=False)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -361,7 +362,9 @@ def main(argv=None) -> int:
         lines = ["## GPU timeline of one fwd+bwd (torch.profiler; us; median over 10 calls)"]
         for rows, d in SHAPES:
             x, w, dy = inputs(rows, d)
-            for name, fn in {"triton": triton_variant(), "F.rms_norm": torch_rms_norm}.items():
+            for name, fn in {"triton": triton_variant(), "F.rms_norm": torch_rms_norm,
+                             "triton: no dependent launch": triton_variant(dependent_launch=False),
+                             }.items():
                 lines.append(f"{rows}x{d} {name}: " + kernel_timeline(fn, x, w, dy))
             print("\n".join(lines[-2:]), flush=True)
         write("rmsnorm_kernels.md", "\n".join(lines))

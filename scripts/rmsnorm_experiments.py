@@ -69,7 +69,7 @@ def staged_backward(dy, x, w, rstd, plan, stages):
         x, w, dy, rstd, dx, partial, x.stride(0), dy.stride(0), dx.stride(0), n_rows, n_cols,
         BLOCK_D=plan.block_d, ROWS=plan.bwd_rows, STAGES=stages, num_warps=plan.bwd_warps)
     K._KERNELS.reduce_dweight[(triton.cdiv(n_cols, 64),)](
-        partial, dw, plan.bwd_programs, n_cols, BLOCK_P=64, BLOCK_N=64, num_warps=4)
+        partial, dw, plan.bwd_programs, n_cols, BLOCK_P=64, BLOCK_N=64, PDL=False, num_warps=4)
     return dx, dw
 
 
@@ -92,14 +92,16 @@ def host(lines):
     p = K._plan(rows, d, interpreted=False, n_sms=K._sm_count(x.device))
     grid = (triton.cdiv(rows, p.fwd_rows),)
     args = (x, w, y, rstd, x.stride(0), y.stride(0), rows, d, EPS)
-    kw = dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict)
+    pdl = K._dependent_launch(x.device)
+    kw = dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
+              **K._pdl_option(pdl))
     fwd = K._KERNELS.forward
     K._FAST_LAUNCH = False
     jitted_path = fwd[grid]
     K._FAST_LAUNCH = True
     compiled = jitted_path(*args, **kw, num_warps=p.fwd_warps)
     stream = torch.cuda.current_stream().cuda_stream
-    const_vals = [kw[n] for n in fwd._constexprs]
+    const_vals = [kw[n] for n in fwd._constexprs]  # launch_pdl is an option, not a parameter
     cases = {
         "torch.empty(64x1024)": lambda: torch.empty((rows, d), device="cuda"),
         "torch y.mul_(1.0) (one aten kernel)": lambda: y.mul_(1.0),
@@ -189,14 +191,19 @@ def ab(lines, rounds=7):
     n_sms = K._sm_count(torch.device("cuda"))
     lines += ["", f"## A/B of backward plans, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
               "| shape | plan | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
-    for rows, d in [(4096, 4096), (4096, 2048), (4096, 1024)]:
+    # (rows per tile, warps, programs per SM) candidates: bigger tiles or more programs put
+    # more bytes in flight per SM.
+    candidates = {2048: [(4, 16, 1), (4, 8, 2), (2, 4, 3), (2, 8, 3), (1, 4, 4), (8, 16, 1)],
+                  1024: [(8, 16, 1), (8, 8, 2), (4, 4, 3), (4, 8, 3), (16, 16, 1)]}
+    for rows, d in [(4096, 2048), (4096, 1024)]:
         base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
         hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
-        plans = {f"default ({base.bwd_programs} programs, {base.bwd_warps} warps)": base}
-        for per_sm, warps in ((1, 16), (1, 8)):
-            plans[f"{per_sm}/SM, {warps} warps"] = K._gpu_plan(
+        plans = {f"default (rows {base.bwd_rows}, {base.bwd_programs} programs, "
+                 f"{base.bwd_warps} warps)": base}
+        for r, warps, per_sm in candidates[d]:
+            plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
                 rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
-                bwd_rows=base.bwd_rows, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
+                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
         got = {name: [] for name in plans}
         for _ in range(rounds):
             for name, plan in plans.items():
@@ -205,6 +212,29 @@ def ab(lines, rounds=7):
         for name, v in got.items():
             lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
                          f"{min(v):.3f}-{max(v):.3f} |")
+            print(lines[-1], flush=True)
+
+
+def pdl(lines, rounds=7):
+    """Autograd fwd+bwd with and without dependent launch, interleaved ``rounds`` times."""
+    import statistics
+
+    from bench_rmsnorm import step_fn, triton_variant, torch_rms_norm
+
+    lines += ["", f"## Dependent launch on/off, autograd fwd+bwd TB/s, median of {rounds} "
+              "interleaved rounds (F.rms_norm alongside)", "",
+              "| shape | variant | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    for rows, d in SHAPES:
+        x, w, dy = inputs(rows, d)
+        variants = {"PDL on (default)": triton_variant(), "PDL off": triton_variant(dependent_launch=False),
+                    "F.rms_norm": torch_rms_norm}
+        got = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                step, grads = step_fn(fn, x, w, dy)
+                got[name].append(tbps(4 * rows * d * 4, events_ms(step, grad_to_none=grads, reps=25)))
+        for name, v in got.items():
+            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f} |")
             print(lines[-1], flush=True)
 
 
@@ -223,6 +253,8 @@ def main(argv=None) -> int:
         bwd(lines)
     if "ab" in what:
         ab(lines)
+    if "pdl" in what:
+        pdl(lines)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "rmsnorm_experiments.md"), "w") as f:

@@ -41,9 +41,15 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
+    gdc_wait = gdc_launch_dependents = None
 
     class tl:  # noqa: N801 - stands in for triton.language so kernel annotations evaluate
         constexpr = None
+else:
+    try:  # Note [dependent launch]; triton >= 3.3
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # pragma: no cover - older triton: plain launches
+        gdc_wait = gdc_launch_dependents = None
 
 
 __all__ = [
@@ -160,7 +166,11 @@ def lazy_jit(fn) -> _LazyJit:
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -182,12 +192,15 @@ def _rms_norm_fwd_kernel(
 @lazy_jit
 def _rms_norm_bwd_kernel(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
     # The loop is software-pipelined by hand: the next tile's loads are issued before this
     # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
@@ -234,7 +247,10 @@ def _rms_norm_bwd_kernel(
 @lazy_jit
 def _rms_norm_dw_kernel(
     PARTIAL, DW, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
@@ -396,6 +412,30 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(-1, d)
 
 
+# Note [dependent launch]: on sm_90+ each kernel is launched with programmatic dependent launch
+# (PDL): its programs may be scheduled while the kernel before it on the stream is finishing,
+# and wait in ``gdc_wait`` (griddepcontrol.wait: the previous grid complete, its writes
+# visible) before touching memory, then let the next kernel be scheduled in turn. What this
+# hides is the ~1 us gap between dependent kernels (forward -> backward -> dweight reduction).
+# Correctness does not depend on it: the wait comes before every load, and without PDL it is a
+# no-op. A switch so benchmarks can time it.
+_USE_PDL = True
+
+
+@functools.lru_cache(maxsize=16)
+def _pdl_supported(device: torch.device) -> bool:
+    return (device.type == "cuda" and gdc_wait is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _dependent_launch(device: torch.device) -> bool:
+    return _USE_PDL and _pdl_supported(device)
+
+
+def _pdl_option(pdl: bool) -> dict:
+    return {"launch_pdl": True} if pdl else {}
+
+
 def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     n_rows, n_cols = x2.shape
     y = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
@@ -405,10 +445,11 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     p = plan_override or _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda",
                                n_sms=_sm_count(x2.device), elem_bytes=x2.element_size())
     grid = (triton.cdiv(n_rows, p.fwd_rows),)
+    pdl = _dependent_launch(x2.device)
     kernels.forward[grid](
         x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
-        BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict,
-        num_warps=p.fwd_warps,
+        BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
+        num_warps=p.fwd_warps, **_pdl_option(pdl),
     )
     return y, rstd
 
@@ -422,14 +463,15 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
                                n_sms=_sm_count(x2.device), elem_bytes=x2.element_size())
     partial = _empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x2.device)
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
+    pdl = _dependent_launch(x2.device)
     kernels.backward[(p.bwd_programs,)](
         x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
         n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
-        num_warps=p.bwd_warps,
+        PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
     )
     kernels.reduce_dweight[(triton.cdiv(n_cols, p.red_block_n),)](
         partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
-        num_warps=4,
+        PDL=pdl, num_warps=4, **_pdl_option(pdl),
     )
     return dx, dw
 

@@ -15,6 +15,8 @@ from paracheck.kernels.rmsnorm import (
     _KERNELS,
     RMSNormFunction,
     RMSNormKernels,
+    gdc_launch_dependents,
+    gdc_wait,
     lazy_jit,
     tl,
 )
@@ -26,7 +28,11 @@ __all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
 def _fwd_eps_outside_sqrt(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -49,7 +55,11 @@ def _fwd_eps_outside_sqrt(
 def _fwd_unmasked_tail(
     X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -74,12 +84,15 @@ def _fwd_unmasked_tail(
 @lazy_jit
 def _bwd_dx_without_mean_term(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
     # The loop is software-pipelined by hand: the next tile's loads are issued before this
     # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
@@ -126,12 +139,15 @@ def _bwd_dx_without_mean_term(
 @lazy_jit
 def _bwd_partials_overwrite(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
     # The loop is software-pipelined by hand: the next tile's loads are issued before this
     # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_D)
