@@ -193,14 +193,15 @@ def ab(lines, rounds=7):
               "| shape | plan | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
     # (rows per tile, warps, programs per SM) candidates: bigger tiles or more programs put
     # more bytes in flight per SM.
-    candidates = {2048: [(4, 16, 1), (4, 8, 2), (2, 4, 3), (2, 8, 3), (1, 4, 4), (8, 16, 1)],
-                  1024: [(8, 16, 1), (8, 8, 2), (4, 4, 3), (4, 8, 3), (16, 16, 1)]}
-    for rows, d in [(4096, 2048), (4096, 1024)]:
+    candidates = {(4096, 2048): [(4, 16, 1), (4, 8, 2), (2, 4, 3), (2, 8, 3), (1, 4, 4)],
+                  (16384, 1600): [(4, 16, 1), (4, 8, 2)],
+                  (4096, 1024): [(8, 8, 2), (4, 4, 3), (4, 8, 3)]}
+    for rows, d in candidates:
         base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
         hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
         plans = {f"default (rows {base.bwd_rows}, {base.bwd_programs} programs, "
                  f"{base.bwd_warps} warps)": base}
-        for r, warps, per_sm in candidates[d]:
+        for r, warps, per_sm in candidates[rows, d]:
             plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
                 rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
                 bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)

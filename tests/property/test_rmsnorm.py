@@ -356,3 +356,32 @@ def test_benchmark_measurement_checks_every_variant_against_the_oracle():
     d = r.to_dict()
     assert d["triton_vs_torch"] == r.tbps["triton"] / r.tbps["F.rms_norm"]
     assert d["triton_fraction_of_copy"] == r.tbps["triton"] / r.copy_tbps
+
+
+def test_lm_with_triton_norm_trains_like_the_float64_lm():
+    """The CS336 LM with ``norm="triton"`` gives loss and gradients as close to the float64 LM
+    (``norm="torch"``, same weights) as the float32 LM with ``F.rms_norm`` does: norm-wise
+    relative error at most twice F.rms_norm's, plus float32's unit roundoff."""
+    from paracheck.workloads import build_model
+    from paracheck.workloads.lm import LMSpec
+
+    spec = LMSpec(vocab_size=32, context_length=8, d_model=48, d_ff=96, num_layers=2, num_heads=4)
+    reference = build_model(spec, seed=3, dtype=torch.float64, device=DEVICE)
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+
+    def loss_and_grads(model):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        return torch.cat([loss.detach().double().reshape(1)]
+                         + [p.grad.double().reshape(-1) for p in model.parameters()])
+
+    want = loss_and_grads(reference)
+    errors = {}
+    for norm in ("torch", "triton"):
+        model = build_model(LMSpec(**{**spec.__dict__, "norm": norm}), seed=3,
+                            dtype=torch.float32, device=DEVICE)
+        model.load_state_dict(reference.state_dict())
+        got = loss_and_grads(model)
+        errors[norm] = ((got - want).norm() / want.norm()).item()
+    assert errors["triton"] <= 2 * errors["torch"] + _U32, errors
