@@ -72,12 +72,16 @@ class BucketedDDP(DDPBase):
         self.plan = self.planner([p.numel() for p in params], [p.element_size() for p in params],
                                  bucket_size_mb=self.bucket_size_mb, keys=[(p.dtype, p.device) for p in params])
         self._bucket_buffers: list[torch.Tensor] = []
+        self._grad_parts: list[torch.Tensor] = []  # each buffer without its presence flags
+        self._flags: list[torch.Tensor] = []
         self._views: list[torch.Tensor | None] = [None] * len(params)
         self._bucket_of = [0] * len(params)
         for k, b in enumerate(self.plan.buckets):
             ref = params[b.params[0]]
             buf = torch.zeros(b.numel + len(b.params), dtype=ref.dtype, device=ref.device)
             self._bucket_buffers.append(buf)
+            self._grad_parts.append(buf[: b.numel])
+            self._flags.append(buf[b.numel :])
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
@@ -123,11 +127,11 @@ class BucketedDDP(DDPBase):
             self._launch(self._next)
 
     def _launch(self, k: int) -> None:
-        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
+        b = self.plan.buckets[k]
         # Parameters whose hook fired are in place already; the others (no gradient this window,
         # or one from no_sync micro-steps or earlier windows) are put in their slots now.
-        absent = [j for j, i in enumerate(b.params) if not self._adopt(i)]
-        flags = buf[b.numel:]
+        absent = [j for j, i in enumerate(b.params) if not (self._ready[i] or self._adopt(i))]
+        flags = self._flags[k]
         flags.fill_(1)
         if absent:
             flags[absent] = 0
@@ -146,19 +150,22 @@ class BucketedDDP(DDPBase):
         while self._next < len(self._bucket_buffers):
             self._launch(self._next)
         for k in range(len(self._bucket_buffers)):
-            self._settle(k)
+            self._wait(k)
+        if self.world_size > 1 and self._grad_parts:  # one multi-tensor launch, not one per bucket
+            torch._foreach_div_(self._grad_parts, self.world_size)
+        for k in range(len(self._bucket_buffers)):
+            if self._absent[k]:
+                self._settle_absent(k)
         self._reset_window()
 
-    def _settle(self, k: int) -> None:
-        """Wait for bucket k's all-reduce, average in place, apply its presence flags."""
-        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
+    def _wait(self, k: int) -> None:
         if self._works[k] is not None:
             self._works[k].wait()
-        if self.world_size > 1:
-            buf[: b.numel].div_(self.world_size)
-        if not self._absent[k]:
-            return  # Note [Presence flags in the bucket]: every count is >= 1, nothing to read
-        counts = buf[b.numel:].tolist()
+
+    def _settle_absent(self, k: int) -> None:
+        """Apply bucket k's presence flags to the parameters without a local gradient."""
+        b = self.plan.buckets[k]
+        counts = self._flags[k].tolist()
         for j in self._absent[k]:
             i = b.params[j]
             # Some rank had a gradient: this rank's is the average, in the slot. None had: None.

@@ -112,10 +112,10 @@ class MissingWaitDDP(BucketedDDP):
         self._launched_in_backward = self._next
         super().finish_gradient_synchronization()
 
-    def _settle(self, k: int) -> None:
+    def _wait(self, k: int) -> None:
         if k < self._launched_in_backward:
-            self._works[k] = None  # BUG: the handle is dropped without wait()
-        super()._settle(k)
+            return  # BUG: the handle is never waited for
+        super()._wait(k)
 
 
 class PartialCopyBackDDP(FlatDDP):
@@ -216,15 +216,9 @@ class FlagsAveragedDDP(BucketedDDP):
     then drops gradients whose flag is below 1: a parameter used on some ranks only loses its
     gradient on the ranks that did not use it."""
 
-    def _settle(self, k: int) -> None:
-        b, buf = self.plan.buckets[k], self._bucket_buffers[k]
-        if self._works[k] is not None:
-            self._works[k].wait()
-        if self.world_size > 1:
-            buf.div_(self.world_size)  # BUG: the flags are counts, not gradients
-        if not self._absent[k]:
-            return
-        flags = buf[b.numel:].tolist()
+    def _settle_absent(self, k: int) -> None:
+        b = self.plan.buckets[k]
+        flags = self._flags[k].div_(self.world_size).tolist()  # BUG: the flags are counts, not gradients
         for j in self._absent[k]:
             i = b.params[j]
             self.trainable[i].grad = self._views[i] if flags[j] >= 1 else None
