@@ -104,7 +104,7 @@ def rank_main(rank, world, args, port):
 
     torch.backends.cuda.matmul.allow_tf32 = True
     for spec in args.variants.split(","):
-        name, _, option = spec.partition(":")
+        name, option = (spec[: -len(":keep-grads")], "keep-grads") if spec.endswith(":keep-grads") else (spec, "")
         torch.manual_seed(0)
         with torch.device("cuda"):
             model = TransformerLM(LMSpec.size(args.size))

@@ -21,6 +21,8 @@ Note [Presence flags in the bucket]
     Each buffer holds the bucket's gradients followed by one flag per parameter (1 where the local
     gradient exists), reduced by the same all-reduce: after it, a flag 0 means no rank had a
     gradient and ``.grad`` goes back to None (Note [Gradients that exist on some ranks only]).
+    Flags rest at 1 between windows (set at construction and again, for every bucket at once,
+    at the end of ``finish_gradient_synchronization``); a launch only zeroes the absent ones.
     A rank that had every local gradient of a bucket knows every count is >= 1 and never reads
     the flags back, so the common case never blocks the host on communication.
 
@@ -81,7 +83,7 @@ class BucketedDDP(DDPBase):
             buf = torch.zeros(b.numel + len(b.params), dtype=ref.dtype, device=ref.device)
             self._bucket_buffers.append(buf)
             self._grad_parts.append(buf[: b.numel])
-            self._flags.append(buf[b.numel :])
+            self._flags.append(buf[b.numel :].fill_(1))  # Note [Presence flags in the bucket]
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
@@ -131,10 +133,8 @@ class BucketedDDP(DDPBase):
         # Parameters whose hook fired are in place already; the others (no gradient this window,
         # or one from no_sync micro-steps or earlier windows) are put in their slots now.
         absent = [j for j, i in enumerate(b.params) if not (self._ready[i] or self._adopt(i))]
-        flags = self._flags[k]
-        flags.fill_(1)
         if absent:
-            flags[absent] = 0
+            self._flags[k][absent] = 0
         self._absent[k] = absent
         self._works[k] = self._reduce(k)
         self._next = k + 1
@@ -156,6 +156,9 @@ class BucketedDDP(DDPBase):
         for k in range(len(self._bucket_buffers)):
             if self._absent[k]:
                 self._settle_absent(k)
+        if self._flags:  # back to "present" for the next window, in two launches for all buckets
+            torch._foreach_zero_(self._flags)
+            torch._foreach_add_(self._flags, 1)
         self._reset_window()
 
     def _wait(self, k: int) -> None:
