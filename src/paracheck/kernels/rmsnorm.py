@@ -19,11 +19,15 @@ tile, and write one float32 partial row each; a second small kernel sums the ``P
 programs to finish waiting for each other, then reducing a column chunk each -- was measured
 slower on an H200 at every shape than this second launch (4096x1024: the backward grew from
 10.5 to 17.9 us, against 2.6 us for the extra kernel and ~1 us of gap), so it is not used
-(``scripts/rmsnorm_experiments.py`` times the alternatives). The backward loop loads the next tile before it works on the
-current one (software pipelining by hand: two tiles in flight per program). Block sizes, warps
-and programs per SM come from a sweep on an H200 (``scripts/bench_rmsnorm.py --sweep``). In the
+(``scripts/rmsnorm_experiments.py`` times the alternatives). The backward loop loads the next
+tile before it works on the current one (software pipelining by hand: two tiles in flight per
+program). Block sizes, warps and programs per SM come from sweeps on an H200
+(``scripts/bench_rmsnorm.py --sweep``, ``scripts/rmsnorm_experiments.py --what ab``). In the
 interpreter each program instance costs about 1.6 ms whatever its size, so the plan uses few
 programs with many rows there.
+
+Launches: Note [direct launch] (host time) and Note [dependent launch] (the gaps between the
+three kernels on sm_90+); ``docs/rmsnorm-h200.md`` has the measurements.
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ class _LazyJit:
         self.fn = fn
         self._by_mode: dict[bool, object] = {}
         self._compiled: dict[tuple, object] = {}  # Note [direct launch]
+        # Direct launches need triton.knobs (triton >= 3.3) and a launcher taking the arguments
+        # this module passes; otherwise (or once that call is refused) triton's own path is used.
+        self._direct_ok = triton is not None and hasattr(triton, "knobs")
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
@@ -108,7 +115,7 @@ class _LazyJit:
             jitted = self._by_mode[mode] = triton.jit(self.fn)
             if not mode:
                 self._constexprs = [p.name for p in jitted.params if p.is_constexpr]
-        if mode or not _FAST_LAUNCH:
+        if mode or not (_FAST_LAUNCH and self._direct_ok):
             return jitted[grid]
         return functools.partial(self._launch, jitted, grid)
 
@@ -134,7 +141,9 @@ class _LazyJit:
                 key.append(type(a))
         key = tuple(key)
         kernel = self._compiled.get(key)
-        enter, leave = triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook
+        runtime = triton.knobs.runtime
+        enter = getattr(runtime, "launch_enter_hook", None)
+        leave = getattr(runtime, "launch_exit_hook", None)
         # A hook is None (older triton), a callable, or a HookChain whose ``calls`` may be empty.
         if kernel is None or getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
             kernel = jitted[grid](*args, num_warps=num_warps, **constexprs)
@@ -142,10 +151,14 @@ class _LazyJit:
                 kernel = kernel.result()
             self._compiled[key] = kernel
             return kernel
-        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                   torch._C._cuda_getCurrentRawStream(device), kernel.function,
-                   kernel.packed_metadata, None, None, None,
-                   *args, *(constexprs[name] for name in self._constexprs))
+        try:
+            kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                       torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                       kernel.packed_metadata, None, None, None,
+                       *args, *(constexprs[name] for name in self._constexprs))
+        except TypeError:  # a triton whose launcher takes other arguments: refused before launch
+            self._direct_ok = False
+            return jitted[grid](*args, num_warps=num_warps, **constexprs)
         return kernel
 
 
