@@ -18,6 +18,7 @@ side in one call so the device lease is spent once:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -101,7 +102,7 @@ def host(lines):
     K._FAST_LAUNCH = True
     compiled = jitted_path(*args, **kw, num_warps=p.fwd_warps)
     stream = torch.cuda.current_stream().cuda_stream
-    const_vals = [kw[n] for n in fwd._constexprs]  # launch_pdl is an option, not a parameter
+    const_vals = [kw.get(n, default) for n, default in fwd._constexprs]  # launch_pdl: an option
     cases = {
         "torch.empty(64x1024)": lambda: torch.empty((rows, d), device="cuda"),
         "torch y.mul_(1.0) (one aten kernel)": lambda: y.mul_(1.0),
@@ -239,6 +240,30 @@ def pdl(lines, rounds=7):
             print(lines[-1], flush=True)
 
 
+def reverse(lines, rounds=7):
+    """The backward walking rows last-to-first (Note [reverse walk]) against the default, in
+    fwd+bwd sequences, interleaved ``rounds`` times (medians)."""
+    import statistics
+
+    n_sms = K._sm_count(torch.device("cuda"))
+    lines += ["", f"## Backward row order, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
+              "| shape | order | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    for rows, d in SHAPES:
+        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        order = {False: "first to last", True: "last to first"}
+        plans = {f"{order[base.bwd_reverse]} (the plan's)": base,
+                 order[not base.bwd_reverse]: dataclasses.replace(base, bwd_reverse=not base.bwd_reverse)}
+        got = {name: [] for name in plans}
+        for _ in range(rounds):
+            for name, plan in plans.items():
+                got[name].append(seq_tbps(rows, d, base, lambda dy, x, w, rstd, plan=plan:
+                                          K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
+        for name, v in got.items():
+            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
+                         f"{min(v):.3f}-{max(v):.3f} |")
+            print(lines[-1], flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--what", default="host,bwd")
@@ -256,6 +281,8 @@ def main(argv=None) -> int:
         ab(lines)
     if "pdl" in what:
         pdl(lines)
+    if "reverse" in what:
+        reverse(lines)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "rmsnorm_experiments.md"), "w") as f:

@@ -33,9 +33,11 @@ three kernels on sm_90+); ``docs/rmsnorm-h200.md`` has the measurements.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -113,8 +115,10 @@ class _LazyJit:
         jitted = self._by_mode.get(mode)
         if jitted is None:
             jitted = self._by_mode[mode] = triton.jit(self.fn)
-            if not mode:
-                self._constexprs = [p.name for p in jitted.params if p.is_constexpr]
+            if not mode:  # (name, default) of each constexpr parameter, in signature order
+                sig = inspect.signature(self.fn).parameters
+                self._constexprs = [(p.name, sig[p.name].default) for p in jitted.params
+                                    if p.is_constexpr]
         if mode or not (_FAST_LAUNCH and self._direct_ok):
             return jitted[grid]
         return functools.partial(self._launch, jitted, grid)
@@ -155,7 +159,8 @@ class _LazyJit:
             kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                        torch._C._cuda_getCurrentRawStream(device), kernel.function,
                        kernel.packed_metadata, None, None, None,
-                       *args, *(constexprs[name] for name in self._constexprs))
+                       *args, *(constexprs.get(name, default)
+                                for name, default in self._constexprs))
         except TypeError:  # a triton whose launcher takes other arguments: refused before launch
             self._direct_ok = False
             return jitted[grid](*args, num_warps=num_warps, **constexprs)
@@ -206,6 +211,7 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
@@ -223,6 +229,8 @@ def _rms_norm_bwd_kernel(
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     ok = row_ok[:, None] & col_ok[None, :]
+    if REVERSE:  # Note [reverse walk]
+        rows = n_rows - 1 - rows
     rows64 = rows.to(tl.int64)
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
                 eviction_policy=LOAD_EVICT)
@@ -233,6 +241,8 @@ def _rms_norm_bwd_kernel(
         nrows = start + step + tl.arange(0, ROWS)
         nrow_ok = nrows < n_rows
         nok = nrow_ok[:, None] & col_ok[None, :]
+        if REVERSE:
+            nrows = n_rows - 1 - nrows
         nrows64 = nrows.to(tl.int64)
         x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
                          eviction_policy=LOAD_EVICT)
@@ -241,6 +251,8 @@ def _rms_norm_bwd_kernel(
         rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
         ok = (rows < n_rows)[:, None] & col_ok[None, :]
+        if REVERSE:
+            rows = n_rows - 1 - rows
         rows64 = rows.to(tl.int64)
         xf = x.to(tl.float32)
         dyf = dy.to(tl.float32)
@@ -300,6 +312,7 @@ class _Plan:
     bwd_programs: int
     red_block_p: int
     red_block_n: int
+    bwd_reverse: bool = False  # Note [reverse walk]
     x_evict: str = ""  # eviction policies, Note [cache hints]
     y_evict: str = ""
     bwd_load_evict: str = ""
@@ -327,6 +340,12 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
                  red_block_n, **hints)
 
 
+# Note [reverse walk]: the backward may walk the rows last to first. The forward wrote y and read
+# x first to last, so the rows it touched last are the likeliest to still be in the L2 when the
+# backward starts; in training, the dy a preceding backward kernel wrote last is too. Which order
+# is faster is measured per width (``scripts/rmsnorm_experiments.py --what reverse``); the
+# results do not depend on it except through the order of the dweight partial sums.
+
 # Tensors up to this size (per tensor) are treated as L2-resident between forward and backward.
 _L2_RESIDENT_BYTES = 32 * 2**20
 
@@ -341,7 +360,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
         return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
-                     block_d)
+                     block_d, bwd_reverse=True)  # the GPU's order for these widths, tested here
     # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
     # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
     # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
@@ -366,8 +385,12 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     small = n_rows * n_cols * elem_bytes <= _L2_RESIDENT_BYTES
     hints = dict(x_evict="evict_last", y_evict="evict_first" if small else "",
                  bwd_load_evict="evict_first" if small else "")
-    return _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
+    # Note [reverse walk]: measured faster up to d = 4096 (4096x4096 3.04 -> 3.12 TB/s,
+    # 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved rounds),
+    # slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
+    plan = _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
                      bwd_rows=bwd_rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm, **hints)
+    return dataclasses.replace(plan, bwd_reverse=block_d <= 4096)
 
 
 @functools.lru_cache(maxsize=16)
@@ -486,7 +509,7 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
     kernels.backward[(p.bwd_programs,)](
         x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
         n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
-        PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
+        REVERSE=p.bwd_reverse, PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
     )
     kernels.reduce_dweight[(triton.cdiv(n_cols, p.red_block_n),)](
         partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,

@@ -85,6 +85,7 @@ def _fwd_unmasked_tail(
 def _bwd_dx_without_mean_term(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
@@ -102,6 +103,8 @@ def _bwd_dx_without_mean_term(
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     ok = row_ok[:, None] & col_ok[None, :]
+    if REVERSE:  # Note [reverse walk]
+        rows = n_rows - 1 - rows
     rows64 = rows.to(tl.int64)
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
                 eviction_policy=LOAD_EVICT)
@@ -112,6 +115,8 @@ def _bwd_dx_without_mean_term(
         nrows = start + step + tl.arange(0, ROWS)
         nrow_ok = nrows < n_rows
         nok = nrow_ok[:, None] & col_ok[None, :]
+        if REVERSE:
+            nrows = n_rows - 1 - nrows
         nrows64 = nrows.to(tl.int64)
         x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
                          eviction_policy=LOAD_EVICT)
@@ -120,6 +125,8 @@ def _bwd_dx_without_mean_term(
         rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
         ok = (rows < n_rows)[:, None] & col_ok[None, :]
+        if REVERSE:
+            rows = n_rows - 1 - rows
         rows64 = rows.to(tl.int64)
         xf = x.to(tl.float32)
         dyf = dy.to(tl.float32)
@@ -140,6 +147,7 @@ def _bwd_dx_without_mean_term(
 def _bwd_partials_overwrite(
     X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
@@ -157,6 +165,8 @@ def _bwd_partials_overwrite(
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     ok = row_ok[:, None] & col_ok[None, :]
+    if REVERSE:  # Note [reverse walk]
+        rows = n_rows - 1 - rows
     rows64 = rows.to(tl.int64)
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
                 eviction_policy=LOAD_EVICT)
@@ -167,6 +177,8 @@ def _bwd_partials_overwrite(
         nrows = start + step + tl.arange(0, ROWS)
         nrow_ok = nrows < n_rows
         nok = nrow_ok[:, None] & col_ok[None, :]
+        if REVERSE:
+            nrows = n_rows - 1 - nrows
         nrows64 = nrows.to(tl.int64)
         x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
                          eviction_policy=LOAD_EVICT)
@@ -175,6 +187,8 @@ def _bwd_partials_overwrite(
         rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
         ok = (rows < n_rows)[:, None] & col_ok[None, :]
+        if REVERSE:
+            rows = n_rows - 1 - rows
         rows64 = rows.to(tl.int64)
         xf = x.to(tl.float32)
         dyf = dy.to(tl.float32)
