@@ -206,6 +206,69 @@ def _bwd_partials_overwrite(
     tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
+@lazy_jit
+def _bwd_reverse_walk_rstd_forward_order(
+    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
+    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
+    # The loop is software-pipelined by hand: the next tile's loads are issued before this
+    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
+    if PDL:  # Note [dependent launch]
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    ok = row_ok[:, None] & col_ok[None, :]
+    if REVERSE:  # Note [reverse walk]
+        rows = n_rows - 1 - rows
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
+                eviction_policy=LOAD_EVICT)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
+                 eviction_policy=LOAD_EVICT)
+    # BUG: the per-row rstd is read in the forward order, not at the reversed row
+    rstd = tl.load(RSTD + pid * ROWS + tl.arange(0, ROWS), mask=row_ok, other=0.0)
+    for start in range(pid * ROWS, n_rows, step):
+        nrows = start + step + tl.arange(0, ROWS)
+        nrow_ok = nrows < n_rows
+        nok = nrow_ok[:, None] & col_ok[None, :]
+        if REVERSE:
+            nrows = n_rows - 1 - nrows
+        nrows64 = nrows.to(tl.int64)
+        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
+                         eviction_policy=LOAD_EVICT)
+        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
+                          eviction_policy=LOAD_EVICT)
+        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)
+        rows = start + tl.arange(0, ROWS)
+        ok = (rows < n_rows)[:, None] & col_ok[None, :]
+        if REVERSE:
+            rows = n_rows - 1 - rows
+        rows64 = rows.to(tl.int64)
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        xhat = xf * rstd[:, None]
+        wdy = dyf * w[None, :]
+        c = tl.sum(xhat * wdy, axis=1) / n_cols
+        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=ok)
+        dw_acc += dyf * xhat
+        x = x_next
+        dy = dy_next
+        rstd = rstd_next
+    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
 def _with(**swap) -> RMSNormKernels:
     kernels = {"forward": _KERNELS.forward, "backward": _KERNELS.backward,
                "reduce_dweight": _KERNELS.reduce_dweight}
@@ -240,6 +303,10 @@ RMSNORM_MUTANT_DESCRIPTIONS: dict[str, str] = {
         "(missing pid offset): programs overwrite each other and the other rows stay unwritten; "
         "exposed once the backward runs on two or more programs"
     ),
+    "reverse_walk_rstd_forward_order": (
+        "the backward walks rows last to first (Note [reverse walk]) but reads each row's saved "
+        "rstd in the forward order: exposed by two or more rows of different mean squares"
+    ),
 }
 
 _MUTANT_KERNELS = {
@@ -247,6 +314,7 @@ _MUTANT_KERNELS = {
     "unmasked_tail_load": _with(forward=_fwd_unmasked_tail),
     "dx_without_mean_term": _with(backward=_bwd_dx_without_mean_term),
     "dweight_partials_overwrite": _with(backward=_bwd_partials_overwrite),
+    "reverse_walk_rstd_forward_order": _with(backward=_bwd_reverse_walk_rstd_forward_order),
 }
 
 RMSNORM_MUTANTS = {
