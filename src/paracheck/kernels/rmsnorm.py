@@ -346,6 +346,8 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
 # is faster is measured per width (``scripts/rmsnorm_experiments.py --what reverse``); the
 # results do not depend on it except through the order of the dweight partial sums.
 
+_REVERSE_MAX_BLOCK = 4096  # Note [reverse walk]: the widest (padded) rows walked last to first
+
 # Tensors up to this size (per tensor) are treated as L2-resident between forward and backward.
 _L2_RESIDENT_BYTES = 32 * 2**20
 
@@ -359,8 +361,9 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         # ~32k elements per tile: numpy does the work, per-program overhead is amortised.
         rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
+        # The GPU's row order for this width (below), so CI runs both orders' code.
         return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
-                     block_d, bwd_reverse=True)  # the GPU's order for these widths, tested here
+                     block_d, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
     # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
     # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
     # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
@@ -390,7 +393,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     # slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
     plan = _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
                      bwd_rows=bwd_rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm, **hints)
-    return dataclasses.replace(plan, bwd_reverse=block_d <= 4096)
+    return dataclasses.replace(plan, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
 
 
 @functools.lru_cache(maxsize=16)
