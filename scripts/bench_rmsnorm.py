@@ -56,21 +56,20 @@ check = B.check_against_oracle
 step_fn = B.step_fn
 
 
-def triton_variant(*, fast_launch=True, dependent_launch=True):
-    """paracheck's kernel with its launch switches set for this call and its backward."""
+def triton_variant(*, dependent_launch=True):
+    """paracheck's kernel with its launch switch set for this call and its backward."""
     from paracheck.kernels import rmsnorm as K
 
     def fn(x, weight, eps):
-        K._FAST_LAUNCH, K._USE_PDL = fast_launch, dependent_launch
+        K._USE_PDL = dependent_launch
         return K.rms_norm(x, weight, eps)
 
     return fn
 
 
-# Ablations of the launch measures (Note [direct launch], Note [dependent launch] in
-# paracheck/kernels/rmsnorm.py), timed beside the default with --variants.
-ABLATIONS = {"triton: triton's own launch path": dict(fast_launch=False),
-             "triton: no dependent launch": dict(dependent_launch=False)}
+# Ablation of the launch measure (Note [dependent launch] in paracheck/kernels/rmsnorm.py),
+# timed beside the default with --variants.
+ABLATIONS = {"triton: no dependent launch": dict(dependent_launch=False)}
 
 
 # ------------------------------------------------------------------------------------------

@@ -3,9 +3,8 @@
 Not a benchmark of record (that is ``bench_rmsnorm.py``); this times candidate changes side by
 side in one call so the device lease is spent once:
 
-* ``host``: host microseconds per launch of the forward kernel by triton's own path, by
-  paracheck's direct launch (Note [direct launch]), by ``CompiledKernel.run`` with every
-  argument prepared, and of a torch elementwise kernel and ``torch.empty`` for scale.
+* ``host``: host microseconds per launch of the forward kernel, per autograd forward, and of a
+  torch elementwise kernel and ``torch.empty`` for scale.
 * ``bwd``: forward+backward sequences (launchers called directly, no autograd), effective TB/s
   with 4 * rows * d * 4 bytes counted, L2 flushed by a read and the host queued ahead, for the
   library's backward with several programs-per-SM / warps, with the separate dweight kernel,
@@ -97,21 +96,10 @@ def host(lines):
     kw = dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
               **K._pdl_option(pdl))
     fwd = K._KERNELS.forward
-    K._FAST_LAUNCH = False
-    jitted_path = fwd[grid]
-    K._FAST_LAUNCH = True
-    compiled = jitted_path(*args, **kw, num_warps=p.fwd_warps)
-    stream = torch.cuda.current_stream().cuda_stream
-    const_vals = [kw.get(n, default) for n, default in fwd._constexprs]  # launch_pdl: an option
     cases = {
         "torch.empty(64x1024)": lambda: torch.empty((rows, d), device="cuda"),
         "torch y.mul_(1.0) (one aten kernel)": lambda: y.mul_(1.0),
-        "triton's own launch path (jitted[grid](...))":
-            lambda: jitted_path(*args, **kw, num_warps=p.fwd_warps),
-        "paracheck direct launch (fwd[grid](...))": lambda: fwd[grid](*args, **kw, num_warps=p.fwd_warps),
-        "CompiledKernel.run, arguments prepared":
-            lambda: compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata,
-                                 None, None, None, *args, *const_vals),
+        "one triton launch (fwd[grid](...))": lambda: fwd[grid](*args, **kw, num_warps=p.fwd_warps),
         "paracheck _rms_norm_forward (allocations + launch)":
             lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
         "paracheck rms_norm forward (autograd.Function, no grad)":

@@ -254,8 +254,8 @@ def test_strided_weight_matches_oracle():
 
 def test_alignment_changing_between_calls_matches_oracle():
     """Inputs 16-byte aligned, then not, then aligned again (views at element offsets 0, 1, 0,
-    3) all equal the oracle: on a GPU each alignment needs its own compiled kernel, so the
-    direct-launch cache (Note [direct launch]) must key on it."""
+    3) all equal the oracle: on a GPU each alignment needs its own compiled specialisation, and
+    reusing the aligned one for an unaligned pointer would fault or misread."""
     torch.manual_seed(2)
     buf = torch.randn(8 * 32 + 3, device=DEVICE)
     dy = torch.randn(8, 32, device=DEVICE)

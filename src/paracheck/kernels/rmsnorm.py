@@ -26,14 +26,13 @@ program). Block sizes, warps and programs per SM come from sweeps on an H200
 interpreter each program instance costs about 1.6 ms whatever its size, so the plan uses few
 programs with many rows there.
 
-Launches: Note [direct launch] (host time) and Note [dependent launch] (the gaps between the
-three kernels on sm_90+); ``docs/rmsnorm-h200.md`` has the measurements.
+Launches: Note [dependent launch] (the gaps between the three kernels on sm_90+);
+``docs/rmsnorm-h200.md`` has the measurements.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 from contextlib import contextmanager
@@ -103,10 +102,6 @@ class _LazyJit:
     def __init__(self, fn):
         self.fn = fn
         self._by_mode: dict[bool, object] = {}
-        self._compiled: dict[tuple, object] = {}  # Note [direct launch]
-        # Direct launches need triton.knobs (triton >= 3.3) and a launcher taking the arguments
-        # this module passes; otherwise (or once that call is refused) triton's own path is used.
-        self._direct_ok = triton is not None and hasattr(triton, "knobs")
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
@@ -115,60 +110,7 @@ class _LazyJit:
         jitted = self._by_mode.get(mode)
         if jitted is None:
             jitted = self._by_mode[mode] = triton.jit(self.fn)
-            if not mode:  # (name, default) of each constexpr parameter, in signature order
-                sig = inspect.signature(self.fn).parameters
-                self._constexprs = [(p.name, sig[p.name].default) for p in jitted.params
-                                    if p.is_constexpr]
-        if mode or not (_FAST_LAUNCH and self._direct_ok):
-            return jitted[grid]
-        return functools.partial(self._launch, jitted, grid)
-
-    def _launch(self, jitted, grid, *args, num_warps, **constexprs):
-        """Note [direct launch]: ``jitted[grid](...)`` re-derives the specialisation key through
-        triton's binder and reads several knobs on every call. That key depends only on the
-        device, the options, the constexpr values, each tensor's dtype and 16-byte alignment
-        and each int's ``== 1`` / ``% 16 == 0`` / 32-bit-range classes, so the compiled kernel
-        is cached here under exactly those and launched directly. The first launch of each
-        key, tensors on another device than the current one, and any launch while a launch
-        hook is installed (profilers) go through triton's own path."""
-        device = torch._C._cuda_getDevice()
-        key = [device, num_warps, *constexprs.items()]
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if a.get_device() != device:  # compiled handles belong to the current device
-                    return jitted[grid](*args, num_warps=num_warps, **constexprs)
-                key.append(a.dtype)
-                key.append(a.data_ptr() & 15 == 0)
-            elif isinstance(a, int):
-                key.append((a == 1, a & 15 == 0, -(2**31) <= a < 2**31))
-            else:
-                key.append(type(a))
-        key = tuple(key)
-        kernel = self._compiled.get(key)
-        runtime = triton.knobs.runtime
-        enter = getattr(runtime, "launch_enter_hook", None)
-        leave = getattr(runtime, "launch_exit_hook", None)
-        # A hook is None (older triton), a callable, or a HookChain whose ``calls`` may be empty.
-        if kernel is None or getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
-            kernel = jitted[grid](*args, num_warps=num_warps, **constexprs)
-            if hasattr(kernel, "result"):  # asynchronous compilation
-                kernel = kernel.result()
-            self._compiled[key] = kernel
-            return kernel
-        try:
-            kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                       torch._C._cuda_getCurrentRawStream(device), kernel.function,
-                       kernel.packed_metadata, None, None, None,
-                       *args, *(constexprs.get(name, default)
-                                for name, default in self._constexprs))
-        except TypeError:  # a triton whose launcher takes other arguments: refused before launch
-            self._direct_ok = False
-            return jitted[grid](*args, num_warps=num_warps, **constexprs)
-        return kernel
-
-
-# Note [direct launch]; a switch so benchmarks can time triton's own launch path beside it.
-_FAST_LAUNCH = True
+        return jitted[grid]
 
 
 def lazy_jit(fn) -> _LazyJit:
