@@ -1,7 +1,8 @@
 """Deliberately broken RMSNorm kernels the property checks must kill.
 
-Each mutant differs from ``paracheck.kernels.rmsnorm`` by one realistic bug in one kernel, and
-runs through the same ``RMSNormFunction`` (so the same launchers, plans and autograd), with the
+Each mutant differs from ``paracheck.kernels.rmsnorm`` by one realistic bug in one kernel (its
+source is the production kernel's with the bug's lines replaced, see ``_mutated``), and runs
+through the same ``RMSNormFunction`` (so the same launchers, plans and autograd), with the
 broken kernel swapped into an ``RMSNormKernels`` set. ``RMSNORM_MUTANTS[name](x, weight, eps)``
 returns ``y`` with autograd, like ``paracheck.kernels.rms_norm``; ``RMSNORM_MUTANT_DESCRIPTIONS``
 says what is broken and which inputs expose it.
@@ -9,264 +10,70 @@ says what is broken and which inputs expose it.
 
 from __future__ import annotations
 
+import inspect
+import linecache
+import textwrap
+
 import torch
 
 from paracheck.kernels.rmsnorm import (
     _KERNELS,
     RMSNormFunction,
     RMSNormKernels,
-    gdc_launch_dependents,
-    gdc_wait,
+    _LazyJit,
     lazy_jit,
-    tl,
 )
 
 __all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
 
 
-@lazy_jit
-def _fwd_eps_outside_sqrt(
-    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_ok = rows < n_rows
-    col_ok = cols < n_cols
-    ok = row_ok[:, None] & col_ok[None, :]
-    rows64 = rows.to(tl.int64)
-    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=X_EVICT).to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
-    rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt
-    tl.store(RSTD + rows, rstd, mask=row_ok)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
-             eviction_policy=Y_EVICT)
+def _mutated(kernel: _LazyJit, name: str, *edits: tuple[str, str]) -> _LazyJit:
+    """``kernel`` with each ``(line, replacement)`` of ``edits`` applied to its source: the
+    production kernel plus the bug and nothing else, so the two cannot drift apart. Each line
+    must occur exactly once. The source is registered with ``linecache`` under a name of its
+    own, because ``triton.jit`` reads a kernel's source through ``inspect``."""
+    lines = textwrap.dedent(inspect.getsource(kernel.fn)).splitlines(keepends=True)
+    source = "".join(line for line in lines if not line.startswith("@"))  # drop @lazy_jit
+    source = source.replace(f"def {kernel.fn.__name__}(", f"def {name}(", 1)
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"{name}: {old.strip()!r} occurs {source.count(old)} times in "
+                             f"{kernel.fn.__name__}, not once: the mutant is out of date")
+        source = source.replace(old, new)
+    filename = f"<paracheck.mutants.rmsnorm:{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace: dict = {}
+    # The kernel module's globals: tl, gdc_wait and the rest resolve as in the original.
+    exec(compile(source, filename, "exec"), kernel.fn.__globals__, namespace)
+    return lazy_jit(namespace[name])
 
 
-@lazy_jit
-def _fwd_unmasked_tail(
-    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_ok = rows < n_rows
-    col_ok = cols < n_cols
-    ok = row_ok[:, None] & col_ok[None, :]
-    rows64 = rows.to(tl.int64)
-    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
-    # BUG: the load masks rows only, so the padded tail of the block (cols >= n_cols) reads
-    # whatever follows the row (the next row, padding, or a guard buffer) into the sum.
-    x_mask = row_ok[:, None] & (cols[None, :] < BLOCK_D)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=x_mask, other=0.0,
-                eviction_policy=X_EVICT).to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
-             eviction_policy=Y_EVICT)
-
-
-@lazy_jit
-def _bwd_dx_without_mean_term(
-    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
-    REVERSE: tl.constexpr,
-):
-    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
-    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
-    # The loop is software-pipelined by hand: the next tile's loads are issued before this
-    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < n_cols
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    ok = row_ok[:, None] & col_ok[None, :]
-    if REVERSE:  # Note [reverse walk]
-        rows = n_rows - 1 - rows
-    rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=LOAD_EVICT)
-    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                 eviction_policy=LOAD_EVICT)
-    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-    for start in range(pid * ROWS, n_rows, step):
-        nrows = start + step + tl.arange(0, ROWS)
-        nrow_ok = nrows < n_rows
-        nok = nrow_ok[:, None] & col_ok[None, :]
-        if REVERSE:
-            nrows = n_rows - 1 - nrows
-        nrows64 = nrows.to(tl.int64)
-        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
-                         eviction_policy=LOAD_EVICT)
-        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
-                          eviction_policy=LOAD_EVICT)
-        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
-        rows = start + tl.arange(0, ROWS)
-        ok = (rows < n_rows)[:, None] & col_ok[None, :]
-        if REVERSE:
-            rows = n_rows - 1 - rows
-        rows64 = rows.to(tl.int64)
-        xf = x.to(tl.float32)
-        dyf = dy.to(tl.float32)
-        xhat = xf * rstd[:, None]
-        wdy = dyf * w[None, :]
-        c = tl.sum(xhat * wdy, axis=1) / n_cols
-        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * c)
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                 mask=ok)
-        dw_acc += dyf * xhat
-        x = x_next
-        dy = dy_next
-        rstd = rstd_next
-    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-
-
-@lazy_jit
-def _bwd_partials_overwrite(
-    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
-    REVERSE: tl.constexpr,
-):
-    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
-    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
-    # The loop is software-pipelined by hand: the next tile's loads are issued before this
-    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < n_cols
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    ok = row_ok[:, None] & col_ok[None, :]
-    if REVERSE:  # Note [reverse walk]
-        rows = n_rows - 1 - rows
-    rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=LOAD_EVICT)
-    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                 eviction_policy=LOAD_EVICT)
-    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-    for start in range(pid * ROWS, n_rows, step):
-        nrows = start + step + tl.arange(0, ROWS)
-        nrow_ok = nrows < n_rows
-        nok = nrow_ok[:, None] & col_ok[None, :]
-        if REVERSE:
-            nrows = n_rows - 1 - nrows
-        nrows64 = nrows.to(tl.int64)
-        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
-                         eviction_policy=LOAD_EVICT)
-        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
-                          eviction_policy=LOAD_EVICT)
-        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
-        rows = start + tl.arange(0, ROWS)
-        ok = (rows < n_rows)[:, None] & col_ok[None, :]
-        if REVERSE:
-            rows = n_rows - 1 - rows
-        rows64 = rows.to(tl.int64)
-        xf = x.to(tl.float32)
-        dyf = dy.to(tl.float32)
-        xhat = xf * rstd[:, None]
-        wdy = dyf * w[None, :]
-        c = tl.sum(xhat * wdy, axis=1) / n_cols
-        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                 mask=ok)
-        dw_acc += dyf * xhat
-        x = x_next
-        dy = dy_next
-        rstd = rstd_next
-    # BUG: the partial row index (pid * n_cols) is missing: every program writes row 0.
-    tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-
-
-@lazy_jit
-def _bwd_reverse_walk_rstd_forward_order(
-    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
-    REVERSE: tl.constexpr,
-):
-    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
-    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
-    # The loop is software-pipelined by hand: the next tile's loads are issued before this
-    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < n_cols
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    ok = row_ok[:, None] & col_ok[None, :]
-    if REVERSE:  # Note [reverse walk]
-        rows = n_rows - 1 - rows
-    rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=LOAD_EVICT)
-    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                 eviction_policy=LOAD_EVICT)
-    # BUG: the per-row rstd is read in the forward order, not at the reversed row
-    rstd = tl.load(RSTD + pid * ROWS + tl.arange(0, ROWS), mask=row_ok, other=0.0)
-    for start in range(pid * ROWS, n_rows, step):
-        nrows = start + step + tl.arange(0, ROWS)
-        nrow_ok = nrows < n_rows
-        nok = nrow_ok[:, None] & col_ok[None, :]
-        if REVERSE:
-            nrows = n_rows - 1 - nrows
-        nrows64 = nrows.to(tl.int64)
-        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
-                         eviction_policy=LOAD_EVICT)
-        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
-                          eviction_policy=LOAD_EVICT)
-        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)
-        rows = start + tl.arange(0, ROWS)
-        ok = (rows < n_rows)[:, None] & col_ok[None, :]
-        if REVERSE:
-            rows = n_rows - 1 - rows
-        rows64 = rows.to(tl.int64)
-        xf = x.to(tl.float32)
-        dyf = dy.to(tl.float32)
-        xhat = xf * rstd[:, None]
-        wdy = dyf * w[None, :]
-        c = tl.sum(xhat * wdy, axis=1) / n_cols
-        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                 mask=ok)
-        dw_acc += dyf * xhat
-        x = x_next
-        dy = dy_next
-        rstd = rstd_next
-    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+_fwd_eps_outside_sqrt = _mutated(_KERNELS.forward, "_fwd_eps_outside_sqrt", (
+    "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
+    "    rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt\n",
+))
+_fwd_unmasked_tail = _mutated(_KERNELS.forward, "_fwd_unmasked_tail", (
+    "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,\n",
+    # BUG: rows masked only: the padded tail of the block (cols >= n_cols) reads whatever
+    # follows the row (the next row, padding, or a guard buffer) into the sum.
+    "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=row_ok[:, None], other=0.0,\n",
+))
+_bwd_dx_without_mean_term = _mutated(_KERNELS.backward, "_bwd_dx_without_mean_term", (
+    "        dx = (wdy - xhat * c[:, None]) * rstd[:, None]\n",
+    "        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * c)\n",
+))
+_bwd_partials_overwrite = _mutated(_KERNELS.backward, "_bwd_partials_overwrite", (
+    "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
+    "    tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)  # BUG: no pid * n_cols\n",
+))
+_bwd_reverse_walk_rstd_forward_order = _mutated(
+    _KERNELS.backward, "_bwd_reverse_walk_rstd_forward_order",
+    # BUG: the saved rstd is read at the forward-order row, not at the reversed one.
+    ("    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)\n",
+     "    rstd = tl.load(RSTD + pid * ROWS + tl.arange(0, ROWS), mask=row_ok, other=0.0)\n"),
+    ("        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)\n",
+     "        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)\n"),
+)
 
 
 def _with(**swap) -> RMSNormKernels:
