@@ -14,13 +14,11 @@ def test_selftest_fast_profile_kills_and_passes(world, capsys):
         assert name in out
 
 
-def test_selftest_reports_a_surviving_mutant_as_failure(world):
+def test_selftest_reports_a_surviving_mutant_as_failure(world, monkeypatch):
     """A 'mutant' that is in fact correct survives, and the selftest row says so (exit would be 1)."""
     from paracheck.mutants import MUTANTS, Mutant
 
-    MUTANTS["_correct-in-disguise"] = Mutant("_correct-in-disguise", "paracheck.ddp:FlatDDP", "ddp", "no bug at all")
-    try:
-        rows = list(selftest_rows(only=["_correct-in-disguise"], world_sizes=(1, 2), world=world, max_examples=5))
-    finally:
-        del MUTANTS["_correct-in-disguise"]
+    name = "_correct-in-disguise"
+    monkeypatch.setitem(MUTANTS, name, Mutant(name, "paracheck.ddp:FlatDDP", "ddp", "no bug at all"))
+    rows = list(selftest_rows(only=[name], world_sizes=(1, 2), world=world, max_examples=5))
     assert rows[0]["verdict"] == "SURVIVED" and not rows[0]["ok"]
