@@ -173,10 +173,24 @@ def bwd(lines):
         print("\n".join(lines[-len(ranked) - 4:]), flush=True)
 
 
-def ab(lines, rounds=7):
-    """The default backward plan against candidates, interleaved ``rounds`` times (medians)."""
+def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
+    """fwd+bwd sequences with each backward plan of ``plans``, the plans taking turns for
+    ``rounds`` rounds; one table row per plan (median, min-max TB/s)."""
     import statistics
 
+    got = {name: [] for name in plans}
+    for _ in range(rounds):
+        for name, plan in plans.items():
+            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, plan=plan:
+                                      K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
+    for name, v in got.items():
+        lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
+                     f"{min(v):.3f}-{max(v):.3f} |")
+        print(lines[-1], flush=True)
+
+
+def ab(lines, rounds=7):
+    """The default backward plan against candidates, interleaved ``rounds`` times (medians)."""
     n_sms = K._sm_count(torch.device("cuda"))
     lines += ["", f"## A/B of backward plans, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
               "| shape | plan | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
@@ -194,15 +208,7 @@ def ab(lines, rounds=7):
             plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
                 rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
                 bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
-        got = {name: [] for name in plans}
-        for _ in range(rounds):
-            for name, plan in plans.items():
-                got[name].append(seq_tbps(rows, d, base, lambda dy, x, w, rstd, plan=plan:
-                                          K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
-        for name, v in got.items():
-            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
-                         f"{min(v):.3f}-{max(v):.3f} |")
-            print(lines[-1], flush=True)
+        interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
 def pdl(lines, rounds=7):
@@ -231,8 +237,6 @@ def pdl(lines, rounds=7):
 def reverse(lines, rounds=7):
     """The backward walking rows last-to-first (Note [reverse walk]) against the default, in
     fwd+bwd sequences, interleaved ``rounds`` times (medians)."""
-    import statistics
-
     n_sms = K._sm_count(torch.device("cuda"))
     lines += ["", f"## Backward row order, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
               "| shape | order | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
@@ -241,15 +245,7 @@ def reverse(lines, rounds=7):
         order = {False: "first to last", True: "last to first"}
         plans = {f"{order[base.bwd_reverse]} (the plan's)": base,
                  order[not base.bwd_reverse]: dataclasses.replace(base, bwd_reverse=not base.bwd_reverse)}
-        got = {name: [] for name in plans}
-        for _ in range(rounds):
-            for name, plan in plans.items():
-                got[name].append(seq_tbps(rows, d, base, lambda dy, x, w, rstd, plan=plan:
-                                          K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
-        for name, v in got.items():
-            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
-                         f"{min(v):.3f}-{max(v):.3f} |")
-            print(lines[-1], flush=True)
+        interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
 def main(argv=None) -> int:
