@@ -11,7 +11,7 @@ side in one call so the device lease is spent once:
   and for a variant whose loop is pipelined by triton (``tl.range(num_stages=...)``) instead of
   by hand.
 
-    PYTHONPATH=src python scripts/rmsnorm_experiments.py [--what host,bwd]
+    PYTHONPATH=src python scripts/rmsnorm_experiments.py [--what host,bwd,ab,pdl,reverse,reducers]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _bwd_staged_kernel(
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
-def staged_backward(dy, x, w, rstd, plan, stages):
+def staged_backward(dy, x, w, rstd, sync, plan, stages):
     n_rows, n_cols = x.shape
     dx = torch.empty_like(x)
     partial = torch.empty((plan.bwd_programs, n_cols), dtype=torch.float32, device=x.device)
@@ -118,17 +118,18 @@ def seq_tbps(rows, d, fwd_plan, bwd):
     x, w, dy = inputs(rows, d)
     # Correct first: the variant's dx and dweight against the library's default on fresh inputs.
     xc, wc, dyc = inputs(rows, d, seed=1)
-    _, rstd = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
-    ref = K._rms_norm_backward(dyc, xc, wc, rstd, K._KERNELS)
-    got = bwd(dyc, xc, wc, rstd)
+    _, rstd, sync = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
+    ref = K._rms_norm_backward(dyc, xc, wc, rstd, sync, K._KERNELS)
+    _, rstd, sync = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
+    got = bwd(dyc, xc, wc, rstd, sync)
     for a, b in zip(got, ref):
         err = ((a - b).norm() / b.norm()).item()
         if not err < 1e-5:
             raise AssertionError(f"variant differs from the library: relative error {err:.2e}")
 
     def step():
-        _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS, fwd_plan)
-        bwd(dy, x, w, rstd)
+        _, rstd, sync = K._rms_norm_forward(x, w, EPS, K._KERNELS, fwd_plan)
+        bwd(dy, x, w, rstd, sync)
 
     return tbps(4 * rows * d * 4, events_ms(step, reps=25))
 
@@ -142,7 +143,8 @@ def bwd(lines):
         results = []
 
         def lib(plan):
-            return lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)
+            return lambda dy, x, w, rstd, sync: K._rms_norm_backward(dy, x, w, rstd, sync,
+                                                                     K._KERNELS, plan)
 
         results.append(("library default", seq_tbps(rows, d, base, lib(base))))
         for per_sm in (1, 2, 3, 4):
@@ -151,7 +153,8 @@ def bwd(lines):
                     continue
                 plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
                                    fwd_warps=base.fwd_warps, bwd_rows=base.bwd_rows,
-                                   bwd_warps=warps, bwd_per_sm=per_sm, **hints)
+                                   bwd_warps=warps, bwd_per_sm=per_sm,
+                                   dw_reducers=base.dw_reducers, **hints)
                 try:
                     results.append((f"hand-pipelined, {per_sm}/SM, {warps} warps",
                                     seq_tbps(rows, d, base, lib(plan))))
@@ -161,8 +164,8 @@ def bwd(lines):
                     try:
                         results.append((f"triton-pipelined ({stages} stages), {per_sm}/SM, {warps} warps",
                                         seq_tbps(rows, d, base,
-                                                 lambda dy, x, w, rstd, plan=plan, st=stages:
-                                                 staged_backward(dy, x, w, rstd, plan, st))))
+                                                 lambda dy, x, w, rstd, sync, plan=plan, st=stages:
+                                                 staged_backward(dy, x, w, rstd, sync, plan, st))))
                     except Exception as e:
                         results.append((f"triton-pipelined ({stages}), {per_sm}/SM, {warps}: "
                                         f"{type(e).__name__}", 0.0))
@@ -181,8 +184,8 @@ def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
     got = {name: [] for name in plans}
     for _ in range(rounds):
         for name, plan in plans.items():
-            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, plan=plan:
-                                      K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
+            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, sync, plan=plan:
+                                      K._rms_norm_backward(dy, x, w, rstd, sync, K._KERNELS, plan)))
     for name, v in got.items():
         lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
                      f"{min(v):.3f}-{max(v):.3f} |")
@@ -207,7 +210,8 @@ def ab(lines, rounds=7):
         for r, warps, per_sm in candidates[rows, d]:
             plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
                 rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
-                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
+                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, dw_reducers=base.dw_reducers,
+                **hints)
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
@@ -248,6 +252,23 @@ def reverse(lines, rounds=7):
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
+def reducers(lines, rounds=7, counts=(0, 8, 16, 32, 64)):
+    """dweight partials summed by a separate kernel (0) or inside the backward by that many of
+    its last programs (Note [dweight in the backward]), in fwd+bwd sequences, interleaved."""
+    n_sms = K._sm_count(torch.device("cuda"))
+    lines += ["", f"## dweight reduction, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
+              "| shape | reduction | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    for rows, d in SHAPES:
+        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        plans = {}
+        for g in counts:
+            plan = dataclasses.replace(base, **K._dweight_split(d, base.bwd_programs, g))
+            label = ("separate kernel" if g == 0 else
+                     f"{plan.dw_reducers} reducers x {plan.dw_chunk} columns")
+            plans[label + (" (the plan's)" if plan == base else "")] = plan
+        interleaved_plans(lines, rows, d, base, plans, rounds)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--what", default="host,bwd")
@@ -267,6 +288,8 @@ def main(argv=None) -> int:
         pdl(lines)
     if "reverse" in what:
         reverse(lines)
+    if "reducers" in what:
+        reducers(lines)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "rmsnorm_experiments.md"), "w") as f:
