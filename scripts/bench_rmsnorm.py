@@ -56,16 +56,12 @@ check = B.check_against_oracle
 step_fn = B.step_fn
 
 
-def triton_variant(*, dependent_launch=True, dw_reducers=None):
-    """paracheck's kernel with its switches set for this call and its backward."""
+def triton_variant(*, dependent_launch=True):
+    """paracheck's kernel with its launch switch set for this call and its backward."""
     from paracheck.kernels import rmsnorm as K
 
-    # The library's own setting, read before any variant has changed it.
-    default = triton_variant.__dict__.setdefault("default_reducers", K._DW_REDUCERS)
-    reducers = default if dw_reducers is None else dw_reducers
-
     def fn(x, weight, eps):
-        K._USE_PDL, K._DW_REDUCERS = dependent_launch, reducers
+        K._USE_PDL = dependent_launch
         return K.rms_norm(x, weight, eps)
 
     return fn
@@ -73,8 +69,7 @@ def triton_variant(*, dependent_launch=True, dw_reducers=None):
 
 # Ablation of the launch measure (Note [dependent launch] in paracheck/kernels/rmsnorm.py),
 # timed beside the default with --variants.
-ABLATIONS = {"triton: no dependent launch": dict(dependent_launch=False),
-             "triton: separate dweight kernel": dict(dw_reducers=0)}
+ABLATIONS = {"triton: no dependent launch": dict(dependent_launch=False)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -153,10 +148,10 @@ def profile_host(fn, x, w, dy, lines):
     lines += ["", "```", table, "```"]
     from paracheck.kernels import rmsnorm as K
 
-    y, rstd, sync = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    y, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
     for name, f in {
         "fwd launcher": lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
-        "bwd launcher": lambda: K._rms_norm_backward(dy, x, w, rstd, sync, K._KERNELS),
+        "bwd launchers (2)": lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
         "torch.empty_like": lambda: torch.empty_like(x),
         "autograd fwd only": lambda: fn(grads[0], grads[1], EPS),
         "autograd fwd+bwd": step,
@@ -199,22 +194,22 @@ def sweep(rows, d, lines):
         plan = dataclasses.replace(base, fwd_rows=r, fwd_warps=warps)
         timed(("fwd", r, warps, "-", hint_text),
               lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan), 2 * rows * d * 4)
-    _, rstd, sync = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
     for r, warps in tiles(8, 32):
         for per_sm in (1, 2, 4):
             plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
                                fwd_warps=base.fwd_warps, bwd_rows=r, bwd_warps=warps,
-                               bwd_per_sm=per_sm, dw_reducers=base.dw_reducers, **hints)
+                               bwd_per_sm=per_sm, **hints)
             timed(("bwd", r, warps, per_sm, hint_text),
-                  lambda: K._rms_norm_backward(dy, x, w, rstd, sync, K._KERNELS, plan),
+                  lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
                   3 * rows * d * 4)
     for combo in [("evict_last", "", ""), ("", "", ""),
                   ("evict_last", "evict_first", "evict_first")]:
         plan = dataclasses.replace(base, **dict(zip(hints, combo)))
 
         def seq():
-            _, rstd, sync = K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)
-            K._rms_norm_backward(dy, x, w, rstd, sync, K._KERNELS, plan)
+            K._rms_norm_backward(dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)[1],
+                                 K._KERNELS, plan)
 
         timed(("fwd+bwd", f"{base.fwd_rows}/{base.bwd_rows}",
                f"{base.fwd_warps}/{base.bwd_warps}", "default",
@@ -368,10 +363,9 @@ def main(argv=None) -> int:
             x, w, dy = inputs(rows, d)
             for name, fn in {"triton": triton_variant(), "F.rms_norm": torch_rms_norm,
                              "triton: no dependent launch": triton_variant(dependent_launch=False),
-                             "triton: separate dweight kernel": triton_variant(dw_reducers=0),
                              }.items():
                 lines.append(f"{rows}x{d} {name}: " + kernel_timeline(fn, x, w, dy))
-            print("\n".join(lines[-4:]), flush=True)
+            print("\n".join(lines[-3:]), flush=True)
         write("rmsnorm_kernels.md", "\n".join(lines))
     if args.profile:
         prof_lines = []

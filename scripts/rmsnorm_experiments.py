@@ -11,7 +11,7 @@ side in one call so the device lease is spent once:
   and for a variant whose loop is pipelined by triton (``tl.range(num_stages=...)``) instead of
   by hand.
 
-    PYTHONPATH=src python scripts/rmsnorm_experiments.py [--what host,bwd,ab,pdl,reverse,reducers]
+    PYTHONPATH=src python scripts/rmsnorm_experiments.py [--what host,bwd,ab,pdl,reverse,atomics]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _bwd_staged_kernel(
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
-def staged_backward(dy, x, w, rstd, sync, plan, stages):
+def staged_backward(dy, x, w, rstd, plan, stages):
     n_rows, n_cols = x.shape
     dx = torch.empty_like(x)
     partial = torch.empty((plan.bwd_programs, n_cols), dtype=torch.float32, device=x.device)
@@ -118,18 +118,17 @@ def seq_tbps(rows, d, fwd_plan, bwd):
     x, w, dy = inputs(rows, d)
     # Correct first: the variant's dx and dweight against the library's default on fresh inputs.
     xc, wc, dyc = inputs(rows, d, seed=1)
-    _, rstd, sync = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
-    ref = K._rms_norm_backward(dyc, xc, wc, rstd, sync, K._KERNELS)
-    _, rstd, sync = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
-    got = bwd(dyc, xc, wc, rstd, sync)
+    _, rstd = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
+    ref = K._rms_norm_backward(dyc, xc, wc, rstd, K._KERNELS)
+    got = bwd(dyc, xc, wc, rstd)
     for a, b in zip(got, ref):
         err = ((a - b).norm() / b.norm()).item()
         if not err < 1e-5:
             raise AssertionError(f"variant differs from the library: relative error {err:.2e}")
 
     def step():
-        _, rstd, sync = K._rms_norm_forward(x, w, EPS, K._KERNELS, fwd_plan)
-        bwd(dy, x, w, rstd, sync)
+        _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS, fwd_plan)
+        bwd(dy, x, w, rstd)
 
     return tbps(4 * rows * d * 4, events_ms(step, reps=25))
 
@@ -143,8 +142,7 @@ def bwd(lines):
         results = []
 
         def lib(plan):
-            return lambda dy, x, w, rstd, sync: K._rms_norm_backward(dy, x, w, rstd, sync,
-                                                                     K._KERNELS, plan)
+            return lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)
 
         results.append(("library default", seq_tbps(rows, d, base, lib(base))))
         for per_sm in (1, 2, 3, 4):
@@ -153,8 +151,7 @@ def bwd(lines):
                     continue
                 plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
                                    fwd_warps=base.fwd_warps, bwd_rows=base.bwd_rows,
-                                   bwd_warps=warps, bwd_per_sm=per_sm,
-                                   dw_reducers=base.dw_reducers, **hints)
+                                   bwd_warps=warps, bwd_per_sm=per_sm, **hints)
                 try:
                     results.append((f"hand-pipelined, {per_sm}/SM, {warps} warps",
                                     seq_tbps(rows, d, base, lib(plan))))
@@ -164,8 +161,8 @@ def bwd(lines):
                     try:
                         results.append((f"triton-pipelined ({stages} stages), {per_sm}/SM, {warps} warps",
                                         seq_tbps(rows, d, base,
-                                                 lambda dy, x, w, rstd, sync, plan=plan, st=stages:
-                                                 staged_backward(dy, x, w, rstd, sync, plan, st))))
+                                                 lambda dy, x, w, rstd, plan=plan, st=stages:
+                                                 staged_backward(dy, x, w, rstd, plan, st))))
                     except Exception as e:
                         results.append((f"triton-pipelined ({stages}), {per_sm}/SM, {warps}: "
                                         f"{type(e).__name__}", 0.0))
@@ -184,8 +181,8 @@ def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
     got = {name: [] for name in plans}
     for _ in range(rounds):
         for name, plan in plans.items():
-            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, sync, plan=plan:
-                                      K._rms_norm_backward(dy, x, w, rstd, sync, K._KERNELS, plan)))
+            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, plan=plan:
+                                      K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
     for name, v in got.items():
         lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
                      f"{min(v):.3f}-{max(v):.3f} |")
@@ -210,8 +207,7 @@ def ab(lines, rounds=7):
         for r, warps, per_sm in candidates[rows, d]:
             plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
                 rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
-                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, dw_reducers=base.dw_reducers,
-                **hints)
+                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
@@ -252,21 +248,74 @@ def reverse(lines, rounds=7):
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
-def reducers(lines, rounds=7, counts=(0, 8, 16, 32, 64)):
-    """dweight partials summed by a separate kernel (0) or inside the backward by that many of
-    its last programs (Note [dweight in the backward]), in fwd+bwd sequences, interleaved."""
+def _atomic_kernels():
+    """The production forward and backward, edited (``_mutated``) so that the forward's first
+    program zeroes a float32 dweight and each backward program adds its partial to it with
+    float32 atomics: no second kernel, but a summation order that varies from run to run."""
+    from paracheck.mutants.rmsnorm import _mutated
+
+    fwd = _mutated(K._KERNELS.forward, "_fwd_zeroing_dweight", (
+        "    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,\n",
+        "    X, W, Y, RSTD, DWZ, stride_x, stride_y, n_rows, n_cols, eps,\n",
+    ), (
+        "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
+        "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n"
+        "    tl.store(DWZ + cols, tl.zeros([BLOCK_D], dtype=tl.float32),\n"
+        "             mask=cols + BLOCK_D * tl.program_id(0) < n_cols)\n",
+    ))
+    bwd = _mutated(K._KERNELS.backward, "_bwd_atomic_dweight", (
+        "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
+        "    tl.atomic_add(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok, sem=\"relaxed\")\n",
+    ))
+    return fwd, bwd
+
+
+def atomics(lines, rounds=7):
+    """Separate dweight kernel (the library) against float32 atomics in the backward, in
+    fwd+bwd sequences, interleaved ``rounds`` times (medians): what a non-deterministic
+    dweight would buy."""
+    import statistics
+
+    fwd_k, bwd_k = _atomic_kernels()
     n_sms = K._sm_count(torch.device("cuda"))
-    lines += ["", f"## dweight reduction, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
-              "| shape | reduction | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    lines += ["", f"## dweight by float32 atomics, fwd+bwd TB/s, median of {rounds} interleaved "
+              "rounds", "", "| shape | dweight | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
     for rows, d in SHAPES:
-        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
-        plans = {}
-        for g in counts:
-            plan = dataclasses.replace(base, **K._dweight_split(d, base.bwd_programs, g))
-            label = ("separate kernel" if g == 0 else
-                     f"{plan.dw_reducers} reducers x {plan.dw_chunk} columns")
-            plans[label + (" (the plan's)" if plan == base else "")] = plan
-        interleaved_plans(lines, rows, d, base, plans, rounds)
+        p = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        x, w, dy = inputs(rows, d)
+
+        def atomic_step(x=x, w=w, dy=dy, p=p):
+            y = torch.empty_like(x)
+            rstd = torch.empty(rows, device=x.device)
+            dw = torch.empty(d, device=x.device)
+            dx = torch.empty_like(x)
+            opt = K._pdl_option(True)
+            fwd_k[(-(-rows // p.fwd_rows),)](
+                x, w, y, rstd, dw, x.stride(0), y.stride(0), rows, d, EPS, BLOCK_D=p.block_d,
+                ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=True,
+                num_warps=p.fwd_warps, **opt)
+            bwd_k[(p.bwd_programs,)](
+                x, w, dy, rstd, dx, dw, x.stride(0), dy.stride(0), dx.stride(0), rows, d,
+                BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict, PDL=True,
+                REVERSE=p.bwd_reverse, num_warps=p.bwd_warps, **opt)
+            return y, dx, dw
+
+        y, dx, dw = atomic_step()
+        _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+        ref = K._rms_norm_backward(dy, x, w, rstd, K._KERNELS)
+        for a, b in zip((dx, dw), ref):
+            err = ((a - b).norm() / b.norm()).item()
+            if not err < 1e-5:
+                raise AssertionError(f"atomics at {rows}x{d}: relative error {err:.2e}")
+        got = {"separate kernel (library)": [], "float32 atomics": []}
+        for _ in range(rounds):
+            got["separate kernel (library)"].append(seq_tbps(
+                rows, d, p, lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS)))
+            got["float32 atomics"].append(tbps(4 * rows * d * 4, events_ms(atomic_step, reps=25)))
+        for name, v in got.items():
+            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
+                         f"{min(v):.3f}-{max(v):.3f} |")
+            print(lines[-1], flush=True)
 
 
 def main(argv=None) -> int:
@@ -288,8 +337,8 @@ def main(argv=None) -> int:
         pdl(lines)
     if "reverse" in what:
         reverse(lines)
-    if "reducers" in what:
-        reducers(lines)
+    if "atomics" in what:
+        atomics(lines)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "rmsnorm_experiments.md"), "w") as f:

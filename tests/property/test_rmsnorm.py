@@ -28,7 +28,6 @@ pytest.importorskip("triton", reason="the RMSNorm kernels need triton (pip insta
 from hypothesis import HealthCheck, Phase, example, find, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from paracheck.kernels import rmsnorm as K  # noqa: E402
 from paracheck.kernels.rmsnorm import (  # noqa: E402
     MAX_WIDTH,
     TritonRMSNorm,
@@ -226,18 +225,6 @@ def test_rms_norm_matches_oracle(case):
 def test_non_contiguous_inputs_match_oracle(case):
     """Strided x and dy (padded rows, column-major, 3-D) equal the oracle like contiguous ones."""
     _assert_matches(rms_norm, case)
-
-
-@settings(max_examples=40 if INTERPRETED else 30, **_SETTINGS)
-@given(rms_norm_cases())
-def test_separate_dweight_kernel_matches_oracle(case):
-    """With the dweight partials summed by the separate kernel instead of inside the backward
-    (the plan's ``dw_reducers=0``, the benchmarks' ablation), the outputs equal the oracle too."""
-    previous, K._DW_REDUCERS = K._DW_REDUCERS, 0
-    try:
-        _assert_matches(rms_norm, case)
-    finally:
-        K._DW_REDUCERS = previous
 
 
 def test_module_matches_oracle():

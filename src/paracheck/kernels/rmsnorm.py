@@ -124,7 +124,7 @@ def lazy_jit(fn) -> _LazyJit:
 
 @lazy_jit
 def _rms_norm_fwd_kernel(
-    X, W, Y, RSTD, SYNC, stride_x, stride_y, n_rows, n_cols, eps,
+    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -147,16 +147,13 @@ def _rms_norm_fwd_kernel(
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
              eviction_policy=Y_EVICT)
-    # The backward's two counters start at zero (Note [dweight in the backward]).
-    two = tl.arange(0, 2)
-    tl.store(SYNC + two, tl.zeros([2], dtype=tl.int32), mask=two + 2 * tl.program_id(0) < 2)
 
 
 @lazy_jit
 def _rms_norm_bwd_kernel(
-    X, W, DY, RSTD, DX, DW_PARTIAL, DW, SYNC, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
-    REVERSE: tl.constexpr, REDUCERS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_P: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
     # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
@@ -212,30 +209,6 @@ def _rms_norm_bwd_kernel(
         dy = dy_next
         rstd = rstd_next
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-    if REDUCERS > 0:  # Note [dweight in the backward]; otherwise _rms_norm_dw_kernel follows
-        n_programs = tl.num_programs(0)
-        tl.debug_barrier()  # every thread's share of the partial is stored before the release
-        ticket = tl.atomic_add(SYNC, 1, sem="acq_rel", scope="gpu")
-        first = n_programs - REDUCERS
-        if ticket >= first:
-            while tl.atomic_add(SYNC, 0, sem="acquire", scope="gpu") < n_programs:
-                pass
-            tl.debug_barrier()
-            chunk = (ticket - first) * CHUNK + tl.arange(0, CHUNK)
-            chunk_ok = chunk < n_cols
-            acc = tl.zeros([BLOCK_P, CHUNK], dtype=tl.float32)
-            for p0 in range(0, n_programs, BLOCK_P):
-                ps = p0 + tl.arange(0, BLOCK_P)
-                acc += tl.load(DW_PARTIAL + ps[:, None] * n_cols + chunk[None, :],
-                               mask=(ps < n_programs)[:, None] & chunk_ok[None, :], other=0.0,
-                               cache_modifier=".cg")
-            tl.store(DW + chunk, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=chunk_ok)
-            tl.debug_barrier()
-            if tl.atomic_add(SYNC + 1, 1, sem="acq_rel", scope="gpu") == REDUCERS - 1:
-                # The last reducer out: every program is past both counters; reset them for
-                # the next backward through the same forward (retain_graph).
-                tl.atomic_xchg(SYNC, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(SYNC + 1, 0, sem="relaxed", scope="gpu")
 
 
 @lazy_jit
@@ -279,12 +252,9 @@ class _Plan:
     bwd_rows: int
     bwd_warps: int
     bwd_programs: int
-    red_block_p: int  # the separate dweight kernel's tile (dw_reducers == 0)
+    red_block_p: int
     red_block_n: int
     bwd_reverse: bool = False  # Note [reverse walk]
-    dw_reducers: int = 0  # Note [dweight in the backward]; 0: a separate kernel sums partials
-    dw_chunk: int = 1  # columns per reducer
-    dw_block_p: int = 1  # partials per step of a reducer's loop
     x_evict: str = ""  # eviction policies, Note [cache hints]
     y_evict: str = ""
     bwd_load_evict: str = ""
@@ -298,19 +268,8 @@ def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
-def _dweight_split(n_cols: int, programs: int, reducers: int) -> dict:
-    """Plan fields for summing the dweight partials inside the backward by (at most)
-    ``reducers`` programs, each a power-of-two chunk of columns; ``reducers=0``: not."""
-    if reducers == 0:
-        return dict(dw_reducers=0, dw_chunk=1, dw_block_p=1)
-    chunk = triton.next_power_of_2(-(-n_cols // min(reducers, programs)))
-    return dict(dw_reducers=-(-n_cols // chunk), dw_chunk=chunk,
-                dw_block_p=_clamp(4096 // chunk, 1, triton.next_power_of_2(programs)))
-
-
 def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps: int,
-              bwd_rows: int, bwd_warps: int, bwd_per_sm: int, dw_reducers: int = 0,
-              **hints) -> _Plan:
+              bwd_rows: int, bwd_warps: int, bwd_per_sm: int, **hints: str) -> _Plan:
     """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
     block_d = triton.next_power_of_2(n_cols)
     n_tiles = -(-n_rows // bwd_rows)
@@ -320,7 +279,7 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
     red_block_p = min(triton.next_power_of_2(programs), 1024)
     red_block_n = _clamp(4096 // red_block_p, 1, block_d)
     return _Plan(block_d, fwd_rows, fwd_warps, bwd_rows, bwd_warps, programs, red_block_p,
-                 red_block_n, **_dweight_split(n_cols, programs, dw_reducers), **hints)
+                 red_block_n, **hints)
 
 
 # Note [reverse walk]: the backward may walk the rows last to first. The forward wrote y and read
@@ -331,16 +290,12 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
 
 _REVERSE_MAX_BLOCK = 4096  # Note [reverse walk]: the widest (padded) rows walked last to first
 
-# Note [dweight in the backward]: how many of the backward's programs sum the partials on the GPU.
-_DW_REDUCERS = 32
-
 # Tensors up to this size (per tensor) are treated as L2-resident between forward and backward.
 _L2_RESIDENT_BYTES = 32 * 2**20
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4,
-          dw_reducers: int = 32) -> _Plan:
+def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4) -> _Plan:
     """Block sizes, warps, program counts and cache hints (Note [tiles and programs]); pure."""
     block_d = triton.next_power_of_2(n_cols)
     rows_cap = triton.next_power_of_2(n_rows)
@@ -349,11 +304,8 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
         # The GPU's row order for this width (below), so CI runs both orders' code.
-        # One reducer: programs run one after another here, so the last to arrive must be the
-        # only one that waits for the others (Note [dweight in the backward]).
         return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
-                     block_d, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK,
-                     **_dweight_split(n_cols, programs, min(dw_reducers, 1)))
+                     block_d, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
     # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
     # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
     # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
@@ -382,8 +334,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     # 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved rounds),
     # slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
     plan = _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
-                     bwd_rows=bwd_rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm,
-                     dw_reducers=dw_reducers, **hints)
+                     bwd_rows=bwd_rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm, **hints)
     return dataclasses.replace(plan, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
 
 
@@ -410,9 +361,8 @@ def _poisoned_outputs():
 
 
 def _empty(shape, *, dtype, device) -> torch.Tensor:
-    if _POISON_OUTPUTS:  # integers (the backward's counters) get a huge value instead of NaN
-        return torch.full(shape, float("nan") if dtype.is_floating_point else 2**30,
-                          dtype=dtype, device=device)
+    if _POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -477,29 +427,27 @@ def _plan_of(x2: torch.Tensor) -> _Plan:
     """The launch plan for a (rows >= 1, d) input, forward and backward alike."""
     n_rows, n_cols = x2.shape
     return _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda", n_sms=_sm_count(x2.device),
-                 elem_bytes=x2.element_size(), dw_reducers=_DW_REDUCERS)
+                 elem_bytes=x2.element_size())
 
 
 def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     n_rows, n_cols = x2.shape
     y = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x2.device)
-    # The backward's counters, zeroed by the forward kernel (Note [dweight in the backward]).
-    sync = _empty((2,), dtype=torch.int32, device=x2.device)
     if n_rows == 0:
-        return y, rstd, sync
+        return y, rstd
     p = plan_override or _plan_of(x2)
     grid = (-(-n_rows // p.fwd_rows),)  # not triton.cdiv: a JIT-callable, ~5 us per call
     pdl = _dependent_launch(x2.device)
     kernels.forward[grid](
-        x2, weight, y, rstd, sync, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
+        x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
         BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
         num_warps=p.fwd_warps, **_pdl_option(pdl),
     )
-    return y, rstd, sync
+    return y, rstd
 
 
-def _rms_norm_backward(dy2, x2, weight, rstd, sync, kernels, plan_override=None):
+def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
     n_rows, n_cols = x2.shape
     dx = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     if n_rows == 0:
@@ -509,13 +457,10 @@ def _rms_norm_backward(dy2, x2, weight, rstd, sync, kernels, plan_override=None)
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
     pdl = _dependent_launch(x2.device)
     kernels.backward[(p.bwd_programs,)](
-        x2, weight, dy2, rstd, dx, partial, dw, sync, x2.stride(0), dy2.stride(0), dx.stride(0),
+        x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
         n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
-        REVERSE=p.bwd_reverse, REDUCERS=p.dw_reducers, CHUNK=p.dw_chunk, BLOCK_P=p.dw_block_p,
-        PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
+        REVERSE=p.bwd_reverse, PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
     )
-    if p.dw_reducers:
-        return dx, dw
     kernels.reduce_dweight[(-(-n_cols // p.red_block_n),)](
         partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
         PDL=pdl, num_warps=4, **_pdl_option(pdl),
@@ -547,16 +492,16 @@ class RMSNormFunction(torch.autograd.Function):
         x2 = _as_rows(x)
         weight = weight.contiguous()  # the kernels read it with unit stride
         plan = _plan_of(x2) if x2.shape[0] else None  # planned once, for both passes
-        y, rstd, sync = _rms_norm_forward(x2, weight, eps, kernels, plan)
-        ctx.save_for_backward(x2, weight, rstd, sync)
+        y, rstd = _rms_norm_forward(x2, weight, eps, kernels, plan)
+        ctx.save_for_backward(x2, weight, rstd)
         ctx.kernels, ctx.plan = kernels, plan
         ctx.x_shape = x.shape
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, rstd, sync = ctx.saved_tensors
-        dx, dw = _rms_norm_backward(_as_rows(dy), x2, weight, rstd, sync, ctx.kernels, ctx.plan)
+        x2, weight, rstd = ctx.saved_tensors
+        dx, dw = _rms_norm_backward(_as_rows(dy), x2, weight, rstd, ctx.kernels, ctx.plan)
         return (dx.view(ctx.x_shape) if ctx.needs_input_grad[0] else None,
                 dw if ctx.needs_input_grad[1] else None, None, None)
 

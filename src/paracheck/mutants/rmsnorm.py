@@ -75,18 +75,6 @@ _bwd_reverse_walk_rstd_forward_order = _mutated(
      "        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)\n"),
 )
 
-_bwd_counters_not_reset = _mutated(_KERNELS.backward, "_bwd_counters_not_reset", (
-    "                tl.atomic_xchg(SYNC, 0, sem=\"relaxed\", scope=\"gpu\")\n",
-    "                pass  # BUG: the counters keep this backward's counts\n",
-), (
-    "                tl.atomic_xchg(SYNC + 1, 0, sem=\"relaxed\", scope=\"gpu\")\n",
-    "",
-))
-_bwd_reducer_chunk_from_ticket = _mutated(_KERNELS.backward, "_bwd_reducer_chunk_from_ticket", (
-    "            chunk = (ticket - first) * CHUNK + tl.arange(0, CHUNK)\n",
-    "            chunk = ticket * CHUNK + tl.arange(0, CHUNK)  # BUG: ticket, not its rank among reducers\n",
-))
-
 
 def _with(**swap) -> RMSNormKernels:
     kernels = {"forward": _KERNELS.forward, "backward": _KERNELS.backward,
@@ -126,16 +114,6 @@ RMSNORM_MUTANT_DESCRIPTIONS: dict[str, str] = {
         "the backward walks rows last to first (Note [reverse walk]) but reads each row's saved "
         "rstd in the forward order: exposed by two or more rows of different mean squares"
     ),
-    "dweight_counters_not_reset": (
-        "the last reducer of the in-backward dweight sum (Note [dweight in the backward]) does "
-        "not reset the arrival counters: a second backward through the same forward "
-        "(retain_graph) finds them full, no program reduces, dweight is left unwritten"
-    ),
-    "dweight_reducer_chunk_from_ticket": (
-        "a reducer picks its column chunk from its arrival ticket instead of its rank among the "
-        "reducers: chunks past the last column are summed, the real ones are never written; "
-        "exposed once the backward runs on two or more programs"
-    ),
 }
 
 _MUTANT_KERNELS = {
@@ -144,8 +122,6 @@ _MUTANT_KERNELS = {
     "dx_without_mean_term": _with(backward=_bwd_dx_without_mean_term),
     "dweight_partials_overwrite": _with(backward=_bwd_partials_overwrite),
     "reverse_walk_rstd_forward_order": _with(backward=_bwd_reverse_walk_rstd_forward_order),
-    "dweight_counters_not_reset": _with(backward=_bwd_counters_not_reset),
-    "dweight_reducer_chunk_from_ticket": _with(backward=_bwd_reducer_chunk_from_ticket),
 }
 
 RMSNORM_MUTANTS = {
