@@ -371,7 +371,8 @@ def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     # The rank whose own code raised comes first; peers that merely lost their connection after.
     def secondary(f: RankFailure) -> bool:
         t = f.detail.lower()
-        return any(s in t for s in ("connection closed", "connection reset", "timed out", "timeout", "gloo"))
+        return any(s in t for s in ("connection closed", "connection reset", "timed out", "timeout", "gloo",
+                                    "raised on another rank"))
 
     return sorted(failures, key=lambda f: (secondary(f), f.rank))
 
