@@ -176,7 +176,8 @@ def run_sharded(payload: dict) -> dict:
         record["steps"].append({
             "grads": grads,
             "params": _snapshot(params),
-            "state": _agreed_state(sd, opt, index, device),
+            "state": _on_every_rank(lambda: _state_by_param(sd, opt, index), device,
+                                    "reading the consolidated state_dict"),
             "state_bytes": measured_state_bytes(_local_state(opt)),
             "traffic": rec.traffic().entries,
             "owners": _owners(opt, index, len(params)),
@@ -224,7 +225,8 @@ def run_zero(payload: dict) -> dict:
         opt = getattr(zero, "optimizer", zero)
         entry.update({
             "params": _snapshot(params),
-            "state": _agreed_state(sd, opt, index, device),
+            "state": _on_every_rank(lambda: _state_by_param(sd, opt, index), device,
+                                    "reading the consolidated state_dict"),
             "state_bytes": measured_state_bytes(_local_state(zero)),
             "traffic": (rec.traffic() + rec_step.traffic()).entries,
         })
@@ -237,27 +239,23 @@ def run_zero(payload: dict) -> dict:
     return record
 
 
-def _raise_together(failure: BaseException | None, device, what: str) -> None:
-    """Raise on every rank if ``failure`` is set on any (its own error where it has one)."""
+def _on_every_rank(fn, device, what: str):
+    """``fn()``, raising on every rank when it raises on any (the rank's own error where it has
+    one). The harness's per-rank reading of a target's state_dict can fail on some ranks only (a
+    consolidation bug leaves a rank without state it should see); the other ranks would go on to
+    the next collective and wait there until the process-group timeout, so such a bug cost a
+    timeout per example and per shrink step instead of failing at once."""
+    try:
+        result, failure = fn(), None
+    except Exception as e:  # re-raised below, on every rank
+        result, failure = None, e
     flag = torch.tensor([0 if failure is None else 1], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if failure is not None:
         raise failure
     if flag.item():
         raise RuntimeError(f"{what} raised on another rank (that rank reports the error)")
-
-
-def _agreed_state(state_dict: dict, opt, index: dict[int, int], device) -> dict:
-    """``_state_by_param``, raising on every rank when it raises on any. A state_dict that lacks
-    other ranks' state (a consolidation bug) can fail on some ranks only; the others would go on
-    to the next step's collectives and wait there until the process-group timeout, which made
-    such a bug cost a timeout per example (and per shrink step) instead of failing at once."""
-    try:
-        state, failure = _state_by_param(state_dict, opt, index), None
-    except Exception as e:  # re-raised by _raise_together, on every rank
-        state, failure = None, e
-    _raise_together(failure, device, "reading the consolidated state_dict")
-    return state
+    return result
 
 
 def run_reload(payload: dict) -> dict:
@@ -283,15 +281,12 @@ def run_reload(payload: dict) -> dict:
     for step in range(case.steps):
         add_late_groups(case, opt, params, step)
     index = {id(p): i for i, p in enumerate(params)}
-    # A state_dict missing other ranks' state (a consolidation bug) can make load_state_dict
-    # raise on some ranks only; the others would then wait in the step's collectives until the
-    # process-group timeout. The ranks agree on failure first, so every rank raises at once.
-    try:
+
+    def load():
         opt.load_state_dict(payload["state_dict"])
-        loaded, failure = _state_by_param(opt.state_dict(), owner, index), None
-    except Exception as e:  # re-raised below, on every rank
-        loaded, failure = None, e
-    _raise_together(failure, device, "load_state_dict")
+        return _state_by_param(opt.state_dict(), owner, index)
+
+    loaded = _on_every_rank(load, device, "load_state_dict")
     opt.zero_grad(set_to_none=True)
     if payload["kind"] == "zero":
         # The gradient goes through the ZeRO wrapper's own synchronisation (identical on all ranks,
