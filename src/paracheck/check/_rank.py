@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 
@@ -16,6 +14,7 @@ from paracheck.cases import (
     build_optimizer,
     loss_fn,
 )
+from paracheck.check._drive import DDPDriver, ddp_driver
 from paracheck.check.targets import load_object
 
 _CLASS_CACHE: dict[str, object] = {}
@@ -37,23 +36,30 @@ def _snapshot(ts) -> list:
     return [None if t is None else t.detach().to("cpu", copy=True) for t in ts]
 
 
+def train_micro_steps(case: Case, drv: DDPDriver, optimizer, rank: int, device, step: int) -> None:
+    """One step's forward and backward passes and their synchronisation, by the case's protocol."""
+    for micro in range(case.accumulation):
+        skip = case.no_sync and drv.no_sync is not None and micro < case.accumulation - 1
+        with drv.sync_context(skip):
+            x, y = batch_for(case, step, micro, rank, device=device)
+            loss = loss_fn(case, drv.forward(x), y)
+            loss.backward()
+        if not skip:
+            # CS336 protocol: synchronise before anything reads .grad. Accumulating without
+            # no_sync() therefore synchronises after every backward (as torch DDP does).
+            drv.finish(optimizer)
+
+
 def run_ddp(payload: dict) -> dict:
     """Train ``case`` with the DDP wrapper at ``payload['path']``; record every step."""
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    cls = _cls(payload["path"])
-    if payload.get("takes_bucket"):
-        bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
-        ddp = cls(model, bucket)
-    else:
-        ddp = cls(model)
+    drv = ddp_driver(payload, model, case, _cls(payload["path"]))
     params = list(model.parameters())
     record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
     optimizer = build_optimizer(case, params)
-    on_batch_start = getattr(ddp, "on_train_batch_start", None)
-    no_sync = getattr(ddp, "no_sync", None)
     for step in range(case.steps):
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
@@ -61,18 +67,9 @@ def run_ddp(payload: dict) -> dict:
         # every step from no gradient for them too (a late group added at step k >= 2 would
         # otherwise carry k steps of accumulated gradient).
         model.zero_grad(set_to_none=case.set_to_none)
-        if on_batch_start is not None:
-            on_batch_start()
-        for micro in range(case.accumulation):
-            skip = case.no_sync and no_sync is not None and micro < case.accumulation - 1
-            with (no_sync() if skip else contextlib.nullcontext()):
-                x, y = batch_for(case, step, micro, rank, device=device)
-                loss = loss_fn(case, ddp(x), y)
-                loss.backward()
-            if not skip:
-                # CS336 protocol: synchronise before anything reads .grad. Accumulating without
-                # no_sync() therefore synchronises after every backward (as torch DDP does).
-                ddp.finish_gradient_synchronization()
+        if drv.batch_start is not None:
+            drv.batch_start(optimizer)
+        train_micro_steps(case, drv, optimizer, rank, device, step)
         grads = _snapshot([p.grad for p in params])
         optimizer.step()
         apply_lr_schedule(case, optimizer)

@@ -32,8 +32,6 @@ Properties (``PROPERTIES``; a check may select a subset, ``Target.properties``):
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 
@@ -54,7 +52,8 @@ from paracheck.cases import (
     loss_fn,
     param_groups,
 )
-from paracheck.check._rank import _cls, _device, _snapshot
+from paracheck.check._drive import DDPDriver
+from paracheck.check._rank import _cls, _device, _snapshot, train_micro_steps
 from paracheck.check.compare import Divergence
 from paracheck.zero.partition import Piece, flat_layout
 
@@ -136,18 +135,6 @@ def _reset_outside_optimizer(case: Case, opt, params) -> None:
                 p.grad.zero_()
 
 
-def _train_micro_steps(case: Case, wrapper, rank: int, device, step: int) -> None:
-    no_sync = getattr(wrapper, "no_sync", None)
-    for micro in range(case.accumulation):
-        skip = case.no_sync and no_sync is not None and micro < case.accumulation - 1
-        with (no_sync() if skip else contextlib.nullcontext()):
-            x, y = batch_for(case, step, micro, rank, device=device)
-            loss = loss_fn(case, wrapper(x), y)
-            loss.backward()
-        if not skip:
-            wrapper.finish_gradient_synchronization()
-
-
 # -- rank functions -----------------------------------------------------------------------------
 
 def run_sharded(payload: dict) -> dict:
@@ -158,7 +145,8 @@ def run_sharded(payload: dict) -> dict:
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    ddp = FlatDDP(model)
+    ddp = DDPDriver(wrapper=(flat := FlatDDP(model)), forward=flat,
+                    finish=lambda optimizer: flat.finish_gradient_synchronization(), no_sync=flat.no_sync)
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
     opt = build_optimizer(case, params, optimizer_cls=_cls(payload["path"]))
@@ -167,7 +155,7 @@ def run_sharded(payload: dict) -> dict:
         add_late_groups(case, opt, params, step)
         opt.zero_grad(set_to_none=case.set_to_none)
         _reset_outside_optimizer(case, opt, params)
-        _train_micro_steps(case, ddp, rank, device, step)
+        train_micro_steps(case, ddp, opt, rank, device, step)
         grads = _snapshot([p.grad for p in params])
         with record_collectives() as rec:
             opt.step()
@@ -207,11 +195,13 @@ def run_zero(payload: dict) -> dict:
     trainable = getattr(zero, "trainable", [p for p in params if p.requires_grad])
     record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
     full_gradients = getattr(zero, "full_gradients", None)
+    drv = DDPDriver(wrapper=zero, forward=zero, finish=lambda optimizer: zero.finish_gradient_synchronization(),
+                    no_sync=getattr(zero, "no_sync", None))
     for step in range(case.steps):
         add_late_groups(case, zero, params, step)
         zero.zero_grad(set_to_none=case.set_to_none)
         with record_collectives() as rec:
-            _train_micro_steps(case, zero, rank, device, step)
+            train_micro_steps(case, drv, zero, rank, device, step)
         entry = {}
         if full_gradients is not None:
             grads = [None] * len(params)
