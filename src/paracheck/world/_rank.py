@@ -1,14 +1,22 @@
 """The body of one rank process of a ``World``. Private: the driver is ``paracheck.world.World``.
 
-Protocol (driver -> rank over a Pipe): ``("run", job_id, world_size, generation, fn_path, payload)``
-or ``("stop",)``. The rank (re)creates its default process group when the requested world size
-or generation changes (Note [One default group per world size]), calls ``fn(payload)`` if its rank
-is below the world size, and answers ``(job_id, "ok", result)`` or ``(job_id, "error", text)``.
+Protocol (driver -> rank over a Pipe): ``("run", job_id, world_size, generation, fn_path, payload)``,
+``("reset",)`` or ``("stop",)``. The rank (re)creates its default process group when the requested
+world size or generation changes (Note [One default group per world size]), calls ``fn(payload)``
+if its rank is below the world size, and answers ``(job_id, "ok", result, output)`` or
+``(job_id, "error", text, output)``, where ``output`` is what the job printed (Note [Captured
+output]). ``("reset",)`` drops the process group without an answer: a rank that finished a job
+whose peers are stuck in a collective closes its connections, so their collective fails at once
+(Note [Definite deadlock] in ``paracheck.world.runner``).
+
+While a job runs, the rank's collectives are counted into ``<stack_dir>/rank<r>.status``
+(``paracheck.world._collectives``) and its stdout/stderr go to ``<stack_dir>/rank<r>.out``.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import os
 import pickle
@@ -23,6 +31,69 @@ from datetime import timedelta
 #   keep their processes and the store, and re-create the default group (ranks 0..w-1 only) when a
 #   case asks for another size, under a fresh store prefix so no key of an earlier group is reused.
 #   Measured: 10-20 ms per re-creation with gloo, versus 3-14 s to spawn a new world.
+
+# Note [Captured output]
+#   A target's prints belong to the case that made them, and one target printed hundreds of lines
+#   per case. For the duration of a job the rank points its file descriptors 1 and 2 at its
+#   ``rank<r>.out`` file (dup2, so prints from C extensions are caught too), then restores them and
+#   sends the head and tail of what was written with its answer; the driver shows it only with a
+#   failure, and reads the file itself for a rank that hangs. faulthandler's stack dumps go to their
+#   own file descriptor (the ``.stack`` file) and are unaffected.
+_HEAD_LINES, _TAIL_LINES, _LINE_CHARS = 15, 15, 300
+
+
+def _clip(text: str) -> str:
+    lines = [ln if len(ln) <= _LINE_CHARS else ln[:_LINE_CHARS] + " ..." for ln in text.splitlines()]
+    if len(lines) > _HEAD_LINES + _TAIL_LINES:
+        dropped = len(lines) - _HEAD_LINES - _TAIL_LINES
+        lines = lines[:_HEAD_LINES] + [f"... ({dropped} more lines) ..."] + lines[-_TAIL_LINES:]
+    return "\n".join(lines)
+
+
+def read_output(path: str, limit: int = 1 << 20) -> str:
+    """What a job printed so far, clipped to its head and tail (see Note [Captured output])."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+    except OSError:
+        return ""
+    return _clip(data.decode("utf-8", "replace"))
+
+
+class _Capture:
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "wb+")
+        self._saved = None
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._file.seek(0)
+        self._file.truncate()
+        self._saved = (os.dup(1), os.dup(2))
+        os.dup2(self._file.fileno(), 1)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - a target may have closed or replaced the streams
+            pass
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        os.close(self._saved[0])
+        os.close(self._saved[1])
+        return False
+
+    def clear(self) -> None:
+        self._file.seek(0)
+        self._file.truncate()
+
+    def text(self) -> str:
+        return read_output(self.path)
 
 
 def _resolve(path: str):
@@ -41,6 +112,10 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     # while the main thread is blocked inside a collective.
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    from paracheck.world._collectives import CollectiveCounter, install
+
+    counter = CollectiveCounter(os.path.join(stack_dir, f"rank{rank}.status"))
+    capture = _Capture(os.path.join(stack_dir, f"rank{rank}.out"))
     # Import before connecting: the driver accepts (and authenticates) one rank at a time and
     # waits for its "ready", so a rank that connected first and imported after made the ranks
     # start one after another (measured: one rank every ~4 s, 26 s for six, over the 120 s
@@ -53,6 +128,8 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     # job's hang timeout, where it made a correct target "hang" on its first case.
     import torch._dynamo  # noqa: F401
 
+    install(counter)  # before any target is imported: see paracheck.world._collectives
+
     dhost, dport = driver.rsplit(":", 1)
     conn = Client((dhost, int(dport)), authkey=bytes.fromhex(os.environ["PARACHECK_AUTHKEY"]))
     torch.set_num_threads(1)
@@ -60,10 +137,10 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
         torch.cuda.set_device(torch.device(device))
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
     _send(conn, ("ready", rank, os.getpid()))
-    _serve(rank, conn, store, stack_file, backend, device, pg_timeout)
+    _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture)
 
 
-def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
+def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture) -> None:
     import torch
     import torch.distributed as dist
 
@@ -78,9 +155,19 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
                 dist.destroy_process_group()
             _send(conn, ("stopped", rank))
             return
+        if msg[0] == "reset":
+            current = None
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group is being abandoned either way
+                pass
+            gc.collect()  # a finished target's reference cycles can hold the group open
+            continue
         _, job_id, world_size, generation, fn_path, payload = msg
         stack_file.seek(0)
         stack_file.truncate()
+        capture.clear()
         try:
             if current != (world_size, generation):
                 if dist.is_initialized():
@@ -96,8 +183,15 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
                 _send(conn, (job_id, "idle", None))
                 continue
             fn = _resolve(fn_path)
-            result = fn(payload)
-            _send(conn, (job_id, "ok", result))
+            counter.begin(job_id)
+            state = "raised"
+            try:
+                with capture:
+                    result = fn(payload)
+                state = "returned"
+            finally:
+                counter.end(state)
+            _send(conn, (job_id, "ok", result, capture.text()))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.
             current = None
@@ -108,7 +202,7 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout) -> None:
                 pass
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             try:
-                _send(conn, (job_id, "error", text))
+                _send(conn, (job_id, "error", text, capture.text()))
             except Exception:
                 return
 

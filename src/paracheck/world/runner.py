@@ -8,8 +8,10 @@ the per-rank return values come back as a list.
 Failures are results, not crashes of the driver:
 
 * a rank that raises -> ``RankError`` with every failing rank's traceback; the pool stays usable;
-* a job that does not finish within ``timeout`` -> ``RankHang`` naming every rank's Python stack
-  and the collective it is blocked in; ranks that do not recover are killed and restarted;
+* a job that does not finish within ``timeout`` -> ``RankHang`` naming every rank's Python stack,
+  the collective it is blocked in and how many of each collective every rank issued; ranks that
+  do not recover are killed and restarted. A deadlock that is certain (Note [Definite deadlock])
+  is reported as soon as it is, without waiting for the timeout;
 * a rank that dies (signal, ``os._exit``) -> ``RankDied`` with the signal or exit code, then the
   pool is restarted.
 
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
 
-from paracheck.world._rank import _recv, _send
+from paracheck.world._collectives import read_status
+from paracheck.world._rank import _recv, _send, read_output
 
 __all__ = ["World", "WorldError", "RankError", "RankHang", "RankDied", "RankFailure"]
 
@@ -48,6 +51,8 @@ class RankFailure:
     kind: str  # "raised" | "hung" | "died"
     detail: str  # traceback, stack, or exit description
     collective: str | None = None
+    output: str = ""  # what the rank printed during the job, clipped (Note [Captured output])
+    status: dict | None = None  # its collective counts (paracheck.world._collectives), where read
 
 
 class WorldError(Exception):
@@ -58,12 +63,15 @@ class WorldError(Exception):
     def __init__(self, message: str, failures: list[RankFailure]):
         super().__init__(message)
         self.failures = failures
+        self.disagreement = ""  # RankHang: what the ranks disagree on, in one sentence
 
     def report(self) -> str:
         parts = [str(self)]
         for f in self.failures:
             where = f" in collective {f.collective}" if f.collective else ""
             parts.append(f"--- rank {f.rank} {f.kind}{where} ---\n{f.detail.rstrip()}")
+            if f.output:
+                parts.append(f"--- rank {f.rank} printed ---\n{f.output.rstrip()}")
         return "\n".join(parts)
 
 
@@ -73,6 +81,13 @@ class RankError(WorldError):
 
 class RankHang(WorldError):
     kind = "hung"
+
+    def __init__(self, message: str, failures: list[RankFailure], *, disagreement: str = "",
+                 definite: bool = False, seconds: float = 0.0):
+        super().__init__(message, failures)
+        self.disagreement = disagreement
+        self.definite = definite  # a deadlock by the collective counts, not only a timeout
+        self.seconds = seconds  # from submission to the verdict
 
 
 class RankDied(WorldError):
@@ -139,12 +154,17 @@ class World:
         self._store = None
         self._stack_dir = tempfile.mkdtemp(prefix="paracheck-world-")
         self.restarts = 0
+        self.start_seconds = 0.0  # how long the last (re)start of the pool took
+        self.last_outputs: dict[int, str] = {}
+        self._submitted_at = 0.0
+        self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
 
     # -- lifecycle ------------------------------------------------------------------------
     def _start(self) -> None:
         import torch.distributed as dist
 
+        t0 = time.monotonic()
         # Ranks are plain subprocesses (``python -m paracheck.world._rank``), not multiprocessing
         # children: nothing of the driver's __main__ is re-imported, so a World works from a
         # script, a REPL, stdin, pytest and pytest-xdist alike.
@@ -152,7 +172,7 @@ class World:
                                     timeout=timedelta(seconds=60))
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
+        pg_timeout = self._pg_timeout
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -191,6 +211,7 @@ class World:
             raise
         finally:
             listener.close()
+        self.start_seconds = time.monotonic() - t0
 
     def _kill(self) -> None:
         for p in self._procs:
@@ -271,20 +292,36 @@ class World:
         for conn in self._conns:
             _send(conn, ("run", job, w, self._generation, fn, payload))
         # The timeout runs from submission: time the driver spends elsewhere counts.
-        return (job, fn, w, time.monotonic() + timeout)
+        self._submitted_at = time.monotonic()
+        return (job, fn, w, self._submitted_at + timeout)
 
     def collect(self, ticket) -> list:
-        """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied`` on failure."""
+        """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied`` on failure.
+
+        ``self.last_outputs`` then holds what each rank of the job printed (clipped)."""
         job, fn, w, deadline = ticket
         if job != self._job:
             raise RuntimeError(f"ticket for job {job} is stale (job {self._job} was submitted since)")
+        started = self._submitted_at
+        hard = started + self.timeout  # a late case that still makes progress waits up to this
         results: dict[int, object] = {}
         failures: list[RankFailure] = []
+        self.last_outputs = {}
         pending = dict(enumerate(self._conns))
+        watch = _Watch(self, job, w)
         while pending:
-            ready = wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
+            now = time.monotonic()
+            if now >= deadline:
+                # A case past its timeout whose ranks still issue collectives is slow, not hung
+                # (a loaded machine): give it another timeout's worth, up to the World's.
+                if watch.progressed(within=1.0) and now < hard:
+                    deadline = min(hard, now + (deadline - started))
+                    continue
                 break
+            # Poll the ranks' collective counts while some have answered and others not (where a
+            # deadlock shows), and in the last second before the deadline.
+            polling = (results and any(r < w for r in pending)) or deadline - now < 1.5
+            ready = wait(list(pending.values()), timeout=min(deadline - now, 0.25) if polling else deadline - now)
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
@@ -296,46 +333,83 @@ class World:
                 if msg[0] != job:
                     continue  # a late answer to an earlier, abandoned job
                 del pending[rank]
+                output = msg[3] if len(msg) > 3 else ""
+                if output:
+                    self.last_outputs[rank] = output
                 if msg[1] == "ok":
                     results[rank] = msg[2]
                 elif msg[1] == "error":
-                    failures.append(RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2])))
+                    failures.append(RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output))
             if any(f.kind == "died" for f in failures):
                 break
+            if polling:
+                watch.poll(sorted(r for r in pending if r < w))
+                if not failures and watch.deadlocked(sorted(results), sorted(r for r in pending if r < w)):
+                    break  # Note [Definite deadlock]
         if any(f.kind == "died" for f in failures):
             dead = [f for f in failures if f.kind == "died"]
             self.restart()
             raise RankDied(f"{len(dead)} rank(s) died during {fn} (world size {w}); the pool was restarted",
                            sorted(dead, key=lambda f: f.rank))
-        if pending:
-            self._handle_hang(fn, w, sorted(pending), results, failures)
+        stuck = sorted(r for r in pending if r < w)
+        if stuck:
+            self._handle_hang(fn, w, stuck, results, failures, watch)
         if failures:
             self._generation += 1  # ranks that finished still hold the old group: re-create everywhere
             raise RankError(f"{len(failures)} rank(s) raised during {fn} (world size {w})",
                             _order_failures(failures))
         return [results[r] for r in range(w)]
 
-    def _handle_hang(self, fn, w, stuck: list[int], results, failures) -> None:
-        stacks = {}
+    def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: "_Watch") -> None:
+        started = self._submitted_at
+        definite = watch.deadlocked(sorted(results), stuck)
         for rank in stuck:
             try:
                 os.kill(self._procs[rank].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
         time.sleep(0.3)  # faulthandler writes from the signal handler; give it a moment
-        for rank in stuck:
-            path = os.path.join(self._stack_dir, f"rank{rank}.stack")
-            try:
-                with open(path) as f:
-                    stacks[rank] = f.read()
-            except OSError:
-                stacks[rank] = "(no stack)"
-        hung = [RankFailure(r, "hung", stacks[r], _collective_of(stacks[r])) for r in stuck]
-        done = [RankFailure(r, "finished", "returned normally") for r in sorted(results)]
-        # Give the ranks the process-group timeout to fail out of their collectives by themselves;
-        # a rank still busy after that (a Python-level loop, a deadlock) is killed with the pool.
-        grace = self.timeout * 0.2 + 3.0
-        deadline = time.monotonic() + grace
+        statuses = {r: watch.status(r) for r in range(w)}
+        seconds = time.monotonic() - started
+        hung = []
+        for r in stuck:
+            stack = _read(os.path.join(self._stack_dir, f"rank{r}.stack")) or "(no stack)"
+            output = read_output(os.path.join(self._stack_dir, f"rank{r}.out"))
+            hung.append(RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r)))
+        done = [RankFailure(r, "finished", "returned normally", None, self.last_outputs.get(r, ""), statuses.get(r))
+                for r in sorted(results)]
+        disagreement = describe_disagreement(statuses, stuck, sorted(results))
+        # Recovery, fastest first: ranks that finished drop their process group, which closes their
+        # connections, so a peer stuck in a collective with them fails out of it at once (measured
+        # on gloo: 1 s after the peer's destroy_process_group, against the group's timeout).
+        for r in range(self.size):
+            if r not in stuck and self._procs[r].poll() is None:
+                try:
+                    _send(self._conns[r], ("reset",))
+                except (BrokenPipeError, OSError):
+                    pass
+        recovered = self._await_stuck(stuck, time.monotonic() + 3.0)
+        if not recovered:
+            # Otherwise the stuck collectives fail when the group's timeout expires: wait for that
+            # only when it is sooner than a restart of the pool would take.
+            remaining = started + self._pg_timeout + 1.0 - time.monotonic()
+            if 0 < remaining < self.start_seconds:
+                recovered = self._await_stuck(stuck, time.monotonic() + remaining)
+        recovered = recovered and all(p.poll() is None for p in self._procs)
+        if recovered:
+            self._generation += 1
+        else:
+            self.restart()
+        action = "ranks recovered" if recovered else "the pool was killed and restarted"
+        if definite:
+            head = (f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
+                    f"{action}")
+        else:
+            head = (f"{fn} (world size {w}) did not finish within {seconds:.1f} s on rank(s) {stuck}"
+                    + (f": {disagreement}" if disagreement else "") + f"; {action}")
+        raise RankHang(head, hung + failures + done, disagreement=disagreement, definite=definite, seconds=seconds)
+
+    def _await_stuck(self, stuck: list[int], deadline: float) -> bool:
         pending = {r: self._conns[r] for r in stuck}
         while pending and time.monotonic() < deadline:
             for conn in wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic())):
@@ -347,16 +421,105 @@ class World:
                     continue
                 if msg[0] == self._job:
                     pending.pop(rank, None)
-        recovered = not pending and all(p.poll() is None for p in self._procs)
-        if recovered:
-            self._generation += 1
-        else:
-            self.restart()
-        action = "ranks recovered" if recovered else "the pool was killed and restarted"
-        raise RankHang(
-            f"{fn} (world size {w}) did not finish within {self.timeout:g} s on rank(s) {stuck}; {action}",
-            hung + failures + done,
-        )
+        return not pending
+
+
+# Note [Definite deadlock]
+#   Every rank of a correct program issues the same sequence of collectives on a group. So when a
+#   rank of the job has returned after issuing n collectives on the default group, and every rank
+#   still running is blocked inside a collective (or a Work.wait) after issuing more than n, those
+#   collectives can never complete: the job is deadlocked, whatever the timeout. The driver checks
+#   this every 0.25 s while some ranks have answered, and needs it on two polls in a row (a wait
+#   on an earlier, matched collective completes in between). It reports such a hang at once;
+#   other late jobs (every rank still running, or a rank busy outside any collective) are reported
+#   at their timeout. The counts are also what the hang report says the ranks disagree on.
+class _Watch:
+    """The ranks' collective counts while one job is late (see Note [Definite deadlock])."""
+
+    def __init__(self, world: "World", job: int, w: int):
+        self._dir = world._stack_dir
+        self.job = job
+        self.w = w
+        self._last: dict[int, tuple] = {}
+        self._changed: dict[int, float] = {}
+        self._suspect = 0
+
+    def status(self, rank: int) -> dict | None:
+        st = read_status(os.path.join(self._dir, f"rank{rank}.status"))
+        return st if st is not None and st.get("job") == self.job else None
+
+    def poll(self, ranks: list[int]) -> None:
+        now = time.monotonic()
+        for r in ranks:
+            st = self.status(r)
+            key = None if st is None else (st["total"], st["inside"], st["state"])
+            if self._last.get(r) != key:
+                self._last[r] = key
+                self._changed[r] = now
+
+    def progressed(self, within: float) -> bool:
+        now = time.monotonic()
+        return any(now - t < within for t in self._changed.values())
+
+    def deadlocked(self, finished: list[int], running: list[int]) -> bool:
+        if not finished or not running:
+            self._suspect = 0
+            return False
+        done = [self.status(r) for r in finished]
+        lows = [st["world_total"] for st in done if st is not None]
+        ok = bool(lows)
+        for r in running:
+            st = self.status(r)
+            ok = ok and st is not None and st["inside"] is not None and st["world_total"] > min(lows)
+        self._suspect = self._suspect + 1 if ok else 0
+        return self._suspect >= 2
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], finished: list[int]) -> str:
+    """One sentence: which collective the stuck ranks are in and how many each rank issued, e.g.
+    "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"."""
+    parts = []
+    op = None
+    for r in stuck:
+        st = statuses.get(r)
+        if st is None:
+            parts.append(f"rank {r} has not started the job's code")
+            continue
+        if st["inside"] is None:
+            parts.append(f"rank {r} is outside any collective after {st['total']} collective(s)")
+            continue
+        op = op or st["inside"]
+        parts.append(f"rank {r} is in its {_ordinal(st['inside_index'])} {st['inside']}"
+                     + (f" ({st['total']} collectives in all)" if st["total"] != st["inside_index"] else ""))
+    groups: dict[tuple, list[int]] = {}
+    for r in finished:
+        st = statuses.get(r)
+        if st is None:
+            continue
+        key = (st["counts"].get(op, 0) if op and op != "wait" else None, st["total"])
+        groups.setdefault(key, []).append(r)
+    for (n_op, total), rs in sorted(groups.items(), key=lambda kv: kv[1]):
+        what = f"{n_op} {op}" + (f" ({total} collectives in all)" if total != n_op else "") if n_op is not None \
+            else f"{total} collective(s)"
+        parts.append(f"{_ranks(rs)} finished after {what}")
+    return "; ".join(parts)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _collective_of_tb(text: str) -> str | None:

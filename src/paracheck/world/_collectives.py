@@ -1,0 +1,150 @@
+"""Inside a rank process: count the collectives a job issues and publish the count in a file.
+
+Private to ``paracheck.world``. The rank wraps the public collectives of the ``torch.distributed``
+namespace once, at start (before any target is imported, so ``from torch.distributed import
+all_reduce`` in a target binds the wrapper too), and ``Work.wait``. While a job runs, every call
+updates this rank's status: which collective it is inside (if any), how many of each it issued,
+and how many went to the default group. The status is one small JSON record rewritten in place
+(``os.pwrite`` at offset 0, padded to a fixed size) in ``<stack_dir>/rank<r>.status``; the driver
+reads it while a job is late, to tell a deadlock from a slow case (Note [Definite deadlock] in
+``paracheck.world.runner``) and to say in a hang report what the ranks disagree on.
+
+Calls that torch makes between its own c10d functions do not go through the namespace and are not
+counted, so a forwarding alias (``all_gather_object`` -> ``all_gather``) counts once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+__all__ = ["CollectiveCounter", "install", "read_status", "COUNTED"]
+
+COUNTED = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "broadcast", "reduce", "barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "send", "recv", "isend", "irecv", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+    "gather_object", "scatter_object_list", "batch_isend_irecv",
+)
+
+_RECORD = 2048  # bytes of one status record (fixed, so a reader never sees the tail of an older one)
+
+
+class CollectiveCounter:
+    """This rank's collective counts for the running job, mirrored to its status file."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.active = False
+        self.job = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.total = 0
+        self.world_total = 0  # collectives on the default group (the ones every rank must match)
+        self.inside: str | None = None
+        self.inside_index = 0
+
+    def begin(self, job) -> None:
+        self.job = job
+        self._reset()
+        self.active = True
+        self._write("running")
+
+    def end(self, state: str) -> None:
+        self.active = False
+        self.inside = None
+        self._write(state)
+
+    def enter(self, name: str, on_world: bool) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        self.total += 1
+        self.world_total += on_world
+        self.inside, self.inside_index = name, self.counts[name]
+        self._write("running")
+
+    def enter_wait(self) -> None:
+        self.inside, self.inside_index = "wait", self.counts.get("wait", 0) + 1
+        self._write("running")
+
+    def leave(self) -> None:
+        self.inside = None
+        self._write("running")
+
+    def _write(self, state: str) -> None:
+        rec = {"job": self.job, "state": state, "inside": self.inside, "inside_index": self.inside_index,
+               "total": self.total, "world_total": self.world_total, "counts": self.counts}
+        data = json.dumps(rec, separators=(",", ":")).encode()
+        os.pwrite(self._fd, data.ljust(_RECORD)[:_RECORD], 0)
+
+
+def read_status(path: str) -> dict | None:
+    """The last status record a rank wrote (None if there is none, or it is being rewritten)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_RECORD)
+        return json.loads(data.rstrip(b" \x00").decode())
+    except (OSError, ValueError):
+        return None
+
+
+def install(counter: CollectiveCounter) -> None:
+    """Wrap ``torch.distributed``'s collectives and ``Work.wait`` so that they report to ``counter``."""
+    import torch.distributed as dist
+
+    for name in COUNTED:
+        fn = getattr(dist, name, None)
+        if fn is None or getattr(fn, "_paracheck_counted", False):
+            continue
+        setattr(dist, name, _wrap(counter, name, fn))
+    try:
+        from torch._C._distributed_c10d import Work
+
+        original_wait = Work.wait
+
+        def wait(self, *args, **kwargs):
+            # Inside a counted collective (a synchronous one waits on its own Work) the collective
+            # is what the rank is in.
+            if not counter.active or counter.inside is not None:
+                return original_wait(self, *args, **kwargs)
+            counter.enter_wait()
+            try:
+                return original_wait(self, *args, **kwargs)
+            finally:
+                counter.leave()
+
+        Work.wait = wait
+    except (ImportError, AttributeError, TypeError):  # a torch without c10d's Work: counts only
+        pass
+
+
+def _group_position(fn) -> int | None:
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("group") if "group" in names else None
+
+
+def _wrap(counter: CollectiveCounter, name: str, fn):
+    import functools
+
+    import torch.distributed as dist
+
+    pos = _group_position(fn)
+
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        if not counter.active:
+            return fn(*args, **kwargs)
+        group = kwargs.get("group", args[pos] if pos is not None and len(args) > pos else None)
+        counter.enter(name, group is None or group is dist.group.WORLD)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            counter.leave()
+
+    counted._paracheck_counted = True
+    return counted
