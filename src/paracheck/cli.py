@@ -60,6 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     c.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as hung")
     c.add_argument("--kind", choices=["ddp", "sharded", "zero"], default=None, help="interface of an import-path target")
+    c.add_argument("--adapters", default=None, metavar="PATH_OR_MODULE",
+                   help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
+                        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer)")
+    c.add_argument("--finish", default=None, metavar="NAME",
+                   help="DDP after-backward hook: a method name, or module:function called as f(ddp_model, optimizer) "
+                        "(default finish_gradient_synchronization)")
+    c.add_argument("--batch-start", default=None, metavar="NAME",
+                   help="DDP batch-start hook, named as --finish (default on_train_batch_start, if present)")
+    c.add_argument("--stub-cuda-timing", action="store_true",
+                   help="on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks")
     c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
     c.add_argument("--dtype", default=None, choices=["float64", "float32"],
                    help="dtype of the target's computation (default float64; the oracle is always float64)")
@@ -96,13 +106,14 @@ def _make_world(backend: str, size: int, timeout: float):
 
 def cmd_check(args) -> int:
     from paracheck.check.property import PROFILES, check_target, replay_command
-    from paracheck.check.targets import BUILTIN_TARGETS, TargetError, resolve_target
+    from paracheck.check.targets import TargetError
 
-    names = args.targets or list(BUILTIN_TARGETS)
     try:
-        targets = [resolve_target(n, args.kind) for n in names]
+        targets = _resolve_targets(args)
     except TargetError as exc:
         raise UsageError(str(exc)) from None
+    if not targets:
+        return 0  # --adapters with no design implemented: nothing to check (listed above)
     if args.properties is not None:
         import dataclasses
 
@@ -167,6 +178,35 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
+def _resolve_targets(args) -> list:
+    """The targets named on the command line: built-ins, import paths, and ``--adapters``' designs."""
+    from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
+
+    stub = args.stub_cuda_timing
+    if stub and args.backend == "nccl":
+        print("paracheck: warning: --stub-cuda-timing is ignored with --backend nccl (the ranks have CUDA)",
+              file=sys.stderr)
+        stub = False
+    targets = []
+    if args.adapters is not None:
+        from paracheck.check.adapters import discover_adapters
+
+        found = discover_adapters(args.adapters, stub_cuda_timing=stub)
+        print("\n".join(found.lines()), flush=True)
+        targets += found.targets
+        if (args.finish or args.batch_start) and not args.targets:
+            print("paracheck: warning: --finish/--batch-start are ignored for --adapters (its functions are the hooks)",
+                  file=sys.stderr)
+    if args.targets or args.adapters is None:
+        targets += [resolve_target(n, args.kind, finish=args.finish, batch_start=args.batch_start,
+                                   stub_cuda_timing=stub)
+                    for n in (args.targets or list(BUILTIN_TARGETS))]
+    for t in targets:
+        for note in t.notes:
+            print(f"paracheck: note: {note}", file=sys.stderr)
+    return targets
+
+
 def _print_failure(target, result, backend, *, examples, notes=()):
     from paracheck.check.property import replay_command
 
@@ -175,6 +215,11 @@ def _print_failure(target, result, backend, *, examples, notes=()):
         print(f"  {target.name} breaks the {d.what} property (failing case found after {examples} case(s)).")
     elif result.error is not None:
         print(f"  {target.name} failed on the ranks: {result.error.kind} (failing case found after {examples} case(s)).")
+        from paracheck.check.diagnose import cuda_only_call
+
+        diagnosis = cuda_only_call(result.error.report())
+        if diagnosis:
+            print(f"  {diagnosis}")
     else:
         print(f"  {target.name} does not equal the oracle (failing case found after {examples} case(s)).")
     for n in notes:
@@ -184,7 +229,7 @@ def _print_failure(target, result, backend, *, examples, notes=()):
     print("  what diverged:")
     print("    " + result.describe().replace("\n", "\n    "))
     print("  replay exactly this case:")
-    print("    " + replay_command(target, result.case, backend))
+    print("    " + replay_command(target, result.case, backend) + target.cli_options())
 
 
 def cmd_selftest(args) -> int:

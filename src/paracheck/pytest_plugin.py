@@ -5,6 +5,7 @@ Options:
     --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
+    --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
 
 Markers: ``world_size(n)`` (skipped when n exceeds what the backend can run), ``gpu`` (skipped
 without CUDA). Every skip of either kind is counted and reported at the end of the session:
@@ -32,6 +33,8 @@ def pytest_addoption(parser):
     g.addoption("--paracheck-world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4)")
     g.addoption("--paracheck-profile", default="ci", choices=sorted(_PROFILES), help="Hypothesis profile")
     g.addoption("--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung")
+    g.addoption("--paracheck-stub-cuda-timing", action="store_true",
+                help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)")
 
 
 def pytest_configure(config):
@@ -142,16 +145,27 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
 
     derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
 
-    def check(target, *, kind=None, world_sizes=None, max_examples=None, **kwargs):
-        t = resolve_target(target, kind) if isinstance(target, str) else target
+    stub_default = pytestconfig.getoption("--paracheck-stub-cuda-timing")
+
+    def check(target, *, kind=None, world_sizes=None, max_examples=None, finish=None, batch_start=None,
+              stub_cuda_timing=None, **kwargs):
+        stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
+        if isinstance(target, str):
+            t = resolve_target(target, kind, finish=finish, batch_start=batch_start, stub_cuda_timing=stub)
+        else:
+            t = target
         report = check_target(t, paracheck_world, world_sizes=tuple(world_sizes or paracheck_world_sizes),
                               max_examples=max_examples or paracheck_max_examples,
                               seed=0 if derandomise else None, **kwargs)
         if not report.passed:
+            from paracheck.check.diagnose import cuda_only_call
+
             f = report.failure
+            diagnosis = cuda_only_call(f.error.report()) if f.error is not None else None
             pytest.fail(
                 f"{t.name} does not equal the oracle after {report.examples} case(s):\n{f.describe()}\n"
-                f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}",
+                + (f"{diagnosis}\n" if diagnosis else "")
+                + f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}{t.cli_options()}",
                 pytrace=False,
             )
         return report

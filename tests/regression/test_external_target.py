@@ -38,7 +38,7 @@ class MyDDP(torch.nn.Module):
         for p, flag in zip(params, flat[n:].tolist()):
             g = flat[offset:offset + p.numel()].view_as(p) / self.ws
             offset += p.numel()
-            p.grad = None if flag == 0 else g.clone()
+            p.grad = None if flag == 0 else g.to(p.dtype, copy=True)
 '''
 
 BROKEN = CORRECT.replace("/ self.ws", "")  # forgets to average
@@ -108,3 +108,106 @@ def test_raising_constructor_is_a_readable_failure(tmp_path):
     out = _check(tmp_path, RAISES, "Exploding")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "constructor exploded" in out.stdout and "rank 0 raised" in out.stdout
+
+
+EXAMPLE_ADAPTERS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "cs336_adapters.py")
+
+NOT_IMPLEMENTED_ADAPTERS = '''
+from paracheck.ddp import FlatDDP
+
+
+def get_ddp_individual_parameters(module):
+    return FlatDDP(module)
+
+
+def ddp_individual_parameters_on_after_backward(ddp_model, optimizer):
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp_bucketed(module, bucket_size_mb):
+    """Returns a bucketed DDP container."""
+    # For example: return DDPBucketed(module, bucket_size_mb)
+    raise NotImplementedError
+
+
+def ddp_bucketed_on_after_backward(ddp_model, optimizer):
+    raise NotImplementedError
+
+
+def get_sharded_optimizer(params, optimizer_cls, **kwargs):
+    raise NotImplementedError
+'''
+
+SYNCHRONIZES = CORRECT + '''
+
+class TimedDDP(MyDDP):
+    def finish_gradient_synchronization(self):
+        torch.cuda.synchronize()
+        super().finish_gradient_synchronization()
+'''
+
+RENAMED = CORRECT.replace("def finish_gradient_synchronization(self)", "def sync_gradients(self)")
+
+
+def _paracheck(cwd, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(cwd) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "paracheck.cli", "check", "--world-sizes", "1,2", "--max-examples", "6",
+           "--timeout", "60", "--no-database", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+
+
+def test_adapters_example_passes_design_by_design(tmp_path):
+    """--adapters on the example lists every adapter function and passes each design (exit 0)."""
+    out = _paracheck(tmp_path, "--adapters", os.path.abspath(EXAMPLE_ADAPTERS))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for fn in ("get_ddp", "ddp_on_after_backward", "get_ddp_individual_parameters", "get_ddp_bucketed",
+               "ddp_bucketed_on_train_batch_start", "get_sharded_optimizer"):
+        assert any(line.split() == [fn, "implemented"] for line in out.stdout.splitlines()), out.stdout
+    assert out.stdout.count("\nPASS ") == 4, out.stdout
+
+
+def test_adapters_not_implemented_are_listed_not_failed(tmp_path):
+    """Handout stubs raising NotImplementedError are listed as not implemented; the rest passes (exit 0)."""
+    (tmp_path / "adapters.py").write_text(NOT_IMPLEMENTED_ADAPTERS)
+    out = _paracheck(tmp_path, "--adapters", "adapters.py")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line.split(None, 1) for line in out.stdout.splitlines()]
+    for fn in ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "get_sharded_optimizer"):
+        assert [fn, "not implemented"] in lines, out.stdout
+    assert "PASS adapters.py:get_ddp_individual_parameters" in out.stdout
+    assert out.stdout.count("\nPASS ") == 1, out.stdout
+
+
+def test_adapters_without_adapter_functions_is_a_usage_error(tmp_path):
+    """An --adapters file defining none of the functions exits 2 naming it."""
+    (tmp_path / "empty_adapters.py").write_text("def unrelated():\n    pass\n")
+    out = _paracheck(tmp_path, "--adapters", "empty_adapters.py")
+    assert out.returncode == 2 and "--adapters='empty_adapters.py' defines none" in out.stderr
+
+
+def test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed(tmp_path):
+    """torch.cuda.synchronize() in the hook fails with the diagnosis on CPU, and passes with --stub-cuda-timing."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    (tmp_path / "user_impl.py").write_text(textwrap.dedent(SYNCHRONIZES))
+    out = _paracheck(tmp_path, "user_impl:TimedDDP")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "your code calls a CUDA-only API (torch.cuda.synchronize at user_impl.py:" in out.stdout
+    assert "pass --stub-cuda-timing or run with --backend nccl" in out.stdout
+    again = _paracheck(tmp_path, "user_impl:TimedDDP", "--stub-cuda-timing")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(tmp_path):
+    """A DDP whose hook is sync_gradients() is told to pass --finish sync_gradients (exit 2), and passes with it."""
+    (tmp_path / "user_impl.py").write_text(textwrap.dedent(RENAMED))
+    out = _paracheck(tmp_path, "user_impl:MyDDP")
+    assert out.returncode == 2
+    assert "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients" \
+        in out.stderr
+    again = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "sync_gradients")
+    assert again.returncode == 0, again.stdout + again.stderr
+    wrong = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "no_such_method")
+    assert wrong.returncode == 2 and "--finish='no_such_method'" in wrong.stderr

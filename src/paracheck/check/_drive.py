@@ -4,18 +4,26 @@ Runs inside the rank processes. The training loops (``paracheck.check._rank`` an
 ``paracheck.check._rank_zero``) never call a target's methods directly: they call a
 ``DDPDriver``, so that one loop serves every way people write the CS336 interface (a class with
 ``finish_gradient_synchronization()``, or the handout's functions ``get_ddp(module)`` and
-``ddp_on_after_backward(ddp_model, optimizer)``, ...). ``payload`` keys read here:
+``ddp_on_after_backward(ddp_model, optimizer)``, ...; Note [Readings of a DDP interface] in
+``paracheck.check.targets``). ``payload`` keys read here:
 
-* ``path``: the target's import path; ``takes_bucket``: pass ``bucket_size_mb``.
+* ``path``: the target's import path (a class, or a function returning the wrapper);
+* ``takes_bucket``: pass ``bucket_size_mb`` (read only where the constructor's signature cannot be);
+* ``finish``, ``batch_start``: the hooks, a method name or ``module:function`` (None: the CS336
+  method names).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
+import torch.distributed as dist
+
 from paracheck.cases import Case
+from paracheck.check.targets import Construction, TargetError, ddp_construction, load_object
 
 __all__ = ["DDPDriver", "ddp_driver"]
 
@@ -38,18 +46,86 @@ class DDPDriver:
         return self.no_sync() if skip and self.no_sync is not None else contextlib.nullcontext()
 
 
-def _bucket(case: Case) -> float:
+def _bucket(case: Case) -> float | None:
+    if case.unbounded_bucket:
+        return None  # one unbounded bucket; a target that refuses None skips the case (run_ddp)
     return case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+
+
+_PLANS: dict[str, Construction | None] = {}
+
+
+def _plan(path: str, cls) -> Construction | None:
+    if path not in _PLANS:
+        try:
+            _PLANS[path] = ddp_construction(cls)
+        except TargetError:
+            _PLANS[path] = None  # unreadable: the positional reading below
+    return _PLANS[path]
+
+
+def _construct(payload: dict, model, case: Case, cls):
+    plan = _plan(payload.get("path", ""), cls)
+    if plan is None:
+        return cls(model, _bucket(case)) if payload.get("takes_bucket") else cls(model)
+    device = next(iter(model.parameters()), None)
+    values = {
+        "module": model,
+        "bucket_mb": _bucket(case),
+        "bucket_bytes": None if _bucket(case) is None else int(_bucket(case) * 2**20),
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "process_group": dist.group.WORLD,
+        "device": device.device if device is not None else None,
+    }
+    return cls(*(values[w] for w in plan.positional), **{name: values[w] for name, w in plan.keywords})
+
+
+def _takes_optimizer(fn) -> bool:
+    """Whether the bound method ``fn`` has a required argument (then it is given the optimizer)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _hook(wrapper, spec: str | None, default: str, option: str, path: str, required: bool):
+    """The hook ``spec`` (Note [Readings of a DDP interface]) as ``f(optimizer)``, or None."""
+    if spec is not None and ":" in spec:
+        fn = load_object(spec)
+        return lambda optimizer: fn(wrapper, optimizer)
+    name = spec or default
+    method = getattr(wrapper, name, None)
+    if method is None:
+        if not required:
+            return None
+        raise AttributeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} has no {name}(): name "
+                             f"the method or function that does it with {option}")
+    if _takes_optimizer(method):
+        return lambda optimizer: method(optimizer)
+    return lambda optimizer: method()
 
 
 def ddp_driver(payload: dict, model, case: Case, cls) -> DDPDriver:
     """Construct the DDP target ``cls`` around ``model`` for ``case``; see the module docstring."""
-    wrapper = cls(model, _bucket(case)) if payload.get("takes_bucket") else cls(model)
-    start = getattr(wrapper, "on_train_batch_start", None)
+    path = payload.get("path", getattr(cls, "__name__", "the target"))
+    wrapper = _construct(payload, model, case, cls)
+    if wrapper is None:
+        raise TypeError(f"{path}(module) returned None: it must return the DDP-wrapped model")
+    if callable(wrapper):
+        forward = wrapper
+    elif callable(getattr(wrapper, "forward", None)):
+        forward = wrapper.forward  # a plain object holding the module: its forward is the model's
+    else:
+        raise TypeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} is neither callable nor has "
+                        f"forward()")
     return DDPDriver(
         wrapper=wrapper,
-        forward=wrapper,
-        finish=lambda optimizer: wrapper.finish_gradient_synchronization(),
-        batch_start=None if start is None else (lambda optimizer: start()),
+        forward=forward,
+        finish=_hook(wrapper, payload.get("finish"), "finish_gradient_synchronization", "--finish",
+                     path, required=True),
+        batch_start=_hook(wrapper, payload.get("batch_start"), "on_train_batch_start", "--batch-start",
+                          path, required=payload.get("batch_start") is not None),
         no_sync=getattr(wrapper, "no_sync", None),
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -18,21 +19,44 @@ __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for"]
 
 @dataclass
 class CaseResult:
+    """How one case went: a rank failure (``error``), or every property that failed on it
+    (``divergences``, one per property; ``divergence`` is the first of them)."""
+
     case: Case
     divergence: Divergence | None = None
     error: WorldError | None = None
     worst_ratio: float = 0.0
     extra: dict = field(default_factory=dict)
+    divergences: list[Divergence] = field(default_factory=list)
+    seconds: float = 0.0  # from submission to the verdict
+    outputs: dict[int, str] = field(default_factory=dict)  # rank -> what it printed (clipped)
+
+    def __post_init__(self):
+        if self.divergence is not None and not self.divergences:
+            self.divergences = [self.divergence]
+        if self.divergence is None and self.divergences:
+            self.divergence = self.divergences[0]
 
     @property
     def ok(self) -> bool:
         return self.divergence is None and self.error is None
 
-    def describe(self) -> str:
+    @property
+    def failed_properties(self) -> list[str]:
+        """The properties this case breaks (keys of ``paracheck.check.report.PROPERTIES``)."""
+        if self.error is not None:
+            return [{"hung": "hang", "died": "died"}.get(self.error.kind, "raised")]
+        return list(dict.fromkeys(d.property for d in self.divergences))
+
+    def divergence_of(self, prop: str) -> Divergence | None:
+        return next((d for d in self.divergences if d.property == prop), None)
+
+    def describe(self, prop: str | None = None) -> str:
         if self.error is not None:
             return self.error.report()
-        if self.divergence is not None:
-            return self.divergence.describe()
+        d = self.divergence_of(prop) if prop is not None else self.divergence
+        if d is not None:
+            return d.describe()
         return "ok"
 
 
@@ -72,24 +96,45 @@ def run_case(world: World, target: Target, case: Case, *, device: str | None = N
              timeout: float | None = None, check_state: bool | None = None) -> CaseResult:
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
     target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
-    payload = {"case": case, "path": target.path, "takes_bucket": target.takes_bucket, "device": device}
+    if target.kind == "zero" and not case.zero_grad_module:
+        # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
+        case = replace(case, zero_grad_module=True)
+    payload = {"case": case, **target.driver_payload(), "device": device}
+    t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     traj = oracle_for(case)  # computed while the ranks train
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
-        return CaseResult(case, error=exc)
+        return CaseResult(case, error=exc, seconds=time.monotonic() - t0,
+                          outputs={f.rank: f.output for f in exc.failures if f.output})
+    seconds = time.monotonic() - t0
+    outputs = dict(getattr(world, "last_outputs", {}))
+    if "skipped" in ranks[0]:  # a case the target declares out of its interface: not a failure
+        return CaseResult(case, extra={"skipped": ranks[0]["skipped"]}, seconds=seconds, outputs=outputs)
     sharding = target.kind in ("sharded", "zero")
     if sharding:  # optimizer-state sharding: selectable properties (paracheck.check._rank_zero)
-        from paracheck.check._rank_zero import check_sharding_properties, resolve_properties
+        from paracheck.check._rank_zero import (
+            DRIVER_PROPERTIES, check_sharding_properties, resolve_properties, sharding_notes,
+        )
+
+        notes = sharding_notes(traj, ranks)
+        if "skipped" in notes:  # a protocol the target does not offer: no verdict, never a failure
+            return CaseResult(case, extra=notes, seconds=seconds, outputs=outputs)
 
         props = resolve_properties(target.properties)
     if check_state is None:
         check_state = sharding and "state" in props
-    div, worst = None, 0.0
+    divs, worst = [], 0.0
     if not sharding or props & {"equivalence", "state"}:
         div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
-    if div is None and sharding:
-        div = check_sharding_properties(case, traj, ranks, target.kind, props)
+        divs += [div] if div is not None else []
+    if sharding:
+        # memory, balance and traffic do not depend on the trajectory: each is checked on its own.
+        for prop in sorted(props & DRIVER_PROPERTIES):
+            div = check_sharding_properties(case, traj, ranks, target.kind, {prop})
+            divs += [div] if div is not None and all(d.property != div.property for d in divs) else []
     extra = {k: v for k, v in ranks[0].items() if k not in ("initial_params", "initial_buffers", "steps")}
-    return CaseResult(case, divergence=div, worst_ratio=worst, extra=extra)
+    if sharding:
+        extra.update(notes)
+    return CaseResult(case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs)

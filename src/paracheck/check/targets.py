@@ -2,13 +2,32 @@
 
 A target is ``(kind, import path)``. Kinds:
 
-* ``ddp``: a module wrapper with the CS336 interface: ``Class(module)`` or
+* ``ddp``: a DDP wrapper with the CS336 interface: ``Class(module)`` or
   ``Class(module, bucket_size_mb)``, ``forward``, ``finish_gradient_synchronization()``, and
-  optionally ``on_train_batch_start()`` and ``no_sync()``;
-* ``sharded``: an optimizer ``Class(params, optimizer_cls, **kwargs)`` (CS336 ShardedOptimizer);
-  gradients are synchronised by paracheck's FlatDDP before its ``step()``;
+  optionally ``on_train_batch_start()`` and ``no_sync()``; or a function ``get_ddp(module)``
+  returning one, with the after-backward hook a function ``f(ddp_model, optimizer)``
+  (``paracheck.check.adapters``);
+* ``sharded``: an optimizer ``Class(params, optimizer_cls, **kwargs)`` (CS336 ShardedOptimizer),
+  or a function of that signature; gradients are synchronised by paracheck's FlatDDP before its
+  ``step()``;
 * ``zero``: a ZeRO wrapper ``Class(module, optimizer_cls, *, params, bucket_size_mb, **kwargs)``
   that synchronises gradients itself (``paracheck.zero.Zero1``).
+
+The import path is ``package.module:Name`` or ``path/to/file.py:Name`` (the file is imported
+by location, with its directory, or its package's root, on ``sys.path``; the ranks do the same).
+
+Note [Readings of a DDP interface]
+  A false failure on correct code is the worst result a check can give, so a DDP target is
+  read by names, never by the position of its arguments alone (``ddp_construction``): the
+  first argument receives the module whatever its name; the bucket size goes to the argument
+  whose name says bucket (``bucket_size_mb``, ``bucket_mb``, ``bucket_cap_mb``, ``bucket_size``,
+  ...; one whose name says bytes gets bytes), by keyword; required ``rank``, ``world_size``,
+  ``process_group``/``group`` and ``device`` arguments are supplied; any other argument with a
+  default keeps it (``DDP(module, use_async_comm=True)`` is not bucketed). The hooks are
+  ``finish_gradient_synchronization()`` and ``on_train_batch_start()`` unless named otherwise
+  (``Target.finish``, ``Target.batch_start``: a method name, or ``module:function`` called as
+  ``f(ddp_model, optimizer)``); a method that takes a required argument is given the optimizer.
+  The wrapper need not be an ``nn.Module``: it is called, or its ``forward`` is.
 
 The sharding kinds' properties, and how a target selects a subset (``Target.properties``), are in
 ``paracheck.check._rank_zero``.
@@ -17,32 +36,65 @@ The sharding kinds' properties, and how a target selects a subset (``Target.prop
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import dataclass, field
 
-__all__ = ["Target", "BUILTIN_TARGETS", "resolve_target", "TargetError", "load_object"]
+__all__ = ["Target", "BUILTIN_TARGETS", "Construction", "ddp_construction", "resolve_target", "TargetError",
+           "load_object", "plausible_hooks"]
 
 
 class TargetError(ValueError):
     """A target that cannot be used: unknown name, import failure, or unusable interface."""
 
 
+_RANK_FNS = {
+    "ddp": "paracheck.check._rank:run_ddp",
+    "sharded": "paracheck.check._rank_zero:run_sharded",
+    "zero": "paracheck.check._rank_zero:run_zero",
+}
+# The same rank programs inside paracheck.check._cuda_stub.stubbed_cuda_timing().
+_STUBBED_RANK_FNS = {kind: f"paracheck.check._cuda_stub:{fn.rpartition(':')[2]}" for kind, fn in _RANK_FNS.items()}
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
-    path: str  # "package.module:Class"
+    path: str  # "package.module:Class" or "/abs/file.py:function"
     kind: str  # "ddp" | "sharded" | "zero"
     takes_bucket: bool = False
     # Which properties a check runs (None: all of the kind's; see paracheck.check._rank_zero.PROPERTIES).
     properties: frozenset[str] | None = None
+    # DDP hooks (Note [Readings of a DDP interface]): a method name, or "module:function" called as
+    # f(ddp_model, optimizer); None: finish_gradient_synchronization() / on_train_batch_start().
+    finish: str | None = None
+    batch_start: str | None = None
+    # Replace CUDA timing/instrumentation calls by no-ops on the ranks (paracheck.check._cuda_stub).
+    stub_cuda_timing: bool = False
+    # What resolving the target found worth saying (a plausible hook not used, ...); not checked.
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def rank_fn(self) -> str:
-        return {
-            "ddp": "paracheck.check._rank:run_ddp",
-            "sharded": "paracheck.check._rank_zero:run_sharded",
-            "zero": "paracheck.check._rank_zero:run_zero",
-        }[self.kind]
+        return (_STUBBED_RANK_FNS if self.stub_cuda_timing else _RANK_FNS)[self.kind]
+
+    def driver_payload(self) -> dict:
+        """The payload keys the rank programs read about the target (``paracheck.check._drive``)."""
+        return {"path": self.path, "takes_bucket": self.takes_bucket, "finish": self.finish,
+                "batch_start": self.batch_start}
+
+    def cli_options(self) -> str:
+        """The ``paracheck check`` options, after the target's name, that reproduce this target."""
+        out = ""
+        if self.finish is not None:
+            out += f" --finish {self.finish}"
+        if self.batch_start is not None:
+            out += f" --batch-start {self.batch_start}"
+        if self.stub_cuda_timing:
+            out += " --stub-cuda-timing"
+        return out
 
 
 # name -> (path, kind). Later issues register more (overlapped, bucketed, sharded, zero1, ...).
@@ -64,12 +116,58 @@ BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
 }
 
 
-def load_object(path: str):
-    module, sep, name = path.partition(":")
-    if not sep or not module or not name:
-        raise TargetError(f"target={path!r} must be a built-in name or 'package.module:Class'")
+# -- importing ----------------------------------------------------------------------------------
+
+def _is_file_spec(module: str) -> bool:
+    return module.endswith(".py") or "/" in module or os.sep in module
+
+
+def _import_file(spec: str):
+    """Import the .py file ``spec``: as ``package.module`` when it lies in a package (so its
+    relative imports work), else by location; its directory, or its package's root, goes on
+    ``sys.path`` so that its own imports of neighbouring modules work, here and in the ranks."""
+    path = os.path.abspath(spec)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    root, parts = os.path.dirname(path), [os.path.splitext(os.path.basename(path))[0]]
+    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.dirname(root) != root:
+        parts.insert(0, os.path.basename(root))
+        root = os.path.dirname(root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    if len(parts) > 1:
+        dotted = ".".join(parts)
+        try:
+            mod = importlib.import_module(dotted)
+            if os.path.abspath(getattr(mod, "__file__", "") or "") == path:
+                return mod
+        except ImportError:
+            pass  # a package of the same name shadows it: load by location below
+    name = f"_paracheck_file_{abs(hash(path)):x}_{parts[-1]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec_ = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec_)
+    sys.modules[name] = mod
     try:
-        obj = importlib.import_module(module)
+        spec_.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
+
+
+def import_module(module: str):
+    """``package.module`` or ``path/to/file.py`` -> the module (see ``_import_file``)."""
+    return _import_file(module) if _is_file_spec(module) else importlib.import_module(module)
+
+
+def load_object(path: str):
+    module, sep, name = path.rpartition(":")
+    if not sep or not module or not name:
+        raise TargetError(f"target={path!r} must be a built-in name, 'package.module:Class' or 'file.py:Name'")
+    try:
+        obj = import_module(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to read
         raise TargetError(f"target={path!r}: module {module!r} does not import: {type(exc).__name__}: {exc}") from exc
     for part in name.split("."):
@@ -80,46 +178,224 @@ def load_object(path: str):
     return obj
 
 
-def _infer_kind(cls, path: str) -> tuple[str, bool]:
-    if not inspect.isclass(cls):
-        raise TargetError(f"target={path!r} is a {type(cls).__name__}, not a class")
+# -- reading a DDP constructor ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Construction:
+    """How to call a DDP constructor (Note [Readings of a DDP interface]): ``positional`` and
+    ``keywords`` name what each argument receives: ``module``, ``bucket_mb``, ``bucket_bytes``,
+    ``rank``, ``world_size``, ``process_group`` or ``device``."""
+
+    positional: tuple[str, ...]
+    keywords: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def takes_bucket(self) -> bool:
+        return any(w.startswith("bucket") for w in self.positional + tuple(w for _, w in self.keywords))
+
+
+_SUPPLIED = {"rank": "rank", "world_size": "world_size", "process_group": "process_group", "group": "process_group",
+             "pg": "process_group", "device": "device"}
+
+
+def _bucket_role(name: str) -> str | None:
+    low = name.lower()
+    if "bucket" not in low:
+        return None
+    return "bucket_bytes" if "byte" in low else "bucket_mb"
+
+
+def ddp_construction(fn) -> Construction:
+    """Read the constructor (class or function) of a DDP target by its argument names; raises
+    TargetError naming an argument it cannot supply. Pure: inspects, never calls."""
     try:
-        sig = inspect.signature(cls.__init__)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        raise TargetError(f"target={path!r}: cannot read the constructor's signature") from None
-    names = [p for p in sig.parameters if p != "self"]
-    positional = [p.name for p in sig.parameters.values()
-                  if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return Construction(("module",))
+    params = list(sig.parameters.values())
+    if params and params[0].name == "self" and not inspect.isclass(fn):
+        params = params[1:]
+    if not params:
+        raise TargetError("the constructor takes no argument: it must take the module to wrap")
+    first, rest = params[0], params[1:]
+    positional, keywords = [], []
+    if first.kind == first.KEYWORD_ONLY:
+        keywords.append((first.name, "module"))
+    elif first.kind == first.VAR_KEYWORD:
+        raise TargetError("the constructor takes only **kwargs: it must take the module to wrap")
+    else:
+        positional.append("module")
+    unknown_required = []
+    for p in rest:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        role = _bucket_role(p.name) or (_SUPPLIED.get(p.name) if p.default is p.empty else None)
+        if role is None:
+            if p.default is p.empty:
+                unknown_required.append(p)
+            continue
+        if p.kind == p.POSITIONAL_ONLY:
+            if len(positional) != params.index(p):
+                raise TargetError(f"argument {p.name!r} is positional-only after an argument paracheck leaves out")
+            positional.append(role)
+        else:
+            keywords.append((p.name, role))
+    has_bucket = any(r.startswith("bucket") for r in positional + [r for _, r in keywords])
+    # One more required argument whose name speaks of a size, and no bucket argument: the bucket
+    # size under another name (DDP(module, size_mb)).
+    if (len(unknown_required) == 1 and not has_bucket
+            and any(s in unknown_required[0].name.lower() for s in ("mb", "size", "cap"))):
+        p = unknown_required.pop()
+        keywords.append((p.name, "bucket_mb")) if p.kind != p.POSITIONAL_ONLY else positional.append("bucket_mb")
+    if unknown_required:
+        names = ", ".join(repr(p.name) for p in unknown_required)
+        raise TargetError(f"the constructor's argument(s) {names} have no default, and paracheck supplies only the "
+                          f"module, a bucket size (an argument named bucket_size_mb or similar), rank, world_size, "
+                          f"process_group and device")
+    return Construction(tuple(positional), tuple(keywords))
+
+
+# -- hooks --------------------------------------------------------------------------------------
+
+# Methods that plausibly are the after-backward / batch-start hook under another name.
+_FINISH_WORDS = ("sync", "reduce", "after_backward", "finish", "average_grad", "wait")
+_BATCH_START_WORDS = ("batch_start", "start_batch", "on_batch", "reset", "prepare", "before_forward", "pre_forward")
+
+
+def _own_methods(cls) -> list[str]:
+    """Public methods defined by ``cls`` and its bases other than nn.Module / object."""
     import torch
 
-    if len(names) >= 2 and names[0] == "module" and names[1] in ("optimizer_cls", "optimizer_class"):
+    base = set(dir(torch.nn.Module)) | set(dir(object))
+    return sorted(n for n in dir(cls) if not n.startswith("_") and n not in base and callable(getattr(cls, n, None)))
+
+
+def plausible_hooks(cls, which: str) -> list[str]:
+    """``cls``'s methods that plausibly are the ``which`` ("finish" or "batch_start") hook."""
+    words = _FINISH_WORDS if which == "finish" else _BATCH_START_WORDS
+    skip = {"no_sync", "forward", "finish_gradient_synchronization", "on_train_batch_start"}
+    return [n for n in _own_methods(cls) if n not in skip and any(w in n.lower() for w in words)]
+
+
+def _resolve_hook(option: str, value: str, obj, module_name: str, path: str) -> str:
+    """A hook named by the user -> a method name (kept) or ``module:function`` (a function of the
+    target's module, or an import path). TargetError when it names nothing."""
+    if ":" in value:
+        fn = load_object(value)
+        if not callable(fn):
+            raise TargetError(f"{option}={value!r} is a {type(fn).__name__}, not a function")
+        return value
+    is_class = inspect.isclass(obj)
+    if is_class and callable(getattr(obj, value, None)):
+        return value
+    module = import_module(module_name)
+    if callable(getattr(module, value, None)) and not inspect.isclass(getattr(module, value)):
+        return f"{module_name}:{value}"
+    if not is_class:
+        return value  # a method of the object the function returns: checked on the ranks
+    others = plausible_hooks(obj, "finish" if option == "--finish" else "batch_start")
+    hint = f"; it has {', '.join(m + '()' for m in others)}" if others else ""
+    raise TargetError(f"{option}={value!r}: target {path!r} has no method {value}() and its module no function "
+                      f"{value}(){hint}")
+
+
+def _hook_message(cls, path: str) -> str:
+    others = plausible_hooks(cls, "finish")
+    if others:
+        return (f"target={path!r} has no finish_gradient_synchronization(); it has {others[0]}(): pass "
+                f"--finish {others[0]} (finish=... in paracheck_check) if that synchronises the gradients after "
+                f"backward" + (f" (other candidates: {', '.join(others[1:])})" if others[1:] else ""))
+    return (f"target={path!r} fits neither interface: a DDP wrapper needs Class(module[, bucket_size_mb]) with "
+            f"finish_gradient_synchronization() (or another method named with --finish NAME); a sharded "
+            f"optimizer needs Class(params, optimizer_cls, **kwargs) (a torch.optim.Optimizer subclass). "
+            f"Pass --kind to say which it is.")
+
+
+# -- kinds --------------------------------------------------------------------------------------
+
+def _param_names(obj) -> list[str]:
+    try:
+        sig = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    except (TypeError, ValueError):
+        raise TargetError("cannot read the constructor's signature") from None
+    return [p for p in sig.parameters if p != "self"]
+
+
+def _is_optimizer_arg(name: str) -> bool:
+    return "optim" in name.lower()
+
+
+def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
+    if not inspect.isclass(cls) and not inspect.isfunction(cls):
+        raise TargetError(f"target={path!r} is a {type(cls).__name__}, not a class or a function")
+    try:
+        names = _param_names(cls)
+    except TargetError as exc:
+        raise TargetError(f"target={path!r}: {exc}") from None
+    import torch
+
+    first = names[0].lower() if names else ""
+    if len(names) >= 2 and first in ("module", "model") and _is_optimizer_arg(names[1]):
         return "zero", False  # Class(module, optimizer_cls, ...): a ZeRO wrapper (paracheck.zero.Zero1)
-    if issubclass(cls, torch.optim.Optimizer) or (len(names) >= 2 and names[1] in ("optimizer_cls", "optimizer_class")):
+    if ((inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer))
+            or (len(names) >= 2 and _is_optimizer_arg(names[1]))):
         return "sharded", False
-    if hasattr(cls, "finish_gradient_synchronization"):
-        return "ddp", "bucket_size_mb" in names or len(positional) >= 2
-    raise TargetError(
-        f"target={path!r} fits neither interface: a DDP wrapper needs Class(module[, bucket_size_mb]) with "
-        f"finish_gradient_synchronization(); a sharded optimizer needs Class(params, optimizer_cls, **kwargs) "
-        f"(a torch.optim.Optimizer subclass). Pass --kind to say which it is."
-    )
+    if inspect.isfunction(cls) or finish is not None or hasattr(cls, "finish_gradient_synchronization"):
+        try:
+            return "ddp", ddp_construction(cls).takes_bucket
+        except TargetError as exc:
+            raise TargetError(f"target={path!r}: {exc}") from None
+    raise TargetError(_hook_message(cls, path))
 
 
-def resolve_target(name: str, kind: str | None = None) -> Target:
-    """A built-in name or an import path -> Target (imports it here, to fail early and clearly)."""
+def _companions(obj, path: str) -> dict:
+    """A CS336 adapter constructor named by path (``adapters.py:get_ddp_bucketed``) brings its own
+    hooks from its module, as ``--adapters`` checks it (``paracheck.check.adapters``)."""
+    from paracheck.check.adapters import companion_hooks
+
+    return companion_hooks(obj, path)
+
+
+def resolve_target(name: str, kind: str | None = None, *, finish: str | None = None,
+                   batch_start: str | None = None, stub_cuda_timing: bool = False) -> Target:
+    """A built-in name or an import path -> Target (imports it here, to fail early and clearly).
+
+    ``finish`` / ``batch_start`` name the DDP hooks (Note [Readings of a DDP interface]).
+    """
     if name in BUILTIN_TARGETS:
         path, builtin_kind = BUILTIN_TARGETS[name]
         cls = load_object(path)
         return Target(name, path, builtin_kind, _infer_kind(cls, path)[1] if builtin_kind == "ddp" else False,
-                      BUILTIN_PROPERTIES.get(name))
+                      BUILTIN_PROPERTIES.get(name), finish=finish, batch_start=batch_start,
+                      stub_cuda_timing=stub_cuda_timing)
     if ":" not in name:
         raise TargetError(f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
-                          f"nor an import path 'package.module:Class'")
+                          f"nor an import path 'package.module:Class' or 'file.py:Name'")
+    if kind is not None and kind not in ("ddp", "sharded", "zero"):
+        raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
     cls = load_object(name)
-    inferred, bucket = _infer_kind(cls, name) if kind is None else (kind, False)
-    if kind is not None:
-        if kind not in ("ddp", "sharded", "zero"):
-            raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
-        if kind == "ddp":
-            bucket = "bucket_size_mb" in inspect.signature(cls.__init__).parameters
-    return Target(name, name, inferred, bucket)
+    module_part, _, attr = name.rpartition(":")
+    path = f"{os.path.abspath(module_part)}:{attr}" if _is_file_spec(module_part) else name
+    hooks = _companions(cls, path) if inspect.isfunction(cls) else {}
+    if finish is not None:
+        hooks["finish"] = _resolve_hook("--finish", finish, cls, path.rpartition(":")[0], name)
+    if batch_start is not None:
+        hooks["batch_start"] = _resolve_hook("--batch-start", batch_start, cls, path.rpartition(":")[0], name)
+    inferred, bucket = _infer_kind(cls, name, hooks.get("finish")) if kind is None else (kind, False)
+    if kind == "ddp":
+        try:
+            bucket = ddp_construction(cls).takes_bucket
+        except TargetError as exc:
+            raise TargetError(f"target={name!r}: {exc}") from None
+    notes = ()
+    if inferred == "ddp" and inspect.isclass(cls) and hooks.get("batch_start") is None \
+            and not hasattr(cls, "on_train_batch_start"):
+        others = plausible_hooks(cls, "batch_start")
+        if others:
+            notes = (f"{name} has no on_train_batch_start(); it has {others[0]}(): if that must run before each "
+                     f"batch, pass --batch-start {others[0]}",)
+    properties = None
+    if inferred == "sharded" and inspect.isfunction(cls):
+        from paracheck.check.adapters import ADAPTER_SHARDED_PROPERTIES as properties
+    return Target(name, path, inferred, bucket, properties, finish=hooks.get("finish"),
+                  batch_start=hooks.get("batch_start"), stub_cuda_timing=stub_cuda_timing, notes=notes)
