@@ -229,7 +229,7 @@ def _print_failure(target, result, backend, *, examples, notes=()):
     print("  what diverged:")
     print("    " + result.describe().replace("\n", "\n    "))
     print("  replay exactly this case:")
-    print("    " + replay_command(target, result.case, backend) + target.cli_options())
+    print("    " + replay_command(target, result.case, backend))
 
 
 def cmd_selftest(args) -> int:

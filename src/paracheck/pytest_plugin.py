@@ -165,7 +165,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             pytest.fail(
                 f"{t.name} does not equal the oracle after {report.examples} case(s):\n{f.describe()}\n"
                 + (f"{diagnosis}\n" if diagnosis else "")
-                + f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}{t.cli_options()}",
+                + f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}",
                 pytrace=False,
             )
         return report

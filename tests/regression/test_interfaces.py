@@ -43,6 +43,7 @@ def _average(module):
 '''
 
 VARIANTS = _BODY + '''
+from paracheck.ddp import BucketedDDP
 
 class PlainWrapper:
     """Not an nn.Module: holds the module, has forward and __call__."""
@@ -89,12 +90,11 @@ class AsyncFlag(torch.nn.Module):
         _average(self.module)
 
 
-class BucketCap(AsyncFlag):
+class BucketCap(BucketedDDP):
     """The bucket size keyword-only, under torch's name."""
 
     def __init__(self, module, *, bucket_cap_mb, use_async_comm=False):
-        assert bucket_cap_mb > 0
-        super().__init__(module)
+        super().__init__(module, bucket_cap_mb)
 
 
 class SyncGradients(AsyncFlag):
@@ -195,6 +195,9 @@ def test_missing_hook_names_the_option(variants):
     with pytest.raises(TargetError, match="it has sync_gradients\\(\\): pass --finish sync_gradients"):
         resolve_target(f"{variants}:OnlySyncGradients")
     assert resolve_target(f"{variants}:OnlySyncGradients", finish="sync_gradients").finish == "sync_gradients"
+    # A function of the target's module, called as f(ddp_model, optimizer).
+    assert resolve_target(f"{variants}:OnlySyncGradients", finish="ddp_on_after_backward").finish == \
+        f"{variants}:ddp_on_after_backward"
     with pytest.raises(TargetError, match="--finish='no_such_hook'"):
         resolve_target(f"{variants}:OnlySyncGradients", finish="no_such_hook")
 

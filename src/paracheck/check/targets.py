@@ -125,7 +125,8 @@ def _is_file_spec(module: str) -> bool:
 def _import_file(spec: str):
     """Import the .py file ``spec``: as ``package.module`` when it lies in a package (so its
     relative imports work), else by location; its directory, or its package's root, goes on
-    ``sys.path`` so that its own imports of neighbouring modules work, here and in the ranks."""
+    ``sys.path`` so that its own imports of neighbouring modules work, here and in the ranks, and
+    so does the working directory, last."""
     path = os.path.abspath(spec)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such file: {path}")
@@ -135,6 +136,8 @@ def _import_file(spec: str):
         root = os.path.dirname(root)
     if root not in sys.path:
         sys.path.insert(0, root)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # the project it belongs to, run from its root (tests/adapters.py)
     if len(parts) > 1:
         dotted = ".".join(parts)
         try:
@@ -158,8 +161,19 @@ def _import_file(spec: str):
 
 
 def import_module(module: str):
-    """``package.module`` or ``path/to/file.py`` -> the module (see ``_import_file``)."""
-    return _import_file(module) if _is_file_spec(module) else importlib.import_module(module)
+    """``package.module`` or ``path/to/file.py`` -> the module (see ``_import_file``). A dotted
+    name not found is looked for in the working directory too, as ``python -m`` would (the
+    ``paracheck`` script does not put it on ``sys.path``)."""
+    if _is_file_spec(module):
+        return _import_file(module)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if exc.name != module.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module)
 
 
 def load_object(path: str):
