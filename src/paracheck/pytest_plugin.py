@@ -145,7 +145,9 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
 
     derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
 
-    stub_default = pytestconfig.getoption("--paracheck-stub-cuda-timing")
+    # The stub is for machines without CUDA; on nccl it would hide real synchronisation.
+    stub_default = (pytestconfig.getoption("--paracheck-stub-cuda-timing")
+                    and pytestconfig.getoption("--paracheck-backend") != "nccl")
 
     def check(target, *, kind=None, world_sizes=None, max_examples=None, finish=None, batch_start=None,
               stub_cuda_timing=None, **kwargs):

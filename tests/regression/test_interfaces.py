@@ -139,6 +139,10 @@ def get_ddp(module):
     return AsyncFlag(module)
 
 
+def make_only_sync(module):
+    return OnlySyncGradients(module)
+
+
 def ddp_on_after_backward(ddp_model, optimizer):
     _average(ddp_model.module)
 '''
@@ -200,6 +204,24 @@ def test_missing_hook_names_the_option(variants):
         f"{variants}:ddp_on_after_backward"
     with pytest.raises(TargetError, match="--finish='no_such_hook'"):
         resolve_target(f"{variants}:OnlySyncGradients", finish="no_such_hook")
+
+
+CASE = ('{"model": {"kind": "mlp", "in_features": 1, "widths": [1], "bias": false, "frozen": [], "tied": false, '
+        '"unused": "none", "buffer": false}, "world_size": 1, "batch_sizes": [1], "steps": 1, "accumulation": 1, '
+        '"no_sync": false, "optimizer": {"name": "sgd", "groups": [{"params": [0], "lr": 0.1, "weight_decay": 0.0, '
+        '"momentum": 0.0, "betas": [0.9, 0.999], "add_at_step": null}], "lr_decay": 1.0, "as_generator": false}, '
+        '"bucket_size_mb": 1.0, "seed": 0, "rank_dependent_init": false, "set_to_none": false}')
+
+
+def test_function_built_wrapper_without_hook_names_the_option(paracheck_world, variants):
+    """A wrapper built by a function and lacking finish_gradient_synchronization() fails naming --finish and the method."""
+    from paracheck.cases import Case
+    from paracheck.check.run import run_case
+
+    result = run_case(paracheck_world, resolve_target(f"{variants}:make_only_sync"), Case.from_json(CASE), timeout=60)
+    assert result.error is not None
+    assert "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients" \
+        in result.error.report()
 
 
 def test_not_implemented_read_from_source(tmp_path):

@@ -23,7 +23,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from paracheck.cases import Case
-from paracheck.check.targets import Construction, TargetError, ddp_construction, load_object
+from paracheck.check.targets import Construction, TargetError, ddp_construction, load_object, plausible_hooks
 
 __all__ = ["DDPDriver", "ddp_driver"]
 
@@ -100,8 +100,10 @@ def _hook(wrapper, spec: str | None, default: str, option: str, path: str, requi
     if method is None:
         if not required:
             return None
-        raise AttributeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} has no {name}(): name "
-                             f"the method or function that does it with {option}")
+        others = plausible_hooks(type(wrapper), "finish" if option == "--finish" else "batch_start")
+        hint = f"; it has {others[0]}(): pass {option} {others[0]}" if others else ""
+        raise AttributeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} has no {name}(){hint} (or "
+                             f"name the method or module:function that does it with {option})")
     if _takes_optimizer(method):
         return lambda optimizer: method(optimizer)
     return lambda optimizer: method()

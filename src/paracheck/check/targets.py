@@ -379,8 +379,12 @@ def resolve_target(name: str, kind: str | None = None, *, finish: str | None = N
     if name in BUILTIN_TARGETS:
         path, builtin_kind = BUILTIN_TARGETS[name]
         cls = load_object(path)
+        module = path.rpartition(":")[0]
         return Target(name, path, builtin_kind, _infer_kind(cls, path)[1] if builtin_kind == "ddp" else False,
-                      BUILTIN_PROPERTIES.get(name), finish=finish, batch_start=batch_start,
+                      BUILTIN_PROPERTIES.get(name),
+                      finish=None if finish is None else _resolve_hook("--finish", finish, cls, module, name),
+                      batch_start=None if batch_start is None else _resolve_hook("--batch-start", batch_start, cls,
+                                                                                  module, name),
                       stub_cuda_timing=stub_cuda_timing)
     if ":" not in name:
         raise TargetError(f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
