@@ -13,6 +13,18 @@ def test_my_ddp_matches_single_process(paracheck_check):
     paracheck_check("my_package.ddp:DDP")  # Class(module) or Class(module, bucket_size_mb)
 
 
+def test_my_adapters_bucketed_ddp_matches_single_process(paracheck_check):
+    """The handout's function-style design: get_ddp_bucketed brings its on_after_backward and
+    on_train_batch_start from the same file (`paracheck check --adapters tests/adapters.py` checks
+    every design the file implements)."""
+    paracheck_check("tests/adapters.py:get_ddp_bucketed")
+
+
+def test_my_ddp_with_its_own_hook_name_matches_single_process(paracheck_check):
+    """A DDP whose after-backward method has another name (called with the optimizer if it takes one)."""
+    paracheck_check("my_package.ddp:DDP", finish="sync_gradients")
+
+
 def test_my_sharded_optimizer_matches_single_process(paracheck_check):
     """My sharded optimizer (Class(params, optimizer_cls, **kwargs)) equals unsharded training."""
     paracheck_check("my_package.optim:ShardedOptimizer", kind="sharded")
