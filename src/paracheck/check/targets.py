@@ -35,6 +35,7 @@ The sharding kinds' properties, and how a target selects a subset (``Target.prop
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -146,7 +147,7 @@ def _import_file(spec: str):
                 return mod
         except ImportError:
             pass  # a package of the same name shadows it: load by location below
-    name = f"_paracheck_file_{abs(hash(path)):x}_{parts[-1]}"
+    name = f"_paracheck_file_{hashlib.sha1(path.encode()).hexdigest()[:12]}_{parts[-1]}"
     if name in sys.modules:
         return sys.modules[name]
     spec_ = importlib.util.spec_from_file_location(name, path)
