@@ -17,7 +17,8 @@ class Divergence:
     """The first place a target left the oracle (or ranks disagreed)."""
 
     step: int  # -1: initial state after construction
-    what: str  # "param" | "grad" | "state" | "buffer" | "rank-agreement" | "structure"
+    what: str  # "param" | "grad" | "state" | "buffer" | "rank-agreement" | "structure", or a
+    #            sharding property ("memory", "balance", "traffic", ...)
     rank: int
     index: int | None
     name: str | None
@@ -26,11 +27,27 @@ class Divergence:
     detail: str = ""
     worst_ratio: float = float("inf")
 
+    @property
+    def property(self) -> str:
+        """The property this divergence breaks (a key of ``paracheck.check.report.PROPERTIES``)."""
+        return property_of(self.what, self.step)
+
     def describe(self) -> str:
         where = "after construction" if self.step < 0 else f"at step {self.step}"
         tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
         return (f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
                 f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}").rstrip()
+
+
+# Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.
+_WHAT_TO_PROPERTY = {"grad": "gradients", "param": "parameters", "state": "optimizer-state",
+                     "buffer": "initial-state"}
+
+
+def property_of(what: str, step: int) -> str:
+    if step < 0 and what in ("param", "buffer"):
+        return "initial-state"
+    return _WHAT_TO_PROPERTY.get(what, what)
 
 
 def _close(got, ref, rtol: float, scale_src=None):
@@ -57,7 +74,12 @@ def _close(got, ref, rtol: float, scale_src=None):
 
 
 def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_state: bool = False) -> tuple[Divergence | None, float]:
-    """First divergence (or None) and the worst relative error seen (for margin reports)."""
+    """The first divergence from the oracle (or None) and the worst relative error seen (for margin
+    reports). Only the first is meaningful: everything the ranks compute after it starts from a
+    state the oracle never had (a gradient wrong at step k makes the parameters wrong after it),
+    so the properties of the equivalence family (initial state, gradients, parameters, optimizer
+    state, rank agreement) fail one per case; a target's other bugs show on other cases, which
+    ``paracheck.check.property`` searches for property by property."""
     tol = tolerance_for(traj.case.dtype)
     worst = 0.0
 
