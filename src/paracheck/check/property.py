@@ -1,21 +1,45 @@
-"""The equivalence property, driven by Hypothesis: generate cases, run, shrink, report."""
+"""The check, driven by Hypothesis: generate cases, run each once, find every failing property,
+shrink each on its own, label it with the case features it needs.
+
+Note [One search per property]
+    A case breaks one property or several (``CaseResult.failed_properties``). One Hypothesis search
+    runs until a case breaks a property not reported yet; from then on that search's test fails only
+    on cases that break *that* property, so Hypothesis shrinks it alone, and the next search looks
+    for the next new property. Every case runs at most once (results are cached by the case's JSON),
+    so the later searches replay the earlier ones' cases for free and only generate new ones after
+    them: a target with k failing properties costs about one full pass plus k shrinks. A failure
+    that needs a feature (``paracheck.check.features``) can hide another bug in the cases without it,
+    so each needed feature also gets a search over cases without it (``search_without``).
+
+Note [Hang timeouts]
+    The timeout of a case is 10x the slowest passing case of its world size so far, at least
+    ``floor`` seconds and at most the World's timeout (``CaseTimeouts``). Before a case of some size
+    has passed, it is extrapolated from the other sizes, or is the World's timeout. A deadlock the
+    ranks' collective counts prove is reported before any timeout (``paracheck.world``), so most
+    hangs cost well under a second; shrinking a hang is bounded by ``hang_shrink_seconds``, after
+    which the smallest hang found is reported as not fully shrunk.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from paracheck.cases import Case
+from paracheck.check.features import FEATURES, essential, feature, without
+from paracheck.check.report import CheckReport, PropertyFailure, order, replay_command
 from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target
 from paracheck.world import World
 
-__all__ = ["CheckReport", "check_target", "replay_command", "PROFILES"]
+__all__ = ["CheckReport", "PropertyFailure", "CaseTimeouts", "Progress", "check_target", "replay_command",
+           "PROFILES"]
 
 # Hypothesis settings per profile: ci is derandomised (same examples every run).
 PROFILES = {
@@ -25,36 +49,182 @@ PROFILES = {
 }
 
 
+class CaseTimeouts:
+    """The hang timeout of the next case of each world size; see Note [Hang timeouts]."""
+
+    def __init__(self, cap: float, *, floor: float = 5.0, factor: float = 10.0):
+        self.cap, self.floor, self.factor = cap, floor, factor
+        self.slowest: dict[int, float] = {}
+
+    def observe(self, world_size: int, seconds: float) -> None:
+        self.slowest[world_size] = max(seconds, self.slowest.get(world_size, 0.0))
+
+    def __call__(self, world_size: int) -> float:
+        if world_size in self.slowest:
+            t = self.factor * self.slowest[world_size]
+        elif self.slowest:
+            # Ranks share the cores: a larger world is slower in proportion; twice that for safety.
+            t = 2 * self.factor * max(s * max(1.0, world_size / w) for w, s in self.slowest.items())
+        else:
+            return self.cap
+        return min(self.cap, max(self.floor, t))
+
+
+class Progress:
+    """One rewritten status line on a terminal (stderr), after the first few seconds; silent when
+    the stream is not a TTY."""
+
+    def __init__(self, stream=None, *, after: float = 3.0):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.after = after
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.t0 < self.after or now - self._last < 0.2:
+            return
+        self._last = now
+        self.stream.write("\r\x1b[K" + text[:150])
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
 @dataclass
-class CheckReport:
-    target: Target
-    passed: bool
-    examples: int  # examples run before the first failure (or in total when passed)
-    seconds: float
-    failure: CaseResult | None = None
-    worst_ratio: float = 0.0
-    world_sizes: tuple[int, ...] = ()
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        if self.passed:
-            return (f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
-                    f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}")
-        return f"FAIL {self.target.name} after {self.examples} cases ({self.seconds:.1f} s)"
+class _Hit:
+    prop: str
+    result: CaseResult
+    fully_shrunk: bool
+    found_after: int
+    notes: list
 
 
-def replay_command(target: Target, case: Case, backend: str = "gloo") -> str:
-    path = target.name
-    return f"paracheck check {path} --backend {backend} --case '{case.to_json()}'"
+class _Found(AssertionError):
+    """Raised inside a Hypothesis search on a case that breaks the searched property."""
+
+    def __init__(self, prop: str, result: CaseResult):
+        super().__init__(f"{prop}: {result.describe(prop).splitlines()[0] if result.describe(prop) else ''}")
+        self.prop = prop
+        self.result = result
+
+
+class _Checker:
+    def __init__(self, target, world, *, device_fn, timeouts, progress, strategy_settings, key):
+        self.target, self.world, self.device_fn = target, world, device_fn
+        self.timeouts, self.progress = timeouts, progress
+        self.settings = strategy_settings
+        self.key = key
+        self.cache: dict[str, CaseResult] = {}
+        self.worst = 0.0
+        self.phase = "searching"
+
+    def run(self, case: Case) -> CaseResult:
+        key = case.to_json()
+        if key in self.cache:
+            return self.cache[key]
+        self.progress(f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
+                      f"{self.phase}")
+        result = run_case(self.world, self.target, case,
+                          device=self.device_fn(case) if self.device_fn else None,
+                          timeout=self.timeouts(case.world_size))
+        if result.ok:
+            self.timeouts.observe(case.world_size, result.seconds)
+            self.worst = max(self.worst, result.worst_ratio)
+        self.cache[key] = result
+        return result
+
+    def search(self, strategy, wanted, *, max_examples: int, tag: str, shrink_budget) -> _Hit | None:
+        """Search ``strategy`` for a case on which ``wanted(failed_properties)`` names a property,
+        then shrink it for that property (Note [One search per property])."""
+        state = {"prop": None, "result": None, "n": 0, "first_at": 0, "t": 0.0, "skipped": 0}
+
+        def test(case):
+            state["n"] += 1
+            if state["prop"] is not None:
+                budget = shrink_budget(state["prop"])
+                if budget is not None and time.monotonic() - state["t"] > budget and case.to_json() not in self.cache:
+                    state["skipped"] += 1
+                    return  # out of shrinking budget: uncached candidates count as passing
+            result = self.run(case)
+            failed = result.failed_properties
+            if state["prop"] is None:
+                prop = wanted(failed)
+                if prop is None:
+                    return
+                state.update(prop=prop, result=result, first_at=state["n"], t=time.monotonic())
+                self.phase = f"shrinking {prop}"
+            elif state["prop"] not in failed:
+                return
+            state["result"] = result
+            raise _Found(state["prop"], result)
+
+        cfg = dict(self.settings, max_examples=max_examples)
+        prop = settings(**cfg)(given(strategy)(test))
+        prop.hypothesis.inner_test._hypothesis_internal_add_digest = f"{self.key}|{tag}".encode()
+        if cfg.get("database") is not None and self._seed is not None:
+            prop = hypothesis_seed(self._seed)(prop)
+        notes = []
+        try:
+            prop()
+        except _Found as exc:
+            return _Hit(exc.prop, exc.result, state["skipped"] == 0, state["first_at"] - 1, notes)
+        except Flaky:
+            if state["prop"] is None:
+                raise
+            notes.append("the failure did not reproduce on replay (flaky)")
+        except BaseException as exc:  # an ExceptionGroup: several origins (should not happen)
+            if state["prop"] is None:
+                raise
+            notes.append(f"Hypothesis ended the search with {type(exc).__name__}")
+        finally:
+            self.phase = "searching"
+        if state["prop"] is None:
+            return None
+        return _Hit(state["prop"], state["result"], False, state["first_at"] - 1, notes)
+
+    def needs(self, prop: str, case: Case, deadline: float | None) -> tuple[list[str], bool]:
+        """The features of ``case`` without which it no longer breaks ``prop`` (and whether every
+        feature was tried before ``deadline``)."""
+        self.phase = f"labelling {prop}"
+        out, complete = [], True
+        for f in FEATURES:
+            if not f.has(case):
+                continue
+            try:
+                simpler = without(case, f.name)
+            except (ValueError, KeyError, IndexError):
+                continue  # no valid case without it
+            if simpler == case:
+                continue
+            if deadline is not None and time.monotonic() > deadline and simpler.to_json() not in self.cache:
+                complete = False
+                break
+            if prop not in self.run(simpler).failed_properties:
+                out.append(f.name)
+        self.phase = "searching"
+        return essential(out), complete
 
 
 def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], max_examples: int = 40,
                  seed: int | None = 0, strategy=None, device_fn=None, database=None,
-                 timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64") -> CheckReport:
-    """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first).
+                 timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64",
+                 first_failure: bool = False, search_without: bool = True, timeout_floor: float = 5.0,
+                 hang_shrink_seconds: float = 20.0, shrink_seconds: float | None = None,
+                 progress=None) -> CheckReport:
+    """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
+    every property it breaks, each with its own shrunk case and the case features it needs
+    (``first_failure``: stop at the first). See Note [One search per property].
 
-    ``seed`` not None derandomises Hypothesis (the ci profile); the shrunk failing case is the
-    smallest Hypothesis finds: fewest ranks, smallest model, fewest steps.
+    ``seed`` not None derandomises Hypothesis (the ci profile). ``timeout`` caps every case's hang
+    timeout (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
     from paracheck.strategies import cases
 
@@ -71,59 +241,90 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
         strategy = st.tuples(st.sampled_from(sizes), strategy).map(lambda t: t[1].with_world_size(t[0]))
-    state = {"n": 0, "first_fail_at": None, "last": None, "worst": 0.0}
-    t0 = time.monotonic()
-
-    def one(case: Case) -> None:
-        state["n"] += 1
-        result = run_case(world, target, case, device=device_fn(case) if device_fn else None, timeout=timeout)
-        if result.ok:
-            state["worst"] = max(state["worst"], result.worst_ratio)
-            return
-        if state["first_fail_at"] is None:
-            state["first_fail_at"] = state["n"]
-        state["last"] = result
-        raise CheckFailure(result, target)
-
-    for case in explicit:
-        try:
-            one(case)
-        except CheckFailure as exc:
-            return CheckReport(target, False, state["n"], time.monotonic() - t0, exc.result, state["worst"], sizes)
-
+    cap = min(timeout, world.timeout) if timeout is not None else world.timeout
+    progress = progress or (lambda text: None)
     cfg = dict(
-        max_examples=max_examples,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         database=database,
         print_blob=False,
+        verbosity=Verbosity.quiet,
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     )
     # A seed makes the run reproducible. Without a database that is Hypothesis's derandomize
     # mode; with one (the CLI's default), failing cases are saved and replayed first next time.
     if seed is not None and database is None:
         cfg["derandomize"] = True
+    checker = _Checker(target, world, device_fn=device_fn, timeouts=CaseTimeouts(cap, floor=timeout_floor),
+                       progress=progress, strategy_settings=cfg, key=f"{target.path}|{target.kind}")
+    checker._seed = seed
 
-    @settings(**cfg)
-    @given(strategy)
-    def prop(case):
-        one(case)
+    # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
+    costly = ("hang", "died")
 
-    if seed is not None and database is not None:
-        prop = hypothesis_seed(seed)(prop)
-    try:
-        prop()
-    except CheckFailure as exc:
-        return CheckReport(target, False, state["first_fail_at"] or state["n"], time.monotonic() - t0,
-                           exc.result, state["worst"], sizes)
-    except Flaky:
-        last = state["last"]
-        return CheckReport(target, False, state["first_fail_at"] or state["n"], time.monotonic() - t0, last,
-                           state["worst"], sizes, ["the failure did not reproduce on replay (flaky)"])
-    except BaseException as exc:  # an ExceptionGroup of several distinct failures
-        last = state["last"]
-        if last is None:
-            raise
-        return CheckReport(target, False, state["first_fail_at"] or state["n"], time.monotonic() - t0, last,
-                           state["worst"], sizes, [f"several distinct failures ({type(exc).__name__})"])
-    return CheckReport(target, True, state["n"], time.monotonic() - t0, None, state["worst"], sizes)
+    def budget(prop: str):
+        return hang_shrink_seconds if prop in costly else shrink_seconds
+
+    t0 = time.monotonic()
+    failures: list[PropertyFailure] = []
+    known: set[str] = set()
+    first_at = None
+    notes: list[str] = []
+
+    def finish(hit: _Hit, without_feature: str | None = None) -> None:
+        nonlocal first_at
+        deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
+        needs, complete = checker.needs(hit.prop, hit.result.case, deadline)
+        extra = list(hit.notes)
+        if not complete:
+            extra.append("not every feature was tried: the time budget for hangs ran out")
+        failures.append(PropertyFailure(hit.prop, hit.result, needs, hit.fully_shrunk, hit.found_after,
+                                        without_feature, extra))
+        known.add(hit.prop)
+        if first_at is None:
+            first_at = hit.found_after + 1
+
+    for case in explicit:
+        result = checker.run(case)
+        for prop in order(result.failed_properties):
+            if prop not in known:
+                finish(_Hit(prop, result, True, len(checker.cache) - 1, ["an explicit case, not shrunk"]))
+        if first_failure and failures:
+            break
+
+    # The first search also reports how many cases a passing target ran.
+    passes = 0
+    while not (first_failure and failures):
+        hit = checker.search(strategy, lambda failed: next((p for p in order(failed) if p not in known), None),
+                             max_examples=max_examples, tag=f"new:{passes}", shrink_budget=budget)
+        passes += 1
+        if hit is None:
+            break
+        finish(hit)
+    searched_cases = len(checker.cache)
+
+    if search_without and not first_failure:
+        tried = set()
+        for f in list(failures):
+            for name in f.needs:
+                if not feature(name).search_without or (f.property, name) in tried:
+                    continue
+                tried.add((f.property, name))
+                prop = f.property
+                masked = strategy.map(lambda c, name=name: without(c, name))
+                hit = checker.search(
+                    masked, lambda failed, prop=prop: next((p for p in order(failed) if p == prop or p not in known),
+                                                           None),
+                    max_examples=max(10, max_examples // 2), tag=f"without:{prop}:{name}", shrink_budget=budget)
+                if hit is not None:
+                    finish(hit, without_feature=name)
+
+    seconds = time.monotonic() - t0
+    if hasattr(progress, "clear"):
+        progress.clear()
+    return CheckReport(target, not failures, first_at if failures else searched_cases, seconds, failures,
+                       checker.worst, sizes, notes, cases_run=len(checker.cache),
+                       timeout=timeout)
+
+
+__all__ += ["CheckFailure"]

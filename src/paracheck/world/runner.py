@@ -155,6 +155,7 @@ class World:
         self._stack_dir = tempfile.mkdtemp(prefix="paracheck-world-")
         self.restarts = 0
         self.start_seconds = 0.0  # how long the last (re)start of the pool took
+        self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
@@ -165,25 +166,35 @@ class World:
         import torch.distributed as dist
 
         t0 = time.monotonic()
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=60))
+        self._procs, self._conns = [None] * self.size, [None] * self.size
+        try:
+            self._spawn(list(range(self.size)))
+        except BaseException:
+            self._kill()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        self.spawn_seconds = self.spawn_seconds or self.start_seconds
+
+    def _spawn(self, ranks: list[int]) -> None:
+        """Start the rank processes ``ranks`` (the store and the other ranks exist) and wait until
+        each has connected."""
         # Ranks are plain subprocesses (``python -m paracheck.world._rank``), not multiprocessing
         # children: nothing of the driver's __main__ is re-imported, so a World works from a
         # script, a REPL, stdin, pytest and pytest-xdist alike.
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=60))
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        pg_timeout = self._pg_timeout
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PARACHECK_AUTHKEY"] = authkey.hex()
-        self._procs, self._conns = [], [None] * self.size
-        for rank in range(self.size):
+        for rank in ranks:
             device = self.devices[rank] if self.devices else ""
             args = [sys.executable, "-m", "paracheck.world._entry", str(rank), "127.0.0.1",
                     str(self._store.port), f"{listener.address[0]}:{listener.address[1]}",
-                    self._stack_dir, self.backend, device, repr(pg_timeout)]
-            self._procs.append(subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL))
+                    self._stack_dir, self.backend, device, repr(self._pg_timeout)]
+            self._procs[rank] = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL)
         # Wait for pending connections with select() and never put a timeout on the listening
         # socket: a timeout there can also cut the authentication handshake of an accepted
         # connection short under load, leaving that rank blocked forever (seen under pytest on a
@@ -192,8 +203,8 @@ class World:
         deadline = time.monotonic() + self.start_timeout
         try:
             connected = 0
-            while connected < self.size:
-                dead = {r: _describe_exit(p.poll()) for r, p in enumerate(self._procs) if p.poll() is not None}
+            while connected < len(ranks):
+                dead = {r: _describe_exit(self._procs[r].poll()) for r in ranks if self._procs[r].poll() is not None}
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"ranks failed to start: {dead}" if dead else f"ranks did not start within {self.start_timeout} s"
@@ -206,14 +217,54 @@ class World:
                 hello = _recv(conn)
                 self._conns[hello[1]] = conn
                 connected += 1
-        except BaseException:
-            self._kill()
-            raise
         finally:
             listener.close()
-        self.start_seconds = time.monotonic() - t0
+
+    def _respawn(self, ranks: list[int]) -> bool:
+        """Kill ranks ``ranks`` and start new processes for them; every other rank has been told
+        to drop its group. False if that did not work (then restart the pool)."""
+        for r in ranks:
+            if self._procs[r].poll() is None:
+                self._procs[r].kill()
+        if any(self._procs[r].poll() is not None for r in range(self.size) if r not in ranks):
+            return False
+        for r in ranks:
+            _wait_code(self._procs[r])
+            self._conns[r].close()
+        t0 = time.monotonic()
+        try:
+            self._spawn(ranks)
+        except RuntimeError:
+            return False
+        self.spawn_seconds = time.monotonic() - t0
+        self.restarts += 1
+        self._generation += 1
+        return True
+
+    def _replace_dead(self, dead: list[int], pending: dict) -> bool:
+        """After ranks ``dead`` died in a job: let the survivors still in it fail out (their peers
+        are gone, so their collectives fail), have every survivor drop its group, and start new
+        processes for the dead ranks only. False if that did not work (then restart the pool)."""
+        live = [r for r in range(self.size) if r not in dead]
+        waiting = {r: c for r, c in pending.items() if r in live}
+        deadline = time.monotonic() + 3.0
+        while waiting and time.monotonic() < deadline:
+            for conn in wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic())):
+                rank = self._conns.index(conn)
+                try:
+                    msg = _recv(conn)
+                except (EOFError, OSError):
+                    return False
+                if msg[0] == self._job:
+                    waiting.pop(rank, None)
+        if waiting or any(self._procs[r].poll() is not None for r in live):
+            return False
+        for r in live:
+            _send(self._conns[r], ("reset",))
+        return self._respawn(dead)
 
     def _kill(self) -> None:
+        self._procs = [p for p in self._procs if p is not None]
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -348,8 +399,13 @@ class World:
                     break  # Note [Definite deadlock]
         if any(f.kind == "died" for f in failures):
             dead = [f for f in failures if f.kind == "died"]
-            self.restart()
-            raise RankDied(f"{len(dead)} rank(s) died during {fn} (world size {w}); the pool was restarted",
+            # Replacing only the dead ranks costs one process start instead of the pool's.
+            if self._replace_dead(sorted(f.rank for f in dead), pending):
+                action = f"rank(s) {sorted(f.rank for f in dead)} were restarted"
+            else:
+                self.restart()
+                action = "the pool was restarted"
+            raise RankDied(f"{len(dead)} rank(s) died during {fn} (world size {w}); {action}",
                            sorted(dead, key=lambda f: f.rank))
         stuck = sorted(r for r in pending if r < w)
         if stuck:
@@ -388,19 +444,22 @@ class World:
                     _send(self._conns[r], ("reset",))
                 except (BrokenPipeError, OSError):
                     pass
-        recovered = self._await_stuck(stuck, time.monotonic() + 3.0)
+        recovered = self._await_stuck(stuck, time.monotonic() + 2.0)
         if not recovered:
             # Otherwise the stuck collectives fail when the group's timeout expires: wait for that
-            # only when it is sooner than a restart of the pool would take.
+            # only when it is sooner than replacing the stuck ranks' processes would take.
             remaining = started + self._pg_timeout + 1.0 - time.monotonic()
-            if 0 < remaining < self.start_seconds:
+            if 0 < remaining < self.spawn_seconds:
                 recovered = self._await_stuck(stuck, time.monotonic() + remaining)
         recovered = recovered and all(p.poll() is None for p in self._procs)
         if recovered:
             self._generation += 1
+            action = "ranks recovered"
+        elif self._respawn(stuck):
+            action = f"rank(s) {stuck} were killed and restarted"
         else:
             self.restart()
-        action = "ranks recovered" if recovered else "the pool was killed and restarted"
+            action = "the pool was killed and restarted"
         if definite:
             head = (f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
                     f"{action}")

@@ -1,0 +1,168 @@
+"""Case features: what a failing case has that a simpler case lacks. Pure functions of cases.
+
+A failure is labelled with the features it needs ("only with gradient accumulation") by removing
+each feature from the shrunk case and running it again: the feature is needed if the failure goes
+away (``paracheck.check.property``). ``FEATURES`` is one table; a new ``Case`` field is one row:
+a name, the label shown to the user, whether a case has it, and the same case without it.
+
+``without(case, name)`` always returns a valid case that differs from ``case`` only in that
+feature (and in what the feature forces: dropping the data-dependent branch removes its
+parameters, so the optimizer groups are re-indexed by parameter name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from paracheck.cases import Case, GroupSpec
+
+__all__ = ["Feature", "FEATURES", "case_features", "without", "label", "essential", "feature"]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One row of ``FEATURES``. ``search_without``: when a failure needs this feature, also search
+    for a failure among cases without it (another bug may hide behind this one); off for features
+    whose absence leaves nothing to find (a single rank)."""
+
+    name: str
+    label: str  # completes "only ...": "with gradient accumulation"
+    has: Callable[[Case], bool]
+    remove: Callable[[Case], Case]
+    search_without: bool = True
+    implies: tuple[str, ...] = ()  # features this one includes (not listed again when it is needed)
+
+
+def _model(case: Case, **changes) -> Case:
+    """``case`` with its MLP spec changed; optimizer groups that named parameters by index are
+    re-indexed by name, and parameters that no longer exist are dropped from them."""
+    from paracheck.workloads import build_model
+
+    old = [n for n, _ in build_model(case.model, seed=0).named_parameters()]
+    spec = replace(case.model, **changes)
+    new = {n: i for i, (n, _) in enumerate(build_model(spec, seed=0).named_parameters())}
+    groups = []
+    for g in case.optimizer.groups:
+        if not g.params:
+            groups.append(g)
+            continue
+        idx = tuple(new[old[i]] for i in g.params if i < len(old) and old[i] in new)
+        if idx:
+            groups.append(replace(g, params=idx))
+    if not groups:
+        groups = [replace(case.optimizer.groups[0], params=(), add_at_step=None)]
+    if all(g.add_at_step is not None for g in groups):
+        groups[0] = replace(groups[0], add_at_step=None)
+    return replace(case, model=spec, optimizer=replace(case.optimizer, groups=tuple(groups)))
+
+
+def _is_mlp(case: Case) -> bool:
+    return getattr(case.model, "kind", None) == "mlp"
+
+
+def _opt(case: Case, **changes) -> Case:
+    return replace(case, optimizer=replace(case.optimizer, **changes))
+
+
+def _groups(case: Case, fn: Callable[[GroupSpec], GroupSpec]) -> Case:
+    return _opt(case, groups=tuple(fn(g) for g in case.optimizer.groups))
+
+
+def _one_group(case: Case) -> Case:
+    first = case.optimizer.groups[0]
+    return _opt(case, groups=(replace(first, params=(), add_at_step=None),))
+
+
+def _flag(field: str, default, name: str, label: str, **kw) -> Feature:
+    """A feature that is one ``Case`` field away from its default (absent fields: never present)."""
+    return Feature(name, label, lambda c: hasattr(c, field) and getattr(c, field) != default,
+                   lambda c: replace(c, **{field: default}), **kw)
+
+
+def _opt_flag(field: str, default, name: str, label: str) -> Feature:
+    return Feature(name, label, lambda c: getattr(c.optimizer, field, default) != default,
+                   lambda c: _opt(c, **{field: default}))
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("world>=3", "at world size >= 3", lambda c: c.world_size >= 3, lambda c: c.with_world_size(2),
+            implies=("world>=2",)),
+    Feature("world>=2", "with several ranks", lambda c: c.world_size >= 2, lambda c: c.with_world_size(1),
+            search_without=False),
+    Feature("unused-some-ranks", "when a parameter is used on some ranks but not others",
+            lambda c: _is_mlp(c) and c.model.unused == "data", lambda c: _model(c, unused="none")),
+    Feature("unused-always", "with a parameter that is never used",
+            lambda c: _is_mlp(c) and c.model.unused == "always", lambda c: _model(c, unused="none")),
+    Feature("frozen", "with frozen (requires_grad=False) parameters",
+            lambda c: _is_mlp(c) and bool(c.model.frozen), lambda c: _model(c, frozen=())),
+    Feature("tied", "with a tied (shared) parameter",
+            lambda c: _is_mlp(c) and c.model.tied, lambda c: _model(c, tied=False)),
+    Feature("buffer", "with a buffer", lambda c: _is_mlp(c) and c.model.buffer, lambda c: _model(c, buffer=False)),
+    Feature("unequal-batches", "with unequal per-rank batch sizes", lambda c: len(set(c.batch_sizes)) > 1,
+            lambda c: replace(c, batch_sizes=(min(c.batch_sizes),) * c.world_size)),
+    Feature("rank-dependent-init", "when ranks construct different initial weights",
+            lambda c: c.rank_dependent_init, lambda c: replace(c, rank_dependent_init=False)),
+    Feature("several-steps", "with several optimizer steps", lambda c: c.steps > 1,
+            lambda c: replace(c, steps=1), search_without=False),
+    Feature("accumulation", "with gradient accumulation", lambda c: c.accumulation > 1,
+            lambda c: replace(c, accumulation=1, no_sync=False)),
+    Feature("no-sync", "with no_sync() during accumulation", lambda c: c.no_sync and c.accumulation > 1,
+            lambda c: replace(c, no_sync=False), implies=("accumulation",)),
+    _flag("set_to_none", True, "zero-grad-to-zeros", "with zero_grad(set_to_none=False)"),
+    Feature("several-groups", "with several parameter groups", lambda c: len(c.optimizer.groups) > 1, _one_group),
+    Feature("late-group", "with a parameter group added mid-training (add_param_group)",
+            lambda c: any(g.add_at_step is not None for g in c.optimizer.groups),
+            lambda c: _groups(c, lambda g: replace(g, add_at_step=None))),
+    Feature("momentum", "with SGD momentum", lambda c: any(g.momentum for g in c.optimizer.groups),
+            lambda c: _groups(c, lambda g: replace(g, momentum=0.0))),
+    Feature("weight-decay", "with weight decay", lambda c: any(g.weight_decay for g in c.optimizer.groups),
+            lambda c: _groups(c, lambda g: replace(g, weight_decay=0.0))),
+    Feature("adam", "with Adam/AdamW", lambda c: c.optimizer.name in ("adam", "adamw"),
+            lambda c: _opt(c, name="sgd")),
+    _opt_flag("lr_decay", 1.0, "lr-changes", "with lr changes between steps"),
+    _opt_flag("as_generator", False, "params-generator", "with parameters passed as a generator"),
+    _opt_flag("scheduler", None, "scheduler", "with an LR scheduler"),
+    _opt_flag("groups_as_generators", False, "groups-generators", "with parameter groups given as generators"),
+    Feature("small-buckets", "with buckets smaller than the model",
+            lambda c: c.bucket_size_mb is not None and not getattr(c, "unbounded_bucket", False)
+            and c.bucket_size_mb < 1.0, lambda c: replace(c, bucket_size_mb=None)),
+    _flag("closure", False, "closure", "with optimizer.step(closure)"),
+    _flag("reload_at_step", None, "reload", "with the optimizer state reloaded mid-training"),
+    _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),
+    _flag("finish_once", False, "finish-once", "with one synchronisation after the last micro-step"),
+    _flag("double_backward", False, "double-backward", "with two backward passes per micro-step"),
+    _flag("unbounded_bucket", False, "unbounded-bucket", "with bucket_size_mb=None"),
+    _flag("dtype", "float64", "low-precision", "in low precision"),
+)
+
+_BY_NAME = {f.name: f for f in FEATURES}
+
+
+def case_features(case: Case) -> set[str]:
+    """The names of the ``FEATURES`` that ``case`` has."""
+    return {f.name for f in FEATURES if f.has(case)}
+
+
+def without(case: Case, name: str) -> Case:
+    """``case`` without feature ``name`` (unchanged if it does not have it)."""
+    try:
+        feature = _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"feature={name!r} is not one of {sorted(_BY_NAME)}") from None
+    return feature.remove(case) if feature.has(case) else case
+
+
+def essential(names) -> list[str]:
+    """``names`` in table order, without those another of them implies."""
+    implied = {i for n in names for i in _BY_NAME[n].implies}
+    return [f.name for f in FEATURES if f.name in names and f.name not in implied]
+
+
+def label(name: str) -> str:
+    """The user-facing words for feature ``name``: "only with gradient accumulation"."""
+    return "only " + _BY_NAME[name].label
+
+
+def feature(name: str) -> Feature:
+    return _BY_NAME[name]

@@ -1,0 +1,283 @@
+"""What a check found, as people and CI read it: one table of properties, the report objects,
+their text (``CheckReport.text()``) and JSON (``CheckReport.to_dict()``).
+
+Every failure is reported as the property it breaks (``PROPERTIES``: what the property means,
+and what usually fixes it), the features of the shrunk case it needs
+(``paracheck.check.features``), the case itself, what diverged, and a command that replays it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from paracheck.check.run import CaseResult
+
+__all__ = ["PROPERTIES", "Property", "PropertyFailure", "CheckReport", "replay_command", "target_frame"]
+
+
+@dataclass(frozen=True)
+class Property:
+    meaning: str  # what a failure of it means, in a phrase: the first line of a report
+    hint: str  # what usually fixes it
+
+
+# The properties a check reports, in the order a case that breaks several reports them. The keys
+# are ``Divergence.property`` (``paracheck.check.compare.property_of``) and, for rank failures,
+# "hang", "raised" and "died".
+PROPERTIES: dict[str, Property] = {
+    "raised": Property("your code raised on a rank",
+                       "the exception is raised in the target's code (its frame is shown first); replay the case "
+                       "to debug it in one process per rank"),
+    "died": Property("a rank process died",
+                     "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion"),
+    "hang": Property("hang: the ranks did not all finish (they disagree on the collectives they issue, or one "
+                     "never returns)",
+                     "every rank must issue the same collectives in the same order; decide what to communicate "
+                     "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
+                     "(such as its gradient being None)"),
+    "structure": Property("a rank recorded a different number of steps or parameters than the oracle",
+                          "the target must train every parameter of the module it wraps, for every step"),
+    "initial-state": Property("ranks do not start from rank 0's parameters and buffers",
+                              "broadcast every parameter and every buffer from rank 0 in the constructor"),
+    "gradients": Property("gradients not averaged over ranks: a synchronised .grad differs from the oracle's "
+                          "average",
+                          "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
+                          "sum over ranks divided by the world size, on every rank (None where no rank had one)"),
+    "bucket-structure": Property("the buckets differ from the bucket plan the case implies",
+                                 "assign parameters to buckets in reverse registration order under the "
+                                 "bucket_size_mb cap"),
+    "parameters": Property("parameters after a step differ from the oracle's",
+                           "the update is wrong although the gradients were right: check the optimizer's groups "
+                           "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner"),
+    "optimizer-state": Property("optimizer state differs from the oracle's",
+                                "state_dict() must return the full optimizer state (every shard consolidated), "
+                                "keyed as a single-process optimizer keys it"),
+    "state-consolidated": Property("the consolidated optimizer state differs from the oracle's",
+                                   "consolidate every rank's shard into state_dict(), on every rank"),
+    "rank-agreement": Property("ranks disagree: their parameters after a step are not bitwise identical",
+                               "every rank must apply the same update to the same values (reduce, then update; "
+                               "broadcast from one owner)"),
+    "memory": Property("a rank holds other optimizer-state bytes than its declared partition implies",
+                       "each rank must hold optimizer state for the parameters it owns, and only those"),
+    "balance": Property("the partition breaks its balance bound or does not own every parameter exactly once",
+                        "partition the trainable parameters by size (frozen ones weigh nothing), every one "
+                        "owned by exactly one rank"),
+    "traffic": Property("a step's collectives differ from the analytic communication model",
+                        "communicate only trainable parameters, once per step, with the collectives the "
+                        "design calls for"),
+}
+
+
+def property_info(name: str) -> Property:
+    return PROPERTIES.get(name, Property(f"the {name} property does not hold", ""))
+
+
+def order(props) -> list[str]:
+    """``props`` in ``PROPERTIES`` order (unknown ones last, by name)."""
+    keys = list(PROPERTIES)
+    return sorted(set(props), key=lambda p: (keys.index(p) if p in keys else len(keys), p))
+
+
+# -- where the target's code raised -----------------------------------------------------------
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
+# Frames of these are the harness's or a library's, not the target's.
+_NOT_TARGET = ("/torch/", "/site-packages/", "/dist-packages/", "/paracheck/check/", "/paracheck/world/",
+               "/paracheck/oracle/", "/paracheck/cases.py", "/paracheck/workloads/", "/paracheck/accounting/",
+               "/lib/python3", "<frozen", "<string>")
+
+
+def target_frame(traceback_text: str) -> str | None:
+    """The innermost frame of a traceback that is the target's own code (outside torch, the
+    standard library, site-packages and paracheck's harness), as "file:line in function: source"."""
+    lines = traceback_text.splitlines()
+    found = None
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        path = m.group(1).replace("\\", "/")
+        if any(s in path for s in _NOT_TARGET) and "/paracheck/mutants/" not in path:
+            continue
+        src = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+        found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
+    return found
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _diagnosis(traceback_text: str) -> str | None:
+    try:
+        from paracheck.check.diagnose import cuda_only_call
+    except ImportError:
+        return None
+    try:
+        return cuda_only_call(traceback_text)
+    except Exception:  # noqa: BLE001 - a diagnosis must never hide the report
+        return None
+
+
+# -- the report objects -------------------------------------------------------------------------
+
+def replay_command(target, case, backend: str = "gloo", *, timeout: float | None = None) -> str:
+    """The command that replays exactly ``case`` on ``target`` with the options that change the
+    verdict: backend, kind (import paths), the selected properties, the hang timeout."""
+    from paracheck.check.targets import BUILTIN_TARGETS
+
+    parts = [f"paracheck check {target.name}", f"--backend {backend}"]
+    if target.name not in BUILTIN_TARGETS and ":" in target.name:
+        parts.append(f"--kind {target.kind}")
+    if target.properties is not None and target.kind != "ddp":
+        parts.append("--properties " + ",".join(sorted(target.properties)))
+    if timeout is not None:
+        parts.append(f"--timeout {timeout:g}")
+    options = getattr(target, "cli_options", None)
+    extra = options() if callable(options) else ""
+    return " ".join(parts) + extra + f" --case '{case.to_json()}'"
+
+
+@dataclass
+class PropertyFailure:
+    """One failing property: its shrunk case and the case features the failure needs."""
+
+    property: str
+    result: CaseResult
+    needs: list[str] = field(default_factory=list)  # feature names (paracheck.check.features)
+    fully_shrunk: bool = True
+    found_after: int = 0  # cases run before the first case that broke it
+    without: str | None = None  # found among cases without this feature (another bug behind it)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def case(self):
+        return self.result.case
+
+    @property
+    def meaning(self) -> str:
+        if self.property == "raised" and self.result.error is not None and self.result.error.failures:
+            return f"your code raised on rank {self.result.error.failures[0].rank}"
+        return property_info(self.property).meaning
+
+    def labels(self) -> list[str]:
+        from paracheck.check.features import label
+
+        return [label(n) for n in self.needs]
+
+    def header(self, target_name: str) -> str:
+        return f"FAIL {target_name}: {self.property}: {self.meaning}"
+
+    def text(self, target, backend: str = "gloo", *, timeout: float | None = None) -> str:
+        out = [self.header(target.name)]
+        if self.without:
+            from paracheck.check.features import label
+
+            out.append(f"  found among cases without the feature another failure needs ({label(self.without)[5:]})")
+        out.append("  needs: " + ("; ".join(self.labels()) if self.needs else "nothing beyond the case below"))
+        if not self.fully_shrunk:
+            out.append("  not fully shrunk: the shrinking budget ran out; this is the smallest failing case found")
+        out += [f"  note: {n}" for n in self.notes]
+        err = self.result.error
+        if err is not None and self.property == "raised" and err.failures:
+            first = err.failures[0]
+            frame = target_frame(first.detail)
+            out.append(f"  {_last_line(first.detail)}")
+            if frame:
+                out.append(f"  at {frame}")
+            hint = _diagnosis(err.report())
+            if hint:
+                out.append(f"  {hint}")
+        elif err is not None and self.property == "hang" and getattr(err, "disagreement", ""):
+            out.append(f"  the ranks disagree: {err.disagreement}")
+        hint = property_info(self.property).hint
+        if hint:
+            out.append(f"  fix: {hint}")
+        out.append(f"  shrunk case (the first failing case was case #{self.found_after + 1}):")
+        out.append("    " + self.case.to_json(indent=2).replace("\n", "\n    "))
+        out.append("  what failed:" if err is not None else "  what diverged:")
+        out.append("    " + self.result.describe(self.property).replace("\n", "\n    "))
+        if self.result.outputs and err is None:
+            for rank, text in sorted(self.result.outputs.items()):
+                out.append(f"  rank {rank} printed:")
+                out.append("    " + text.rstrip().replace("\n", "\n    "))
+        out.append("  replay exactly this case:")
+        out.append("    " + replay_command(target, self.case, backend, timeout=timeout))
+        return "\n".join(out)
+
+    def to_dict(self, target, backend: str = "gloo", *, timeout: float | None = None) -> dict:
+        d = self.result.divergence_of(self.property)
+        return {
+            "property": self.property,
+            "meaning": self.meaning,
+            "needs": list(self.needs),
+            "needs_text": self.labels(),
+            "fully_shrunk": self.fully_shrunk,
+            "found_after": self.found_after,
+            "found_without": self.without,
+            "case": self.case.to_dict(),
+            "detail": self.result.describe(self.property),
+            "divergence": None if d is None else {
+                "step": d.step, "what": d.what, "rank": d.rank, "index": d.index, "name": d.name,
+                "max_abs_diff": d.max_abs_diff, "tolerance": d.tolerance, "detail": d.detail},
+            "hang": None if not (self.result.error is not None and self.property == "hang") else {
+                "disagreement": getattr(self.result.error, "disagreement", ""),
+                "definite": getattr(self.result.error, "definite", False)},
+            "outputs": {str(k): v for k, v in self.result.outputs.items()},
+            "replay": replay_command(target, self.case, backend, timeout=timeout),
+        }
+
+
+@dataclass
+class CheckReport:
+    """The verdict of ``check_target``: every failing property, each with its own shrunk case."""
+
+    target: object
+    passed: bool
+    examples: int  # cases run before the first failure (or in total when passed)
+    seconds: float
+    failures: list[PropertyFailure] = field(default_factory=list)
+    worst_ratio: float = 0.0
+    world_sizes: tuple[int, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    cases_run: int = 0  # distinct cases run, shrinking and labelling included
+    timeout: float | None = None  # the hang timeout the replay commands carry
+
+    @property
+    def failure(self) -> CaseResult | None:
+        """The first failing property's shrunk case (None when passed)."""
+        return self.failures[0].result if self.failures else None
+
+    def summary(self) -> str:
+        if self.passed:
+            return (f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
+                    f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}")
+        props = ", ".join(f.property + (f" (without {f.without})" if f.without else "") for f in self.failures)
+        return (f"FAIL {self.target.name}: {len(self.failures)} failing propert{'y' if len(self.failures) == 1 else 'ies'} "
+                f"({props}); first found after {self.examples} case(s), {self.cases_run} cases run in "
+                f"{self.seconds:.1f} s")
+
+    def text(self, backend: str = "gloo") -> str:
+        out = [self.summary()]
+        out += [f"  note: {n}" for n in self.notes]
+        for f in self.failures:
+            out.append(f.text(self.target, backend, timeout=self.timeout))
+        return "\n".join(out)
+
+    def to_dict(self, backend: str = "gloo") -> dict:
+        return {
+            "target": self.target.name,
+            "path": self.target.path,
+            "kind": self.target.kind,
+            "passed": self.passed,
+            "cases_before_first_failure" if not self.passed else "cases": self.examples,
+            "cases_run": self.cases_run,
+            "seconds": round(self.seconds, 3),
+            "world_sizes": list(self.world_sizes),
+            "worst_relative_error": self.worst_ratio,
+            "failed_properties": [f.property for f in self.failures],
+            "failures": [f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures],
+            "notes": list(self.notes),
+        }
