@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--database", default=".paracheck/examples",
                    help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)")
     c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
+    c.add_argument("--first-failure", action="store_true",
+                   help="stop at the first failing property (default: report every failing property)")
+    c.add_argument("--json", default=None, metavar="PATH",
+                   help="write the verdict as JSON to PATH ('-': stdout, instead of the text report)")
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
     s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
     s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names")
@@ -154,28 +158,46 @@ def cmd_check(args) -> int:
         database = DirectoryBasedExampleDatabase(args.database)
     world = _make_world(args.backend, max(sizes), args.timeout)
     failed = 0
+    reports = []
+    to_stdout = args.json == "-"
+    # The replay commands carry --timeout only where it is not the default.
+    replay_timeout = None if args.timeout == 20.0 else args.timeout
     try:
         for target in targets:
             if case is not None:
+                from paracheck.check.report import case_report
                 from paracheck.check.run import run_case
 
-                result = run_case(world, target, case, timeout=args.timeout)
-                if result.ok:
-                    print(f"PASS {target.name}: the given case")
-                    continue
-                failed += 1
-                _print_failure(target, result, args.backend, examples=1)
-                continue
-            report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
-                                  seed=None if args.random else args.seed, timeout=args.timeout,
-                                  database=database, dtype=args.dtype or "float64")
-            print(report.summary(), flush=True)
-            if not report.passed:
-                failed += 1
-                _print_failure(target, report.failure, args.backend, examples=report.examples, notes=report.notes)
+                report = case_report(target, run_case(world, target, case, timeout=args.timeout),
+                                     timeout=replay_timeout)
+            else:
+                from paracheck.check.property import Progress
+
+                report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
+                                      seed=None if args.random else args.seed, timeout=args.timeout,
+                                      database=database, dtype=args.dtype or "float64",
+                                      first_failure=args.first_failure, progress=Progress())
+                report.timeout = replay_timeout
+            reports.append(report)
+            failed += not report.passed
+            if not to_stdout:
+                print(report.text(args.backend) if not report.passed else report.summary(), flush=True)
     finally:
         world.close()
+    if args.json is not None:
+        _write_json(args.json, reports, args.backend)
     return 1 if failed else 0
+
+
+def _write_json(path: str, reports, backend: str) -> None:
+    data = {"passed": all(r.passed for r in reports), "backend": backend,
+            "targets": [r.to_dict(backend) for r in reports]}
+    text = json.dumps(data, indent=2)
+    if path == "-":
+        print(text, flush=True)
+        return
+    with open(path, "w") as f:
+        f.write(text + "\n")
 
 
 def _resolve_targets(args) -> list:
@@ -205,31 +227,6 @@ def _resolve_targets(args) -> list:
         for note in t.notes:
             print(f"paracheck: note: {note}", file=sys.stderr)
     return targets
-
-
-def _print_failure(target, result, backend, *, examples, notes=()):
-    from paracheck.check.property import replay_command
-
-    d = result.divergence
-    if d is not None and d.what in ("memory", "balance", "traffic"):
-        print(f"  {target.name} breaks the {d.what} property (failing case found after {examples} case(s)).")
-    elif result.error is not None:
-        print(f"  {target.name} failed on the ranks: {result.error.kind} (failing case found after {examples} case(s)).")
-        from paracheck.check.diagnose import cuda_only_call
-
-        diagnosis = cuda_only_call(result.error.report())
-        if diagnosis:
-            print(f"  {diagnosis}")
-    else:
-        print(f"  {target.name} does not equal the oracle (failing case found after {examples} case(s)).")
-    for n in notes:
-        print(f"  note: {n}")
-    print("  shrunk case:")
-    print("    " + result.case.to_json(indent=2).replace("\n", "\n    "))
-    print("  what diverged:")
-    print("    " + result.describe().replace("\n", "\n    "))
-    print("  replay exactly this case:")
-    print("    " + replay_command(target, result.case, backend))
 
 
 def cmd_selftest(args) -> int:

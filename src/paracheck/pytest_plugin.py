@@ -140,7 +140,7 @@ def paracheck_max_examples(pytestconfig) -> int:
 @pytest.fixture
 def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
     """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report."""
-    from paracheck.check.property import check_target, replay_command
+    from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
 
     derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
@@ -160,16 +160,9 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
                               max_examples=max_examples or paracheck_max_examples,
                               seed=0 if derandomise else None, **kwargs)
         if not report.passed:
-            from paracheck.check.diagnose import cuda_only_call
-
-            f = report.failure
-            diagnosis = cuda_only_call(f.error.report()) if f.error is not None else None
-            pytest.fail(
-                f"{t.name} does not equal the oracle after {report.examples} case(s):\n{f.describe()}\n"
-                + (f"{diagnosis}\n" if diagnosis else "")
-                + f"shrunk case:\n{f.case.to_json(indent=2)}\nreplay: {replay_command(t, f.case)}",
-                pytrace=False,
-            )
+            # Every failing property, labelled and shrunk, with its replay command (and the CUDA
+            # diagnosis of paracheck.check.diagnose where a rank raised).
+            pytest.fail(report.text(pytestconfig.getoption("--paracheck-backend")), pytrace=False)
         return report
 
     return check

@@ -41,23 +41,23 @@ def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), t
             if only and name not in only:
                 continue
             t0 = time.monotonic()
+            # A mutant is killed by its first failing property: the rest of the search is not needed.
             report = check_target(target, world, world_sizes=world_sizes, max_examples=n, seed=0, timeout=timeout,
-                                  dtype=dtype)
+                                  dtype=dtype, first_failure=True, labels=False)
             seconds = time.monotonic() - t0
             if role == "target":
                 ok = report.passed
                 verdict = "pass" if ok else "FAIL"
             else:
                 ok = not report.passed
-                how = ""
-                if report.failure is not None and report.failure.error is not None:
-                    how = f" ({report.failure.error.kind})"
+                how = f" ({report.failures[0].property})" if report.failures else ""
                 verdict = ("killed" + how) if ok else "SURVIVED"
             yield {
                 "role": role, "name": name, "ok": ok, "verdict": verdict, "examples": report.examples,
                 "seconds": seconds,
                 "case": _one_line(report.failure.case) if report.failure is not None else "",
-                "detail": report.failure.describe().splitlines()[0] if report.failure is not None else "",
+                "detail": report.failures[0].header(name) if report.failures else "",
+                "properties": [f.property for f in report.failures],
             }
     finally:
         if own:
@@ -77,11 +77,11 @@ def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=1
                  dtype="float64", max_examples: int | None = None) -> int:
     t0 = time.monotonic()
     rows = []
-    print(f"{'name':34} {'role':7} {'verdict':18} {'examples':>8} {'seconds':>8}  shrunk case")
+    print(f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8}  shrunk case")
     for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout, world=world,
                              dtype=dtype, max_examples=max_examples):
         rows.append(row)
-        print(f"{row['name']:34} {row['role']:7} {row['verdict']:18} {row['examples']:>8} "
+        print(f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
               f"{row['seconds']:>8.1f}  {row['case']}", flush=True)
     mutants = [r for r in rows if r["role"] == "mutant"]
     targets = [r for r in rows if r["role"] == "target"]

@@ -216,12 +216,14 @@ class _Checker:
 def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], max_examples: int = 40,
                  seed: int | None = 0, strategy=None, device_fn=None, database=None,
                  timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64",
-                 first_failure: bool = False, search_without: bool = True, timeout_floor: float = 5.0,
+                 first_failure: bool = False, search_without: bool = True, labels: bool = True,
+                 timeout_floor: float = 5.0,
                  hang_shrink_seconds: float = 20.0, shrink_seconds: float | None = None,
                  progress=None) -> CheckReport:
     """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
     every property it breaks, each with its own shrunk case and the case features it needs
-    (``first_failure``: stop at the first). See Note [One search per property].
+    (``first_failure``: stop at the first; ``labels=False``: do not work out the features, which
+    also skips the searches without them). See Note [One search per property].
 
     ``seed`` not None derandomises Hypothesis (the ci profile). ``timeout`` caps every case's hang
     timeout (default: the World's); see Note [Hang timeouts] for the timeout of each case.
@@ -274,7 +276,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
         nonlocal first_at
         deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
-        needs, complete = checker.needs(hit.prop, hit.result.case, deadline)
+        needs, complete = checker.needs(hit.prop, hit.result.case, deadline) if labels else ([], True)
         extra = list(hit.notes)
         if not complete:
             extra.append("not every feature was tried: the time budget for hangs ran out")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from paracheck.check.run import CaseResult
 
-__all__ = ["PROPERTIES", "Property", "PropertyFailure", "CheckReport", "replay_command", "target_frame"]
+__all__ = ["PROPERTIES", "Property", "PropertyFailure", "CheckReport", "case_report", "replay_command",
+           "target_frame"]
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,8 @@ class CheckReport:
         return self.failures[0].result if self.failures else None
 
     def summary(self) -> str:
+        if self.passed and self.cases_run == 1 and self.examples == 1:
+            return f"PASS {self.target.name}: the given case"
         if self.passed:
             return (f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
                     f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}")
@@ -272,7 +275,7 @@ class CheckReport:
             "path": self.target.path,
             "kind": self.target.kind,
             "passed": self.passed,
-            "cases_before_first_failure" if not self.passed else "cases": self.examples,
+            "first_failure_at_case": None if self.passed else self.examples,
             "cases_run": self.cases_run,
             "seconds": round(self.seconds, 3),
             "world_sizes": list(self.world_sizes),
@@ -281,3 +284,11 @@ class CheckReport:
             "failures": [f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures],
             "notes": list(self.notes),
         }
+
+
+def case_report(target, result: CaseResult, *, timeout: float | None = None) -> CheckReport:
+    """The report of one given case (``paracheck check --case``): every property it breaks, as is."""
+    failures = [PropertyFailure(p, result, [], True, 0, None, ["the given case, not shrunk"])
+                for p in order(result.failed_properties)]
+    return CheckReport(target, result.ok, 1, result.seconds, failures, result.worst_ratio,
+                       (result.case.world_size,), [], cases_run=1, timeout=timeout)

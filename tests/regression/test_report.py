@@ -1,0 +1,133 @@
+"""Check reports: every failing property, each shrunk and labelled with the features it needs;
+the target's own frame and prints; JSON for CI; the pytest fixture's text."""
+
+import io
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paracheck.cases import Case
+from paracheck.check.features import FEATURES, case_features, label, without
+from paracheck.check.property import CaseTimeouts, Progress, check_target
+from paracheck.check.report import PROPERTIES, target_frame
+from paracheck.check.run import run_case
+from paracheck.check.targets import Target
+from paracheck.strategies import cases
+
+TWO_BUGS = Target("two-bugs", "tests.regression._report_targets:TwoBugsDDP", "ddp")
+RAISES = Target("raises", "tests.regression._report_targets:RaisesOnRank1DDP", "ddp")
+CHATTY = Target("chatty", "tests.regression._report_targets:ChattyDDP", "ddp")
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(cases(world_sizes=(1, 2, 3)))
+def test_removing_a_feature_leaves_a_valid_case_without_it(case):
+    """without(case, f) is a valid Case (it survives JSON) that no longer has f, for every f it has."""
+    for name in case_features(case):
+        simpler = without(case, name)
+        assert name not in case_features(simpler), name
+        assert Case.from_json(simpler.to_json()) == simpler
+
+
+def test_every_feature_has_a_label_and_every_property_a_meaning():
+    """The two tables are complete: a label per feature, a meaning and a fix per property."""
+    assert all(label(f.name).startswith("only ") for f in FEATURES)
+    assert all(p.meaning and p.hint for p in PROPERTIES.values())
+
+
+def test_case_timeout_is_ten_times_the_slowest_passing_case_within_floor_and_cap():
+    """Timeouts follow the slowest passing case of each world size, never below the floor or above the cap."""
+    t = CaseTimeouts(20.0, floor=5.0)
+    assert t(2) == 20.0  # nothing measured yet: the World's timeout
+    t.observe(2, 0.1)
+    assert t(2) == 5.0
+    t.observe(2, 1.2)
+    assert t(2) == 12.0
+    assert t(4) == 20.0  # extrapolated (2x per doubling, twice for safety), capped
+    t.observe(2, 3.0)
+    assert t(2) == 20.0
+
+
+def test_progress_line_is_written_on_a_tty_and_cleared():
+    """On a terminal the progress line is rewritten in place and cleared; elsewhere nothing is written."""
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, plain = Tty(), io.StringIO()
+    for stream in (tty, plain):
+        p = Progress(stream, after=0.0)
+        p("paracheck flat: 3 cases, world size 2, searching")
+        p.clear()
+    assert "\r\x1b[Kparacheck flat: 3 cases" in tty.getvalue()
+    assert plain.getvalue() == ""
+
+
+def test_two_independent_bugs_are_both_reported_shrunk_and_labelled(world):
+    """A DDP that neither divides nor broadcasts buffers fails both properties, each on its own minimal case."""
+    report = check_target(TWO_BUGS, world, world_sizes=(2,), max_examples=40, search_without=False)
+    by_prop = {f.property: f for f in report.failures}
+    assert set(by_prop) == {"initial-state", "gradients"}, report.text()
+    buffers = by_prop["initial-state"]
+    assert buffers.case.model.buffer and {"buffer", "world>=2"} <= set(buffers.needs), report.text()
+    grads = by_prop["gradients"]
+    assert grads.case.world_size == 2 and not grads.case.model.buffer and grads.needs == ["world>=2"], report.text()
+    text = report.text()
+    assert "FAIL two-bugs: initial-state: ranks do not start from rank 0's parameters and buffers" in text
+    assert "FAIL two-bugs: gradients: gradients not averaged over ranks" in text
+    assert "needs: only with several ranks; only with a buffer" in text
+
+
+def test_raising_target_is_reported_on_its_rank_with_its_own_frame_first(world):
+    """'your code raised on rank 1', then the target's own line, then the traceback."""
+    case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    result = run_case(world, RAISES, case)
+    assert result.failed_properties == ["raised"]
+    from paracheck.check.report import case_report
+
+    text = case_report(RAISES, result).text()
+    assert text.splitlines()[1] == "FAIL raises: raised: your code raised on rank 1"
+    assert "ValueError: planted failure in the target on rank 1" in text
+    frame = target_frame(result.error.failures[0].detail)
+    assert frame is not None and "_report_targets.py" in frame and "finish_gradient_synchronization" in frame
+    assert f"at {frame}" in text
+
+
+def test_target_prints_are_captured_per_rank_and_clipped(world, capfd):
+    """What the target prints (Python and file descriptor) comes back per rank, clipped, not on the terminal."""
+    case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    result = run_case(world, CHATTY, case)
+    assert not result.ok
+    assert "chatty" not in capfd.readouterr().out
+    out = result.outputs[1]
+    assert "chatty python line 0" in out and "chatty fd line 149" in out and "more lines) ..." in out
+    assert len(out.splitlines()) <= 31
+
+
+def test_json_verdict_lists_failing_properties_and_replay(tmp_path):
+    """--json writes the verdict: target, failing properties, shrunk case as JSON and replay command."""
+    from paracheck.cli import main
+
+    case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    path = tmp_path / "verdict.json"
+    code = main(["check", "paracheck.mutants.ddp:NoDivideDDP", "--case", case.to_json(), "--json", str(path),
+                 "--timeout", "30"])
+    assert code == 1
+    data = json.loads(path.read_text())
+    t = data["targets"][0]
+    assert not data["passed"] and t["failed_properties"] == ["gradients"]
+    f = t["failures"][0]
+    assert Case.from_dict(f["case"]) == case
+    assert "--kind ddp" in f["replay"] and "--timeout 30" in f["replay"] and "--case '" in f["replay"]
+
+
+def test_pytest_fixture_fails_with_the_report_text(paracheck_check):
+    """The fixture fails the test with the property, its meaning and the replay command."""
+    with pytest.raises(pytest.fail.Exception) as info:
+        paracheck_check("paracheck.mutants.ddp:NoDivideDDP", world_sizes=(1, 2), max_examples=10,
+                        search_without=False)
+    text = str(info.value)
+    assert "FAIL paracheck.mutants.ddp:NoDivideDDP: gradients: gradients not averaged over ranks" in text
+    assert "replay exactly this case:" in text
