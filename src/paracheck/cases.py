@@ -21,7 +21,8 @@ import torch
 from paracheck.workloads import build_model, model_spec_from_dict, model_spec_to_dict
 from paracheck.workloads.mlp import MLPSpec
 
-__all__ = ["Case", "GroupSpec", "OptimizerSpec", "batch_for", "build_optimizer", "init_seed", "DTYPES"]
+__all__ = ["Case", "GroupSpec", "OptimizerSpec", "batch_for", "build_optimizer", "build_scheduler", "init_seed",
+           "DTYPES", "SCHEDULERS"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -55,17 +56,26 @@ class OptimizerSpec:
     ``lr_decay`` multiplies every group's lr after each step, as an LR scheduler would, through
     ``optimizer.param_groups`` (a sharded optimizer must honour that). ``as_generator`` passes a
     single group's parameters as a generator instead of a list.
+
+    ``scheduler`` (None, ``"step"`` or ``"lambda"``, ``SCHEDULERS``) is a torch LR scheduler built on
+    the optimizer right after construction and stepped after every ``optimizer.step()``; it reads
+    and writes ``param_groups`` (``lr``, ``initial_lr``). ``groups_as_generators`` passes every
+    group as a dict whose ``params`` is a generator (consumed once).
     """
 
     name: str = "sgd"
     groups: tuple[GroupSpec, ...] = ()
     lr_decay: float = 1.0
     as_generator: bool = False
+    scheduler: str | None = None
+    groups_as_generators: bool = False
 
     def __post_init__(self):
         if self.name not in _OPTIMIZERS:
             raise ValueError(f"optimizer name={self.name!r} must be one of {_OPTIMIZERS}")
         object.__setattr__(self, "groups", tuple(self.groups))
+        if self.scheduler is not None and self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler={self.scheduler!r} must be None or one of {sorted(SCHEDULERS)}")
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
@@ -80,6 +90,14 @@ class Case:
     mean over its local batch ``batch_for(case, step, m, r)``; gradients are summed over micro-steps
     and averaged over ranks; the optimizer then steps once. Unequal ``batch_sizes`` make that differ
     from the full-batch mean: this is what DDP computes, so it is what the oracle computes.
+
+    Gradients between steps: ``optimizer.zero_grad()`` clears only the parameters of its groups, so
+    a parameter whose group is added later keeps accumulating its (synchronised) gradient across
+    steps until then; with ``zero_grad_module`` the target's ``zero_grad()`` clears every parameter
+    of the model (a ZeRO wrapper that owns the module). Protocols that leave the result unchanged:
+    ``closure`` (the step's work runs inside ``optimizer.step(closure)``) and ``reload_at_step``
+    (k >= 1: before step k the optimizer is saved with ``state_dict()``, a fresh one is built over
+    the same parameters and groups, and it loads that dict).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -95,6 +113,9 @@ class Case:
     set_to_none: bool = True
     dtype: str = "float64"
     merged_ranks: int = 1
+    closure: bool = False
+    reload_at_step: int | None = None
+    zero_grad_module: bool = False
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -108,6 +129,8 @@ class Case:
             raise ValueError(f"steps={self.steps} and accumulation={self.accumulation} must be >= 1")
         if self.merged_ranks < 1:
             raise ValueError(f"merged_ranks={self.merged_ranks} must be >= 1")
+        if self.reload_at_step is not None and not 1 <= self.reload_at_step < self.steps:
+            raise ValueError(f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
 
@@ -226,6 +249,8 @@ def build_optimizer(case: Case, params: list, optimizer_cls=None, **extra):
     """
     groups = param_groups(case, params)
     opt = case.optimizer
+    if opt.groups_as_generators:
+        groups = [{**g, "params": (p for p in g["params"])} for g in groups]
     if opt.as_generator and len(groups) == 1:
         first = groups[0]
         params_arg = (p for p in first.pop("params"))
@@ -247,3 +272,23 @@ def apply_lr_schedule(case: Case, optimizer) -> None:
     if case.optimizer.lr_decay != 1.0:
         for group in optimizer.param_groups:
             group["lr"] *= case.optimizer.lr_decay
+
+
+def _warmup(step: int) -> float:
+    # Below 1 from the start: LambdaLR changes every lr when it is constructed, before step 0.
+    return (step + 1) / 3 if step < 2 else 0.5
+
+
+# The case's LR schedulers. LambdaLR covers only the groups present when it is built (torch
+# raises when it steps a later one), so cases pair it with constructor groups only.
+SCHEDULERS = {
+    "step": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
+    "lambda": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup),
+}
+
+
+def build_scheduler(case: Case, optimizer):
+    """The case's LR scheduler on ``optimizer`` (None without one). Build it right after the
+    optimizer; torch raises TypeError when ``optimizer`` is not a ``torch.optim.Optimizer``."""
+    name = case.optimizer.scheduler
+    return None if name is None else SCHEDULERS[name](optimizer)

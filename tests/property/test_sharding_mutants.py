@@ -1,28 +1,81 @@
-"""Every planted sharding bug in paracheck.mutants.sharding is killed by the default check."""
+"""Every planted sharding bug in paracheck.mutants.sharding is killed by the default check, each
+protocol-specific one by a case that exercises its protocol (and by none without it)."""
+
+from dataclasses import replace
 
 import pytest
 
 from paracheck.check.property import check_target
 from paracheck.check.targets import Target
 from paracheck.mutants import MUTANTS
+from paracheck.strategies._sharding import sharding_cases
+from paracheck.workloads import build_model
 
 SHARDING = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.sharding:")]
 
 # The bugs that train correctly: only the named property can see them.
 ONLY_SEEN_BY = {"sharded-count-partition": "balance", "sharded-no-shard": "memory"}
 
+# Allowed by the interface (a per-rank state_dict()): only the opt-in property named refuses it.
+OPT_IN = {"sharded-state-dict-local": "state-consolidated"}
+
+
+def _trainable(case) -> int:
+    return sum(p.requires_grad for p in build_model(case.model, seed=0).parameters())
+
+
+# What the shrunk failing case of each protocol mutant must contain, and the protocol turned off
+# (None: the bug needs a corner that cannot be turned off alone).
+NEEDS = {
+    "sharded-zero-grad-local-shard": (lambda c: c.steps >= 2 and c.world_size >= 2, None),
+    "sharded-lr-synced-backwards": (
+        lambda c: c.optimizer.scheduler is not None or c.optimizer.lr_decay != 1.0,
+        lambda c: replace(c, optimizer=replace(c.optimizer, scheduler=None, lr_decay=1.0))),
+    "sharded-group-generators-consumed": (
+        lambda c: c.optimizer.groups_as_generators,
+        lambda c: replace(c, optimizer=replace(c.optimizer, groups_as_generators=False))),
+    "sharded-empty-shard-raises": (lambda c: _trainable(c) < c.world_size, None),
+    "sharded-closure-ignored": (lambda c: c.closure, lambda c: replace(c, closure=False)),
+    "sharded-load-state-dict-skips-wrapped": (
+        lambda c: c.reload_at_step is not None, lambda c: replace(c, reload_at_step=None)),
+}
+
 
 def test_sharding_catalogue_has_at_least_six_bugs():
-    """The issue asks for at least six realistic sharding bugs."""
+    """The catalogue holds at least six realistic sharding bugs."""
     assert len(SHARDING) >= 6
 
 
 @pytest.mark.parametrize("mutant", SHARDING, ids=lambda m: m.name)
 def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
-    """The default check (generated cases, every property) fails on the mutant."""
-    report = check_target(Target(mutant.name, mutant.path, mutant.kind), world, world_sizes=paracheck_world_sizes,
-                          max_examples=40, seed=0)
+    """The default check (generated cases, default properties) fails on the mutant; a protocol
+    mutant's failing case exercises its protocol."""
+    target = Target(mutant.name, mutant.path, mutant.kind)
+    if mutant.name in OPT_IN:
+        passed = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
+        assert passed.passed, passed.failure.describe()
+        target = replace(target, properties=frozenset({OPT_IN[mutant.name]}))
+    report = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
     assert not report.passed, f"{mutant.name} survived {report.examples} cases: {mutant.bug}"
-    if mutant.name in ONLY_SEEN_BY:
-        assert report.failure.divergence is not None, report.failure.describe()
-        assert report.failure.divergence.what == ONLY_SEEN_BY[mutant.name], report.failure.describe()
+    failure = report.failure
+    if mutant.name in ONLY_SEEN_BY or mutant.name in OPT_IN:
+        assert failure.divergence is not None, failure.describe()
+        assert failure.divergence.what == {**ONLY_SEEN_BY, **OPT_IN}[mutant.name], failure.describe()
+    if mutant.name in NEEDS:
+        assert NEEDS[mutant.name][0](failure.case), failure.case.to_json()
+    if mutant.expect == "raise":
+        assert failure.error is not None, failure.describe()
+    if mutant.name == "sharded-empty-shard-raises":
+        assert "optimizer got an empty parameter list" in failure.describe()
+    if mutant.name == "sharded-zero-grad-local-shard":
+        assert failure.divergence is not None and failure.divergence.what == "grad", failure.describe()
+
+
+@pytest.mark.parametrize("name", [n for n, (_, off) in NEEDS.items() if off is not None])
+def test_protocol_mutant_survives_without_its_protocol(world, paracheck_world_sizes, name):
+    """The same generated cases with the mutant's protocol turned off pass: the protocol is what kills it."""
+    mutant = MUTANTS[name]
+    strategy = sharding_cases(world_sizes=paracheck_world_sizes).map(NEEDS[name][1])
+    report = check_target(Target(mutant.name, mutant.path, mutant.kind), world, world_sizes=paracheck_world_sizes,
+                          max_examples=40, seed=0, strategy=strategy)
+    assert report.passed, report.failure.describe()

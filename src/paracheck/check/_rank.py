@@ -12,6 +12,7 @@ from paracheck.cases import (
     batch_for,
     build_case_model,
     build_optimizer,
+    build_scheduler,
     loss_fn,
 )
 from paracheck.check._drive import DDPDriver, ddp_driver
@@ -60,18 +61,17 @@ def run_ddp(payload: dict) -> dict:
     params = list(model.parameters())
     record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
     optimizer = build_optimizer(case, params)
+    scheduler = build_scheduler(case, optimizer)
     for step in range(case.steps):
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
-        # Parameters of a group not added yet are not the optimizer's to reset; the oracle starts
-        # every step from no gradient for them too (a late group added at step k >= 2 would
-        # otherwise carry k steps of accumulated gradient).
-        model.zero_grad(set_to_none=case.set_to_none)
         if drv.batch_start is not None:
             drv.batch_start(optimizer)
         train_micro_steps(case, drv, optimizer, rank, device, step)
         grads = _snapshot([p.grad for p in params])
         optimizer.step()
         apply_lr_schedule(case, optimizer)
+        if scheduler is not None:
+            scheduler.step()
         record["steps"].append({"grads": grads, "params": _snapshot(params)})
     return record

@@ -9,28 +9,56 @@ Kinds (see ``paracheck.check.targets``):
   before ``step()``. Optional: ``partition`` (an object with ``owners``, one per parameter of
   ``param_groups`` flattened) and ``local_optimizer`` (or ``optim``), the wrapped optimizer.
 * ``zero``: ``Class(module, optimizer_cls, *, params, bucket_size_mb, **kwargs)`` with ``forward``,
-  ``finish_gradient_synchronization()``, ``no_sync()``, ``step()``, ``zero_grad()``,
-  ``param_groups``, ``add_param_group``, ``state_dict()``; optional ``full_gradients()`` (then
-  gradients are compared too), ``layout`` and ``pieces`` (``paracheck.zero.Zero1``).
+  ``finish_gradient_synchronization()``, ``no_sync()``, ``step()``, ``zero_grad()`` (of every
+  parameter of the module: ``Case.zero_grad_module``), ``param_groups``, ``add_param_group``,
+  ``state_dict()``; optional ``full_gradients()`` (then gradients are compared too), ``layout``
+  and ``pieces`` (``paracheck.zero.Zero1``), ``optimizer`` (the ``torch.optim.Optimizer`` an LR
+  scheduler is built on).
 
-Every step records parameters, gradients, the consolidated optimizer state (``state_dict()``,
-mapped to parameter indices as ``paracheck.oracle.train.optimizer_state`` does), the bytes of
-optimizer state this rank holds, the collectives issued during the step (``record_collectives``;
-``state_dict()`` and the gradient gathering for the check are outside it) and the declared owners.
+The rank programs call only what the interface offers: the harness never resets a gradient
+itself, so ``zero_grad()`` must clear every parameter of the optimizer's groups (not only this
+rank's shard). Per case they follow its protocols (``Case``): an LR scheduler built on the
+target and stepped after every step (a target that is not a ``torch.optim.Optimizer`` cannot
+carry one: the case is skipped with a note), parameter groups as dicts of generators,
+``add_param_group`` mid-training, ``step(closure)`` (``sharded`` and ``zero``), and, for
+``sharded``, ``state_dict()`` -> a fresh instance -> ``load_state_dict()`` mid-training.
 
-Properties (``PROPERTIES``; a check may select a subset, ``Target.properties``):
+Every step records parameters, gradients, the optimizer state this rank's ``state_dict()`` returns
+(mapped to parameter indices as ``paracheck.oracle.train.optimizer_state`` does; Note [State dict
+conventions]), the bytes of optimizer state this rank holds, the collectives issued during the
+step (``record_collectives``; ``state_dict()``, the gradient gathering for the check and the
+closure's gradient synchronisation are outside it) and the declared owners.
+
+Note [State dict conventions]
+    Nothing in the CS336 interface asks ``state_dict()`` to consolidate. Two readings are
+    accepted: *consolidated* (every rank returns every parameter's state) and *per-rank shards*
+    (a rank returns the state of the parameters it owns, as ``torch.optim.Optimizer.state_dict()``
+    does on a wrapper that keeps its shard in ``self.state``; several ranks may return the same
+    parameter's state if they return it identically). Indices name the wrapper's
+    ``param_groups`` (torch's convention), or, failing that, the wrapped optimizer's groups
+    (a wrapper that returns its ``local_optimizer.state_dict()``). The ``state`` property checks
+    the union over ranks; ``state-consolidated`` (opt-in) asks every rank for everything, which is
+    what loading the dict at another world size needs (``run_reload``): a per-rank-shards dict
+    can only be loaded back at the same world size, by the same rank.
+
+Properties (``PROPERTIES``; a check may select a subset, ``Target.properties``; the default is
+``DEFAULT_PROPERTIES``, every one but ``state-consolidated``):
 
 * ``equivalence``: parameters (and gradients) equal the oracle after every step; ranks agree bitwise;
-* ``state``: the consolidated optimizer state equals the oracle's after every step;
+* ``state``: the optimizer state, the union over ranks of what ``state_dict()`` returns, equals the
+  oracle's after every step (Note [State dict conventions]);
 * ``memory``: each rank holds exactly the optimizer-state bytes its declared partition implies
   (``paracheck.accounting.memory``): the state *is* sharded, and as declared;
 * ``balance``: the declared partition is within its stated bound (Note [Balance bound] /
   Note [Flat layout] in ``paracheck.zero.partition``) and owns every parameter exactly once;
 * ``traffic``: each rank's collectives per step equal the analytic model exactly
-  (``paracheck.accounting.traffic``).
+  (``paracheck.accounting.traffic``);
+* ``state-consolidated`` (opt-in): every rank's ``state_dict()`` holds every parameter's state.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -49,23 +77,29 @@ from paracheck.cases import (
     batch_for,
     build_case_model,
     build_optimizer,
+    build_scheduler,
     loss_fn,
     param_groups,
 )
 from paracheck.check._drive import DDPDriver
 from paracheck.check._rank import _cls, _device, _snapshot, train_micro_steps
-from paracheck.check.compare import Divergence
+from paracheck.check.compare import Divergence, compare_state_union, state_convention
 from paracheck.zero.partition import Piece, flat_layout
 
-__all__ = ["PROPERTIES", "check_sharding_properties", "resolve_properties", "run_reload", "run_sharded", "run_zero"]
+__all__ = ["DEFAULT_PROPERTIES", "DRIVER_PROPERTIES", "PROPERTIES", "check_sharding_properties", "resolve_properties", "run_reload",
+           "run_sharded", "run_zero", "sharding_notes"]
 
-PROPERTIES = ("equivalence", "state", "memory", "balance", "traffic")
+PROPERTIES = ("equivalence", "state", "memory", "balance", "traffic", "state-consolidated")
+DEFAULT_PROPERTIES = frozenset(PROPERTIES) - {"state-consolidated"}
+# Judged by check_sharding_properties on what the ranks recorded (each rank's state values are
+# also compared with the oracle's by paracheck.check.compare, along the trajectory).
+DRIVER_PROPERTIES = frozenset({"state", "state-consolidated", "memory", "balance", "traffic"})
 
 
 def resolve_properties(properties) -> frozenset[str]:
-    """None -> every property; otherwise a subset of ``PROPERTIES`` (ValueError naming the rest)."""
+    """None -> ``DEFAULT_PROPERTIES``; otherwise a subset of ``PROPERTIES`` (ValueError naming the rest)."""
     if properties is None:
-        return frozenset(PROPERTIES)
+        return DEFAULT_PROPERTIES
     chosen = frozenset(properties)
     unknown = sorted(chosen - set(PROPERTIES))
     if unknown:
@@ -75,41 +109,85 @@ def resolve_properties(properties) -> frozenset[str]:
 
 # -- recording helpers ------------------------------------------------------------------------
 
-def _local_state(opt):
-    """The state mapping of this rank's wrapped optimizer: follow ``optimizer`` / ``local_optimizer``
-    / ``optim`` attributes down to the innermost optimizer (falls back to ``opt.state``)."""
-    inner = opt
+def _inner_optimizers(opt):
+    """``opt`` and the optimizers it wraps, outermost first: ``local_optimizer`` / ``optim`` /
+    ``optimizer`` attributes followed down (at most four levels)."""
+    chain = [opt]
     for _ in range(4):
         nxt = None
         for name in ("local_optimizer", "optim", "optimizer"):
-            cand = getattr(inner, name, None)
-            if isinstance(cand, torch.optim.Optimizer) and cand is not inner:
+            cand = getattr(chain[-1], name, None)
+            if isinstance(cand, torch.optim.Optimizer) and all(cand is not o for o in chain):
                 nxt = cand
                 break
         if nxt is None:
             break
-        inner = nxt
-    return inner.state
+        chain.append(nxt)
+    return chain
 
 
-def _saved_to_model_index(state_dict: dict, opt, index: dict[int, int]) -> dict[int, int]:
-    # torch's convention: saved group k's indices name opt.param_groups[k]'s parameters in order.
+def _local_state(opt):
+    """The state mapping of this rank's innermost wrapped optimizer (``opt.state`` if none; None
+    for a target without either: the interface does not require one)."""
+    return getattr(_inner_optimizers(opt)[-1], "state", None)
+
+
+def _state_bytes(opt) -> int | None:
+    state = _local_state(opt)
+    return None if state is None else measured_state_bytes(state)
+
+
+def _group_sizes(groups) -> list[int]:
+    return [len(g["params"]) for g in groups]
+
+
+def _state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict | None, str]:
+    """The state in ``state_dict`` keyed by index into the model's parameters, and how its indices
+    were read (Note [State dict conventions]); (None, why) when they name no optimizer's groups.
+    Never raises on a state dict in torch's format."""
+    saved = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if not isinstance(saved, (list, tuple)) or not isinstance(state, dict):
+        return None, (f"state_dict() returned {type(state_dict).__name__} without 'state' (dict) and "
+                      f"'param_groups' (list): torch's format is required")
+    sizes = [len(g.get("params", ())) for g in saved]
+    to_model, how = None, ""
+    for depth, o in enumerate(_inner_optimizers(opt)):
+        groups = getattr(o, "param_groups", None)
+        if groups is not None and _group_sizes(groups) == sizes:
+            to_model = {}
+            for sg, g in zip(saved, groups):
+                for j, p in zip(sg["params"], g["params"]):
+                    to_model[j] = index.get(id(p))
+            how = "the optimizer's param_groups" if depth == 0 else "the wrapped optimizer's param_groups"
+            break
+    if to_model is None:
+        return None, (f"state_dict()['param_groups'] has groups of {sizes} parameters; neither the optimizer's "
+                      f"param_groups ({_group_sizes(getattr(opt, 'param_groups', []))}) nor a wrapped "
+                      f"optimizer's match")
     out = {}
-    for saved, group in zip(state_dict["param_groups"], opt.param_groups):
-        for j, p in zip(saved["params"], group["params"]):
-            out[j] = index[id(p)]
-    return out
-
-
-def _state_by_param(state_dict: dict, opt, index: dict[int, int]) -> dict[int, dict[str, torch.Tensor]]:
-    to_model = _saved_to_model_index(state_dict, opt, index)
-    out = {}
-    for j, st in state_dict["state"].items():
+    for j, st in state.items():
         if st is None:
             continue
-        out[to_model[j]] = {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else torch.tensor(float(v)))
-                            for k, v in st.items()}
-    return out
+        i = to_model.get(j)
+        if i is None:
+            return None, f"state_dict()['state'] has index {j!r}, which names no parameter of {how}"
+        entry = {}
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                entry[k] = v.detach().to("cpu", copy=True)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                entry[k] = torch.tensor(float(v))
+        out[i] = entry
+    return out, how
+
+
+def _read_state(opt, index: dict[int, int]):
+    """(state_dict(), its state by parameter or None, how it was read): one call of the target's
+    ``state_dict()``, a collective for a consolidating target."""
+    sd = opt.state_dict()
+    state, how = _state_by_param(sd, opt, index)
+    return sd, state, how
 
 
 def _owners(opt, index: dict[int, int], n: int):
@@ -122,17 +200,70 @@ def _owners(opt, index: dict[int, int], n: int):
     return tuple(out)
 
 
-def _reset_outside_optimizer(case: Case, opt, params) -> None:
-    # The oracle resets every gradient each step. A parameter whose group is added later (after
-    # step k >= 2) is outside the optimizer's zero_grad() until then, so its .grad would accumulate
-    # over steps; reset exactly those, leaving the target's own zero_grad() under test.
-    inside = {id(p) for g in opt.param_groups for p in g["params"]}
-    for p in params:
-        if id(p) not in inside and p.grad is not None:
-            if case.set_to_none:
-                p.grad = None
-            else:
-                p.grad.zero_()
+def _minus(a: StepTraffic, b: StepTraffic) -> StepTraffic:
+    d = a.as_dict()
+    for k, c, n in b.entries:
+        c0, n0 = d[k]
+        d[k] = (c0 - c, n0 - n)
+    return StepTraffic.from_dict(d)
+
+
+def _scheduler_or_skip(case: Case, opt, device):
+    """(the case's LR scheduler on ``opt`` or None, None) or (None, note) when ``opt`` cannot carry
+    a torch scheduler (torch raises TypeError for anything not a ``torch.optim.Optimizer``): such a
+    target does not offer the protocol, so the case is skipped, never failed. Ranks agree."""
+    def build():
+        try:
+            return build_scheduler(case, opt), None
+        except TypeError as exc:
+            return None, (f"skipped: an LR scheduler ({case.optimizer.scheduler!r}) cannot be built on "
+                          f"{type(opt).__name__}: {exc}")
+    return _on_every_rank(build, device, "building the LR scheduler")
+
+
+class _Closure:
+    """The step's work as a closure for ``step(closure)``: zero_grad, forward, backward and the
+    gradient synchronisation; returns the loss of the last micro-step. Counts its calls and the
+    collectives it issued (the synchronisation is not the optimizer's traffic)."""
+
+    def __init__(self, case: Case, drv: DDPDriver, opt, rank: int, device, step: int):
+        self.case, self.drv, self.opt, self.rank, self.device, self.step = case, drv, opt, rank, device, step
+        self.calls = 0
+        self.traffic = StepTraffic()
+
+    def __call__(self):
+        case, outputs = self.case, []
+
+        def forward(x):
+            outputs.append(self.drv.forward(x))
+            return outputs[-1]
+
+        with record_collectives() as rec:
+            self.opt.zero_grad(set_to_none=case.set_to_none)
+            train_micro_steps(case, replace(self.drv, forward=forward), self.opt, self.rank, self.device, self.step)
+        self.calls += 1
+        self.traffic = self.traffic + rec.traffic()
+        _, y = batch_for(case, self.step, case.accumulation - 1, self.rank, device=self.device)
+        return loss_fn(case, outputs[-1], y).detach()
+
+
+def _reload(case: Case, opt, scheduler, params, cls, step: int, device):
+    """Before step ``step``: save ``opt`` (and the scheduler), build a fresh instance over the same
+    parameters with the constructor's groups, its scheduler, then the groups added so far, and
+    load both dicts (the usual checkpoint order: construct, then load)."""
+    def fresh():
+        saved = opt.state_dict()
+        saved_scheduler = None if scheduler is None else scheduler.state_dict()
+        new = build_optimizer(case, params, optimizer_cls=cls)
+        new_scheduler = build_scheduler(case, new) if scheduler is not None else None
+        for k in range(step):
+            add_late_groups(case, new, params, k)
+        new.load_state_dict(saved)
+        if new_scheduler is not None:
+            new_scheduler.load_state_dict(saved_scheduler)
+        return new, new_scheduler
+
+    return _on_every_rank(fresh, device, "building a fresh optimizer and load_state_dict()")
 
 
 # -- rank functions -----------------------------------------------------------------------------
@@ -149,25 +280,40 @@ def run_sharded(payload: dict) -> dict:
                     finish=lambda optimizer: flat.finish_gradient_synchronization(), no_sync=flat.no_sync)
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
-    opt = build_optimizer(case, params, optimizer_cls=_cls(payload["path"]))
+    cls = _cls(payload["path"])
+    opt = _on_every_rank(lambda: build_optimizer(case, params, optimizer_cls=cls), device, "constructing the optimizer")
+    scheduler, skipped = _scheduler_or_skip(case, opt, device)
+    if skipped:
+        return {"skipped": skipped}
     record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
     for step in range(case.steps):
+        if case.reload_at_step == step:
+            opt, scheduler = _reload(case, opt, scheduler, params, cls, step, device)
         add_late_groups(case, opt, params, step)
-        opt.zero_grad(set_to_none=case.set_to_none)
-        _reset_outside_optimizer(case, opt, params)
-        train_micro_steps(case, ddp, opt, rank, device, step)
-        grads = _snapshot([p.grad for p in params])
-        with record_collectives() as rec:
-            opt.step()
+        if case.closure:
+            closure = _Closure(case, ddp, opt, rank, device, step)
+            with record_collectives() as rec:
+                opt.step(closure)
+            traffic = _minus(rec.traffic(), closure.traffic)
+            grads = _snapshot([p.grad for p in params])  # after the step: the closure computed them
+        else:
+            opt.zero_grad(set_to_none=case.set_to_none)
+            train_micro_steps(case, ddp, opt, rank, device, step)
+            grads = _snapshot([p.grad for p in params])
+            with record_collectives() as rec:
+                opt.step()
+            traffic = rec.traffic()
         apply_lr_schedule(case, opt)
-        sd = opt.state_dict()
+        if scheduler is not None:
+            scheduler.step()
+        sd, state, how = _on_every_rank(lambda: _read_state(opt, index), device, "state_dict()")
         record["steps"].append({
             "grads": grads,
             "params": _snapshot(params),
-            "state": _on_every_rank(lambda: _state_by_param(sd, opt, index), device,
-                                    "reading the consolidated state_dict"),
-            "state_bytes": measured_state_bytes(_local_state(opt)),
-            "traffic": rec.traffic().entries,
+            "state": state,
+            "state_read": how,
+            "state_bytes": _state_bytes(opt),
+            "traffic": traffic.entries,
             "owners": _owners(opt, index, len(params)),
         })
     record["final_state_dict"] = sd
@@ -185,40 +331,54 @@ def _build_zero(case: Case, model, cls):
 
 
 def run_zero(payload: dict) -> dict:
-    """Train ``case`` with the ZeRO wrapper at ``payload['path']`` (gradient sync included)."""
+    """Train ``case`` with the ZeRO wrapper at ``payload['path']`` (gradient sync included). The
+    LR scheduler is built on its ``optimizer`` (itself if it has none); ``reload_at_step`` is not
+    exercised here (a second wrapper over the same module would hook it twice)."""
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    params, zero = _build_zero(case, model, _cls(payload["path"]))
+    params, zero = _on_every_rank(lambda: _build_zero(case, model, _cls(payload["path"])), device,
+                                  "constructing the optimizer")
     index = {id(p): i for i, p in enumerate(params)}
     trainable = getattr(zero, "trainable", [p for p in params if p.requires_grad])
+    scheduler, skipped = _scheduler_or_skip(case, getattr(zero, "optimizer", zero), device)
+    if skipped:
+        return {"skipped": skipped}
     record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
     full_gradients = getattr(zero, "full_gradients", None)
     drv = DDPDriver(wrapper=zero, forward=zero, finish=lambda optimizer: zero.finish_gradient_synchronization(),
                     no_sync=getattr(zero, "no_sync", None))
     for step in range(case.steps):
         add_late_groups(case, zero, params, step)
-        zero.zero_grad(set_to_none=case.set_to_none)
-        with record_collectives() as rec:
-            train_micro_steps(case, drv, zero, rank, device, step)
+        if case.closure:
+            with record_collectives() as rec:
+                zero.step(_Closure(case, drv, zero, rank, device, step))
+            traffic = rec.traffic()  # the synchronisation is ZeRO's own traffic
+        else:
+            zero.zero_grad(set_to_none=case.set_to_none)
+            with record_collectives() as rec:
+                train_micro_steps(case, drv, zero, rank, device, step)
         entry = {}
         if full_gradients is not None:
             grads = [None] * len(params)
             for p, g in zip(trainable, full_gradients()):
                 grads[index[id(p)]] = g
             entry["grads"] = _snapshot(grads)
-        with record_collectives() as rec_step:
-            zero.step()
+        if not case.closure:
+            with record_collectives() as rec_step:
+                zero.step()
+            traffic = rec.traffic() + rec_step.traffic()
         apply_lr_schedule(case, zero)
-        sd = zero.state_dict()
-        opt = getattr(zero, "optimizer", zero)
+        if scheduler is not None:
+            scheduler.step()
+        sd, state, how = _on_every_rank(lambda: _read_state(zero, index), device, "state_dict()")
         entry.update({
             "params": _snapshot(params),
-            "state": _on_every_rank(lambda: _state_by_param(sd, opt, index), device,
-                                    "reading the consolidated state_dict"),
-            "state_bytes": measured_state_bytes(_local_state(zero)),
-            "traffic": (rec.traffic() + rec_step.traffic()).entries,
+            "state": state,
+            "state_read": how,
+            "state_bytes": _state_bytes(zero),
+            "traffic": traffic.entries,
         })
         record["steps"].append(entry)
     pieces = getattr(zero, "pieces", None)
@@ -234,7 +394,8 @@ def _on_every_rank(fn, device, what: str):
     one). The harness's per-rank reading of a target's state_dict can fail on some ranks only (a
     consolidation bug leaves a rank without state it should see); the other ranks would go on to
     the next collective and wait there until the process-group timeout, so such a bug cost a
-    timeout per example and per shrink step instead of failing at once."""
+    timeout per example and per shrink step instead of failing at once. The same holds for a
+    constructor that raises on some ranks only (a rank that owns no parameter)."""
     try:
         result, failure = fn(), None
     except Exception as e:  # re-raised below, on every rank
@@ -249,10 +410,11 @@ def _on_every_rank(fn, device, what: str):
 
 
 def run_reload(payload: dict) -> dict:
-    """Load ``payload['state_dict']`` (saved at any world size) into a fresh target whose
-    parameters are ``payload['params']``, with every group of the case; record the consolidated
-    state, then step once with the deterministic gradient ``payload['grads']`` (identical on all
-    ranks) and record parameters and state again."""
+    """Load ``payload['state_dict']`` (consolidated, saved at any world size) into a fresh target
+    whose parameters are ``payload['params']``, with every group of the case; record the
+    consolidated state, then step once with the deterministic gradient ``payload['grads']``
+    (identical on all ranks) and record parameters and state again. A per-rank-shards state dict
+    cannot be loaded at another world size (Note [State dict conventions])."""
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = _device(payload.get("device"))
@@ -274,7 +436,7 @@ def run_reload(payload: dict) -> dict:
 
     def load():
         opt.load_state_dict(payload["state_dict"])
-        return _state_by_param(opt.state_dict(), owner, index)
+        return _state_by_param(opt.state_dict(), owner, index)[0]
 
     loaded = _on_every_rank(load, device, "load_state_dict")
     opt.zero_grad(set_to_none=True)
@@ -289,7 +451,7 @@ def run_reload(payload: dict) -> dict:
         for p, g in zip(params, payload["grads"]):
             p.grad = None if g is None else g.to(device).clone()
     opt.step()
-    return {"loaded": loaded, "params": _snapshot(params), "state": _state_by_param(opt.state_dict(), owner, index)}
+    return {"loaded": loaded, "params": _snapshot(params), "state": _state_by_param(opt.state_dict(), owner, index)[0]}
 
 
 # -- properties (driver side) -------------------------------------------------------------------
@@ -317,10 +479,66 @@ def _group_of(case: Case, params) -> tuple[dict[int, dict], dict[int, int | None
     return options, added
 
 
+def sharding_notes(traj, ranks: list[dict]) -> dict:
+    """What a report says about how the target met the interface: ``{"state_dict": convention}``
+    (Note [State dict conventions]; "consolidated", "per-rank shards", or "no optimizer state to
+    tell" when no step had any), or ``{"skipped": why}`` for a case the target cannot run."""
+    skipped = next((rec["skipped"] for rec in ranks if "skipped" in rec), None)
+    if skipped is not None:
+        return {"skipped": skipped}
+    seen = set()
+    for k, oref in enumerate(traj.steps):
+        states = [rec["steps"][k].get("state") for rec in ranks if k < len(rec.get("steps", ()))]
+        if len(states) == len(ranks) and all(st is not None for st in states):
+            seen.add(state_convention(states, oref.state))
+    seen.discard(None)
+    if not seen:
+        return {"state_dict": "no optimizer state to tell" if len(ranks) > 1 else "one rank"}
+    return {"state_dict": "per-rank shards" if "per-rank shards" in seen else "consolidated"}
+
+
+def _names(case: Case) -> list[str]:
+    with torch.random.fork_rng(devices=[]):
+        model = build_case_model(case, 0)
+    return [n for n, _ in model.named_parameters()]
+
+
+def _check_state(case: Case, traj, ranks: list[dict], props) -> Divergence | None:
+    """``state`` (the union over ranks, Note [State dict conventions]) and ``state-consolidated``."""
+    names = _names(case)
+    from paracheck.check.tolerance import tolerance_for
+
+    rtol = tolerance_for(case.dtype).state
+    for k, oref in enumerate(traj.steps):
+        states = []
+        for r, rec in enumerate(ranks):
+            step = rec["steps"][k]
+            if step.get("state") is None:
+                return _diverge(k, "state", r, f"rank {r}'s state_dict() cannot be read: {step.get('state_read')}")
+            states.append(step["state"])
+        d = compare_state_union(k, states, oref.state, rtol, names)
+        if d is not None:
+            return d
+        if "state-consolidated" in props:
+            for r, st in enumerate(states):
+                missing = sorted(set(oref.state) - set(st))
+                if missing:
+                    return _diverge(k, "state-consolidated", r,
+                                    f"rank {r}'s state_dict() has no state for parameters {missing} (it holds "
+                                    f"{sorted(st)}): state-consolidated asks every rank for every parameter's state",
+                                    index=missing[0], name=names[missing[0]])
+    return None
+
+
 def check_sharding_properties(case: Case, traj, ranks: list[dict], kind: str, properties=None) -> Divergence | None:
-    """The first violation of the selected ``memory`` / ``balance`` / ``traffic`` properties (the
-    ``equivalence`` and ``state`` ones are ``paracheck.check.compare``'s), or None."""
+    """The first violation of the selected ``state`` / ``state-consolidated`` / ``memory`` /
+    ``balance`` / ``traffic`` properties (``equivalence`` is ``paracheck.check.compare``'s, which
+    also checks each rank's state values), or None."""
     props = resolve_properties(properties)
+    if props & {"state", "state-consolidated"}:
+        d = _check_state(case, traj, ranks, props)
+        if d is not None:
+            return d
     if not props & {"memory", "balance", "traffic"}:
         return None
     params = _case_params(case)

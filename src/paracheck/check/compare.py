@@ -9,7 +9,7 @@ import torch
 from paracheck.check.tolerance import tolerance_for
 from paracheck.oracle import Trajectory
 
-__all__ = ["Divergence", "compare"]
+__all__ = ["Divergence", "compare", "compare_state_union", "state_convention"]
 
 
 @dataclass
@@ -137,12 +137,17 @@ def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_stat
 
 
 def _compare_state(k, r, got_state, ref_state, rtol, names, check):
-    if set(got_state) != set(ref_state):
-        missing = sorted(set(ref_state) - set(got_state))
-        extra = sorted(set(got_state) - set(ref_state))
-        return Divergence(k, "state", r, (missing or extra)[0], None, float("inf"), 0.0,
-                          f"optimizer state for parameters missing {missing}, unexpected {extra}")
-    for i in sorted(ref_state):
+    """Rank ``r``'s optimizer state against the oracle's, parameter by parameter: every parameter
+    whose state the rank returns must have the oracle's state. Which parameters each rank returns
+    (its shard, or all of them) is judged across ranks by ``compare_state_union``, as is a
+    state_dict() the ranks could not read (``got_state`` None)."""
+    if got_state is None:
+        return None
+    extra = sorted(set(got_state) - set(ref_state))
+    if extra:
+        return Divergence(k, "state", r, extra[0], None, float("inf"), 0.0,
+                          f"optimizer state for parameters {extra}, which have none in the oracle")
+    for i in sorted(got_state):
         for key, ref in ref_state[i].items():
             got = got_state[i].get(key)
             if got is None:
@@ -151,4 +156,56 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check):
             if d:
                 d.detail = f"state {key!r}. " + d.detail
                 return d
+    return None
+
+
+STATE_CONSOLIDATED = "consolidated"
+STATE_SHARDS = "per-rank shards"
+
+
+def state_convention(states: list[dict], ref_state: dict) -> str | None:
+    """How ranks returned the optimizer state of one step: ``"consolidated"`` (every rank holds every
+    parameter's state), ``"per-rank shards"`` (some rank holds only part), None when the oracle has
+    no state to tell them apart (or one rank: both at once)."""
+    if not ref_state or len(states) == 1:
+        return None
+    return STATE_CONSOLIDATED if all(set(st) >= set(ref_state) for st in states) else STATE_SHARDS
+
+
+def compare_state_union(k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]) -> Divergence | None:
+    """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
+    ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
+    that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
+    (each parameter's state on its owner, or identically on several ranks) and consolidated state."""
+    holders: dict[int, list[int]] = {}
+    for r, st in enumerate(states):
+        for i in st:
+            holders.setdefault(i, []).append(r)
+    missing = sorted(set(ref_state) - set(holders))
+    extra = sorted(set(holders) - set(ref_state))
+    if missing or extra:
+        i = (missing or extra)[0]
+        return Divergence(k, "state", (holders.get(i) or [0])[0], i, names[i] if i < len(names) else None,
+                          float("inf"), 0.0, f"optimizer state for parameters {missing} is on no rank "
+                          f"(union of every rank's state_dict()), for {extra} on some rank but not in the oracle")
+    for i, rs in sorted(holders.items()):
+        first = states[rs[0]][i]
+        for r in rs[1:]:
+            other = states[r][i]
+            if set(other) != set(first) or any(not torch.equal(other[key], first[key]) for key in first):
+                diff = max((float((other[key].double() - first[key].double()).abs().max()) for key in first
+                            if key in other and other[key].shape == first[key].shape), default=float("inf"))
+                return Divergence(k, "state", r, i, names[i] if i < len(names) else None, diff, 0.0,
+                                  f"ranks {rs[0]} and {r} return different optimizer state for this parameter "
+                                  f"(keys {sorted(first)} / {sorted(other)}): ranks that return a parameter's "
+                                  f"state must return the same")
+    for i, rs in sorted(holders.items()):
+        for key, ref in ref_state[i].items():
+            got = states[rs[0]][i].get(key)
+            if got is None:
+                return Divergence(k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing")
+            got = got.reshape(ref.shape) if got.numel() == ref.numel() else got
+            ok, diff, allowed, ratio = _close(got, ref, rtol)
+            if not ok:
+                return Divergence(k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio)
     return None

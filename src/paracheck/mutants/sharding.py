@@ -1,8 +1,12 @@
 """Broken optimizer-state sharding. Each class differs from ``ShardedOptimizer`` or ``Zero1`` by one
 realistic bug (marked ``BUG``); the default check must kill every one (``tests/property/
-test_sharding_mutants.py``). Several are invisible to equivalence alone: ``sharded-no-shard``
-trains correctly while sharding nothing, ``sharded-count-partition`` trains correctly while piling
-state on one rank; the ``memory`` and ``balance`` properties exist for them.
+test_sharding_mutants.py``), except ``sharded-state-dict-local``, whose per-rank ``state_dict()`` the
+interface allows: only the opt-in ``state-consolidated`` property refuses it. Several are invisible to
+equivalence alone: ``sharded-no-shard`` trains correctly while sharding nothing,
+``sharded-count-partition`` trains correctly while piling state on one rank; the ``memory`` and
+``balance`` properties exist for them. The last six each need one protocol of the generated cases
+(``paracheck.strategies._sharding``): zero_grad between steps, an LR scheduler, groups of generators,
+a rank that owns nothing, ``step(closure)``, ``load_state_dict`` into a fresh instance.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ __all__ = [
     "BroadcastFromRankZero", "CountPartition", "FirstGroupHyperparameters", "HyperparametersDropped",
     "LateGroupNotStepped", "LocalStateDict", "LrNotSynced", "NoShard", "Zero1AccumulationOverwrites",
     "Zero1LocalStateDict", "Zero1NoAverage", "Zero1NoInitialBroadcast", "Zero1StepsUnused",
+    "ZeroGradLocalShard", "HyperparametersSyncedBackwards", "GroupGeneratorsConsumed", "EmptyShardRaises",
+    "ClosureIgnored", "LoadStateDictSkipsWrapped",
 ]
 
 
@@ -111,9 +117,10 @@ class CountPartition(ShardedOptimizer):
 
 
 class LocalStateDict(ShardedOptimizer):
-    """``state_dict()`` is torch's own, which only sees this rank's shard of the state."""
+    """``state_dict()`` is torch's own, which only sees this rank's shard of the state: allowed by
+    the interface (per-rank shards), refused by the opt-in ``state-consolidated`` property."""
 
-    state_dict = torch.optim.Optimizer.state_dict  # BUG: not consolidated
+    state_dict = torch.optim.Optimizer.state_dict  # BUG (for state-consolidated only): not consolidated
 
 
 class LrNotSynced(ShardedOptimizer):
@@ -124,6 +131,61 @@ class LrNotSynced(ShardedOptimizer):
         loss = self.local_optimizer.step(**kwargs) if closure is None else self.local_optimizer.step(closure, **kwargs)
         self._broadcast_parameters()
         return loss
+
+
+class ZeroGradLocalShard(ShardedOptimizer):
+    """``zero_grad()`` clears only the gradients of this rank's shard (the wrapped optimizer's): the
+    other parameters carry their gradient into the next step."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.local_optimizer.zero_grad(set_to_none=set_to_none)  # BUG: not every parameter of param_groups
+
+
+class HyperparametersSyncedBackwards(ShardedOptimizer):
+    """Before each step the hyper-parameters are copied from the wrapped optimizer's groups into
+    ``param_groups``, the wrong way: an LR scheduler's lr, set in ``param_groups``, is overwritten."""
+
+    def _sync_hyperparameters(self) -> None:
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
+            group.update({k: v for k, v in local.items() if k not in ("params", "param_names")})  # BUG: backwards
+
+
+class GroupGeneratorsConsumed(ShardedOptimizer):
+    """The groups are read once to size the partition, then the same dicts go to torch's
+    constructor: a group whose ``params`` is a generator arrives there empty (what torch's own
+    ZeroRedundancyOptimizer does)."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        # BUG: iterates each group's "params", which a generator allows only once
+        self.planned_numel = sum(p.numel() for g in params for p in (g["params"] if isinstance(g, dict) else [g]))
+        super().__init__(params, optimizer_cls, **kwargs)
+
+
+class EmptyShardRaises(ShardedOptimizer):
+    """The wrapped optimizer is built from the flat list of this rank's parameters: on a rank that
+    owns none of the first group, torch raises "optimizer got an empty parameter list"."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        options = {**self._kwargs, **{k: v for k, v in param_group.items() if k != "params"}}
+        super().add_param_group(param_group)
+        if len(self.param_groups) == 1:
+            mine = self.local_optimizer.param_groups[0]["params"]
+            self.local_optimizer = self.optimizer_cls(mine, **options)  # BUG: a bare list, empty on some ranks
+
+
+class ClosureIgnored(ShardedOptimizer):
+    """``step(closure)`` accepts a closure and never calls it."""
+
+    def step(self, closure=None, **kwargs):
+        return super().step(**kwargs)  # BUG: closure dropped
+
+
+class LoadStateDictSkipsWrapped(ShardedOptimizer):
+    """``load_state_dict()`` is torch's own: it fills the wrapper's ``state`` and groups, and the
+    wrapped optimizer, which steps, starts over from empty state."""
+
+    load_state_dict = torch.optim.Optimizer.load_state_dict  # BUG: the wrapped optimizer is never loaded
 
 
 class NoShard(ShardedOptimizer):
@@ -225,6 +287,18 @@ register("sharded-lr-not-synced", f"{_M}:LrNotSynced", "sharded",
          "lr changes made through param_groups (an LR scheduler) never reach the wrapped optimizer")
 register("sharded-no-shard", f"{_M}:NoShard", "sharded",
          "every rank keeps optimizer state for every parameter (only the memory property sees it)")
+register("sharded-zero-grad-local-shard", f"{_M}:ZeroGradLocalShard", "sharded",
+         "zero_grad() clears only this rank's shard; other parameters carry their gradient into the next step")
+register("sharded-lr-synced-backwards", f"{_M}:HyperparametersSyncedBackwards", "sharded",
+         "hyper-parameters are copied from the wrapped optimizer into param_groups: an LR scheduler's lr is lost")
+register("sharded-group-generators-consumed", f"{_M}:GroupGeneratorsConsumed", "sharded",
+         "groups are iterated before torch's constructor sees them: a group of a generator arrives empty")
+register("sharded-empty-shard-raises", f"{_M}:EmptyShardRaises", "sharded",
+         "the wrapped optimizer gets a bare list of owned parameters: a rank owning none raises", expect="raise")
+register("sharded-closure-ignored", f"{_M}:ClosureIgnored", "sharded",
+         "step(closure) never calls the closure")
+register("sharded-load-state-dict-skips-wrapped", f"{_M}:LoadStateDictSkipsWrapped", "sharded",
+         "load_state_dict() is torch's own: the wrapped optimizer restarts from empty state")
 register("zero1-no-average", f"{_M}:Zero1NoAverage", "zero",
          "reduce-scattered gradient chunks are summed over ranks but not divided by the world size")
 register("zero1-steps-unused", f"{_M}:Zero1StepsUnused", "zero",

@@ -5,12 +5,17 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
 * every rank starts from rank 0's initial model (a target must broadcast it);
 * rank r computes ``g_r = sum_m grad(mean loss of batch (step, m, r))``, exactly as its own
   backward passes would, one rank at a time in this process;
-* the synchronised gradient is ``(g_0 + ... + g_{W-1}) / W``, a rank without a gradient
-  contributing zeros; a parameter that no rank used keeps the gradient it had (None after
-  ``zero_grad(set_to_none=True)``, zeros otherwise), so the optimizer treats it exactly as in
+* the synchronised gradient is ``h + (g_0 + ... + g_{W-1}) / W``, a rank without a gradient
+  contributing zeros, where ``h`` is the gradient the parameter held when the step began; a
+  parameter that no rank used keeps ``h``, so the optimizer treats it exactly as in
   single-process training;
-* the optimizer (the case's torch optimizer, with its groups, late ``add_param_group`` calls and
-  lr schedule) then steps once.
+* ``h`` is what ``optimizer.zero_grad()`` leaves: None after ``zero_grad(set_to_none=True)``,
+  zeros otherwise, for a parameter in one of the optimizer's groups; a parameter in none (its
+  group is added later) keeps the synchronised gradient of the previous step, so it accumulates
+  until its group is added, as in real training (``Case.zero_grad_module``: every parameter is
+  cleared);
+* the optimizer (the case's torch optimizer, with its groups, late ``add_param_group`` calls,
+  lr schedule and LR scheduler) then steps once.
 
 Besides parameters, gradients and optimizer state after every step, the trajectory keeps, per
 gradient element, ``sum_r |g_r|`` (``grad_absum``): the scale that bounds any reordering of the
@@ -30,6 +35,7 @@ from paracheck.cases import (
     batch_for,
     build_case_model,
     build_optimizer,
+    build_scheduler,
     loss_fn,
 )
 
@@ -86,12 +92,17 @@ def train(case: Case) -> Trajectory:
     initial = [p.detach().clone() for p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
     optimizer = build_optimizer(case, params)
+    scheduler = build_scheduler(case, optimizer)
     W = case.world_size
-    # The gradient each parameter holds between steps: None, or zeros after zero_grad(False).
+    # The gradient each parameter holds when a step begins (see the module docstring).
     held: list[torch.Tensor | None] = [None] * len(params)
     records = []
     for step in range(case.steps):
         add_late_groups(case, optimizer, params, step)
+        inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        held = [h if (id(p) not in inside and not case.zero_grad_module) or h is None
+                else None if case.set_to_none else torch.zeros_like(h)
+                for p, h in zip(params, held)]
         per_rank = []
         losses = []
         for rank in range(W):
@@ -113,13 +124,17 @@ def train(case: Case) -> Trajectory:
                     mag += g.abs()
             total /= W
             if held[i] is not None:
+                # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
                 total += held[i]
+                mag += W * held[i].abs()
             synced.append(total)
             absum.append(mag)
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         optimizer.step()
         apply_lr_schedule(case, optimizer)
+        if scheduler is not None:
+            scheduler.step()
         records.append(
             StepRecord(
                 losses=losses,
@@ -129,7 +144,7 @@ def train(case: Case) -> Trajectory:
                 state=optimizer_state(optimizer, params),
             )
         )
-        held = [None if (case.set_to_none or g is None) else torch.zeros_like(g) for g in synced]
+        held = [None if g is None else g.clone() for g in synced]
         for p in params:
             p.grad = None
     return Trajectory(case=case, initial_params=initial, initial_buffers=buffers, steps=records)

@@ -9,11 +9,23 @@ composes ``cases`` and, each by a boolean that shrinks to "off":
 * splits a single group in two at a drawn parameter, the second with its own lr / weight decay /
   betas / momentum;
 * makes every group after the first a late group, added just before a drawn step
-  ``k in 1..steps-1`` (so state built before it keeps being stepped after it), with at least two
-  and at most ``max_steps`` steps.
+  ``k in 1..steps-1`` (so state built before it keeps being stepped after it, and a parameter
+  outside every group keeps accumulating its gradient until then), with at least two and at most
+  ``max_steps`` steps;
+
+and then draws the protocols real training code meets (``Case`` / ``OptimizerSpec``), each shrinking
+to "off":
+
+* a model of one layer (one or two parameters) in one case in four, so that at world sizes 2..4
+  some rank owns no parameter at all;
+* a torch LR scheduler on the optimizer (``StepLR``, or ``LambdaLR`` with a warm-up that changes
+  every lr at construction, the latter only without late groups, which it cannot step);
+* parameter groups as dicts whose ``params`` is a generator;
+* ``step(closure)``;
+* ``state_dict()`` -> a fresh instance -> ``load_state_dict()`` before a drawn step.
 
 Everything else (SGD with/without momentum, Adam, AdamW, lr schedules, frozen, tied and unused
-parameters, one-parameter models on up to six ranks) is ``cases``'s.
+parameters) is ``cases``'s.
 """
 
 from __future__ import annotations
@@ -23,8 +35,8 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from paracheck.cases import GroupSpec
-from paracheck.strategies._core import cases
-from paracheck.workloads import build_model
+from paracheck.strategies._core import cases, optimizer_specs
+from paracheck.workloads import MLPSpec, build_model
 
 __all__ = ["sharding_cases"]
 
@@ -59,10 +71,21 @@ def sharding_cases(draw, *, world_sizes=None, min_world_size: int = 1, max_world
             )
             groups = [replace(groups[0], params=idx[:cut]), second]
     steps = case.steps
-    if len(groups) > 1 and draw(st.booleans()):
+    if len(groups) > 1 and draw(st.integers(0, 2)) > 0:  # two in three: late groups are where sharding breaks
         steps = max(steps, 2)
         groups = [groups[0]] + [replace(g, add_at_step=draw(st.integers(1, steps - 1))) for g in groups[1:]]
     elif any(g.add_at_step is not None for g in groups):
         steps = max(steps, 2)
-    return replace(case, steps=steps, optimizer=replace(opt, groups=tuple(groups), as_generator=(
-        opt.as_generator and len(groups) == 1)))
+    opt = replace(opt, groups=tuple(groups), as_generator=opt.as_generator and len(groups) == 1)
+    # Drawn after the groups, so that the draws before are those of the plain sharding cases.
+    if draw(st.integers(0, 3)) == 3:
+        # One layer, one or two parameters: more ranks than parameters once W >= 2 or 3.
+        tiny = MLPSpec(in_features=draw(st.integers(1, 3)), widths=(draw(st.integers(1, 3)),), bias=draw(st.booleans()))
+        case, opt = replace(case, model=tiny), draw(optimizer_specs(n_params=_n_params(tiny), late_groups=False))
+        groups = list(opt.groups)
+    late = any(g.add_at_step is not None for g in groups)
+    scheduler = draw(st.sampled_from([None, "step"] if late else [None, "step", "lambda"]))
+    opt = replace(opt, scheduler=scheduler, groups_as_generators=draw(st.booleans()))
+    closure = draw(st.booleans())
+    reload_at = draw(st.integers(1, steps - 1)) if steps >= 2 and draw(st.booleans()) else None
+    return replace(case, steps=steps, optimizer=opt, closure=closure, reload_at_step=reload_at)

@@ -28,6 +28,10 @@ class TorchZero(ZeroRedundancyOptimizer):
     """
 
     def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
+        # torch reads each group's "params" before it hands the same dicts to torch.optim.Optimizer:
+        # a group whose params is a generator arrives there empty, and its parameters are never
+        # trained, silently (a finding of paracheck's groups-of-generators cases). Lists go in.
+        params = [dict(g, params=list(g["params"])) if isinstance(g, dict) else g for g in params]
         super().__init__(params, optimizer_cls, process_group=process_group, **kwargs)
 
     @property
