@@ -91,11 +91,25 @@ def test_invalid_bucket_size_refused(bad):
         plan_buckets([1], [4], bucket_size_mb=bad)
 
 
-@pytest.mark.parametrize("bad", [None, "abc", object()])
+@pytest.mark.parametrize("bad", ["abc", object()])
 def test_non_numeric_bucket_size_refused(bad):
-    """A bucket_size_mb that is not a number is refused as such."""
+    """A bucket_size_mb that is not a number (nor None) is refused as such."""
     with pytest.raises(TypeError, match="bucket_size_mb=.* must be a number of megabytes"):
         plan_buckets([1], [4], bucket_size_mb=bad)
+
+
+def test_no_cap_plans_one_bucket_per_key():
+    """bucket_size_mb=None puts every parameter of a key in one bucket, however large."""
+    plan = plan_buckets([2**30, 3, 5, 7], [8, 8, 4, 4], bucket_size_mb=None, keys=["a", "a", "b", "b"])
+    assert [b.params for b in plan.buckets] == [(3, 2), (1, 0)]
+
+
+def test_caps_shrink_toward_several_multi_parameter_buckets():
+    """The cap strategy's simplest cap gives several buckets, one of several parameters."""
+    nbytes = [96, 32, 64, 16]
+    mb = find(bucket_sizes_mb(model_bytes=sum(nbytes), param_bytes=nbytes), lambda _: True)
+    plan = plan_buckets([b // 8 for b in nbytes], [8] * 4, bucket_size_mb=mb)
+    assert len(plan.buckets) >= 2 and max(len(b.params) for b in plan.buckets) >= 2
 
 
 # -- the rules catch planted planner bugs ------------------------------------------------------

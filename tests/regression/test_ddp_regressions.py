@@ -51,6 +51,15 @@ PINNED: dict[str, Case] = {
     # The branch runs in micro-step 0 (inside no_sync()) only: its gradient exists by accumulation.
     "ddp-presence-from-hooks": _shrunk(model={"widths": (1, 1), "tied": True, "unused": "data"},
                                                world_size=1, batch_sizes=(1,), accumulation=2, no_sync=True, seed=1),
+    "ddp-readiness-per-step": _shrunk(double_backward=True),
+    "ddp-handles-per-step": _shrunk(accumulation=2, finish_once=True, unbounded_bucket=True),
+    "ddp-round-starts-in-forward": _shrunk(double_backward=True),
+    "ddp-bucket-cap-ignored": _shrunk(model={"widths": (1, 1)}, bucket_size_mb=8 / 2**20),
+    # Six 8-byte parameters under a 48-byte cap: one bucket's worth, sent in six calls.
+    "ddp-bucket-cap-in-bytes": _shrunk(model={"widths": (1, 1, 1), "bias": True}, bucket_size_mb=48 / 2**20),
+    "ddp-mixed-dtype-bucket": _shrunk(model={"tied": True, "float32_layer": 0}, world_size=1, batch_sizes=(1,),
+                                      unbounded_bucket=True),
+    "ddp-flat-buffer-first-dtype": _shrunk(model={"widths": (1, 1), "float32_layer": 0}),
 }
 
 _RACY = {"ddp-missing-wait"}
@@ -82,6 +91,11 @@ CORNERS: dict[str, Case] = {
                                        optimizer=OptimizerSpec(name="adamw", groups=(GroupSpec(params=(), lr=1e-2,
                                                                                            weight_decay=0.1),)),
                                        set_to_none=False, rank_dependent_init=True, bucket_size_mb=1.0),
+    # A float32 layer in a float64 model on three ranks, one finish after two backward passes:
+    # the float64 tensors must meet float64's tolerance at step 0 and inherit float32's after it.
+    "mixed-dtypes-finish-once": Case(model=MLPSpec(in_features=3, widths=(4, 3, 2), bias=True, float32_layer=1),
+                                     world_size=3, batch_sizes=(1, 2, 1), steps=3, accumulation=2, finish_once=True,
+                                     optimizer=_ADAM, bucket_size_mb=64 / 2**20, set_to_none=False),
 }
 
 _CORRECT = ["naive", "flat", "overlapped", "bucketed", "torch-ddp"]
@@ -117,6 +131,8 @@ def test_pinned_counterexample_kills_mutant(world, name):
     if m.expect == "hang":
         assert result.error is not None and result.error.kind == "hung", result.describe()
         assert any(f.kind == "hung" and f.collective == "all_reduce" for f in result.error.failures), result.describe()
+    elif m.expect == "raise":
+        assert result.error is not None and result.error.kind == "raised", result.describe()
     else:
         assert result.divergence is not None, result.describe()
 
@@ -141,3 +157,30 @@ def test_branch_gradient_is_none_where_no_rank_used_it():
     i = names.index("branch.weight")
     assert traj.steps[0].grads[i] is not None and torch.count_nonzero(traj.steps[0].grads[i]) > 0
     assert traj.steps[1].grads[i] is None
+
+
+def test_bucket_structure_kills_what_equivalence_misses(world):
+    """The cap-ignored and cap-in-bytes mutants' gradients equal the oracle's: only bucket-structure fails."""
+    for name in ("ddp-bucket-cap-ignored", "ddp-bucket-cap-in-bytes"):
+        m = MUTANTS[name]
+        result = run_case(world, Target(m.name, m.path, m.kind, True), PINNED[name])
+        assert [d.what for d in result.divergences] == ["bucket-structure"], result.describe()
+
+
+def test_case_json_without_protocol_fields_loads():
+    """A case saved before finish_once, double_backward, unbounded_bucket and float32_layer loads with their defaults."""
+    d = PINNED["ddp-no-divide"].to_dict()
+    for key in ("finish_once", "double_backward", "unbounded_bucket"):
+        d.pop(key)
+    d["model"].pop("float32_layer")
+    case = Case.from_dict(d)
+    assert case == PINNED["ddp-no-divide"]
+    assert not (case.finish_once or case.double_backward or case.unbounded_bucket or case.model.float32_layer)
+
+
+def test_target_refusing_unbounded_bucket_is_skipped_not_failed(world):
+    """A DDP whose constructor refuses bucket_size_mb=None has that case skipped, with the reason."""
+    target = Target("refuses-none", "tests.regression._ddp_targets:RefusesNoneDDP", "ddp", True)
+    result = run_case(world, target, _shrunk(unbounded_bucket=True))
+    assert result.ok and "bucket_size_mb=None" in result.extra["skipped"], result.describe()
+    assert run_case(world, target, _shrunk()).ok

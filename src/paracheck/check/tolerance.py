@@ -32,13 +32,37 @@ Note [Where the differences come from]
     a relative (W-1)/W >= 0.5 and is caught by the gradient comparison even where Adam hides it in
     the parameters (DESIGN.md: 4.8e-7 in float32 parameters, inside noise).
     bfloat16 (u = 4e-3): rtol = 5e-2 for gradients, 2e-2 for parameters.
+
+Note [Parameters of two dtypes]
+    A model may hold parameters of two dtypes (``MLPSpec.float32_layer``: one float32 layer in a
+    float64 model, computing in float32 in the target and in the oracle alike). The tolerance is
+    then per tensor and per step (``tensor_tolerance``):
+
+    * Step 0, every tensor at its own dtype's tolerance. Both sides start from the same parameters
+      and compute every local gradient by the same operations (Note [Where the differences come
+      from]); what differs is the order of the rank sum, carried out in the tensor's own dtype
+      (gradients have their parameter's dtype, and a DDP reduces each dtype in its own buffer).
+      A float64 gradient is therefore within the float64 tolerance, and a float64 gradient that
+      went through a float32 buffer (truncated: relative error ~6e-8) fails it at step 0.
+    * Where the sums can differ at all, the float32 parameters differ after step 0 by float32
+      rounding of their update; from step 1 on every activation downstream of them, hence every
+      gradient and every parameter update, float64 ones included, inherits float32-level
+      differences: every tensor is compared at the tolerance of the coarsest parameter dtype.
+    * The sums can differ where more than two terms meet or the grouping can change: W >= 3, or
+      W = 2 with more than one backward per step (accumulation, double backward: per-backward
+      synchronisation groups (a0 + b0) + (a1 + b1), the oracle (a0 + a1) + (b0 + b1)). With W = 1
+      nothing is reduced, and with W = 2 and one backward a + b = b + a and the division by 2
+      is exact, so no difference arises and every step keeps each tensor's own tolerance.
+    The parameters after the step where the float32 ones first diverge are judged as at step 0
+    for float64 tensors (their update used step 0's gradients only), and at float32 tolerance for
+    float32 ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Tolerance", "TOLERANCES", "tolerance_for"]
+__all__ = ["Tolerance", "TOLERANCES", "tensor_tolerance", "tolerance_for"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +83,21 @@ def tolerance_for(dtype: str) -> Tolerance:
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype={dtype!r} has no tolerance entry; known: {sorted(TOLERANCES)}")
     return TOLERANCES[dtype]
+
+
+def _coarseness(dtype: str) -> float:
+    tol = tolerance_for(dtype)
+    return max(tol.grads, tol.params)
+
+
+def tensor_tolerance(case, step: int, dtype: str, param_dtypes) -> Tolerance:
+    """The tolerance for a tensor of ``dtype`` (a ``TOLERANCES`` key) at ``step`` of ``case``,
+    whose parameters have ``param_dtypes``; Note [Parameters of two dtypes]. Equal to
+    ``tolerance_for(dtype)`` wherever the parameters share one dtype."""
+    dtypes = {str(d).removeprefix("torch.") for d in param_dtypes} | {dtype}
+    coarsest = max(dtypes, key=_coarseness)
+    if coarsest == dtype or step == 0:
+        return tolerance_for(dtype)
+    backwards = case.accumulation * (2 if getattr(case, "double_backward", False) else 1)
+    sums_can_differ = case.world_size >= 3 or (case.world_size == 2 and backwards > 1)
+    return tolerance_for(coarsest) if sums_can_differ else tolerance_for(dtype)

@@ -37,8 +37,9 @@ def check_bucket_size_mb(bucket_size_mb) -> float:
 class DDPBase(nn.Module):
     """Shared protocol: ``forward`` delegates to the module, ``finish_gradient_synchronization()``
     (a collective: every rank must call it after backward, before ``optimizer.step()``) leaves
-    every trainable parameter's ``.grad`` equal to the average over ranks, and ``no_sync()``
-    skips synchronisation for gradient accumulation.
+    every trainable parameter's ``.grad`` equal to the average over ranks of what the backward
+    passes since the last synchronisation accumulated (one or several, of one forward or of
+    several), and ``no_sync()`` skips synchronisation for gradient accumulation.
 
     Construction is a collective too: parameters and buffers are broadcast from the group's first
     rank, so every rank starts from the same model.

@@ -28,7 +28,10 @@ Note [Presence flags in the bucket]
 
 Communication runs asynchronously (``async_op=True``): on NCCL on the process group's own stream,
 with ``wait()`` making the compute stream wait; on gloo on its worker threads. Launch order
-follows Note [Launch in plan order] and Note [Hooks under no_sync] in ``paracheck.ddp.overlapped``.
+follows Note [Launch in plan order], Note [Hooks under no_sync] and Note [Several backward passes
+in one window] in ``paracheck.ddp.overlapped``: here a round launches every *bucket* once, and the
+hook before accumulation settles the previous round before the new backward adds into the
+buffers that round is reducing (the gradients are views of those very buffers).
 """
 
 from __future__ import annotations
@@ -52,23 +55,37 @@ def _hook(ref: weakref.ref, i: int, param: torch.Tensor) -> None:
         ddp._grad_ready(i)
 
 
+def _before_accumulate(ref: weakref.ref, grad: torch.Tensor) -> None:
+    ddp = ref()
+    if ddp is not None and ddp._launched:
+        ddp._start_round()
+
+
+def _end_of_backward(ref: weakref.ref) -> None:
+    ddp = ref()
+    if ddp is not None:
+        ddp._end_round()
+
+
 class BucketedDDP(DDPBase):
     """Equal to the oracle (see NaiveDDP) for any ``bucket_size_mb``; gradients are views into
     flat bucket buffers and each bucket is reduced by one async all-reduce overlapped with backward.
 
-    ``bucket_size_mb`` (MB = 2**20 bytes of parameters per bucket, a finite number > 0) caps each
-    bucket; a parameter larger than the cap gets a bucket of its own. Buckets hold parameters in
-    reverse registration order, one dtype and device each; build the wrapper after moving the
-    module to its device. Collectives every rank must call: the constructor, every synchronised
-    ``backward()`` and ``finish_gradient_synchronization()`` after it, before anything reads
-    ``.grad``. With ``world_size == 1`` the collectives are skipped and the same bookkeeping runs.
+    ``bucket_size_mb`` (MB = 2**20 bytes of parameters per bucket, a finite number > 0, or None for
+    one unbounded bucket per dtype and device) caps each bucket; a parameter larger than the cap
+    gets a bucket of its own. Buckets hold parameters in reverse registration order, one dtype and
+    device each; build the wrapper after moving the module to its device. Collectives every rank
+    must call: the constructor, every synchronised ``backward()`` and
+    ``finish_gradient_synchronization()`` after the last backward of a window, before anything
+    reads ``.grad`` (any number of synchronised backward passes may precede it). With
+    ``world_size == 1`` the collectives are skipped and the same bookkeeping runs.
     """
 
     planner = staticmethod(plan_buckets)
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0, *, process_group=None):
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, process_group=None):
         # Refuse a bad cap before the constructor's collective: every rank raises alike.
-        self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
+        self.bucket_size_mb = None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
         super().__init__(module, process_group=process_group)
         params = self.trainable
         self.plan = self.planner([p.numel() for p in params], [p.element_size() for p in params],
@@ -91,6 +108,7 @@ class BucketedDDP(DDPBase):
         ref = weakref.ref(self)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
                        for i, p in enumerate(params)]
+        self._pre_hooks = [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
 
     def _reset_window(self) -> None:
         self._ready = [False] * len(self.trainable)
@@ -98,6 +116,8 @@ class BucketedDDP(DDPBase):
         self._works = [None] * len(self.plan.buckets)
         self._absent: list[list[int]] = [[] for _ in self.plan.buckets]  # positions without a local gradient
         self._next = 0  # the first bucket not launched yet
+        self._open = False  # a synchronised backward has fired hooks and not ended yet
+        self._launched = False  # a round ended: every bucket is launched, not settled yet
 
     def _adopt(self, i: int) -> bool:
         """Put parameter i's local gradient in its slot (zeros if it has none) and make ``.grad``
@@ -117,11 +137,12 @@ class BucketedDDP(DDPBase):
         self._adopt(i)  # into the bucket even under no_sync(): later micro-steps add in place
         if not self._sync_enabled:
             return  # Note [Hooks under no_sync]
+        if not self._open:
+            self._open = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(_end_of_backward, weakref.ref(self)))
         if self._ready[i]:
-            raise RuntimeError(
-                f"{type(self).__name__}: trainable parameter #{i} produced a gradient twice in one "
-                f"synchronisation window: call finish_gradient_synchronization() after every synchronised "
-                f"backward (or wrap the earlier ones in no_sync())")
+            return  # counted in this round already
         self._ready[i] = True
         k = self._bucket_of[i]
         self._pending[k] -= 1
@@ -144,11 +165,20 @@ class BucketedDDP(DDPBase):
             return None
         return dist.all_reduce(self._bucket_buffers[k], group=self.process_group, async_op=True)
 
-    def finish_gradient_synchronization(self) -> None:
-        if not self._sync_enabled:
-            return
+    def _end_round(self) -> None:
+        """End of a synchronised backward: launch the buckets the round has not launched, in order."""
+        self._open = False
         while self._next < len(self._bucket_buffers):
             self._launch(self._next)
+        self._launched = True
+
+    def _start_round(self) -> None:
+        """A backward is about to add into buffers the previous round reduces: settle it first
+        (Note [Several backward passes in one window] in ``paracheck.ddp.overlapped``)."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for every bucket of the round, average, apply the presence flags, reset."""
         for k in range(len(self._bucket_buffers)):
             self._wait(k)
         if self.world_size > 1 and self._grad_parts:  # one multi-tensor launch, not one per bucket
@@ -160,6 +190,12 @@ class BucketedDDP(DDPBase):
             torch._foreach_zero_(self._flags)
             torch._foreach_add_(self._flags, 1)
         self._reset_window()
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        self._end_round()
+        self._settle()
 
     def _wait(self, k: int) -> None:
         if self._works[k] is not None:

@@ -18,10 +18,28 @@ Note [Launch in plan order]
 Note [Hooks under no_sync]
     Inside ``no_sync()`` a hook does nothing: backward only accumulates. The next synchronised
     backward's hooks launch the accumulated sums; a parameter whose gradient came only from the
-    no_sync micro-steps gets no hook then and is launched by ``finish_gradient_synchronization()``.
-    A hook that fires for a parameter already ready in the current window means a second
-    synchronised backward without ``finish_gradient_synchronization()`` in between: its gradient
-    may already be in flight, so that is refused loudly instead of silently lost.
+    no_sync micro-steps gets no hook then and is launched when that backward ends (Note [Several
+    backward passes in one window]) or by ``finish_gradient_synchronization()``.
+
+Note [Several backward passes in one window]
+    The usual training loop calls ``backward()`` k times and ``finish_gradient_synchronization()``
+    once; ``loss.backward(retain_graph=True); loss.backward()`` does the same without a forward in
+    between. Each synchronised backward is one *round*: when it ends (a callback queued on the
+    autograd engine by the round's first hook) every unit not launched yet is launched, in plan
+    order, with the presence flags last. Every rank thus issues exactly one all-reduce per unit per
+    synchronised backward, whatever its hooks saw, so ranks whose rounds use different parameters
+    still pair their collectives. The round's all-reduces are still in flight when the next
+    backward starts, and that backward *adds into* the very tensors being reduced. So a hook that
+    runs before accumulation (``Tensor.register_hook`` on the parameter) settles the previous
+    round first: wait for its handles, divide by W, apply its presence flags. The gradient is then
+    the average of the earlier rounds, identical on every rank, and the new backward adds its
+    local gradient to it; the next round's all-reduce gives W * avg + sum_r g_r, and dividing by W
+    gives avg + avg(new): the average of the sums, the oracle's value up to rounding. Only a
+    round's first hook waits: communication of round n overlaps the forward of round n+1 (or
+    nothing, for a second backward of the same graph) and the backward up to its first gradient.
+    Precondition: every synchronised backward reaches at least one trainable parameter on every
+    rank (it queues the callback); a rank whose backward reaches none merges that round into the
+    next and issues fewer collectives than its peers.
 """
 
 from __future__ import annotations
@@ -45,29 +63,49 @@ def _hook(ref: weakref.ref, k: int, param: torch.Tensor) -> None:
         ddp._grad_ready(k)
 
 
+def _before_accumulate(ref: weakref.ref, grad: torch.Tensor) -> None:
+    ddp = ref()
+    if ddp is not None and ddp._launched:
+        ddp._start_round()
+
+
+def _end_of_backward(ref: weakref.ref) -> None:
+    ddp = ref()
+    if ddp is not None:
+        ddp._end_round()
+
+
 class OverlappedDDP(DDPBase):
     """Equal to the oracle (see NaiveDDP), with communication overlapped with backward.
 
     Launches one async all-reduce per trainable parameter, in reverse registration order (Note
-    [Launch in plan order]), plus one all-reduce of presence flags at the end (Note [Gradients that
-    exist on some ranks only]). Collectives every rank must call: the constructor, every
-    synchronised ``backward()`` (its hooks launch collectives) and
-    ``finish_gradient_synchronization()``, which must follow each synchronised backward before
-    anything reads ``.grad``. With ``world_size == 1`` the collectives are skipped and the same
-    bookkeeping runs.
+    [Launch in plan order]), plus one all-reduce of presence flags at the end of each synchronised
+    backward (Note [Gradients that exist on some ranks only]). Collectives every rank must call:
+    the constructor, every synchronised ``backward()`` (its hooks launch collectives) and
+    ``finish_gradient_synchronization()`` after the last backward of a window, before anything
+    reads ``.grad``; any number of synchronised backward passes may precede it (Note [Several
+    backward passes in one window]). With ``world_size == 1`` the collectives are skipped and the
+    same bookkeeping runs.
     """
 
     def __init__(self, module: nn.Module, *, process_group=None):
         super().__init__(module, process_group=process_group)
         self._order = self.trainable[::-1]
+        self._reset_window()
+        ref = weakref.ref(self)
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
+                       for k, p in enumerate(self._order)]
+        self._pre_hooks = [p.register_hook(functools.partial(_before_accumulate, ref)) for p in self._order]
+
+    def _reset_window(self) -> None:
         n = len(self._order)
         self._ready = [False] * n
         self._present = [False] * n  # did the local gradient exist when the unit was launched
         self._works: list = []
         self._next = 0  # the first unit of the plan not launched yet
-        ref = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
-                       for k, p in enumerate(self._order)]
+        self._open = False  # a synchronised backward has fired hooks and not ended yet
+        self._launched = False  # a round ended: every unit and the flags are launched, not settled
+        self._flags = None
 
     def _all_reduce(self, t: torch.Tensor):
         if self.world_size == 1:
@@ -77,11 +115,12 @@ class OverlappedDDP(DDPBase):
     def _grad_ready(self, k: int) -> None:
         if not self._sync_enabled:
             return  # Note [Hooks under no_sync]
+        if not self._open:
+            self._open = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(_end_of_backward, weakref.ref(self)))
         if self._ready[k]:
-            raise RuntimeError(
-                f"{type(self).__name__}: trainable parameter #{len(self._order) - 1 - k} produced a gradient "
-                f"twice in one synchronisation window: call finish_gradient_synchronization() after every synchronised "
-                f"backward (or wrap the earlier ones in no_sync())")
+            return  # launched in this round already
         self._ready[k] = True
         while self._next < len(self._order) and self._ready[self._next]:
             self._launch(self._next)
@@ -94,29 +133,44 @@ class OverlappedDDP(DDPBase):
         self._works.append(self._all_reduce(p.grad))
         self._next = k + 1
 
+    def _end_round(self) -> None:
+        """Launch what the round has not launched, then the presence flags (issued last on every
+        rank, after every gradient: same order everywhere)."""
+        self._open = False
+        if not self._order or self._launched:
+            return
+        while self._next < len(self._order):
+            self._launch(self._next)
+        self._flags = torch.tensor(self._present, dtype=torch.float32, device=self._order[0].device)
+        self._works.append(self._all_reduce(self._flags))
+        self._launched = True
+
     def _average(self, p: torch.Tensor) -> None:
         if self.world_size > 1:
             p.grad.div_(self.world_size)
 
-    def finish_gradient_synchronization(self) -> None:
-        if not self._sync_enabled or not self._order:
-            return
-        while self._next < len(self._order):
-            self._launch(self._next)
-        flags = torch.tensor(self._present, dtype=torch.float32, device=self._order[0].device)
-        # Issued last on every rank, after every gradient: same order everywhere.
-        flag_work = self._all_reduce(flags)
-        for work in (*self._works, flag_work):
+    def _start_round(self) -> None:
+        """A backward is about to add into gradients the previous round reduces: settle it first
+        (Note [Several backward passes in one window])."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the launched round, average, and apply its presence flags."""
+        for work in self._works:
             if work is not None:
                 work.wait()
         # Where every local gradient existed, every count is >= 1 and the flags need not be read
         # (reading them would block the host until communication ends).
-        counts = None if all(self._present) else flags.tolist()
+        counts = None if all(self._present) else self._flags.tolist()
         for k, p in enumerate(self._order):
             if counts is not None and counts[k] == 0:
                 p.grad = None  # no rank had a gradient: as in single-process training
             else:
                 self._average(p)
-        self._ready = [False] * len(self._order)
-        self._works = []
-        self._next = 0
+        self._reset_window()
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled or not self._order:
+            return
+        self._end_round()
+        self._settle()

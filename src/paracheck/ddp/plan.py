@@ -8,10 +8,12 @@ The rule (torch DDP's, without its special 1 MB first bucket): walk the trainabl
 fill buckets greedily. A bucket is closed when the next parameter would take it above the cap, or
 has another ``key`` (dtype/device: one flat buffer holds one dtype on one device). A parameter
 larger than the cap therefore ends up alone in its own bucket; it is never split nor dropped.
+``bucket_size_mb=None`` means no cap: one bucket per key.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -55,16 +57,16 @@ class BucketPlan:
         return {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b.params)}
 
 
-def plan_buckets(numels: Sequence[int], element_sizes: Sequence[int], *, bucket_size_mb: float,
+def plan_buckets(numels: Sequence[int], element_sizes: Sequence[int], *, bucket_size_mb: float | None,
                  keys: Sequence[Hashable] | None = None) -> BucketPlan:
     """Assign parameters ``0..n-1`` (given in registration order) to buckets; see the module
     docstring for the rule. Every index appears in exactly one bucket; a bucket's ``nbytes``
     exceeds ``bucket_size_mb * MB`` only when it holds a single parameter.
 
     Raises ValueError for an invalid ``bucket_size_mb`` (<= 0, NaN, infinite), mismatched lengths,
-    or a negative size.
+    or a negative size; None plans one unbounded bucket per key.
     """
-    cap = check_bucket_size_mb(bucket_size_mb) * MB
+    cap = math.inf if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb) * MB
     n = len(numels)
     if len(element_sizes) != n:
         raise ValueError(f"element_sizes has {len(element_sizes)} entries, numels has {n}: they must match")

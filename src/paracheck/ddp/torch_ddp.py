@@ -9,14 +9,23 @@ Options, and why each is needed for the shared semantics (``paracheck.ddp._commo
   the reducer marks unused parameters ready after forward, contributes zeros for them, reduces a
   "locally used" map, and leaves the ``.grad`` of a parameter no rank used untouched (None stays
   None): exactly Note [Gradients that exist on some ranks only].
-* ``bucket_cap_mb=bucket_size_mb``: the same cap, in the same unit (2**20 bytes).
+* ``bucket_cap_mb=bucket_size_mb``: the same cap, in the same unit (2**20 bytes); None, one
+  bucket for the whole module.
 * Everything else at torch's defaults: parameters and buffers are broadcast from rank 0 at
   construction (``init_sync=True``), buffers again before each forward (a no-op for the constant
   buffers of the cases), ``gradient_as_bucket_view=False``. ``ddp_options`` overrides any of them
   (e.g. ``gradient_as_bucket_view=True`` for the benchmarks).
 
 Torch DDP synchronises inside ``backward()``, so ``finish_gradient_synchronization()`` has nothing
-left to do; ``no_sync()`` is torch's.
+left to do; ``no_sync()`` is torch's. Several synchronised backward passes before one finish
+(each after its own forward) are reduced one by one and summed: the oracle's average.
+
+Not supported by torch DDP: a second backward of the same forward
+(``loss.backward(retain_graph=True); loss.backward()``). Its reducer is prepared for one backward
+per forward; on torch 2.13 with ``find_unused_parameters=True`` the second backward's gradients
+are not reduced (a silent divergence from the oracle at relative error ~1), and with a
+synchronised backward after it the ranks raise or hang. ``unsupported_case_features`` declares
+it, so paracheck skips such cases for this target, with a note.
 """
 
 from __future__ import annotations
@@ -36,10 +45,19 @@ class TorchDDP(nn.Module):
     collectives.
     """
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0, *, process_group=None, **ddp_options):
+    unsupported_case_features = {
+        "double_backward": "torch DDP reduces one backward per forward (see paracheck.ddp.torch_ddp)"}
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, process_group=None,
+                 **ddp_options):
         super().__init__()
-        self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
-        options = {"find_unused_parameters": True, "bucket_cap_mb": self.bucket_size_mb, **ddp_options}
+        self.bucket_size_mb = None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
+        # None: one unbounded bucket. torch reads bucket_cap_mb=None as its 25 MB default, so the
+        # cap given is one above the module's size instead.
+        cap = self.bucket_size_mb
+        if cap is None:
+            cap = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20 + 1
+        options = {"find_unused_parameters": True, "bucket_cap_mb": cap, **ddp_options}
         self.ddp = DistributedDataParallel(module, process_group=process_group, **options)
 
     @property

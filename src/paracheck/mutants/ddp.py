@@ -19,7 +19,8 @@ __all__ = [
     "NoDivideDDP", "VectorsNotAveragedDDP", "LastBucketNeverReducedDDP", "OversizedParamDroppedDDP",
     "NoInitialBroadcastDDP", "BuffersNotBroadcastDDP", "MissingWaitDDP", "PartialCopyBackDDP",
     "SkipNoneGradDDP", "StaleAccumulatorDDP", "HooksRegisteredTwiceDDP", "FlagsAveragedDDP",
-    "PresenceFromHooksDDP",
+    "PresenceFromHooksDDP", "ReadinessPerStepDDP", "HandlesPerStepDDP", "RoundStartsInForwardDDP",
+    "BucketCapIgnoredDDP", "BucketCapInBytesDDP", "MixedDtypeBucketDDP", "FlatBufferFirstDtypeDDP",
 ]
 
 
@@ -105,8 +106,10 @@ class BuffersNotBroadcastDDP(FlatDDP):
 
 class MissingWaitDDP(BucketedDDP):
     """BucketedDDP whose ``finish_gradient_synchronization()`` waits only for the buckets it
-    launches itself: the all-reduces launched from backward hooks are never waited for, so the
-    division and the optimizer race with communication still in flight."""
+    launches itself: the all-reduces launched during backward (by its hooks, and at its end) are
+    never waited for, so the division and the optimizer race with communication still in flight."""
+
+    _launched_in_backward = 0
 
     def finish_gradient_synchronization(self) -> None:
         self._launched_in_backward = self._next
@@ -233,3 +236,88 @@ class PresenceFromHooksDDP(BucketedDDP):
     def _adopt(self, i: int) -> bool:
         has = super()._adopt(i)
         return has and self._ready[i]  # BUG: "present" = "my hook fired", not "I have a gradient"
+
+
+class ReadinessPerStepDDP(BucketedDDP):
+    """BucketedDDP that resets its per-bucket readiness once per step (in
+    ``finish_gradient_synchronization``) instead of once per backward: a second synchronised
+    backward in the same window finds every bucket already sent and only adds its local gradient
+    to the reduced sum, so the result is (sum_r g1 + g2_local) / W instead of avg(g1) + avg(g2)."""
+
+    def _start_round(self) -> None:
+        for k in range(len(self._bucket_buffers)):
+            self._wait(k)  # BUG: waits, but keeps the round's readiness: nothing is sent again
+
+
+class HandlesPerStepDDP(OverlappedDDP):
+    """OverlappedDDP that keeps its list of handles per step and launches only in the first
+    backward of a window: a second backward adds into gradients whose all-reduce is still in
+    flight (or done), and nothing reduces what it added."""
+
+    def _start_round(self) -> None:
+        pass  # BUG: "the handles are waited for in finish_gradient_synchronization()"
+
+
+class RoundStartsInForwardDDP(BucketedDDP):
+    """BucketedDDP that settles the previous backward's reduction at the next *forward* (where
+    torch DDP prepares its reducer) instead of before the next backward accumulates: two backward
+    passes of one forward (``retain_graph=True``) leave the second one unreduced."""
+
+    def __init__(self, module, bucket_size_mb=25.0, *, process_group=None):
+        super().__init__(module, bucket_size_mb, process_group=process_group)
+        for h in self._pre_hooks:
+            h.remove()  # BUG: the round boundary is taken to be the forward
+        self.register_forward_pre_hook(lambda mod, args: mod._start_round() if mod._launched else None)
+
+
+def _plan_one_bucket(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
+    return plan_buckets(numels, element_sizes, bucket_size_mb=None, keys=keys)  # BUG: the cap is never passed on
+
+
+class BucketCapIgnoredDDP(BucketedDDP):
+    """BucketedDDP whose planner never receives the cap: one bucket per dtype, whatever
+    ``bucket_size_mb`` says (the gradients are right; only the bucket structure shows it)."""
+
+    planner = staticmethod(_plan_one_bucket)
+
+
+def _plan_cap_in_bytes(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
+    cap = None if bucket_size_mb is None else bucket_size_mb / MB  # BUG: MB read as bytes
+    return plan_buckets(numels, element_sizes, bucket_size_mb=cap, keys=keys)
+
+
+class BucketCapInBytesDDP(BucketedDDP):
+    """BucketedDDP that compares ``bucket_size_mb`` with byte counts: a cap meant to hold many
+    parameters holds about one byte, so every parameter is alone in its bucket (the gradients are
+    right; only the bucket structure shows it)."""
+
+    planner = staticmethod(_plan_cap_in_bytes)
+
+
+def _plan_ignoring_dtype(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
+    return plan_buckets(numels, element_sizes, bucket_size_mb=bucket_size_mb)  # BUG: keys (dtype, device) dropped
+
+
+class MixedDtypeBucketDDP(BucketedDDP):
+    """BucketedDDP whose planner ignores dtypes: a bucket mixing float32 and float64 parameters
+    gets one flat buffer in its first parameter's dtype, whose slices cannot be the gradients of
+    the others (assigning them raises)."""
+
+    planner = staticmethod(_plan_ignoring_dtype)
+
+
+class FlatBufferFirstDtypeDDP(FlatDDP):
+    """FlatDDP that flattens every gradient into a buffer of the first parameter's dtype: with a
+    float32 first layer, float64 gradients are truncated to float32 before the all-reduce."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
+            return
+        params = self.trainable
+        flags = self._presence(params)
+        flat = torch.cat([self._local_or_zero(p).reshape(-1).to(params[0].dtype) for p in params]  # BUG: one dtype
+                         + [flags])
+        dist.all_reduce(flat, group=self.process_group)
+        n = flat.numel() - len(params)
+        grads = flat[:n].div_(self.world_size)
+        self._scatter_back(params, grads, flat[n:])

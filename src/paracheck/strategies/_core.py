@@ -6,8 +6,11 @@ ranks only (a data-dependent branch), buffers, rank-dependent initial weights, u
 batches, 1..4 steps, gradient accumulation with and without ``no_sync()``, ``zero_grad`` both ways,
 SGD / SGD with momentum / Adam / AdamW over several groups (one possibly added mid-training, lr
 schedules), and bucket caps from below the smallest parameter to above the whole model, including
-caps that fall exactly on a bucket boundary. Everything shrinks toward the smallest world, the
-smallest model, the smallest bucket (one byte: every parameter alone) and the fewest steps.
+caps that fall exactly on a bucket boundary and None (one unbounded bucket). Also the protocols of
+a training loop: one ``finish_gradient_synchronization()`` after several backward passes, and two
+backward passes of one forward; and models with a float32 layer in float64 (two dtypes). Everything
+shrinks toward the smallest world, the smallest model, a cap of several buckets and the fewest
+steps.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[in
 
 
 @st.composite
-def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool = True) -> MLPSpec:
+def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool = True,
+              mixed_dtypes: bool = True) -> MLPSpec:
     """MLP specs from 1 layer of width 1 upward; with ``features``, also frozen parameters,
-    tied blocks, unused and data-dependent branches and buffers (each shrinks to "off")."""
+    tied blocks, unused and data-dependent branches and buffers, and with ``mixed_dtypes`` one
+    layer kept in float32 (each shrinks to "off")."""
     _check_bounds("layers", 1, max_layers)
     _check_bounds("width", 1, max_width)
     n = draw(st.integers(1, max_layers))
@@ -52,19 +57,25 @@ def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool =
     # Two draws, not sampled_from(["none", "data", "always"]): that one came out "none" in 28 of
     # the first 40 derandomised draws, starving the property of the branch that breaks DDPs most.
     unused = draw(st.sampled_from(["data", "always"])) if draw(st.booleans()) else "none"
-    buffer = draw(st.booleans())
+    # Three buffers in four: a buffer only matters on ranks that start apart (rank-dependent
+    # initial values, a third of cases), and at one in two the pair came up in none of the 40
+    # derandomised examples at world sizes 1..4.
+    buffer = draw(st.integers(0, 3)) > 0
     # The last layer's weight stays trainable so that every loss requires grad.
     names = [f"layers.{i}.weight" for i in range(n - 1)] + ([f"layers.{i}.bias" for i in range(n)] if bias else [])
     frozen = tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2)))) if names and draw(st.booleans()) else ()
+    # One layer in float32 in a float64 model: parameters of two dtypes, next to each other in
+    # registration order (where a bucket planner may put them in one buffer).
+    f32 = draw(st.integers(0, n - 1)) if mixed_dtypes and draw(st.booleans()) else None
     return MLPSpec(in_features=in_features, widths=widths, bias=bias, frozen=frozen, tied=tied,
-                   unused=unused, buffer=buffer)
+                   unused=unused, buffer=buffer, float32_layer=f32)
 
 
 @st.composite
-def model_specs(draw, *, max_layers: int = 3, max_width: int = 7) -> MLPSpec | ToySpec:
+def model_specs(draw, *, max_layers: int = 3, max_width: int = 7, mixed_dtypes: bool = True) -> MLPSpec | ToySpec:
     """MLP specs (three draws in four; they carry every feature) and the CS336 toy models,
     shrinking toward the smallest MLP."""
-    mlp = draw(mlp_specs(max_layers=max_layers, max_width=max_width))
+    mlp = draw(mlp_specs(max_layers=max_layers, max_width=max_width, mixed_dtypes=mixed_dtypes))
     # The toy model is chosen *after* an MLP is drawn: Hypothesis shrinks shortlex on its choices,
     # and a toy drawn first (fewer choices) would count as "smaller" than a 1x1 MLP.
     if draw(st.integers(0, 3)) == 3:
@@ -99,13 +110,20 @@ def optimizer_specs(draw, *, n_params: int, names=("sgd", "adam", "adamw"), max_
     return OptimizerSpec(name=name, groups=tuple(groups), lr_decay=decay, as_generator=as_gen)
 
 
-def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=()) -> st.SearchStrategy[float]:
+def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=(),
+                    unbounded: bool = False) -> st.SearchStrategy[float | None]:
     """Bucket caps in MB (2**20 bytes) from ``min_bytes`` (below the smallest parameter) to twice
-    ``model_bytes`` (above the whole model), shrinking toward ``min_bytes``.
+    ``model_bytes`` (above the whole model); with ``unbounded``, also None (one unbounded bucket).
 
     With ``param_bytes`` (the trainable parameters' sizes in registration order), a third of the
     caps fall exactly on, or one byte either side of, the size of a contiguous run of parameters,
-    i.e. a cap at which some bucket is exactly full: where off-by-one bugs in bucket filling live.
+    i.e. a cap at which some bucket is exactly full: where off-by-one bugs in bucket filling live;
+    and the other caps shrink toward a *realistic* cap, ``max(largest parameter, total / 2)``,
+    which gives several buckets, of several parameters where sizes allow (total / 3 left every
+    parameter alone on a typical two-layer MLP), rather than toward ``min_bytes``,
+    where every parameter is alone and "the cap is ignored" or "MB compared with bytes" look
+    correct. Caps down to ``min_bytes`` stay reachable. Without ``param_bytes`` caps shrink toward
+    ``min_bytes``.
     """
     if not isinstance(model_bytes, int) or model_bytes < 1:
         raise ValueError(f"model_bytes={model_bytes!r} must be an int >= 1")
@@ -114,24 +132,39 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=()) -> 
     param_bytes = tuple(param_bytes)
     if any(not isinstance(b, int) or b < 1 for b in param_bytes):
         raise ValueError(f"param_bytes={param_bytes!r} must be ints >= 1")
-    uniform = st.integers(min_bytes, max(min_bytes + 1, 2 * model_bytes))
+    hi = max(min_bytes + 1, 2 * model_bytes)
     if not param_bytes:
-        return uniform.map(lambda b: b / 2**20)
+        caps = st.integers(min_bytes, hi).map(lambda b: b / 2**20)
+        return st.one_of(caps, st.none()) if unbounded else caps
+    # Integers shrink toward 0: an offset from the realistic cap reaches min_bytes..hi and shrinks to it.
+    realistic = min(hi, max(min_bytes, max(param_bytes), -(-sum(param_bytes) // 2)))
+    uniform = st.integers(min_bytes - realistic, hi - realistic).map(lambda d: realistic + d)
     # A greedy bucket is a contiguous run of parameters, so the caps at which some bucket of some
     # plan is exactly full are the sums of contiguous runs (single parameters included).
     edges = {sum(param_bytes[a:b]) for a in range(len(param_bytes)) for b in range(a + 1, len(param_bytes) + 1)}
     near = st.tuples(st.sampled_from(sorted(edges)), st.sampled_from([0, -1, 1])).map(
         lambda t: max(min_bytes, t[0] + t[1]))
-    return st.one_of(uniform, uniform, near).map(lambda b: b / 2**20)
+    # A cap that holds every gradient (shrinking to exactly all of them): one bucket is right there,
+    # and a design that sends one parameter per call is wrong however right its gradients are.
+    total = sum(param_bytes)
+    whole = st.integers(0, max(0, hi - total)).map(lambda d: max(min_bytes, total + d))
+    caps = st.one_of(uniform, whole, near).map(lambda b: b / 2**20)
+    # None last: one_of shrinks toward its first branch, and an unbounded bucket is no simpler.
+    return st.one_of(caps, caps, caps, st.none()) if unbounded else caps
 
 
 @st.composite
 def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes=None, max_steps: int = 4,
           max_accumulation: int = 3, dtype: str = "float64", models=None, optimizers=("sgd", "adam", "adamw"),
-          rank_dependent_init: bool | None = None) -> Case:
+          rank_dependent_init: bool | None = None, finish_once: bool = True, double_backward: bool = True,
+          mixed_dtypes: bool = True, unbounded_buckets: bool = True) -> Case:
     """Complete cases: world, model, per-rank batches (1..3 each), optimizer groups, 1..max_steps
-    steps, 1..max_accumulation micro-steps with or without ``no_sync()``, ``zero_grad`` to None or to
-    zeros, a bucket cap, identical or rank-dependent initial weights (None: drawn).
+    steps, 1..max_accumulation micro-steps with ``finish_gradient_synchronization()`` after each,
+    with ``no_sync()`` or (``finish_once``) with one finish after the last, ``zero_grad`` to None or
+    to zeros, a bucket cap (None among them with ``unbounded_buckets``), identical or
+    rank-dependent initial weights (None: drawn); with ``double_backward``, losses backpropagated
+    twice; with ``mixed_dtypes``, MLPs with a float32 layer in a float64 model. Turn a feature off
+    for targets that do not take part in it (the sharding kinds).
 
     The world size is drawn first, from ``world_sizes`` (a collection of ints >= 1) when given,
     else from ``min_world_size..max_world_size``; either way it shrinks toward the smallest. Draw
@@ -150,27 +183,37 @@ def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
     w = draw(st.sampled_from(sizes) if world_sizes is not None else st.integers(min_world_size, max_world_size))
-    spec = draw(models if models is not None else model_specs())
-    params = list(build_model(spec, seed=0).parameters())
+    spec = draw(models if models is not None else model_specs(mixed_dtypes=mixed_dtypes))
+    params = list(build_model(spec, seed=0, dtype=DTYPES[dtype]).parameters())
     opt = draw(optimizer_specs(n_params=len(params), names=optimizers))
     steps = draw(st.integers(1, max_steps))
     if any(g.add_at_step is not None for g in opt.groups) and steps < 2:
         steps = 2
     acc = draw(st.integers(1, max_accumulation))
     batch = tuple(draw(st.lists(st.integers(1, 3), min_size=w, max_size=w)))
-    itemsize = DTYPES[dtype].itemsize
-    trainable = [p.numel() * itemsize for p in params if p.requires_grad]
-    bucket = draw(bucket_sizes_mb(model_bytes=sum(p.numel() for p in params) * itemsize, param_bytes=trainable))
+    trainable = [p.numel() * p.element_size() for p in params if p.requires_grad]
+    bucket = draw(bucket_sizes_mb(model_bytes=sum(p.numel() * p.element_size() for p in params),
+                                  param_bytes=trainable, unbounded=unbounded_buckets))
     rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
+    # One draw for the accumulation protocol: 0 finish after every backward, 1 no_sync(),
+    # 2 finish once after the last backward (two booleans left finish_once in 1 of 40 examples).
+    protocol = draw(st.integers(0, 2 if finish_once and max_accumulation >= 2 else 1))
+    no_sync = protocol == 1
     case = Case(model=spec, world_size=w, batch_sizes=batch, steps=steps, accumulation=acc,
-                no_sync=draw(st.booleans()), optimizer=opt, bucket_size_mb=bucket,
+                no_sync=no_sync, optimizer=opt, bucket_size_mb=bucket,
                 seed=draw(st.integers(0, 2**16)), rank_dependent_init=rdi,
-                set_to_none=draw(st.booleans()), dtype=dtype)
+                set_to_none=draw(st.booleans()), dtype=dtype, unbounded_bucket=bucket is None)
+    if protocol == 2:  # one finish after several synchronised backward passes needs two of them
+        case = replace(case, finish_once=True, accumulation=max(2, acc))
+    if double_backward and draw(st.integers(0, 2)) == 2:
+        case = replace(case, double_backward=True)
     if getattr(spec, "unused", "none") == "data":
         # From the seed, not a draw of its own: see the note.
         pattern = _BRANCH_PATTERNS[case.seed % len(_BRANCH_PATTERNS)]
-        if pattern == "only-inside-no-sync" and max_accumulation >= 2:
-            case = replace(case, accumulation=max(2, acc), no_sync=True)
+        if case.finish_once and pattern in ("any", "only-inside-no-sync"):
+            pattern = "only-before-the-last"  # one finish after several backward passes: see the note
+        elif pattern == "only-inside-no-sync" and max_accumulation >= 2:
+            case = replace(case, accumulation=max(2, case.accumulation), no_sync=True)
         case = replace(case, seed=_seed_for_branch_pattern(case, pattern))
     return case
 
@@ -189,7 +232,11 @@ def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes
 #     "only-inside-no-sync"  accumulation under no_sync(); rank 0 uses the branch in micro-step 0,
 #                            no rank in the last micro-step, the one that synchronises;
 #     "rank-0-never"         rank 0 never uses it in step 0 (with "mixed": a gradient on some
-#                            ranks only, from either side).
+#                            ranks only, from either side);
+#     "only-before-the-last" for ``finish_once`` cases in place of the first and third: rank 0
+#                            uses the branch in micro-step 0, no rank in the last micro-step,
+#                            whose backward is the last before the one finish (a gradient from
+#                            an earlier backward of the same window).
 #   The patterns are computed for the case's own world size: a later ``Case.with_world_size``
 #   keeps rank 0's pattern only.
 _BRANCH_PATTERNS = ("any", "mixed", "only-inside-no-sync", "rank-0-never")
@@ -203,7 +250,7 @@ def _pattern_holds(case: Case, seed: int, pattern: str) -> bool:
     w, last = case.world_size, case.accumulation - 1
     if pattern == "mixed":
         return _branch_used(case, seed, 0, 0) and (w == 1 or not _branch_used(case, seed, 0, w - 1))
-    if pattern == "only-inside-no-sync":
+    if pattern in ("only-inside-no-sync", "only-before-the-last"):
         return (_branch_used(case, seed, 0, 0) and last > 0
                 and not any(_branch_used(case, seed, last, r) for r in range(w)))
     return not any(_branch_used(case, seed, m, 0) for m in range(last + 1))  # rank-0-never

@@ -9,7 +9,10 @@ The features exist to reach the corners where data-parallel bugs live:
 - ``unused`` adds a branch that is never used (``"always"``) or used only when the first input
   of the local batch is positive (``"data"``), so a parameter can have a gradient on one rank and
   none on another;
-- ``buffer`` registers a non-trainable input scale (it must be broadcast like the parameters).
+- ``buffer`` registers a non-trainable input scale (it must be broadcast like the parameters);
+- ``float32_layer`` keeps one layer's parameters in float32 whatever dtype the model is built in
+  (its input is cast to float32 and its output back), so a float64 model has parameters of two
+  dtypes: one flat buffer per dtype, or a bucket that mixes them, is where that breaks.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class MLPSpec:
     tied: bool = False
     unused: str = "none"  # "none" | "always" | "data"
     buffer: bool = False
+    float32_layer: int | None = None  # index into ``widths``
 
     kind = "mlp"
 
@@ -44,11 +48,25 @@ class MLPSpec:
         if self.unused not in ("none", "always", "data"):
             raise ValueError(f"unused={self.unused!r} must be 'none', 'always' or 'data'")
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        if self.float32_layer is not None and not 0 <= self.float32_layer < len(self.widths):
+            raise ValueError(f"float32_layer={self.float32_layer!r} must be None or a layer index in "
+                             f"0..{len(self.widths) - 1}")
         object.__setattr__(self, "frozen", tuple(self.frozen))
 
     @property
     def out_features(self) -> int:
         return self.widths[-1]
+
+
+class _Float32Linear(nn.Linear):
+    """A Linear whose parameters stay float32 through ``module.to(dtype)``; it computes in float32
+    and returns its input's dtype."""
+
+    def _apply(self, fn, recurse=True):
+        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)
 
 
 class MLP(nn.Module):
@@ -57,7 +75,8 @@ class MLP(nn.Module):
         self.spec = spec
         sizes = (spec.in_features, *spec.widths)
         self.layers = nn.ModuleList(
-            nn.Linear(a, b, bias=spec.bias) for a, b in zip(sizes[:-1], sizes[1:])
+            (_Float32Linear if i == spec.float32_layer else nn.Linear)(a, b, bias=spec.bias)
+            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
         )
         if spec.tied:
             # One module registered under two names: parameters() yields its weight once,

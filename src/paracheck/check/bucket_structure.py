@@ -1,0 +1,147 @@
+"""The bucket-structure property: a target that takes ``bucket_size_mb`` reduces its gradients in
+buckets that respect the cap. Judged from the all-reduce calls each rank issued during each
+synchronisation window (``paracheck.accounting.record_collectives``: one payload size per call),
+recorded by ``paracheck.check._rank.train_micro_steps``.
+
+The equivalence check already proves that the gradients come out right; this property catches
+the designs whose gradients are right but whose buckets are not: the cap ignored (one bucket
+always), or read in the wrong unit ("MB compared with bytes": every parameter alone, at a cap
+meant to hold many).
+
+Note [Bucket-structure rules]
+    Notation, per rank and per synchronisation window with one synchronised backward: C the cap
+    in bytes (``bucket_size_mb * 2**20``; infinite for ``bucket_size_mb=None``), T the bytes of
+    the trainable gradients, L the largest trainable parameter's bytes, n the number of trainable
+    parameters, P the sum of the all-reduce payloads, m the number of all-reduce calls. Metadata
+    allowance A = 8 n bytes: room for one presence flag per parameter of up to 8 bytes, whether
+    in the buckets (``BucketedDDP`` appends one per parameter) or in calls of their own.
+
+    1. No payload above max(C, L) + A. A correct bucket holds gradients up to the cap, or one
+       parameter larger than the cap alone, plus at most every flag.
+    2. P <= T + A: no gradient is reduced twice in one window.
+    3. Where every trainable gradient is present on this rank after the window (then every
+       correct design reduces every one of them) and P >= T (every gradient byte was seen by the
+       recorder): m >= b + ceil(T_small / C), where b counts the parameters larger than C and
+       T_small the bytes of the others. A bucket holds at most C bytes of the small ones, and a
+       bucket with a parameter larger than C holds nothing else or exceeds the cap.
+    4. m <= sum over runs of (2 ceil(T_run / C) - 1), + 1, a run being a maximal sequence of
+       trainable parameters of one dtype in registration order. Greedy packing (in registration
+       order or reversed) closes a bucket only when the next parameter would take it above C, so
+       any two consecutive buckets of a run hold more than C together: k buckets have floor(k/2)
+       disjoint such pairs, floor(k/2) C < T_run, so floor(k/2) <= ceil(T_run / C) - 1 and
+       k <= 2 ceil(T_run / C) - 1. A parameter larger than C, alone, is one of such a pair;
+       buckets per dtype across the whole model, first-fit, or any packing with fewer buckets stay
+       below; the + 1 is one call of metadata (flags sent on their own). An unbounded cap counts
+       ceil(T_run / C) as 1.
+    5. At most r + 2 pairs of consecutive calls whose payloads sum to C or less, r the number of
+       runs. Greedy packing launches its buckets in plan order (every rank must issue the same
+       sequence), and two consecutive buckets of one run hold more than C together (rule 4), so
+       their payloads (gradients plus flags) do too. A pair may sum to C or less only across a
+       dtype boundary (at most r - 1 of them), next to a call of metadata of its own (at most 2
+       pairs), or after a first bucket capped smaller on purpose (torch DDP's 1 MB first bucket):
+       r + 2 in all. Every parameter alone under a cap that holds several gives n - 1 such pairs.
+
+    Every rule reads only what the recorder saw. Collectives it cannot see (issued from C++, as
+    torch DDP's reducer does, or through a function bound before recording, ``from
+    torch.distributed import all_reduce``) only lower P and m: rules 1, 2 and 4 cannot fail
+    because of them, and rule 3 is gated on P >= T. Windows with several synchronised backward
+    passes (``finish_once``, ``double_backward``) are judged by rule 1 only: a correct design may
+    reduce once per backward or once per window. World size 1 is not judged (nothing needs to be
+    sent).
+"""
+
+from __future__ import annotations
+
+import math
+
+from paracheck.cases import Case, build_case_model
+from paracheck.check.compare import Divergence
+
+__all__ = ["METADATA_BYTES_PER_PARAM", "check_bucket_structure", "window_violation"]
+
+METADATA_BYTES_PER_PARAM = 8  # one presence flag of up to 8 bytes per trainable parameter
+MB = 2**20
+
+
+def _trainable(case: Case) -> list[tuple[int, str]]:
+    """(bytes, dtype) of each trainable parameter, in registration order."""
+    model = build_case_model(case, 0)
+    return [(p.numel() * p.element_size(), str(p.dtype)) for p in model.parameters() if p.requires_grad]
+
+
+def _runs(params: list[tuple[int, str]]) -> list[int]:
+    runs: list[int] = []
+    last = None
+    for nbytes, dtype in params:
+        if dtype != last:
+            runs.append(0)
+            last = dtype
+        runs[-1] += nbytes
+    return runs
+
+
+def _ceil(x: float, cap: float) -> int:
+    return 1 if math.isinf(cap) else math.ceil(x / cap)
+
+
+def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: float, *, backwards: int = 1,
+                     all_present: bool = True) -> tuple[float, float, str] | None:
+    """The first rule of Note [Bucket-structure rules] that one window breaks, as (observed, bound,
+    why), or None. ``payloads``: the all-reduce payload bytes of the window, in call order;
+    ``params``: (bytes, dtype) of each trainable parameter in registration order; ``cap`` in
+    bytes (``math.inf``: unbounded)."""
+    if not payloads or not params:
+        return None
+    total = sum(b for b, _ in params)
+    largest = max(b for b, _ in params)
+    allowance = METADATA_BYTES_PER_PARAM * len(params)
+    limit = max(cap, largest) + allowance
+    if max(payloads) > limit:
+        return max(payloads), limit, (f"an all-reduce carries more than max(cap, largest parameter) + {allowance} "
+                                      "bytes of presence flags")
+    if backwards != 1:
+        return None
+    sent = sum(payloads)
+    if sent > total + allowance:
+        return sent, total + allowance, ("more bytes all-reduced than the trainable gradients plus their presence "
+                                         "flags: some gradient was reduced twice")
+    big = [b for b, _ in params if b > cap]
+    small = total - sum(big)
+    min_calls = len(big) + (_ceil(small, cap) if small > 0 else 0)
+    if all_present and sent >= total and len(payloads) < min_calls:
+        return len(payloads), min_calls, (f"{len(payloads)} all-reduce calls, fewer than the {min_calls} buckets "
+                                          "that a cap-respecting packing needs (is the cap ignored?)")
+    max_calls = sum(2 * _ceil(r, cap) - 1 for r in _runs(params)) + 1
+    if len(payloads) > max_calls:
+        return len(payloads), max_calls, (f"{len(payloads)} all-reduce calls, more than the {max_calls} that greedy "
+                                          "packing under the cap can make (cap read in the wrong unit?)")
+    runs = len(_runs(params))
+    mergeable = sum(a + b <= cap for a, b in zip(payloads, payloads[1:]))
+    if mergeable > runs + 2:
+        return mergeable, runs + 2, (f"{mergeable} pairs of consecutive all-reduces fit in one bucket together, "
+                                     f"more than the {runs + 2} that greedy packing leaves (cap read in the wrong unit?)")
+    return None
+
+
+def check_bucket_structure(case: Case, ranks: list[dict]) -> Divergence | None:
+    """The first window on any rank that breaks Note [Bucket-structure rules], as a Divergence
+    with ``what="bucket-structure"``, or None."""
+    if case.world_size < 2:
+        return None
+    params = _trainable(case)
+    # What the rank program passed (paracheck.check._drive): None, the case's cap, or the 25 MB default.
+    cap = math.inf if case.unbounded_bucket else (25.0 if case.bucket_size_mb is None else case.bucket_size_mb) * MB
+    cap_text = "None (unbounded)" if math.isinf(cap) else f"{cap:.0f} bytes"
+    for r, rec in enumerate(ranks):
+        for k, step in enumerate(rec.get("steps", [])):
+            for window in step.get("windows", []):
+                payloads = [b for name, b in window["calls"] if name == "all_reduce"]
+                found = window_violation(payloads, params, cap, backwards=window["backwards"],
+                                         all_present=window.get("all_present", False))
+                if found is not None:
+                    value, bound, why = found
+                    return Divergence(k, "bucket-structure", r, None, None, float(value), float(bound),
+                                      f"{why}; cap {cap_text}, trainable gradients {sum(b for b, _ in params)} "
+                                      f"bytes in {len(params)} parameters (largest {max(b for b, _ in params)}); "
+                                      f"all-reduce payloads in this synchronisation: {payloads}")
+    return None
