@@ -98,6 +98,16 @@ class Case:
     ``closure`` (the step's work runs inside ``optimizer.step(closure)``) and ``reload_at_step``
     (k >= 1: before step k the optimizer is saved with ``state_dict()``, a fresh one is built over
     the same parameters and groups, and it loads that dict).
+
+    Protocol of one step (``paracheck.check._rank.train_micro_steps``): by default
+    ``finish_gradient_synchronization()`` follows every backward; with ``no_sync`` the backward
+    passes before the last run inside ``no_sync()``; with ``finish_once`` every micro-step's
+    backward runs synchronised and ``finish_gradient_synchronization()`` is called once, after
+    the last (the usual training loop). ``double_backward``: each micro-step's loss is
+    backpropagated twice (``backward(retain_graph=True)`` then ``backward()``), so its gradient
+    counts twice. ``unbounded_bucket``: the constructor gets ``bucket_size_mb=None`` (one
+    unbounded bucket) and ``bucket_size_mb`` is ignored. The three were added last, with defaults,
+    so older cases still load.
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -116,6 +126,9 @@ class Case:
     closure: bool = False
     reload_at_step: int | None = None
     zero_grad_module: bool = False
+    finish_once: bool = False
+    double_backward: bool = False
+    unbounded_bucket: bool = False
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -133,6 +146,8 @@ class Case:
             raise ValueError(f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        if self.finish_once and self.no_sync:
+            raise ValueError("finish_once=True and no_sync=True are two accumulation protocols: choose one")
 
     @property
     def torch_dtype(self) -> torch.dtype:

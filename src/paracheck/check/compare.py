@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paracheck.check.tolerance import tolerance_for
+from paracheck.check.tolerance import tensor_tolerance, tolerance_for
 from paracheck.oracle import Trajectory
 
 __all__ = ["Divergence", "compare", "compare_state_union", "state_convention"]
@@ -81,6 +81,7 @@ def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_stat
     state, rank agreement) fail one per case; a target's other bugs show on other cases, which
     ``paracheck.check.property`` searches for property by property."""
     tol = tolerance_for(traj.case.dtype)
+    dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     worst = 0.0
 
     def check(step, what, rank, i, got, ref, rtol, scale_src=None):
@@ -115,11 +116,12 @@ def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_stat
             step = rec["steps"][k]
             if "grads" in step:
                 for i, (got, ref) in enumerate(zip(step["grads"], oref.grads)):
-                    d = check(k, "grad", r, i, got, ref, tol.grads, oref.grad_absum[i])
+                    d = check(k, "grad", r, i, got, ref, tensor_tolerance(traj.case, k, dtypes[i], dtypes).grads,
+                              oref.grad_absum[i])
                     if d:
                         return d, worst
             for i, (got, ref) in enumerate(zip(step["params"], oref.params)):
-                d = check(k, "param", r, i, got, ref, tol.params)
+                d = check(k, "param", r, i, got, ref, tensor_tolerance(traj.case, k, dtypes[i], dtypes).params)
                 if d:
                     return d, worst
             if check_state and "state" in step:

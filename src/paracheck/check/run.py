@@ -129,6 +129,11 @@ def run_case(world: World, target: Target, case: Case, *, device: str | None = N
     if not sharding or props & {"equivalence", "state"}:
         div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
         divs += [div] if div is not None else []
+    if target.kind == "ddp" and target.takes_bucket:  # Note [Bucket-structure rules]
+        from paracheck.check.bucket_structure import check_bucket_structure
+
+        div = check_bucket_structure(case, ranks)
+        divs += [div] if div is not None else []
     if sharding:
         # memory, balance and traffic do not depend on the trajectory: each is checked on its own.
         for prop in sorted(props & DRIVER_PROPERTIES):

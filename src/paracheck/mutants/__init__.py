@@ -57,6 +57,22 @@ register("ddp-flags-averaged", "paracheck.mutants.ddp:FlagsAveragedDDP", "ddp",
 register("ddp-presence-from-hooks", "paracheck.mutants.ddp:PresenceFromHooksDDP", "ddp",
          "presence = 'my hook fired in the last backward': accumulated or zeroed gradients can be dropped")
 
+register("ddp-readiness-per-step", "paracheck.mutants.ddp:ReadinessPerStepDDP", "ddp",
+         "bucket readiness is reset per step, not per backward: a second backward before finish is never reduced")
+register("ddp-handles-per-step", "paracheck.mutants.ddp:HandlesPerStepDDP", "ddp",
+         "handles are kept per step and only the first backward launches: later backward passes are not reduced")
+register("ddp-round-starts-in-forward", "paracheck.mutants.ddp:RoundStartsInForwardDDP", "ddp",
+         "the previous backward is settled at the next forward: a second backward of one forward is not reduced")
+register("ddp-bucket-cap-ignored", "paracheck.mutants.ddp:BucketCapIgnoredDDP", "ddp",
+         "the planner never receives bucket_size_mb: one bucket per dtype, whatever the cap")
+register("ddp-bucket-cap-in-bytes", "paracheck.mutants.ddp:BucketCapInBytesDDP", "ddp",
+         "bucket_size_mb is compared with byte counts: every parameter alone in its bucket")
+register("ddp-mixed-dtype-bucket", "paracheck.mutants.ddp:MixedDtypeBucketDDP", "ddp",
+         "buckets ignore dtypes: float32 and float64 gradients share one flat buffer of the first's dtype",
+         expect="raise")
+register("ddp-flat-buffer-first-dtype", "paracheck.mutants.ddp:FlatBufferFirstDtypeDDP", "ddp",
+         "the flat buffer takes the first parameter's dtype: float64 gradients truncated to float32")
+
 # Further catalogues register themselves on import.
 from paracheck.mutants import ddp as _ddp  # noqa: E402,F401
 

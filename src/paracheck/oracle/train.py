@@ -79,6 +79,8 @@ def _local_grads(case: Case, model, params, step: int, rank: int):
     for micro in range(case.accumulation):
         x, y = batch_for(case, step, micro, rank)
         loss = loss_fn(case, model(x), y)
+        if case.double_backward:  # the micro-step's gradient counts twice, as on the ranks
+            loss.backward(retain_graph=True)
         loss.backward()
         losses.append(loss.item())
     grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
