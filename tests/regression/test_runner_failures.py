@@ -31,6 +31,15 @@ def mismatched_collectives(_):
     if dist.get_rank() == 0:
         dist.all_reduce(t)
 
+def extra_on_1_of_3(_):
+    # rank 1 issues a seventh all-reduce that ranks 0 and 2 never join; they return.
+    t = torch.ones(3)
+    for _ in range(6):
+        dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} says hello")
+    if dist.get_rank() == 1:
+        dist.all_reduce(t)
+
 def spin_on_1(_):
     if dist.get_rank() == 1:
         while True:
@@ -41,6 +50,12 @@ def exit_on_1(_):
         os._exit(7)
     t = torch.ones(3)
     dist.all_reduce(t)
+
+def print_lines(_):
+    r = dist.get_rank()
+    for i in range(100):
+        print(f"python line {i} from rank {r}")
+        os.write(1, f"fd line {i} from rank {r}\\n".encode())
 
 def segv_on_0(_):
     if dist.get_rank() == 0:
@@ -97,6 +112,20 @@ def test_mismatched_collectives_reported_as_hang_with_collective(small_world):
     assert small_world.pids == pids  # recovered in place
 
 
+def test_deadlock_is_reported_before_the_timeout_with_each_ranks_collective_count(small_world):
+    """A rank in a collective its returned peers never issued is a certain deadlock: reported with the counts."""
+    pids = small_world.pids
+    with pytest.raises(RankHang) as info:
+        small_world.run("paracheck_test_jobs:extra_on_1_of_3", None, world_size=3)
+    hang = info.value
+    assert hang.definite and hang.seconds < small_world.timeout
+    assert hang.disagreement == "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"
+    hung = [f for f in hang.failures if f.kind == "hung"]
+    assert [f.rank for f in hung] == [1] and "rank 1 says hello" in hung[0].output
+    _healthy(small_world)
+    assert small_world.pids == pids  # the finished ranks dropped their group: rank 1 recovered in place
+
+
 def test_python_level_hang_kills_and_restarts(small_world):
     """A rank stuck outside any collective is killed; the pool restarts and serves the next job."""
     restarts = small_world.restarts
@@ -106,6 +135,15 @@ def test_python_level_hang_kills_and_restarts(small_world):
     assert "spin_on_1" in info.value.failures[0].detail
     assert small_world.restarts == restarts + 1
     _healthy(small_world)
+
+
+def test_printing_job_output_is_captured_per_rank(small_world, capfd):
+    """A job's prints come back per rank (World.last_outputs), not on the driver's terminal."""
+    small_world.run("paracheck_test_jobs:print_lines", None, world_size=2)
+    assert "from rank" not in capfd.readouterr().out
+    out = small_world.last_outputs
+    assert out[0].startswith("python line 0 from rank 0") and "fd line 99 from rank 0" in out[0]
+    assert "more lines) ..." in out[1] and len(out[1].splitlines()) <= 31
 
 
 @pytest.mark.parametrize("job,rank,text", [("exit_on_1", 1, "exited with code 7"),

@@ -218,7 +218,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
                  timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64",
                  first_failure: bool = False, search_without: bool = True, labels: bool = True,
                  timeout_floor: float = 5.0,
-                 hang_shrink_seconds: float = 20.0, shrink_seconds: float | None = None,
+                 hang_shrink_seconds: float = 10.0, shrink_seconds: float | None = None,
                  progress=None) -> CheckReport:
     """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
     every property it breaks, each with its own shrunk case and the case features it needs

@@ -34,11 +34,17 @@ _RECORD = 2048  # bytes of one status record (fixed, so a reader never sees the 
 class CollectiveCounter:
     """This rank's collective counts for the running job, mirrored to its status file."""
 
-    def __init__(self, path: str):
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    def __init__(self, path: str | None = None):
+        self._fd = None
+        if path is not None:
+            self.attach(path)
         self.active = False
         self.job = None
         self._reset()
+
+    def attach(self, path: str) -> None:
+        """Mirror the counts to ``path`` from now on."""
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def _reset(self) -> None:
         self.counts: dict[str, int] = {}
@@ -74,6 +80,8 @@ class CollectiveCounter:
         self._write("running")
 
     def _write(self, state: str) -> None:
+        if self._fd is None:
+            return
         rec = {"job": self.job, "state": state, "inside": self.inside, "inside_index": self.inside_index,
                "total": self.total, "world_total": self.world_total, "counts": self.counts}
         data = json.dumps(rec, separators=(",", ":")).encode()

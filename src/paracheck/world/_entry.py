@@ -10,4 +10,5 @@ from paracheck.world._rank import rank_main
 
 if __name__ == "__main__":
     _rank, _host, _port, _driver, _stacks, _backend, _device, _timeout = sys.argv[1:9]
-    rank_main(int(_rank), _host, int(_port), _driver, _stacks, _backend, _device or None, float(_timeout))
+    rank_main(None if _rank == "spare" else int(_rank), _host, int(_port), _driver, _stacks, _backend,
+              _device or None, float(_timeout))

@@ -104,18 +104,16 @@ def _resolve(path: str):
     return obj
 
 
-def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, backend: str, device: str | None,
-              pg_timeout: float) -> None:
+def rank_main(rank: int | None, host: str, port: int, driver: str, stack_dir: str, backend: str,
+              device: str | None, pg_timeout: float) -> None:
+    """Serve jobs as rank ``rank``; ``rank`` None makes a spare, which imports everything, connects
+    and waits to be told which rank to replace (``("become", rank, device)``): a rank that dies
+    or hangs is then replaced without paying the imports."""
     from multiprocessing.connection import Client
 
-    # faulthandler dumps every thread's Python stack from a C signal handler, so it works even
-    # while the main thread is blocked inside a collective.
-    stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     from paracheck.world._collectives import CollectiveCounter, install
 
-    counter = CollectiveCounter(os.path.join(stack_dir, f"rank{rank}.status"))
-    capture = _Capture(os.path.join(stack_dir, f"rank{rank}.out"))
+    counter = CollectiveCounter()
     # Import before connecting: the driver accepts (and authenticates) one rank at a time and
     # waits for its "ready", so a rank that connected first and imported after made the ranks
     # start one after another (measured: one rank every ~4 s, 26 s for six, over the 120 s
@@ -132,6 +130,17 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
 
     dhost, dport = driver.rsplit(":", 1)
     conn = Client((dhost, int(dport)), authkey=bytes.fromhex(os.environ["PARACHECK_AUTHKEY"]))
+    if rank is None:
+        msg = _recv(conn)
+        if msg[0] != "become":
+            return
+        rank, device = msg[1], msg[2] or None
+    # faulthandler dumps every thread's Python stack from a C signal handler, so it works even
+    # while the main thread is blocked inside a collective.
+    stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    counter.attach(os.path.join(stack_dir, f"rank{rank}.status"))
+    capture = _Capture(os.path.join(stack_dir, f"rank{rank}.out"))
     torch.set_num_threads(1)
     if device is not None:
         torch.cuda.set_device(torch.device(device))

@@ -158,6 +158,7 @@ class World:
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
+        self._spare = None  # (process, listener) of a spare rank (Note [Spare rank])
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
 
@@ -185,10 +186,7 @@ class World:
         # script, a REPL, stdin, pytest and pytest-xdist alike.
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["PARACHECK_AUTHKEY"] = authkey.hex()
+        env = self._env(authkey)
         for rank in ranks:
             device = self.devices[rank] if self.devices else ""
             args = [sys.executable, "-m", "paracheck.world._entry", str(rank), "127.0.0.1",
@@ -220,6 +218,64 @@ class World:
         finally:
             listener.close()
 
+    def _env(self, authkey: bytes) -> dict:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PARACHECK_AUTHKEY"] = authkey.hex()
+        return env
+
+    # Note [Spare rank]
+    #   A rank that dies, or hangs where its peers cannot free it, is replaced by a new process,
+    #   and a new process spends seconds importing torch (5-8 s on a loaded 2-core machine: the
+    #   whole cost of such a case). After the first replacement the World keeps one spare process
+    #   that has imported everything and waits, connected, to be told which rank to become; the
+    #   next replacement takes it at once and a new spare starts in the background.
+    def _start_spare(self) -> None:
+        if self._spare is not None or self._store is None:
+            return
+        authkey = os.urandom(16)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        args = [sys.executable, "-m", "paracheck.world._entry", "spare", "127.0.0.1", str(self._store.port),
+                f"{listener.address[0]}:{listener.address[1]}", self._stack_dir, self.backend, "",
+                repr(self._pg_timeout)]
+        self._spare = (subprocess.Popen(args, env=self._env(authkey), stdin=subprocess.DEVNULL), listener)
+
+    def _drop_spare(self) -> None:
+        if self._spare is not None:
+            proc, listener = self._spare
+            self._spare = None
+            if proc.poll() is None:
+                proc.kill()
+            _wait_code(proc)
+            listener.close()
+
+    def _take_spare(self, rank: int) -> bool:
+        """Make the spare process rank ``rank``; False if there is none or it failed."""
+        if self._spare is None:
+            return False
+        proc, listener = self._spare
+        self._spare = None
+        try:
+            sock = listener._listener._socket
+            deadline = time.monotonic() + self.start_timeout
+            while not select.select([sock], [], [], 0.2)[0]:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    return False
+            conn = listener.accept()
+            _send(conn, ("become", rank, self.devices[rank] if self.devices else ""))
+            if not conn.poll(60):
+                return False
+            _recv(conn)
+            self._procs[rank], self._conns[rank] = proc, conn
+            return True
+        except (OSError, EOFError):
+            return False
+        finally:
+            listener.close()
+            if self._procs[rank] is not proc and proc.poll() is None:
+                proc.kill()
+
     def _respawn(self, ranks: list[int]) -> bool:
         """Kill ranks ``ranks`` and start new processes for them; every other rank has been told
         to drop its group. False if that did not work (then restart the pool)."""
@@ -232,11 +288,16 @@ class World:
             _wait_code(self._procs[r])
             self._conns[r].close()
         t0 = time.monotonic()
+        rest = list(ranks)
+        if self._take_spare(rest[0]):
+            rest = rest[1:]
         try:
-            self._spawn(ranks)
+            if rest:
+                self._spawn(rest)
         except RuntimeError:
             return False
         self.spawn_seconds = time.monotonic() - t0
+        self._start_spare()
         self.restarts += 1
         self._generation += 1
         return True
@@ -264,6 +325,7 @@ class World:
         return self._respawn(dead)
 
     def _kill(self) -> None:
+        self._drop_spare()
         self._procs = [p for p in self._procs if p is not None]
         for p in self._procs:
             if p.poll() is None:
@@ -372,7 +434,7 @@ class World:
             # Poll the ranks' collective counts while some have answered and others not (where a
             # deadlock shows), and in the last second before the deadline.
             polling = (results and any(r < w for r in pending)) or deadline - now < 1.5
-            ready = wait(list(pending.values()), timeout=min(deadline - now, 0.25) if polling else deadline - now)
+            ready = wait(list(pending.values()), timeout=min(deadline - now, 0.1) if polling else deadline - now)
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
@@ -424,7 +486,12 @@ class World:
                 os.kill(self._procs[rank].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-        time.sleep(0.3)  # faulthandler writes from the signal handler; give it a moment
+        # faulthandler writes from the signal handler: wait until every stack is there (at most 0.3 s).
+        paths = [os.path.join(self._stack_dir, f"rank{r}.stack") for r in stuck]
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until and not all(_size(p) > 0 for p in paths):
+            time.sleep(0.02)
+        time.sleep(0.02)
         statuses = {r: watch.status(r) for r in range(w)}
         seconds = time.monotonic() - started
         hung = []
@@ -488,7 +555,7 @@ class World:
 #   rank of the job has returned after issuing n collectives on the default group, and every rank
 #   still running is blocked inside a collective (or a Work.wait) after issuing more than n, those
 #   collectives can never complete: the job is deadlocked, whatever the timeout. The driver checks
-#   this every 0.25 s while some ranks have answered, and needs it on two polls in a row (a wait
+#   this every 0.1 s while some ranks have answered, and needs it on two polls in a row (a wait
 #   on an earlier, matched collective completes in between). It reports such a hang at once;
 #   other late jobs (every rank still running, or a rank busy outside any collective) are reported
 #   at their timeout. The counts are also what the hang report says the ranks disagree on.
@@ -571,6 +638,13 @@ def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], fi
             else f"{total} collective(s)"
         parts.append(f"{_ranks(rs)} finished after {what}")
     return "; ".join(parts)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _read(path: str) -> str:
