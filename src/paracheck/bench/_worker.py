@@ -4,8 +4,12 @@ The gate starts one worker per commit with ``PYTHONPATH=<that commit's tree>/src
 of paracheck it measures (components and measuring code alike) is that commit's. The worker keeps
 one ``World`` for its whole life and answers JSON lines on stdin with JSON lines on stdout:
 
-    {"cmd": "start", "device": "cpu"|"cuda", "world_size": 2, "timeout": 120}
-        -> {"ok": true, "paracheck": "<file>", "variants": [...], "torch": "<version>"}
+    {"cmd": "start", "device": "cpu"|"cuda", "world_size": 2, "timeout": 120, "targets": [...]}
+        -> {"ok": true, "paracheck": "<file>", "variants": [...], "torch": "<version>",
+            "missing": {target: "<why it cannot be built>"}, "modules": {target: "<its module's file>"}}
+
+Without ``targets`` the variants are every built-in one; with them (import paths of a user's
+classes, the installed paracheck measuring a user's repository) the targets that import.
     {"cmd": "time" | "account", "spec": StepSpec.to_dict()}
         -> {"ok": true, "result": StepTiming/StepAccount.to_dict()}
     {"cmd": "stop"}
@@ -20,6 +24,23 @@ import json
 import os
 import sys
 import traceback
+
+
+def _targets(targets: list[str]) -> dict:
+    """Which of ``targets`` build here, why the others do not, and where each one's module is."""
+    import inspect
+
+    from paracheck.check.targets import load_object, resolve_target
+
+    variants, missing, modules = [], {}, {}
+    for t in targets:
+        try:
+            resolve_target(t)
+            modules[t] = inspect.getfile(load_object(t))
+            variants.append(t)
+        except Exception as exc:  # noqa: BLE001 - any import or inference failure is reported by name
+            missing[t] = f"{type(exc).__name__}: {exc}"
+    return {"variants": variants, "missing": missing, "modules": modules}
 
 
 def main() -> int:
@@ -44,8 +65,11 @@ def main() -> int:
 
                     backend = "nccl" if msg.get("device") == "cuda" else "gloo"
                     world = World(int(msg["world_size"]), backend=backend, timeout=float(msg.get("timeout", 120)))
-                    reply = {"ok": True, "paracheck": paracheck.__file__, "torch": torch.__version__,
-                             "variants": list(available_variants())}
+                    reply = {"ok": True, "paracheck": paracheck.__file__, "torch": torch.__version__}
+                    if msg.get("targets"):
+                        reply.update(_targets(msg["targets"]))
+                    else:
+                        reply["variants"] = list(available_variants())
                 else:
                     from paracheck.bench.step import StepSpec, account_step, time_step
 

@@ -1,0 +1,120 @@
+"""``paracheck gate`` in a user's repository: the gate command of ``examples/paracheck-gate.yml``,
+run as the workflow runs it on a two-commit repository holding ``examples/gate_user_package``,
+fails the merge on a planted 100 ms sleep per step and says so in its JSON."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKFLOW = os.path.join(ROOT, "examples", "paracheck-gate.yml")
+PACKAGE = os.path.join(ROOT, "examples", "gate_user_package")
+TARGET = "mypkg.ddp:MyDDP"
+
+# The planted regression: every synchronisation sleeps 100 ms (a blocking slowdown: a lock, a
+# wait, I/O). The gate model's step takes tens of milliseconds, so the step is several times
+# slower: large enough to be caught on a loaded machine with the few rounds used here.
+SLEEP_PATCH = '''
+
+import time as _time
+
+_fast_finish = MyDDP.finish_gradient_synchronization
+
+
+def _slow_finish(self):
+    _time.sleep(0.1)
+    _fast_finish(self)
+
+
+MyDDP.finish_gradient_synchronization = _slow_finish
+'''
+
+GIT = ["git", "-c", "user.name=gate test", "-c", "user.email=gate-test@localhost", "-c", "commit.gpgsign=false"]
+
+
+def _workflow_gate():
+    """The workflow's gate command line and its environment variables (the file is plain enough
+    that a regular expression reads it; no YAML library needed)."""
+    text = open(WORKFLOW).read()
+    assert re.search(r"^on:\s*\n\s+pull_request:", text, re.M), "the workflow must run on pull requests"
+    runs = [m.group(1).strip() for m in re.finditer(r"^\s*run:\s*(paracheck gate .*)$", text, re.M)]
+    assert len(runs) == 1, f"expected one 'run: paracheck gate ...' step in {WORKFLOW}, found {runs}"
+    env = dict(re.findall(r"^\s+(PARACHECK_[A-Z_]+):\s*\"([^\"]*)\"", text, re.M))
+    assert env.get("PARACHECK_TARGETS") == TARGET, env
+    return runs[0], env
+
+
+def _user_repo(tmp_path, patch: str | None) -> str:
+    """A git repository with the user package on ``main`` (also as ``origin/main``, as a
+    checkout with fetch-depth 0 has it) and, when ``patch`` is given, a second commit
+    appending it to mypkg/ddp.py, checked out."""
+    repo = tmp_path / "user-repo"
+    shutil.copytree(PACKAGE, repo)
+    run = lambda *a: subprocess.run(GIT + list(a), cwd=repo, check=True, capture_output=True, text=True)  # noqa: E731
+    run("init", "-q", "-b", "main")
+    run("add", "-A")
+    run("commit", "-q", "-m", "MyDDP")
+    run("update-ref", "refs/remotes/origin/main", "HEAD")
+    if patch:
+        with open(repo / "mypkg" / "ddp.py", "a") as f:
+            f.write(patch)
+        run("checkout", "-q", "-b", "feature")
+        run("commit", "-q", "-am", "MyDDP waits 100 ms per synchronisation")
+    return str(repo)
+
+
+def _run_workflow_gate(repo: str, tmp_path, extra_args: str):
+    command, env = _workflow_gate()
+    env = {**os.environ, **env, "GITHUB_BASE_REF": "main", "PARACHECK_GATE_ARGS": extra_args,
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    # The user's package is not installed: the gate must find it in each commit's tree.
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path):
+    """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 and a JSON verdict naming
+    the step time of mypkg.ddp:MyDDP, measured on the two commits' trees."""
+    if shutil.which("paracheck", path=os.path.dirname(sys.executable)) is None:
+        pytest.skip(f"no paracheck script beside {sys.executable} (paracheck is not installed)")
+    repo = _user_repo(tmp_path, SLEEP_PATCH)
+    # Fewer rounds than the workflow's defaults (the workflow's PARACHECK_GATE_ARGS knob): the
+    # planted slowdown is several times the step, far beyond any noise.
+    proc = _run_workflow_gate(repo, tmp_path, "--rounds 2 --confirm-rounds 2 --steps 3")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    verdict = json.load(open(os.path.join(repo, "paracheck-gate.json")))
+    assert verdict["verdict"] == "REGRESSION" and verdict["exit_code"] == 1, verdict
+    assert verdict["targets"] == [TARGET] and verdict["paracheck"] == "installed"
+    heads = subprocess.run(["git", "rev-parse", "origin/main", "HEAD"], cwd=repo, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert [verdict["base"]["sha"], verdict["head"]["sha"]] == heads
+    failed = [(r["variant"], r["quantity"]) for r in verdict["regressions"]]
+    assert failed == [(TARGET, "step wall time (ms)")], failed
+    assert verdict["first_pass"][TARGET]["min_ratio"] > 1.5 and verdict["second_pass"][TARGET]["min_ratio"] > 1.5
+    assert "REGRESSION" in proc.stdout
+
+
+def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
+    """In a repository that is not paracheck's, no TARGET is a usage error (exit 2) whose message
+    says to name the classes; the JSON says ERROR."""
+    repo = _user_repo(tmp_path, None)
+    out = tmp_path / "gate.json"
+    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "--json", str(out)],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no TARGET given" in proc.stderr and "mypackage.ddp:MyDDP" in proc.stderr
+    assert json.load(open(out))["verdict"] == "ERROR"
+
+
+def test_gate_target_must_be_an_import_path(tmp_path):
+    """A TARGET without ':Class' is refused with exit 2, naming the argument and its value."""
+    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "mypkg.ddp"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "TARGET='mypkg.ddp'" in proc.stderr
