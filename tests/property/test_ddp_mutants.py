@@ -10,6 +10,20 @@ on the session World. Examples needed to kill, on CPU/gloo with the ci seed (202
     ddp-presence-from-hooks 17; median 6. (The numbers move whenever the strategies or the
     driver change: Hypothesis's derandomised sequence depends on both.)
 
+At world sizes 1..4 (2026-11-25, after the strategies drew finish-once, double backward, float32
+layers, unbounded and realistic caps): ddp-no-divide 2, ddp-vectors-not-averaged 7,
+ddp-last-bucket-never-reduced 3, ddp-oversized-param-dropped 5, ddp-no-initial-broadcast 3,
+ddp-buffers-not-broadcast 8, ddp-missing-wait 2, ddp-partial-copy-back 2,
+ddp-accumulation-reduced-twice 3, ddp-hooks-registered-twice 3, ddp-flags-averaged 17,
+ddp-presence-from-hooks 16; the protocol mutants ddp-readiness-per-step 9, ddp-handles-per-step 7,
+ddp-round-starts-in-forward 5; the bucket-structure mutants ddp-bucket-cap-ignored 6,
+ddp-bucket-cap-in-bytes 9; the dtype mutants ddp-mixed-dtype-bucket 11 (raises),
+ddp-flat-buffer-first-dtype 8.
+
+``_SLOW_FULL``: mutants whose full check duplicates another's (the same protocol or dtype bug in
+a sibling variant) run with ``-m slow`` only, to keep the default run short; their pinned shrunk
+cases run by default (``tests/regression/test_ddp_regressions.py``).
+
 A hanging mutant costs the hang timeout for its first failure and again for every shrink step
 that still hangs (about five minutes at a 10 s timeout): its full check is marked ``slow``; the
 default run replays its pinned shrunk case (``tests/regression/test_ddp_regressions.py``).
@@ -24,7 +38,8 @@ from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
 
 _DDP = sorted(m.name for m in MUTANTS.values() if m.kind == "ddp")
-_FAST = [n for n in _DDP if MUTANTS[n].expect != "hang"]
+_SLOW_FULL = {"ddp-handles-per-step", "ddp-flat-buffer-first-dtype"}
+_FAST = [n for n in _DDP if MUTANTS[n].expect != "hang" and n not in _SLOW_FULL]
 _HANGING = [n for n in _DDP if MUTANTS[n].expect == "hang"]
 
 
@@ -51,6 +66,15 @@ def test_catalogue_has_at_least_nine_ddp_mutants():
 @pytest.mark.parametrize("name", _FAST)
 def test_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property):
     """The default check kills the mutant with a shrunk counterexample of the declared kind."""
+    _kill(world, paracheck_world_sizes, name, record_property)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_SLOW_FULL))
+def test_duplicate_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property, request):
+    """The default check kills the mutant whose bug a sibling's full check already covers."""
+    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
+        pytest.skip("slow (its sibling's full check runs by default): run with -m slow")
     _kill(world, paracheck_world_sizes, name, record_property)
 
 
