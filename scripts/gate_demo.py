@@ -6,8 +6,8 @@ Builds, in a temporary clone (the repository it is run from is only read), three
 * ``slow``: base plus a patch that makes the bucketed DDP's step 25% slower: after gradient
   synchronisation it computes (spins) for a quarter of the CPU time of the previous step (forward
   to forward), i.e. extra work of 25% of a step, the way a needless copy or a redundant pass is.
-  On ``--device cpu`` the gate times CPU time (Note [The gate rule]), which a ``sleep`` would not
-  raise; on a dedicated machine ``--timing wall`` catches a sleep as well;
+  The gate times wall time (Note [The gate rule]), which sees this CPU-bound slowdown and a
+  blocking one (a sleep) alike; ``scripts/gate_operating.py`` measures both kinds;
 * ``fatter``: base plus a patch that gives the bucketed DDP one extra full-size gradient buffer
   (a float32 tensor of every trainable element, allocated at construction and kept).
 

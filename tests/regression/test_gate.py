@@ -8,47 +8,83 @@ import sys
 
 import pytest
 
-from paracheck.bench.gate import exact_verdict, format_rows, timing_verdict
+from paracheck.bench.gate import PassTiming, exact_verdict, format_rows, timing_verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _pass(ratios, base=None):
+    """A pass whose paired head/base ratios are ``ratios`` (base 10 ms per job unless given)."""
+    base = base or [0.010] * len(ratios)
+    return PassTiming(tuple(base), tuple(b * r for b, r in zip(base, ratios)))
+
+
 def test_timing_within_threshold_passes_without_second_pass():
     """A first-pass median ratio within 1 +- threshold is ok and needs no confirmation."""
-    assert timing_verdict([1.09, 0.95, 1.30, 1.02, 0.99], None, 0.10) == "ok"
+    assert timing_verdict(_pass([1.09, 0.95, 1.30, 1.02, 0.99, 1.0]), None, 0.10) == "ok"
 
 
 def test_timing_suspect_not_confirmed_passes():
     """A slow first pass that the second, fresh pass does not repeat is noise, not a regression."""
-    assert timing_verdict([1.3, 1.4, 1.2], [1.05, 0.98, 1.01], 0.10) == "ok"
+    assert timing_verdict(_pass([1.3, 1.4, 1.2, 1.3]), _pass([1.05, 0.98, 1.01, 1.0]), 0.10) == "ok"
 
 
 def test_timing_confirmed_slowdown_fails():
-    """Both passes' median ratios above 1 + threshold: a regression."""
-    assert timing_verdict([1.26, 1.24, 1.31, 1.19, 1.25], [1.22, 1.27, 1.25, 1.3, 1.24], 0.10) == "REGRESSION"
+    """Both passes' median ratios and ratios of minima above 1 + threshold: a regression."""
+    first = _pass([1.26, 1.24, 1.31, 1.19, 1.25, 1.22])
+    assert first.says(0.10) == "slower"
+    assert timing_verdict(first, _pass([1.22, 1.27, 1.25, 1.3, 1.24, 1.2]), 0.10) == "REGRESSION"
 
 
 def test_timing_median_ignores_one_outlier_round():
-    """One disturbed round out of five does not make a pass suspect."""
-    assert timing_verdict([1.0, 1.01, 2.5, 0.99, 1.02], None, 0.10) == "ok"
+    """One disturbed round out of six does not make a pass suspect."""
+    assert timing_verdict(_pass([1.0, 1.01, 2.5, 0.99, 1.02, 1.0]), None, 0.10) == "ok"
+
+
+def test_timing_one_lucky_base_job_is_not_a_suspect():
+    """Base's fastest job far below its others (one quiet moment) moves the ratio of minima, not
+    the median of the paired ratios: the two statistics disagree, so the pass says nothing."""
+    base = [0.010, 0.010, 0.006, 0.010, 0.010, 0.010]
+    p = PassTiming(tuple(base), (0.0101,) * 6)
+    assert p.min_ratio > 1.6 and abs(p.median_ratio - 1.01) < 1e-9
+    assert p.says(0.10) == "same" and timing_verdict(p, None, 0.10) == "ok"
+
+
+def test_timing_side_unlucky_in_most_rounds_is_not_a_suspect():
+    """Head disturbed in most rounds but with one undisturbed job: the median ratio is high, the
+    ratio of minima is not: no suspect."""
+    p = _pass([1.4, 1.5, 1.0, 1.45, 1.35, 1.5])
+    assert p.median_ratio > 1.1 and p.min_ratio == 1.0
+    assert p.says(0.10) == "same"
 
 
 def test_timing_confirmed_speedup_is_reported_not_failed():
     """Faster in both passes is reported as faster, never as a failure."""
-    assert timing_verdict([0.7, 0.75, 0.72], [0.74, 0.71, 0.73], 0.10) == "faster"
+    assert timing_verdict(_pass([0.7, 0.75, 0.72, 0.7]), _pass([0.74, 0.71, 0.73, 0.7]), 0.10) == "faster"
+
+
+def test_timing_slower_then_faster_is_not_confirmed():
+    """A second pass that says the opposite of the first confirms nothing."""
+    assert timing_verdict(_pass([1.3, 1.3]), _pass([0.8, 0.8]), 0.10) == "ok"
 
 
 def test_timing_suspect_without_second_pass_is_refused():
     """The rule needs the second pass for a suspect: deciding on one pass is an error."""
     with pytest.raises(ValueError, match="second pass"):
-        timing_verdict([1.5, 1.5, 1.5], None, 0.10)
+        timing_verdict(_pass([1.5, 1.5, 1.5]), None, 0.10)
 
 
 @pytest.mark.parametrize("threshold", [0.0, -0.1])
 def test_timing_threshold_must_be_positive(threshold):
     """threshold <= 0 is refused with the argument named."""
     with pytest.raises(ValueError, match="threshold"):
-        timing_verdict([1.0], None, threshold)
+        timing_verdict(_pass([1.0]), None, threshold)
+
+
+def test_pass_readings_must_pair_up():
+    """A pass with a different number of base and head readings is refused."""
+    with pytest.raises(ValueError, match="pair up"):
+        PassTiming((0.01, 0.01), (0.01,))
 
 
 def test_exact_increase_of_one_byte_fails():
@@ -71,10 +107,10 @@ def test_table_shows_timings_and_changes_and_counts_the_rest():
     """The default table lists every timing and every changed exact quantity, and counts the unchanged."""
     from paracheck.bench.gate import GateRow
 
-    rows = [GateRow("flat", "step cpu time (ms)", 20.0, 25.0, "REGRESSION", "ratio: pass 1 x1.250"),
+    rows = [GateRow("flat", "step wall time (ms)", 20.0, 25.0, "REGRESSION", "pass 1: median ratio x1.250"),
             GateRow("flat", "collectives", 1, 1, "ok"), GateRow("flat", "peak_step_bytes", 10, 14, "REGRESSION")]
     text = format_rows(rows)
-    assert "step cpu time" in text and "peak_step_bytes" in text and "| collectives |" not in text
+    assert "step wall time" in text and "peak_step_bytes" in text and "| collectives |" not in text
     assert "1 exact quantities unchanged" in text
 
 
@@ -91,7 +127,10 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
     demo = _demo()
     repo, shas = demo.build_repo(str(tmp_path), ("flat", "paracheck.ddp.flat", "FlatDDP"))
     proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--repo", repo, "--base", shas["base"],
-                           "--head", shas["fatter"], "--variants", "flat", "--rounds", "1", "--steps", "2"],
+                           "--head", shas["fatter"], "--variants", "flat", "--rounds", "1", "--steps", "2",
+                           # This test is about the exact quantities: a threshold no timing reaches
+                           # keeps wall-time noise from starting a second pass.
+                           "--threshold", "100"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     for q in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"):

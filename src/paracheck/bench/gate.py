@@ -305,6 +305,16 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, rounds: int) -> dict[
     return {v: PassTiming(tuple(g["base"]), tuple(g["head"])) for v, g in got.items()}
 
 
+def _warm_up(cfg, sides, variants) -> None:
+    """One untimed job per side and variant before a pass: a fresh worker's first job pays for
+    imports, the first collectives' connections and the allocator's first requests (it ran
+    ~30% slower than the next on the 2-core machine) and must not be one of the readings."""
+    warm = {"warmup": 1, "steps": 1}
+    for v in variants:
+        for side in sides:
+            side.request({"cmd": "time", "spec": {**_spec(v, cfg), **warm}}, cfg.timeout)
+
+
 def _paths(tree: str, own: bool) -> tuple[str, ...]:
     """What goes first on a side's ``PYTHONPATH``: paracheck's ``src`` in its own repository; else
     the tree's ``src`` (a src layout) where it exists, then the tree itself."""
@@ -403,6 +413,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
                   f"{cfg.device}, {cfg.world_size} ranks, {cfg.timing} time, variants {', '.join(variants)}")
         _say(cfg, "pass 1 (head/base ratio of the fastest step, per round):")
         exact: dict = {}
+        _warm_up(cfg, sides, variants)
         first = _timing_pass(cfg, sides, variants, exact, rounds)
         suspects = [v for v in variants if first[v].says(cfg.threshold) != "same"]
         second: dict[str, PassTiming] = {}
@@ -413,6 +424,7 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
             sides = []
             _say(cfg, f"pass 2, fresh workers, re-measuring the suspects {', '.join(suspects)}:")
             sides = _start_sides(cfg, trees, own)
+            _warm_up(cfg, sides, suspects)
             second = _timing_pass(cfg, sides, suspects, None, confirm)
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
