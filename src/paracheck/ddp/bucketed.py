@@ -21,8 +21,8 @@ Note [Presence flags in the bucket]
     Each buffer holds the bucket's gradients followed by one flag per parameter (1 where the local
     gradient exists), reduced by the same all-reduce: after it, a flag 0 means no rank had a
     gradient and ``.grad`` goes back to None (Note [Gradients that exist on some ranks only]).
-    Flags rest at 1 between windows (set at construction and again, for every bucket at once,
-    at the end of ``finish_gradient_synchronization``); a launch only zeroes the absent ones.
+    Flags rest at 1 between rounds (set at construction and again, for every bucket at once,
+    whenever a round is settled); a launch only zeroes the absent ones.
     A rank that had every local gradient of a bucket knows every count is >= 1 and never reads
     the flags back, so the common case never blocks the host on communication.
 
