@@ -176,7 +176,7 @@ def cmd_check(args) -> int:
                 report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
                                       seed=None if args.random else args.seed, timeout=args.timeout,
                                       database=database, dtype=args.dtype or "float64",
-                                      first_failure=args.first_failure, progress=Progress())
+                                      first_failure=args.first_failure, labels=True, progress=Progress())
                 report.timeout = replay_timeout
             reports.append(report)
             failed += not report.passed

@@ -156,6 +156,8 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             t = resolve_target(target, kind, finish=finish, batch_start=batch_start, stub_cuda_timing=stub)
         else:
             t = target
+        # Every failing property, each labelled with the features it needs (override with kwargs).
+        kwargs = {"first_failure": False, "labels": True, **kwargs}
         report = check_target(t, paracheck_world, world_sizes=tuple(world_sizes or paracheck_world_sizes),
                               max_examples=max_examples or paracheck_max_examples,
                               seed=0 if derandomise else None, **kwargs)

@@ -67,7 +67,8 @@ def test_progress_line_is_written_on_a_tty_and_cleared():
 
 def test_two_independent_bugs_are_both_reported_shrunk_and_labelled(world):
     """A DDP that neither divides nor broadcasts buffers fails both properties, each on its own minimal case."""
-    report = check_target(TWO_BUGS, world, world_sizes=(2,), max_examples=40, search_without=False)
+    report = check_target(TWO_BUGS, world, world_sizes=(2,), max_examples=40, first_failure=False, labels=True,
+                          search_without=False)
     by_prop = {f.property: f for f in report.failures}
     assert set(by_prop) == {"initial-state", "gradients"}, report.text()
     buffers = by_prop["initial-state"]

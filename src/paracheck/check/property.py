@@ -216,14 +216,15 @@ class _Checker:
 def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], max_examples: int = 40,
                  seed: int | None = 0, strategy=None, device_fn=None, database=None,
                  timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64",
-                 first_failure: bool = False, search_without: bool = True, labels: bool = True,
+                 first_failure: bool = True, search_without: bool = True, labels: bool = False,
                  timeout_floor: float = 5.0,
                  hang_shrink_seconds: float = 10.0, shrink_seconds: float | None = None,
                  progress=None) -> CheckReport:
     """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
-    every property it breaks, each with its own shrunk case and the case features it needs
-    (``first_failure``: stop at the first; ``labels=False``: do not work out the features, which
-    also skips the searches without them). See Note [One search per property].
+    the properties it breaks, each with its own shrunk case. ``first_failure=False`` goes on after
+    the first failing property to find every one (``paracheck check`` and the ``paracheck_check``
+    fixture do); ``labels=True`` works out the case features each failure needs and, with
+    ``search_without``, searches the cases without them too. See Note [One search per property].
 
     ``seed`` not None derandomises Hypothesis (the ci profile). ``timeout`` caps every case's hang
     timeout (default: the World's); see Note [Hang timeouts] for the timeout of each case.

@@ -158,7 +158,7 @@ class World:
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
-        self._spare = None  # (process, listener) of a spare rank (Note [Spare rank])
+        self._spares: list = []  # (process, listener) of each spare rank (Note [Spare rank])
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
 
@@ -228,34 +228,34 @@ class World:
     # Note [Spare rank]
     #   A rank that dies, or hangs where its peers cannot free it, is replaced by a new process,
     #   and a new process spends seconds importing torch (5-8 s on a loaded 2-core machine: the
-    #   whole cost of such a case). After the first replacement the World keeps one spare process
-    #   that has imported everything and waits, connected, to be told which rank to become; the
-    #   next replacement takes it at once and a new spare starts in the background.
-    def _start_spare(self) -> None:
-        if self._spare is not None or self._store is None:
-            return
-        authkey = os.urandom(16)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        args = [sys.executable, "-m", "paracheck.world._entry", "spare", "127.0.0.1", str(self._store.port),
-                f"{listener.address[0]}:{listener.address[1]}", self._stack_dir, self.backend, "",
-                repr(self._pg_timeout)]
-        self._spare = (subprocess.Popen(args, env=self._env(authkey), stdin=subprocess.DEVNULL), listener)
+    #   whole cost of such a case). After the first replacement the World keeps spare processes
+    #   (two: a mismatched collective often aborts both ranks of a pair) that have imported
+    #   everything and wait, connected, to be told which rank to become; the next replacement
+    #   takes one at once and a new spare starts in the background.
+    _SPARES = 2
 
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            proc, listener = self._spare
-            self._spare = None
+    def _start_spares(self) -> None:
+        while len(self._spares) < min(self._SPARES, self.size) and self._store is not None:
+            authkey = os.urandom(16)
+            listener = Listener(("127.0.0.1", 0), authkey=authkey)
+            args = [sys.executable, "-m", "paracheck.world._entry", "spare", "127.0.0.1", str(self._store.port),
+                    f"{listener.address[0]}:{listener.address[1]}", self._stack_dir, self.backend, "",
+                    repr(self._pg_timeout)]
+            self._spares.append((subprocess.Popen(args, env=self._env(authkey), stdin=subprocess.DEVNULL), listener))
+
+    def _drop_spares(self) -> None:
+        spares, self._spares = self._spares, []
+        for proc, listener in spares:
             if proc.poll() is None:
                 proc.kill()
             _wait_code(proc)
             listener.close()
 
     def _take_spare(self, rank: int) -> bool:
-        """Make the spare process rank ``rank``; False if there is none or it failed."""
-        if self._spare is None:
+        """Make a spare process rank ``rank``; False if there is none or it failed."""
+        if not self._spares:
             return False
-        proc, listener = self._spare
-        self._spare = None
+        proc, listener = self._spares.pop(0)
         try:
             sock = listener._listener._socket
             deadline = time.monotonic() + self.start_timeout
@@ -288,16 +288,14 @@ class World:
             _wait_code(self._procs[r])
             self._conns[r].close()
         t0 = time.monotonic()
-        rest = list(ranks)
-        if self._take_spare(rest[0]):
-            rest = rest[1:]
+        rest = [r for r in ranks if not self._take_spare(r)]
         try:
             if rest:
                 self._spawn(rest)
         except RuntimeError:
             return False
         self.spawn_seconds = time.monotonic() - t0
-        self._start_spare()
+        self._start_spares()
         self.restarts += 1
         self._generation += 1
         return True
@@ -325,7 +323,7 @@ class World:
         return self._respawn(dead)
 
     def _kill(self) -> None:
-        self._drop_spare()
+        self._drop_spares()
         self._procs = [p for p in self._procs if p is not None]
         for p in self._procs:
             if p.poll() is None:
