@@ -19,7 +19,8 @@ def _one_line(case) -> str:
     model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
     groups = len(case.optimizer.groups)
     return (f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
-            f"acc={case.accumulation} bucket={case.bucket_size_mb:.2g}MB")
+            f"acc={case.accumulation} bucket="
+            + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB"))
 
 
 def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), timeout: float = 10.0,
