@@ -36,7 +36,8 @@ def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), t
     world = world or World(max(world_sizes), timeout=timeout)
     try:
         items = [("target", name, resolve_target(name)) for name in BUILTIN_TARGETS]
-        items += [("mutant", m.name, Target(m.name, m.path, m.kind, _takes_bucket(m.path)))
+        items += [("mutant", m.name, Target(m.name, m.path, m.kind, _takes_bucket(m.path),
+                                            None if m.properties is None else frozenset(m.properties)))
                   for m in MUTANTS.values() if m.kind in ("ddp", "sharded", "zero")]
         for role, name, target in items:
             if only and name not in only:

@@ -131,7 +131,8 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
     target = resolve_target(name)
     ranks = world.run(target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=a)
     sd = ranks[0]["final_state_dict"]
-    assert all(set(rec["steps"][-1]["state"]) == set(sd["state"]) for rec in ranks), "not consolidated"
+    held = [set(rec["steps"][-1]["state"]) for rec in ranks]
+    assert all(h == held[0] for h in held) and len(held[0]) == len(sd["state"]), "not consolidated"
     params_now = ranks[0]["steps"][-1]["params"]
     grads = _deterministic_grads(params_now)
     payload = {"case": case.with_world_size(b), "path": target.path, "kind": kind, "device": None,

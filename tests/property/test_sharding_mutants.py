@@ -16,8 +16,6 @@ SHARDING = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.
 # The bugs that train correctly: only the named property can see them.
 ONLY_SEEN_BY = {"sharded-count-partition": "balance", "sharded-no-shard": "memory"}
 
-# Allowed by the interface (a per-rank state_dict()): only the opt-in property named refuses it.
-OPT_IN = {"sharded-state-dict-local": "state-consolidated"}
 
 
 def _trainable(case) -> int:
@@ -51,16 +49,19 @@ def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
     """The default check (generated cases, default properties) fails on the mutant; a protocol
     mutant's failing case exercises its protocol."""
     target = Target(mutant.name, mutant.path, mutant.kind)
-    if mutant.name in OPT_IN:
+    if mutant.properties is not None:
+        # A reading of the interface the default properties accept: only the opt-in ones refuse it.
         passed = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
         assert passed.passed, passed.failure.describe()
-        target = replace(target, properties=frozenset({OPT_IN[mutant.name]}))
+        target = replace(target, properties=frozenset(mutant.properties))
     report = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
     assert not report.passed, f"{mutant.name} survived {report.examples} cases: {mutant.bug}"
     failure = report.failure
-    if mutant.name in ONLY_SEEN_BY or mutant.name in OPT_IN:
+    if mutant.name in ONLY_SEEN_BY:
         assert failure.divergence is not None, failure.describe()
-        assert failure.divergence.what == {**ONLY_SEEN_BY, **OPT_IN}[mutant.name], failure.describe()
+        assert failure.divergence.what == ONLY_SEEN_BY[mutant.name], failure.describe()
+    if mutant.properties is not None:
+        assert failure.divergence is not None and failure.divergence.what in mutant.properties, failure.describe()
     if mutant.name in NEEDS:
         assert NEEDS[mutant.name][0](failure.case), failure.case.to_json()
     if mutant.expect == "raise":

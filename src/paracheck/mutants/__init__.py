@@ -18,15 +18,18 @@ class Mutant:
     kind: str  # "ddp" | "sharded" | "zero"
     bug: str  # one sentence: what is wrong
     expect: str = "diverge"  # "diverge" | "hang" | "raise": how the check should catch it
+    # The properties that kill it (None: the kind's default): a bug in a reading of the interface
+    # that a default property accepts is caught by an opt-in one.
+    properties: tuple[str, ...] | None = None
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
-def register(name: str, path: str, kind: str, bug: str, expect: str = "diverge") -> None:
+def register(name: str, path: str, kind: str, bug: str, expect: str = "diverge", properties=None) -> None:
     if name in MUTANTS:
         raise ValueError(f"mutant name={name!r} is registered twice")
-    MUTANTS[name] = Mutant(name, path, kind, bug, expect)
+    MUTANTS[name] = Mutant(name, path, kind, bug, expect, None if properties is None else tuple(properties))
 
 
 register("ddp-no-divide", "paracheck.mutants.ddp:NoDivideDDP", "ddp",

@@ -282,7 +282,8 @@ register("sharded-first-group-hyperparams", f"{_M}:FirstGroupHyperparameters", "
 register("sharded-count-partition", f"{_M}:CountPartition", "sharded",
          "parameters are dealt round-robin by count, not by size (only the balance property sees it)")
 register("sharded-state-dict-local", f"{_M}:LocalStateDict", "sharded",
-         "state_dict() is torch's own and returns only this rank's shard")
+         "state_dict() is torch's own and returns only this rank's shard (refused by state-consolidated)",
+         properties=("state-consolidated",))
 register("sharded-lr-not-synced", f"{_M}:LrNotSynced", "sharded",
          "lr changes made through param_groups (an LR scheduler) never reach the wrapped optimizer")
 register("sharded-no-shard", f"{_M}:NoShard", "sharded",
