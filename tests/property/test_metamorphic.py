@@ -12,8 +12,10 @@ _SETTINGS = settings(max_examples=15, deadline=None, derandomize=True, suppress_
 
 
 def _relation_cases():
-    # Equal local batch sizes and no data-dependent branch: the preconditions of the relation.
-    models = mlp_specs().filter(lambda m: m.unused != "data")
+    # Equal local batch sizes and no data-dependent branch: the preconditions of the relation. One
+    # dtype: a float32 layer computes differently on a merged batch, and the relation compares
+    # whole trajectories at the model's tolerance.
+    models = mlp_specs(mixed_dtypes=False).filter(lambda m: m.unused != "data")
     return st.tuples(cases(min_world_size=2, max_world_size=4, models=models), st.integers(1, 3)).map(
         lambda t: t[0].__class__(**{**t[0].__dict__, "batch_sizes": (t[1],) * t[0].world_size}))
 
@@ -55,7 +57,9 @@ def test_bucket_size_independence(world):
     target = resolve_target("bucketed")
 
     @_SETTINGS
-    @given(cases(min_world_size=1, max_world_size=4))
+    # A cap against one big bucket, in one dtype (float32 sums grouped by other buckets round
+    # differently, beyond the float64 tolerance the relation compares at).
+    @given(cases(min_world_size=1, max_world_size=4, mixed_dtypes=False, unbounded_buckets=False))
     def prop(case):
         d = bucket_size_independence(world, target, case, other_bucket_mb=1000.0)
         assert d is None, d.describe()
