@@ -116,3 +116,101 @@ def test_unvendored_asv_page_fails_offline(pages):
     """The control: asv's own output, which loads its libraries from CDNs, shows no graph without network."""
     dom, _ = _render(pages / "raw", pages, "raw")
     assert 'class="flot-base"' not in dom
+
+
+# -- the Regressions tab ranks real regressions first ----------------------------------------------
+PLANTED = "cpu.step.StepTime.track_wall"
+IMPROVED = "cpu.allreduce.AllReduce.track_seconds_per_bus_gb"
+
+
+@pytest.fixture(scope="module")
+def regressions(pages):
+    """asv's regressions.json for six commits of this repository whose results are planted: the
+    bucketed step 25% slower from the fourth commit on (a regression) and the all-reduce bus
+    bandwidth 2.38x higher from the fourth on (an improvement, which asv 0.6 would list as the
+    top regression if it were recorded as GB/s)."""
+    commits = subprocess.run(["git", "-C", ROOT, "rev-list", "--first-parent", "-n", "6", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.split()[::-1]
+    if len(commits) < 6:
+        pytest.skip("needs six commits of history")
+    tmp = pages / "regressions"
+    shutil.copytree(pages / "results", tmp / "results")
+    machine = tmp / "results" / "paracheck-test"
+    real = [f for f in machine.glob("*.json") if f.name != "machine.json"]
+    template = json.loads(real[0].read_text())
+    for f in real:
+        f.unlink()
+    benchmarks = json.loads((tmp / "results" / "benchmarks.json").read_text())
+    for name in (PLANTED, IMPROVED):
+        assert name in benchmarks, f"{name} is not in the suite any more"
+
+    def row(name, value_of):
+        params = benchmarks[name]["params"]
+        import itertools
+
+        values = [value_of(dict(zip(benchmarks[name]["param_names"], p))) for p in itertools.product(*params)]
+        return [values, params, benchmarks[name]["version"], template["date"], 1.0]
+
+    for i, sha in enumerate(commits):
+        after = i >= 3
+        data = dict(template, commit_hash=sha, date=template["date"] - (len(commits) - i) * 3_600_000)
+        data["results"] = {
+            PLANTED: row(PLANTED, lambda p: 0.125 if (after and p["variant"] == "'bucketed'") else 0.100),
+            IMPROVED: row(IMPROVED, lambda p: (1 / 2.38 if after else 1.0) * float(p["size_mb"]) / 100),
+        }
+        (machine / f"{sha[:8]}-{template['env_name']}.json").write_text(json.dumps(data))
+    conf = json.loads((pages / "asv.conf.json").read_text())
+    conf.update(results_dir=str(tmp / "results"), html_dir=str(tmp / "html"))
+    (tmp / "asv.conf.json").write_text(json.dumps(conf))
+    proc = _asv(["publish", "--config", str(tmp / "asv.conf.json")], tmp, pages)
+    assert proc.returncode == 0, f"asv publish failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads((tmp / "html" / "regressions.json").read_text())["regressions"]
+
+
+@needs_git
+def test_regressions_list_the_planted_slowdown_and_not_the_bandwidth_gain(regressions):
+    """The Regressions tab (sorted by factor, largest first) lists the bucketed step's 25%
+    slowdown first and no entry for the all-reduce, whose bandwidth only improved."""
+    # Each entry: [name, graph path, graph params, param index, last value, best value, jumps]
+    ranked = sorted(regressions, key=lambda r: r[4] / r[5], reverse=True)
+    assert ranked, "asv found no regression at all"
+    assert ranked[0][0] == f"{PLANTED}('bucketed')", [r[0] for r in ranked]
+    assert abs(ranked[0][4] / ranked[0][5] - 1.25) < 1e-9
+    assert not [r[0] for r in regressions if r[0].startswith(IMPROVED)]
+
+
+# -- paracheck report --serve ----------------------------------------------------------------------
+def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
+    """``paracheck report --no-publish --serve --port 0`` prints a 127.0.0.1 URL from which the
+    history page and the plots' page are fetched; SIGINT stops it with exit 0."""
+    import signal
+    import urllib.request
+
+    pytest.importorskip("asv", reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)")
+    pytest.importorskip("matplotlib")
+    html_dir = tmp_path / "html"
+    html_dir.mkdir()
+    (html_dir / "index.html").write_text("<html><title>airspeed velocity of the test</title></html>")
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"version": 1, "html_dir": str(html_dir),
+                                                        "results_dir": str(tmp_path / "results")}))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from paracheck.bench.report import main; "
+                             "sys.exit(main(sys.argv[1:]))", "--config", str(tmp_path / "asv.conf.json"),
+                             "--no-publish", "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("serving "):
+                break
+        served = [ln for ln in lines if ln.startswith("serving ")]
+        assert served, "".join(lines) + proc.stderr.read()
+        url = served[0].split(" at ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/"), url
+        assert "airspeed velocity of the test" in urllib.request.urlopen(url, timeout=30).read().decode()
+        assert "latest measurements" in urllib.request.urlopen(url + "paracheck/", timeout=30).read().decode()
+        assert any("file://" in ln for ln in lines), "the output must say why file:// does not work"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    assert code == 0, proc.stderr.read()

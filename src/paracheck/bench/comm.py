@@ -1,4 +1,4 @@
-"""All-reduce time and bus bandwidth over backend x size x world size (the seeds' sweep).
+"""All-reduce time and bus bandwidth over backend x size x world size.
 
 Bus bandwidth follows nccl-tests: ``busbw = 2 (W-1)/W x bytes / t``, the rate each link carries
 with a ring all-reduce, comparable across world sizes (``algbw = bytes / t`` is not). Each timed

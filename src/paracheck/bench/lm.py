@@ -1,5 +1,5 @@
 """Forward, backward and optimizer-step time of one LM in one process, with and without bf16
-autocast (the seeds' per-size timing experiment).
+autocast, per model size.
 
 Each phase is timed separately, with a device synchronisation at its end (on CUDA), over
 ``steps`` steps after ``warmup``; the result holds the medians. The loss is computed in float32

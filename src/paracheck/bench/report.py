@@ -1,5 +1,5 @@
-"""``paracheck report``: asv's history pages, made to work offline, plus plots of the seeds'
-experiments.
+"""``paracheck report``: asv's history pages, made to work offline, plus plots of the latest
+measurements, each naming the commit and the machine it was measured on.
 
 1. ``asv publish`` (unless ``--no-publish``) writes the pages to the configuration's ``html_dir``.
 2. asv's ``index.html`` loads jQuery, flot, bootstrap, md5 and stupidtable from CDNs; a machine
@@ -13,13 +13,22 @@ experiments.
    newest asv result file of each machine and from ``--from-json`` files written by
    ``paracheck bench --json`` or ``scripts/gpu_bench.py``. Written to ``--out``
    (default ``<html_dir>/paracheck``) with an ``index.html``.
+4. ``--serve`` serves the pages on 127.0.0.1 until interrupted. asv's pages fetch their data
+   (``index.json``, ``graphs/...``) with XMLHttpRequest, which browsers refuse for ``file://``
+   pages: opened as a file, the history page stays an empty grey page.
+
+asv 0.6 lists as regressions the commits where a benchmark's value went *up*: every benchmark of
+``benchmarks/`` is therefore recorded in a lower-is-better form (seconds per GB rather than GB/s,
+a time ratio rather than a speed-up) and says so in its unit.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import html
+import http.server
 import itertools
 import json
 import os
@@ -100,7 +109,8 @@ def _asv_latest(results_dir: str) -> list[dict]:
             params = res.get_result_params(name)
             vals = res.get_result_value(name, params)
             values[name] = {tuple(p): v for p, v in zip(itertools.product(*params), vals) if v is not None}
-        out.append({"machine": os.path.basename(os.path.dirname(machine_dir)), "file": newest, "values": values})
+        out.append({"machine": os.path.basename(os.path.dirname(machine_dir)), "file": newest, "values": values,
+                    "commit": res.commit_hash or ""})
     return out
 
 
@@ -126,18 +136,28 @@ def _model_name(model: dict) -> str:
     return f"d{model['d_model']}x{model['num_layers']}"
 
 
+def _where(machine: str, commit: str | None) -> str:
+    """How a plot names where a measurement comes from: the commit and the machine."""
+    if not commit:
+        return f"unknown commit on {machine}"
+    dirty = " with uncommitted changes" if commit.endswith("-dirty") else ""
+    return f"commit {commit[:10]}{dirty} on {machine}"
+
+
 def collect(results_dir: str | None, json_files) -> dict:
-    """Series for the plots: ``allreduce`` [(backend, W, MB, busbw GB/s)], ``bucket``
-    [(variant, MB, step ms)], ``memory`` [(label, variant, dict)]."""
+    """Series for the plots: ``allreduce`` [(label, W, MB, busbw GB/s)], ``bucket``
+    [(label, MB, step ms)], ``memory`` [(label, variant, dict)]; every label ends with
+    ``_where``'s commit and machine."""
     data = {"allreduce": [], "bucket": [], "memory": []}
     for path in json_files:
         with open(path) as f:
             rec = json.load(f)
-        where = rec.get("machine", {}).get("gpu") or rec.get("machine", {}).get("host", os.path.basename(path))
+        machine = rec.get("machine", {})
+        where = _where(machine.get("gpu") or machine.get("host") or os.path.basename(path), machine.get("commit"))
         for r in rec.get("allreduce", []):
             data["allreduce"].append((f"{r['backend']} {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
         for r in rec.get("bucket", []):
-            data["bucket"].append((f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM ({where})",
+            data["bucket"].append((f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM, {where}",
                                    r["spec"]["bucket_mb"], r["median"] * 1e3))
         for r in rec.get("step", []):
             if "error" in r:
@@ -148,17 +168,22 @@ def collect(results_dir: str | None, json_files) -> dict:
                 entry["cuda"] = r["cuda_memory"]
             data["memory"].append((label, r["spec"]["variant"], entry))
         for r in rec.get("memory", []):
-            data["memory"].append((f"memory {where}", r["spec"]["variant"], r))
+            data["memory"].append((f"{_model_name(r['spec']['model'])} LM, {where}", r["spec"]["variant"], r))
     for run in (_asv_latest(results_dir) if results_dir and os.path.isdir(results_dir) else []):
         v = run["values"]
-        for (w, mb), bw in v.get("cpu.allreduce.AllReduce.track_busbw", {}).items():
-            data["allreduce"].append((f"gloo asv:{run['machine']}", int(_unquote(w)), _unquote(mb), bw))
-        for (w, mb), bw in v.get("gpu.allreduce.AllReduce.track_busbw", {}).items():
-            data["allreduce"].append((f"nccl asv:{run['machine']}", int(_unquote(w)), _unquote(mb), bw))
+        where = _where(f"asv machine {run['machine']}", run["commit"])
+        for tier, backend in (("cpu", "gloo"), ("gpu", "nccl")):
+            # Recorded as seconds per bus GB (lower is better, for asv); plotted as GB/s. Result
+            # files written before that recorded GB/s as track_busbw.
+            for (w, mb), inv in v.get(f"{tier}.allreduce.AllReduce.track_seconds_per_bus_gb", {}).items():
+                if inv and inv == inv:
+                    data["allreduce"].append((f"{backend}, {where}", int(_unquote(w)), _unquote(mb), 1.0 / inv))
+            for (w, mb), bw in v.get(f"{tier}.allreduce.AllReduce.track_busbw", {}).items():
+                data["allreduce"].append((f"{backend}, {where}", int(_unquote(w)), _unquote(mb), bw))
         for tier in ("cpu", "gpu"):
             model = "cpu" if tier == "cpu" else "xl"
             for (var, mb), t in v.get(f"{tier}.bucket.BucketSweep.track_wall", {}).items():
-                data["bucket"].append((f"{_unquote(var)}, {model} LM (asv:{run['machine']})", _unquote(mb), t * 1e3))
+                data["bucket"].append((f"{_unquote(var)}, {model} LM, {where}", _unquote(mb), t * 1e3))
         mem = {}
         for q, field in (("track_tensor_params", "param_bytes"), ("track_tensor_grads", "grad_bytes"),
                          ("track_optimizer_state", "optimizer_state_bytes"),
@@ -169,11 +194,18 @@ def collect(results_dir: str | None, json_files) -> dict:
         for var, entry in mem.items():
             if {"param_bytes", "grad_bytes", "optimizer_state_bytes"} <= entry.keys():
                 entry["peak_bytes"] = max(entry.get(k, 0) for k in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"))
-                data["memory"].append((f"cpu LM, asv:{run['machine']}", var, entry))
+                data["memory"].append((f"cpu LM, {where}", var, entry))
     return data
 
 
 # -- plots --------------------------------------------------------------------------------------
+def _sources(labels) -> str:
+    """The commits and machines behind a plot's series (the part of each label after ', commit'
+    or ', unknown commit'), for its title."""
+    found = sorted({re.sub(r"^.*?, (?=(commit|unknown commit) )", "", a) for a in labels})
+    return "; ".join(found)
+
+
 def plot_all(data: dict, out: str) -> list[str]:
     """Write the PNGs for whatever ``data`` holds; returns their file names."""
     import matplotlib
@@ -188,8 +220,8 @@ def plot_all(data: dict, out: str) -> list[str]:
         for (label, w) in sorted({(a, b) for a, b, _, _ in data["allreduce"]}):
             pts = sorted((mb, bw) for a, b, mb, bw in data["allreduce"] if (a, b) == (label, w))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks")
-        ax.set(xscale="log", xlabel="message size (MB, 2^20 bytes)", ylabel="bus bandwidth (GB/s)",
-               title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time")
+        ax.set(xscale="log", xlabel="message size (MB, 2^20 bytes)", ylabel="bus bandwidth (GB/s, higher is better)",
+               title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time\n" + _sources(a for a, *_ in data["allreduce"]))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -201,7 +233,8 @@ def plot_all(data: dict, out: str) -> list[str]:
         for label in sorted({a for a, _, _ in data["bucket"]}):
             pts = sorted((mb, t) for a, mb, t in data["bucket"] if a == label)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set(xscale="log", xlabel="bucket size (MB)", ylabel="step time (ms, median)", title="step time against bucket size")
+        ax.set(xscale="log", xlabel="bucket size (MB)", ylabel="step time (ms, median; lower is better)",
+               title="step time against bucket size\n" + _sources(a for a, *_ in data["bucket"]))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -239,7 +272,7 @@ def plot_all(data: dict, out: str) -> list[str]:
                        width=width, label=point.replace("_", " "))
             ax.set_ylabel("GiB per GPU (torch.cuda.max_memory_allocated)")
         ax.set_xticks(list(xs), names, rotation=30, ha="right")
-        ax.set_title(f"memory per variant: {label}")
+        ax.set_title(f"memory per variant (lower is better): {label}", fontsize=10)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         fname = f"memory_{i}.png"
@@ -248,7 +281,8 @@ def plot_all(data: dict, out: str) -> list[str]:
         written.append(fname)
     with open(os.path.join(out, "index.html"), "w") as f:
         f.write("<!doctype html><meta charset='utf-8'><title>paracheck plots</title>"
-                "<h1>paracheck: the seeds' experiments</h1>\n")
+                "<h1>paracheck: latest measurements</h1>\n"
+                "<p>Each plot names the commit and the machine of its measurements.</p>\n")
         for w in written:
             f.write(f"<p><img src='{html.escape(w)}' alt='{html.escape(w)}'></p>\n")
         if not written:
@@ -267,11 +301,19 @@ def main(argv=None) -> int:
     vendoring fails, 2 on a usage error."""
     p = argparse.ArgumentParser(prog="paracheck report", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)")
-    p.add_argument("--html-dir", default=None, help="override the configuration's html_dir")
+    p.add_argument("--html-dir", default=None, help="override the configuration's html_dir (default: its html_dir)")
     p.add_argument("--out", default=None, help="where the plots go (default <html_dir>/paracheck)")
-    p.add_argument("--from-json", action="append", default=[], help="a paracheck bench --json file (repeatable)")
-    p.add_argument("--no-publish", action="store_true", help="do not run asv publish (vendor and plot only)")
+    p.add_argument("--from-json", action="append", default=[],
+                   help="a paracheck bench --json file (repeatable; default: none)")
+    p.add_argument("--no-publish", action="store_true", help="do not run asv publish (vendor and plot only; default off)")
+    p.add_argument("--serve", action="store_true",
+                   help="then serve the pages on 127.0.0.1 and print their URL until Ctrl-C (default off); opened "
+                        "as files the history pages stay blank: browsers refuse their data requests on file://")
+    p.add_argument("--port", type=int, default=8080, help="port of --serve; 0 picks a free one (default 8080)")
     args = p.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
+        return 2
     if not os.path.exists(args.config):
         print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
         return 2
@@ -297,11 +339,43 @@ def main(argv=None) -> int:
         except VendorError as exc:
             print(f"paracheck report: {exc}", file=sys.stderr)
             return 1
-        print(f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/; "
-              f"view with `asv preview` or any static HTTP server)")
+        print(f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/); "
+              f"view them with `paracheck report --no-publish --serve` (or any static HTTP server): opened as a "
+              f"file the page stays blank, as browsers refuse its data requests on file:// URLs")
     else:
         print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
     out = args.out or os.path.join(html_dir, "paracheck")
     written = plot_all(collect(results_dir, args.from_json), out)
     print(f"plots: {', '.join(written) or 'none (no measurements)'} in {out}")
+    if args.serve:
+        return serve(html_dir, args.port, plots=os.path.relpath(out, html_dir))
+    return 0
+
+
+def serve(directory: str, port: int = 0, *, plots: str | None = None, ready=None) -> int:
+    """Serve ``directory`` on 127.0.0.1:``port`` (0: a free port) until interrupted, after
+    printing the URL; ``ready(server)`` is called once listening (tests stop it with
+    ``server.shutdown()``). 0 when stopped, 2 when the port cannot be bound."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, fmt, *args):  # one line per request would drown the URL
+            pass
+
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Quiet, directory=directory))
+    except OSError as exc:
+        print(f"paracheck report: --port={port} cannot be used: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    print(f"serving {directory} at {url} (history pages)" + (f", plots at {url}{plots}/" if plots and not
+                                                             plots.startswith("..") else "") + "; Ctrl-C stops",
+          flush=True)
+    if ready is not None:
+        ready(server)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0

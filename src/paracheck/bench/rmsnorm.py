@@ -27,7 +27,7 @@ import torch.nn.functional as F
 __all__ = ["SHAPES", "RMSNormBandwidth", "copy_tbps", "eager_rms_norm", "events_ms", "host_us",
            "measure_rmsnorm", "rmsnorm_inputs", "step_fn", "tbps", "torch_rms_norm"]
 
-# The shapes of issue 7: (rows, d).
+# The benchmarked shapes (rows, d): hidden sizes 1024..8192 at 4096 rows, and GPT-2 XL's 1600 at 16384.
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600)]
 EPS = 1e-5
 
