@@ -155,7 +155,7 @@ def collect(results_dir: str | None, json_files) -> dict:
         machine = rec.get("machine", {})
         where = _where(machine.get("gpu") or machine.get("host") or os.path.basename(path), machine.get("commit"))
         for r in rec.get("allreduce", []):
-            data["allreduce"].append((f"{r['backend']} {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
+            data["allreduce"].append((f"{r['backend']}, {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
         for r in rec.get("bucket", []):
             data["bucket"].append((f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM, {where}",
                                    r["spec"]["bucket_mb"], r["median"] * 1e3))
