@@ -159,6 +159,7 @@ class World:
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
         self._spares: list = []  # (process, listener) of each spare rank (Note [Spare rank])
+        self._exits: dict[int, str] = {}  # how the ranks found dead by _replace_dead ended
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
 
@@ -303,9 +304,9 @@ class World:
     def _replace_dead(self, dead: list[int], pending: dict) -> bool:
         """After ranks ``dead`` died in a job: let the survivors still in it fail out (their peers
         are gone, so their collectives fail), have every survivor drop its group, and start new
-        processes for the dead ranks only. False if that did not work (then restart the pool)."""
-        live = [r for r in range(self.size) if r not in dead]
-        waiting = {r: c for r, c in pending.items() if r in live}
+        processes for the dead ranks only; ranks found dead meanwhile are added to ``dead``.
+        False if that did not work (then restart the pool)."""
+        waiting = {r: c for r, c in pending.items() if r not in dead}
         deadline = time.monotonic() + 3.0
         while waiting and time.monotonic() < deadline:
             for conn in wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic())):
@@ -313,14 +314,19 @@ class World:
                 try:
                     msg = _recv(conn)
                 except (EOFError, OSError):
-                    return False
+                    dead.append(rank)  # a mismatched collective can abort every rank of the pair
+                    waiting.pop(rank, None)
+                    continue
                 if msg[0] == self._job:
                     waiting.pop(rank, None)
-        if waiting or any(self._procs[r].poll() is not None for r in live):
+        dead += [r for r in range(self.size) if r not in dead and self._procs[r].poll() is not None]
+        self._exits = {r: _describe_exit(_wait_code(self._procs[r])) for r in dead}
+        if waiting:
             return False
-        for r in live:
-            _send(self._conns[r], ("reset",))
-        return self._respawn(dead)
+        for r in range(self.size):
+            if r not in dead:
+                _send(self._conns[r], ("reset",))
+        return self._respawn(sorted(dead))
 
     def _kill(self) -> None:
         self._drop_spares()
@@ -459,9 +465,13 @@ class World:
                     break  # Note [Definite deadlock]
         if any(f.kind == "died" for f in failures):
             dead = [f for f in failures if f.kind == "died"]
+            ranks = sorted(f.rank for f in dead)
             # Replacing only the dead ranks costs one process start instead of the pool's.
-            if self._replace_dead(sorted(f.rank for f in dead), pending):
-                action = f"rank(s) {sorted(f.rank for f in dead)} were restarted"
+            known = set(ranks)
+            replaced = self._replace_dead(ranks, pending)
+            dead += [RankFailure(r, "died", self._exits.pop(r, "died")) for r in ranks if r not in known]
+            if replaced:
+                action = f"rank(s) {sorted(ranks)} were restarted"
             else:
                 self.restart()
                 action = "the pool was restarted"
