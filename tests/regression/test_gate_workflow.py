@@ -123,3 +123,18 @@ def test_gate_target_must_be_an_import_path(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "TARGET='mypkg.ddp'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_gate_target_broken_at_head_cannot_decide(tmp_path, request):
+    """A TARGET whose module raises on import at head: exit 2, the message names the TARGET and
+    the error, and the JSON says ERROR (a merge must not pass because its code does not import)."""
+    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
+        pytest.skip("slow (two worker starts): run with -m slow")
+    repo = _user_repo(tmp_path, "\nraise RuntimeError('broken at head')\n")
+    out = tmp_path / "gate.json"
+    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "main", "--json", str(out), TARGET],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"TARGET={TARGET!r}" in proc.stderr and "broken at head" in proc.stderr
+    assert json.load(open(out))["verdict"] == "ERROR"

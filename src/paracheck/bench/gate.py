@@ -32,7 +32,8 @@ Note [The gate rule]
       wall``): a slowdown that blocks (a sleep, a wait on a lock or a collective, I/O) shows in
       wall time only, a CPU-bound one in both. ``--timing cpu`` times the rank processes' CPU
       time instead (blind to blocking slowdowns; steadier where the machine is shared).
-    * A pass of R interleaved rounds gives per side R job readings and per round one ratio
+    * A pass starts with one untimed job per side and variant (a fresh worker's first job pays
+      for imports and first connections), then R interleaved rounds give per side R job readings and per round one ratio
       head/base of the two jobs run back to back. Two statistics, each blind to a different
       kind of noise: the *median of the paired ratios* (a load that drifts during the run
       affects both jobs of a round alike; one disturbed round cannot move a median) and the
@@ -379,17 +380,22 @@ def _choose_variants(cfg: _Config, sides: list[_Side]) -> tuple[list[str], list[
     base_info, head_info = sides[0].info, sides[1].info
     base_v, head_v = set(base_info["variants"]), set(head_info["variants"])
     if cfg.targets:
-        broken = {t: e for t, e in head_info.get("missing", {}).items()}
+        broken = head_info.get("missing", {})
         if broken:
-            raise GateError("head " + cfg.head + " cannot build " + "; ".join(f"TARGET {t}: {e}" for t, e in broken.items()))
+            raise GateError(f"head {cfg.head} cannot build "
+                            + "; ".join(f"TARGET={t!r}: {e}" for t, e in broken.items()))
         wanted = tuple(cfg.targets)
     else:
         wanted = cfg.variants or tuple(v for v in head_info["variants"] if v in base_v)
     variants = [v for v in wanted if v in base_v and v in head_v]
-    rows = [GateRow(v, "variant", None, None, "gone" if v in base_v else "new", "present on one side only")
-            for v in sorted((base_v ^ head_v) & set(wanted if (cfg.targets or cfg.variants) else base_v | head_v))]
-    rows += [GateRow(t, "variant", None, None, "new", f"base cannot build it: {e.splitlines()[0][:200]}")
-             for t, e in base_info.get("missing", {}).items() if t in wanted and t not in {r.variant for r in rows}]
+    if cfg.targets:
+        # Every TARGET builds at head (checked above); one that base cannot build is new.
+        missing = base_info.get("missing", {})
+        rows = [GateRow(t, "variant", None, None, "new", f"base cannot build it: {missing[t].splitlines()[0][:200]}")
+                for t in wanted if t in missing]
+    else:
+        rows = [GateRow(v, "variant", None, None, "gone" if v in base_v else "new", "present on one side only")
+                for v in sorted((base_v ^ head_v) & set(cfg.variants or base_v | head_v))]
     if not variants:
         raise GateError(f"no variant to compare: base has {sorted(base_v)}, head has {sorted(head_v)}, "
                         f"asked for {list(wanted)}"
