@@ -54,7 +54,8 @@ def main() -> None:
     t_check = time.monotonic()
     try:
         report = prop.check_target(resolve_target(args.target), world, world_sizes=sizes,
-                                   max_examples=args.max_examples, timeout=args.timeout)
+                                   max_examples=args.max_examples, timeout=args.timeout,
+                                   first_failure=False, labels=True)  # as paracheck check does
     finally:
         prop.run_case = run_case
         world.close()

@@ -132,3 +132,20 @@ def test_pytest_fixture_fails_with_the_report_text(paracheck_check):
     text = str(info.value)
     assert "FAIL paracheck.mutants.ddp:NoDivideDDP: gradients: gradients not averaged over ranks" in text
     assert "replay exactly this case:" in text
+
+
+def test_hang_report_says_which_collective_the_ranks_disagree_on(world):
+    """A DDP that skips a parameter without a local gradient hangs; the report names the counts."""
+    from paracheck.cases import GroupSpec, OptimizerSpec
+    from paracheck.check.report import case_report
+    from paracheck.workloads.mlp import MLPSpec
+
+    case = Case(model=MLPSpec(in_features=1, widths=(1,), bias=False, unused="data"), world_size=2,
+                batch_sizes=(1, 1), steps=1, seed=1, set_to_none=False,
+                optimizer=OptimizerSpec(name="adam", groups=(GroupSpec(params=(0, 1), lr=1e-3),)))
+    target = Target("skip-none-grad", "paracheck.mutants.ddp:SkipNoneGradDDP", "ddp")
+    result = run_case(world, target, case, timeout=10.0)
+    assert result.failed_properties == ["hang"] and result.error.definite, result.describe()
+    text = case_report(target, result).text()
+    assert "FAIL skip-none-grad: hang: the ranks hang: they did not all finish" in text
+    assert "the ranks disagree: rank 0 is in its 2nd all_reduce" in text and "rank 1 finished after 1 all_reduce" in text

@@ -32,7 +32,7 @@ PROPERTIES: dict[str, Property] = {
                        "to debug it in one process per rank"),
     "died": Property("a rank process died",
                      "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion"),
-    "hang": Property("hang: the ranks did not all finish (they disagree on the collectives they issue, or one "
+    "hang": Property("the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
                      "never returns)",
                      "every rank must issue the same collectives in the same order; decide what to communicate "
                      "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
