@@ -145,11 +145,11 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check):
     state_dict() the ranks could not read (``got_state`` None)."""
     if got_state is None:
         return None
-    extra = sorted(set(got_state) - set(ref_state))
+    extra = sorted(i for i, st in got_state.items() if st and not ref_state.get(i))
     if extra:
         return Divergence(k, "state", r, extra[0], None, float("inf"), 0.0,
                           f"optimizer state for parameters {extra}, which have none in the oracle")
-    for i in sorted(got_state):
+    for i in sorted(i for i, st in got_state.items() if st):
         for key, ref in ref_state[i].items():
             got = got_state[i].get(key)
             if got is None:
@@ -169,16 +169,20 @@ def state_convention(states: list[dict], ref_state: dict) -> str | None:
     """How ranks returned the optimizer state of one step: ``"consolidated"`` (every rank holds every
     parameter's state), ``"per-rank shards"`` (some rank holds only part), None when the oracle has
     no state to tell them apart (or one rank: both at once)."""
-    if not ref_state or len(states) == 1:
+    ref = {i for i, st in ref_state.items() if st}
+    if not ref or len(states) == 1:
         return None
-    return STATE_CONSOLIDATED if all(set(st) >= set(ref_state) for st in states) else STATE_SHARDS
+    return STATE_CONSOLIDATED if all({i for i, st in s.items() if st} >= ref for s in states) else STATE_SHARDS
 
 
 def compare_state_union(k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]) -> Divergence | None:
     """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
     ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
     that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
-    (each parameter's state on its owner, or identically on several ranks) and consolidated state."""
+    (each parameter's state on its owner, or identically on several ranks) and consolidated state.
+    An empty state entry (a touched ``defaultdict``) counts as no state, on either side."""
+    ref_state = {i: st for i, st in ref_state.items() if st}
+    states = [{i: st for i, st in s.items() if st} for s in states]
     holders: dict[int, list[int]] = {}
     for r, st in enumerate(states):
         for i in st:
