@@ -277,7 +277,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
         nonlocal first_at
         deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
-        needs, complete = checker.needs(hit.prop, hit.result.case, deadline) if labels else ([], True)
+        needs, complete = checker.needs(hit.prop, hit.result.case, deadline) if labels else (None, True)
         extra = list(hit.notes)
         if not complete:
             extra.append("not every feature was tried: the time budget for hangs ran out")
@@ -291,7 +291,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
         result = checker.run(case)
         for prop in order(result.failed_properties):
             if prop not in known:
-                finish(_Hit(prop, result, True, len(checker.cache) - 1, ["an explicit case, not shrunk"]))
+                finish(_Hit(prop, result, True, len(checker.cache) - 1, ["a given case, not shrunk"]))
         if first_failure and failures:
             break
 
@@ -309,7 +309,7 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     if search_without and not first_failure:
         tried = set()
         for f in list(failures):
-            for name in f.needs:
+            for name in f.needs or ():
                 if not feature(name).search_without or (f.property, name) in tried:
                     continue
                 tried.add((f.property, name))

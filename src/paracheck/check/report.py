@@ -147,11 +147,12 @@ class PropertyFailure:
 
     property: str
     result: CaseResult
-    needs: list[str] = field(default_factory=list)  # feature names (paracheck.check.features)
+    needs: list[str] | None = None  # feature names (paracheck.check.features); None: not worked out
     fully_shrunk: bool = True
     found_after: int = 0  # cases run before the first case that broke it
     without: str | None = None  # found among cases without this feature (another bug behind it)
     notes: list[str] = field(default_factory=list)
+    shrunk: bool = True  # False: a given case, reported as it is
 
     @property
     def case(self):
@@ -166,7 +167,7 @@ class PropertyFailure:
     def labels(self) -> list[str]:
         from paracheck.check.features import label
 
-        return [label(n) for n in self.needs]
+        return [label(n) for n in self.needs or ()]
 
     def header(self, target_name: str) -> str:
         return f"FAIL {target_name}: {self.property}: {self.meaning}"
@@ -177,7 +178,8 @@ class PropertyFailure:
             from paracheck.check.features import label
 
             out.append(f"  found among cases without the feature another failure needs ({label(self.without)[5:]})")
-        out.append("  needs: " + ("; ".join(self.labels()) if self.needs else "nothing beyond the case below"))
+        if self.needs is not None:
+            out.append("  needs: " + ("; ".join(self.labels()) if self.needs else "nothing beyond the case below"))
         if not self.fully_shrunk:
             out.append("  not fully shrunk: the shrinking budget ran out; this is the smallest failing case found")
         out += [f"  note: {n}" for n in self.notes]
@@ -196,7 +198,10 @@ class PropertyFailure:
         hint = property_info(self.property).hint
         if hint:
             out.append(f"  fix: {hint}")
-        out.append(f"  shrunk case (the first failing case was case #{self.found_after + 1}):")
+        if self.shrunk:
+            out.append(f"  shrunk case (the first failing case was case #{self.found_after + 1}):")
+        else:
+            out.append("  the case:")
         out.append("    " + self.case.to_json(indent=2).replace("\n", "\n    "))
         out.append("  what failed:" if err is not None else "  what diverged:")
         out.append("    " + self.result.describe(self.property).replace("\n", "\n    "))
@@ -213,7 +218,7 @@ class PropertyFailure:
         return {
             "property": self.property,
             "meaning": self.meaning,
-            "needs": list(self.needs),
+            "needs": None if self.needs is None else list(self.needs),
             "needs_text": self.labels(),
             "fully_shrunk": self.fully_shrunk,
             "found_after": self.found_after,
@@ -288,7 +293,7 @@ class CheckReport:
 
 def case_report(target, result: CaseResult, *, timeout: float | None = None) -> CheckReport:
     """The report of one given case (``paracheck check --case``): every property it breaks, as is."""
-    failures = [PropertyFailure(p, result, [], True, 0, None, ["the given case, not shrunk"])
+    failures = [PropertyFailure(p, result, None, True, 0, None, [], shrunk=False)
                 for p in order(result.failed_properties)]
     return CheckReport(target, result.ok, 1, result.seconds, failures, result.worst_ratio,
                        (result.case.world_size,), [], cases_run=1, timeout=timeout)
