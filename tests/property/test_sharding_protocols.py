@@ -183,3 +183,19 @@ def test_gradient_outside_every_group_accumulates_like_single_process_training()
                 torch.testing.assert_close(p.detach(), rec.params[i], rtol=1e-12, atol=0)
         assert held is not None and held.abs().sum() > 0
         torch.testing.assert_close(held, traj.steps[0].grads[2], rtol=0, atol=0)
+
+
+def test_reload_into_a_fresh_instance_works_with_both_conventions(world):
+    """state_dict() -> a fresh instance (constructor groups, scheduler, the late group added so far)
+    -> load_state_dict() before step 2 continues like the oracle, whether state_dict() returns this
+    rank's shard or everything; a load_state_dict that skips the wrapped optimizer does not."""
+    late = GroupSpec(params=(2, 3), lr=0.02, add_at_step=1)
+    case = replace(ADAM_TWO_GROUPS, steps=4, reload_at_step=2,
+                   optimizer=replace(ADAM_TWO_GROUPS.optimizer, groups=(GroupSpec(params=(0, 1)), late),
+                                     scheduler="step"))
+    for target in (CONTROL, resolve_target("sharded"), resolve_target("torch-zero")):
+        result = run_case(world, target, case)
+        assert result.ok, f"{target.name}: {result.describe()}"
+    broken = Target("skips", "paracheck.mutants.sharding:LoadStateDictSkipsWrapped", "sharded")
+    result = run_case(world, broken, case)
+    assert result.divergence is not None and result.divergence.step == 2, result.describe()
