@@ -76,6 +76,9 @@ class OptimizerSpec:
         object.__setattr__(self, "groups", tuple(self.groups))
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler={self.scheduler!r} must be None or one of {sorted(SCHEDULERS)}")
+        if self.scheduler == "lambda" and any(g.add_at_step is not None for g in self.groups):
+            raise ValueError("scheduler='lambda' with a group added by add_param_group: LambdaLR cannot step a "
+                             "group added after it was built (torch raises); use scheduler='step'")
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
