@@ -8,7 +8,11 @@ import sys
 
 from paracheck.world._rank import rank_main
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1] == "zygote":
+    from paracheck.world._rank import zygote_main
+
+    zygote_main(sys.argv[2])
+elif __name__ == "__main__":
     _rank, _host, _port, _driver, _stacks, _backend, _device, _timeout = sys.argv[1:9]
     rank_main(None if _rank == "spare" else int(_rank), _host, int(_port), _driver, _stacks, _backend,
               _device or None, float(_timeout))

@@ -149,6 +149,48 @@ def rank_main(rank: int | None, host: str, port: int, driver: str, stack_dir: st
     _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture)
 
 
+def zygote_main(stack_dir: str) -> None:
+    """A process that imports what a rank needs once, then forks a rank per line read from stdin
+    (Note [Forked ranks] in ``paracheck.world.runner``): ``json [rank_main args..., authkey]``.
+    The exit status of each child goes to ``<stack_dir>/exit.<pid>`` (the driver is not its parent)."""
+    import json
+
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    from paracheck.world import _collectives  # noqa: F401
+
+    def reap(signum, frame):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            with open(os.path.join(stack_dir, f"exit.{pid}.tmp"), "w") as f:
+                f.write(str(code))
+            os.replace(os.path.join(stack_dir, f"exit.{pid}.tmp"), os.path.join(stack_dir, f"exit.{pid}"))
+
+    signal.signal(signal.SIGCHLD, reap)
+    open(os.path.join(stack_dir, "zygote.ready"), "w").close()
+    for line in sys.stdin:
+        args = json.loads(line)
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 1
+            try:
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.environ["PARACHECK_AUTHKEY"] = args[-1]
+                rank_main(*args[:-1])
+                code = 0
+            finally:
+                os._exit(code)
+
+
 def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture) -> None:
     import torch
     import torch.distributed as dist

@@ -21,6 +21,7 @@ so pools in several pytest-xdist workers never collide.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import os
 import re
@@ -158,10 +159,11 @@ class World:
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
-        self._spares: list = []  # (process, listener) of each spare rank (Note [Spare rank])
+        self._zygote = None  # forks replacement ranks (Note [Forked ranks])
         self._exits: dict[int, str] = {}  # how the ranks found dead by _replace_dead ended
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
+        self._start_zygote()  # after the ranks: its imports overlap the first jobs, not the start
 
     # -- lifecycle ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -179,9 +181,9 @@ class World:
         self.start_seconds = time.monotonic() - t0
         self.spawn_seconds = self.spawn_seconds or self.start_seconds
 
-    def _spawn(self, ranks: list[int]) -> None:
+    def _spawn(self, ranks: list[int], fork: bool = False) -> None:
         """Start the rank processes ``ranks`` (the store and the other ranks exist) and wait until
-        each has connected."""
+        each has connected; ``fork``: forked by the zygote (Note [Forked ranks])."""
         # Ranks are plain subprocesses (``python -m paracheck.world._rank``), not multiprocessing
         # children: nothing of the driver's __main__ is re-imported, so a World works from a
         # script, a REPL, stdin, pytest and pytest-xdist alike.
@@ -190,6 +192,13 @@ class World:
         env = self._env(authkey)
         for rank in ranks:
             device = self.devices[rank] if self.devices else ""
+            if fork:
+                line = [rank, "127.0.0.1", self._store.port, f"{listener.address[0]}:{listener.address[1]}",
+                        self._stack_dir, self.backend, device or None, self._pg_timeout, authkey.hex()]
+                self._zygote.stdin.write((json.dumps(line) + "\n").encode())
+                self._zygote.stdin.flush()
+                self._procs[rank] = None
+                continue
             args = [sys.executable, "-m", "paracheck.world._entry", str(rank), "127.0.0.1",
                     str(self._store.port), f"{listener.address[0]}:{listener.address[1]}",
                     self._stack_dir, self.backend, device, repr(self._pg_timeout)]
@@ -203,7 +212,10 @@ class World:
         try:
             connected = 0
             while connected < len(ranks):
-                dead = {r: _describe_exit(self._procs[r].poll()) for r in ranks if self._procs[r].poll() is not None}
+                dead = {r: _describe_exit(self._procs[r].poll()) for r in ranks
+                        if self._procs[r] is not None and self._procs[r].poll() is not None}
+                if fork and self._zygote.poll() is not None:
+                    raise RuntimeError("the zygote that forks replacement ranks exited")
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"ranks failed to start: {dead}" if dead else f"ranks did not start within {self.start_timeout} s"
@@ -215,6 +227,8 @@ class World:
                     raise RuntimeError(f"a rank connected but did not report within {self.start_timeout} s")
                 hello = _recv(conn)
                 self._conns[hello[1]] = conn
+                if fork:
+                    self._procs[hello[1]] = _Forked(hello[2], self._stack_dir)
                 connected += 1
         finally:
             listener.close()
@@ -226,56 +240,33 @@ class World:
         env["PARACHECK_AUTHKEY"] = authkey.hex()
         return env
 
-    # Note [Spare rank]
+    # Note [Forked ranks]
     #   A rank that dies, or hangs where its peers cannot free it, is replaced by a new process,
     #   and a new process spends seconds importing torch (5-8 s on a loaded 2-core machine: the
-    #   whole cost of such a case). After the first replacement the World keeps spare processes
-    #   (two: a mismatched collective often aborts both ranks of a pair) that have imported
-    #   everything and wait, connected, to be told which rank to become; the next replacement
-    #   takes one at once and a new spare starts in the background.
-    _SPARES = 2
+    #   whole cost of such a case, and shrinking one runs several). After the first replacement
+    #   the World starts a zygote: a process that has imported torch once and forks a new rank
+    #   on request (tens of milliseconds). Its children are not the driver's, so ``_Forked``
+    #   stands in for ``subprocess.Popen`` and the zygote writes their exit status to a file.
+    def _start_zygote(self) -> None:
+        if self._zygote is None or self._zygote.poll() is not None:
+            env = self._env(b"")
+            self._zygote = subprocess.Popen([sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
+                                            env=env, stdin=subprocess.PIPE)
 
-    def _start_spares(self) -> None:
-        while len(self._spares) < min(self._SPARES, self.size) and self._store is not None:
-            authkey = os.urandom(16)
-            listener = Listener(("127.0.0.1", 0), authkey=authkey)
-            args = [sys.executable, "-m", "paracheck.world._entry", "spare", "127.0.0.1", str(self._store.port),
-                    f"{listener.address[0]}:{listener.address[1]}", self._stack_dir, self.backend, "",
-                    repr(self._pg_timeout)]
-            self._spares.append((subprocess.Popen(args, env=self._env(authkey), stdin=subprocess.DEVNULL), listener))
+    def _zygote_ready(self) -> bool:
+        return (self._zygote is not None and self._zygote.poll() is None
+                and os.path.exists(os.path.join(self._stack_dir, "zygote.ready")))
 
-    def _drop_spares(self) -> None:
-        spares, self._spares = self._spares, []
-        for proc, listener in spares:
-            if proc.poll() is None:
-                proc.kill()
-            _wait_code(proc)
-            listener.close()
-
-    def _take_spare(self, rank: int) -> bool:
-        """Make a spare process rank ``rank``; False if there is none or it failed."""
-        if not self._spares:
-            return False
-        proc, listener = self._spares.pop(0)
-        try:
-            sock = listener._listener._socket
-            deadline = time.monotonic() + self.start_timeout
-            while not select.select([sock], [], [], 0.2)[0]:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    return False
-            conn = listener.accept()
-            _send(conn, ("become", rank, self.devices[rank] if self.devices else ""))
-            if not conn.poll(60):
-                return False
-            _recv(conn)
-            self._procs[rank], self._conns[rank] = proc, conn
-            return True
-        except (OSError, EOFError):
-            return False
-        finally:
-            listener.close()
-            if self._procs[rank] is not proc and proc.poll() is None:
-                proc.kill()
+    def _stop_zygote(self) -> None:
+        if self._zygote is not None:
+            if self._zygote.poll() is None:
+                self._zygote.kill()
+            _wait_code(self._zygote)
+            self._zygote = None
+            try:
+                os.remove(os.path.join(self._stack_dir, "zygote.ready"))
+            except OSError:
+                pass
 
     def _respawn(self, ranks: list[int]) -> bool:
         """Kill ranks ``ranks`` and start new processes for them; every other rank has been told
@@ -289,14 +280,12 @@ class World:
             _wait_code(self._procs[r])
             self._conns[r].close()
         t0 = time.monotonic()
-        rest = [r for r in ranks if not self._take_spare(r)]
         try:
-            if rest:
-                self._spawn(rest)
-        except RuntimeError:
+            self._spawn(list(ranks), fork=self._zygote_ready())
+        except (RuntimeError, OSError):
             return False
         self.spawn_seconds = time.monotonic() - t0
-        self._start_spares()
+        self._start_zygote()
         self.restarts += 1
         self._generation += 1
         return True
@@ -329,7 +318,6 @@ class World:
         return self._respawn(sorted(dead))
 
     def _kill(self) -> None:
-        self._drop_spares()
         self._procs = [p for p in self._procs if p is not None]
         for p in self._procs:
             if p.poll() is None:
@@ -352,6 +340,7 @@ class World:
         self._start()
 
     def close(self) -> None:
+        self._stop_zygote()
         for conn in self._conns:
             try:
                 _send(conn, ("stop",))
@@ -372,6 +361,7 @@ class World:
 
     def __del__(self):
         try:
+            self._stop_zygote()
             self._kill()
         except Exception:
             pass
@@ -646,6 +636,39 @@ def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], fi
             else f"{total} collective(s)"
         parts.append(f"{_ranks(rs)} finished after {what}")
     return "; ".join(parts)
+
+
+class _Forked:
+    """The part of ``subprocess.Popen`` the World uses, for a rank forked by the zygote."""
+
+    def __init__(self, pid: int, stack_dir: str):
+        self.pid = pid
+        self._exit = os.path.join(stack_dir, f"exit.{pid}")
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and os.path.exists(self._exit):
+            self.returncode = int(_read(self._exit) or -1)
+        elif self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:  # gone without a status (its zygote died first)
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("rank", timeout)
+            time.sleep(0.01)
+        return self.returncode
 
 
 def _size(path: str) -> int:
