@@ -181,7 +181,8 @@ def test_regressions_list_the_planted_slowdown_and_not_the_bandwidth_gain(regres
     improvement recorded as GB/s (the control) is listed, at 2.38x."""
     # Each entry: [name, graph path, graph params, param index, last value, best value, jumps]
     control = [r for r in regressions if r[0].startswith(CONTROL)]
-    assert control and all(abs(r[4] / r[5] - 2.38) < 1e-9 for r in control), "asv no longer ranks a rise as a regression"
+    assert control and all(abs(r[4] / r[5] - 2.38) < 1e-9 for r in control), \
+        "asv no longer ranks a rise as a regression"
     ranked = sorted((r for r in regressions if not r[0].startswith(CONTROL)), key=lambda r: r[4] / r[5], reverse=True)
     assert ranked, "asv found no regression at all"
     assert ranked[0][0] == f"{PLANTED}('bucketed')", [r[0] for r in ranked]

@@ -438,7 +438,8 @@ def run_gate(cfg: _Config) -> tuple[list[GateRow], dict]:
             detail = f"pass 1: median ratio x{first[v].median_ratio:.3f}, ratio of minima x{first[v].min_ratio:.3f}"
             if v in second:
                 detail += f"; pass 2: x{second[v].median_ratio:.3f}, x{second[v].min_ratio:.3f}"
-            both = first[v] if v not in second else PassTiming(first[v].base + second[v].base, first[v].head + second[v].head)
+            both = first[v] if v not in second else PassTiming(first[v].base + second[v].base,
+                                                               first[v].head + second[v].head)
             rows.append(GateRow(v, quantity, 1e3 * statistics.median(both.base), 1e3 * statistics.median(both.head),
                                 verdict, detail))
         order = {v: i for i, v in enumerate(variants)}
@@ -520,7 +521,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take (default 300)")
     p.add_argument("--json", dest="json_path", default=None,
                    help="also write the verdict and every reading as JSON to this path (default: none)")
-    p.add_argument("--verbose", action="store_true", help="show every exact quantity, not only changed ones (default off)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every exact quantity, not only changed ones (default off)")
     return p
 
 

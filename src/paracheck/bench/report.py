@@ -305,7 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="where the plots go (default <html_dir>/paracheck)")
     p.add_argument("--from-json", action="append", default=[],
                    help="a paracheck bench --json file (repeatable; default: none)")
-    p.add_argument("--no-publish", action="store_true", help="do not run asv publish (vendor and plot only; default off)")
+    p.add_argument("--no-publish", action="store_true",
+                   help="do not run asv publish (vendor and plot only; default off)")
     p.add_argument("--serve", action="store_true",
                    help="then serve the pages on 127.0.0.1 and print their URL until Ctrl-C (default off); opened "
                         "as files the history pages stay blank: browsers refuse their data requests on file://")
