@@ -199,7 +199,7 @@ class PropertyFailure:
         if hint:
             out.append(f"  fix: {hint}")
         if self.shrunk:
-            out.append(f"  shrunk case (the first failing case was case #{self.found_after + 1}):")
+            out.append(f"  first failing case: #{self.found_after + 1}; shrunk case:")
         else:
             out.append("  the case:")
         out.append("    " + self.case.to_json(indent=2).replace("\n", "\n    "))
