@@ -104,11 +104,10 @@ def _resolve(path: str):
     return obj
 
 
-def rank_main(rank: int | None, host: str, port: int, driver: str, stack_dir: str, backend: str,
+def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, backend: str,
               device: str | None, pg_timeout: float) -> None:
-    """Serve jobs as rank ``rank``; ``rank`` None makes a spare, which imports everything, connects
-    and waits to be told which rank to replace (``("become", rank, device)``): a rank that dies
-    or hangs is then replaced without paying the imports."""
+    """Serve jobs as rank ``rank`` until told to stop (a process of its own, or forked by
+    ``zygote_main``)."""
     from multiprocessing.connection import Client
 
     from paracheck.world._collectives import CollectiveCounter, install
@@ -130,11 +129,6 @@ def rank_main(rank: int | None, host: str, port: int, driver: str, stack_dir: st
 
     dhost, dport = driver.rsplit(":", 1)
     conn = Client((dhost, int(dport)), authkey=bytes.fromhex(os.environ["PARACHECK_AUTHKEY"]))
-    if rank is None:
-        msg = _recv(conn)
-        if msg[0] != "become":
-            return
-        rank, device = msg[1], msg[2] or None
     # faulthandler dumps every thread's Python stack from a C signal handler, so it works even
     # while the main thread is blocked inside a collective.
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
