@@ -248,7 +248,9 @@ class World:
     #   on request (tens of milliseconds). Its children are not the driver's, so ``_Forked``
     #   stands in for ``subprocess.Popen`` and the zygote writes their exit status to a file.
     def _start_zygote(self) -> None:
-        if self._zygote is None or self._zygote.poll() is not None:
+        # CPU only: a process forked after torch is imported must not be used with CUDA devices
+        # by a parent that might have touched them; NCCL worlds start new processes.
+        if self.backend == "gloo" and (self._zygote is None or self._zygote.poll() is not None):
             env = self._env(b"")
             self._zygote = subprocess.Popen([sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
                                             env=env, stdin=subprocess.PIPE)
