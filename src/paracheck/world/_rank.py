@@ -148,6 +148,7 @@ def zygote_main(stack_dir: str) -> None:
     (Note [Forked ranks] in ``paracheck.world.runner``): ``json [rank_main args..., authkey]``.
     The exit status of each child goes to ``<stack_dir>/exit.<pid>`` (the driver is not its parent)."""
     import json
+    import select
 
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
@@ -155,7 +156,7 @@ def zygote_main(stack_dir: str) -> None:
 
     from paracheck.world import _collectives  # noqa: F401
 
-    def reap(signum, frame):
+    def reap():
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -164,25 +165,37 @@ def zygote_main(stack_dir: str) -> None:
             if pid == 0:
                 return
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            with open(os.path.join(stack_dir, f"exit.{pid}.tmp"), "w") as f:
+            tmp = os.path.join(stack_dir, f"exit.{pid}.tmp")
+            with open(tmp, "w") as f:
                 f.write(str(code))
-            os.replace(os.path.join(stack_dir, f"exit.{pid}.tmp"), os.path.join(stack_dir, f"exit.{pid}"))
+            os.replace(tmp, os.path.join(stack_dir, f"exit.{pid}"))
 
-    signal.signal(signal.SIGCHLD, reap)
+    # Reaped by polling, not from a SIGCHLD handler: torch's import starts threads, and a signal
+    # delivered to one of them would wait for the main thread's next line of input.
     open(os.path.join(stack_dir, "zygote.ready"), "w").close()
-    for line in sys.stdin:
-        args = json.loads(line)
-        if os.fork() == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            code = 1
-            try:
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.environ["PARACHECK_AUTHKEY"] = args[-1]
-                rank_main(*args[:-1])
-                code = 0
-            finally:
-                os._exit(code)
+    buf = b""
+    while True:
+        readable = select.select([0], [], [], 0.02)[0]
+        reap()
+        if not readable:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            args = json.loads(line)
+            if os.fork() == 0:
+                code = 1
+                try:
+                    devnull = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(devnull, 0)
+                    os.environ["PARACHECK_AUTHKEY"] = args[-1]
+                    rank_main(*args[:-1])
+                    code = 0
+                finally:
+                    os._exit(code)
 
 
 def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture) -> None:

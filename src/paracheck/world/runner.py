@@ -342,7 +342,6 @@ class World:
         self._start()
 
     def close(self) -> None:
-        self._stop_zygote()
         for conn in self._conns:
             try:
                 _send(conn, ("stop",))
@@ -354,6 +353,7 @@ class World:
             except subprocess.TimeoutExpired:
                 pass
         self._kill()
+        self._stop_zygote()  # last: it reaps (and reports) the ranks it forked
 
     def __enter__(self) -> "World":
         return self
@@ -654,8 +654,14 @@ class _Forked:
         elif self.returncode is None:
             try:
                 os.kill(self.pid, 0)
-            except ProcessLookupError:  # gone without a status (its zygote died first)
-                self.returncode = -signal.SIGKILL
+            except ProcessLookupError:
+                # Reaped: the zygote writes the status right after; gone without one only if the
+                # zygote died first.
+                until = time.monotonic() + 2.0
+                while not os.path.exists(self._exit) and time.monotonic() < until:
+                    time.sleep(0.01)
+                self.returncode = int(_read(self._exit) or -signal.SIGKILL) if os.path.exists(self._exit) \
+                    else -signal.SIGKILL
         return self.returncode
 
     def kill(self):
