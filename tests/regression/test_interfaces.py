@@ -218,7 +218,7 @@ def test_function_built_wrapper_without_hook_names_the_option(paracheck_world, v
     from paracheck.cases import Case
     from paracheck.check.run import run_case
 
-    result = run_case(paracheck_world, resolve_target(f"{variants}:make_only_sync"), Case.from_json(CASE), timeout=60)
+    result = run_case(paracheck_world, resolve_target(f"{variants}:make_only_sync"), Case.from_json(CASE))
     assert result.error is not None
     assert "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients" \
         in result.error.report()
