@@ -2,7 +2,9 @@
 
     paracheck check [TARGET ...] [--world-sizes 1,2,4] [--max-examples N] [--seed N]
                     [--backend gloo|nccl] [--timeout S] [--kind ddp|sharded|zero] [--case JSON]
-                    [--properties equivalence,state,memory,balance,traffic]
+                    [--properties equivalence,state,state-consolidated,memory,balance,traffic]
+                    [--adapters PATH_OR_MODULE] [--finish NAME] [--batch-start NAME] [--stub-cuda-timing]
+                    [--first-failure] [--json PATH]
     paracheck selftest [--profile ci|dev] [--only NAME ...]
     paracheck bench | memory | gate | report ...   (speed and memory tracking)
 
@@ -57,8 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-examples", type=int, default=None, help="generated cases per target (default: profile)")
     c.add_argument("--seed", type=int, default=0, help="derandomisation seed (default 0)")
     c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
-    c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    c.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as hung")
+    c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
+                   help="gloo: CPU ranks; nccl: one CUDA device per rank (default %(default)s)")
+    c.add_argument("--timeout", type=float, default=20.0,
+                   help="longest a case may run before it counts as hung; cases are cut earlier, at 10x the "
+                        "slowest passing case of their world size, at least 5 s (default %(default)s)")
     c.add_argument("--kind", choices=["ddp", "sharded", "zero"], default=None, help="interface of an import-path target")
     c.add_argument("--adapters", default=None, metavar="PATH_OR_MODULE",
                    help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
@@ -70,12 +75,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="DDP batch-start hook, named as --finish (default on_train_batch_start, if present)")
     c.add_argument("--stub-cuda-timing", action="store_true",
                    help="on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks")
-    c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
+    c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci",
+                   help="40 derandomised / 100 / 1000 examples per target (default %(default)s)")
     c.add_argument("--dtype", default=None, choices=["float64", "float32"],
                    help="dtype of the target's computation (default float64; the oracle is always float64)")
     c.add_argument("--case", default=None, help="replay exactly this case (JSON from a failure report)")
     c.add_argument("--properties", default=None,
-                   help="sharding targets: comma-separated subset of equivalence,state,memory,balance,traffic")
+                   help="sharding targets: comma-separated subset of equivalence,state,state-consolidated,memory,balance,"
+                        "traffic (default: every one but the opt-in state-consolidated)")
     c.add_argument("--database", default=".paracheck/examples",
                    help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)")
     c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
@@ -84,12 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", default=None, metavar="PATH",
                    help="write the verdict as JSON to PATH ('-': stdout, instead of the text report)")
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
-    s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci")
-    s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names")
-    s.add_argument("--world-sizes", default="1,2,3,4")
-    s.add_argument("--timeout", type=float, default=10.0)
-    s.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    s.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci",
+                   help="40 derandomised / 100 / 1000 examples per check (default %(default)s)")
+    s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names (default: all)")
+    s.add_argument("--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default %(default)s)")
+    s.add_argument("--timeout", type=float, default=10.0, help="hang timeout per case, seconds (default %(default)s)")
+    s.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help="default %(default)s")
+    s.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="default %(default)s")
     for name in ("bench", "memory", "gate", "report"):
         sp = sub.add_parser(name, help=f"speed and memory tracking: {name}", add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)

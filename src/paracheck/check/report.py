@@ -45,15 +45,17 @@ PROPERTIES: dict[str, Property] = {
                           "average",
                           "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
                           "sum over ranks divided by the world size, on every rank (None where no rank had one)"),
-    "bucket-structure": Property("the buckets differ from the bucket plan the case implies",
-                                 "assign parameters to buckets in reverse registration order under the "
-                                 "bucket_size_mb cap"),
+    "bucket-structure": Property("the all-reduce calls do not respect bucket_size_mb",
+                                 "pack gradients into buckets of at most bucket_size_mb * 2**20 bytes (a larger "
+                                 "parameter alone), reduce each gradient exactly once, and do not split buckets "
+                                 "further than the cap requires"),
     "parameters": Property("parameters after a step differ from the oracle's",
                            "the update is wrong although the gradients were right: check the optimizer's groups "
                            "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner"),
     "optimizer-state": Property("optimizer state differs from the oracle's",
-                                "state_dict() must return the full optimizer state (every shard consolidated), "
-                                "keyed as a single-process optimizer keys it"),
+                                "the state every rank's state_dict() returns (its own shard, or every shard "
+                                "consolidated) must equal the oracle's, keyed as a single-process optimizer keys it; "
+                                "ranks returning the same parameter's state must agree"),
     "state-consolidated": Property("the consolidated optimizer state differs from the oracle's",
                                    "consolidate every rank's shard into state_dict(), on every rank"),
     "rank-agreement": Property("ranks disagree: their parameters after a step are not bitwise identical",
