@@ -6,7 +6,7 @@ from paracheck.selftest import run_selftest, selftest_rows
 def test_selftest_fast_profile_kills_and_passes(world, capsys):
     """A representative slice (two targets, three mutants of both families) exits 0 with a table."""
     only = ["flat", "zero1", "ddp-no-divide", "ddp-last-bucket-never-reduced", "sharded-count-partition"]
-    code = run_selftest(only=only, world_sizes=(1, 2, 3), world=world, max_examples=20)
+    code = run_selftest(only=only, world_sizes=(1, 2, 3, 4), world=world)  # the selftest defaults
     out = capsys.readouterr().out
     assert code == 0, out
     assert "kill rate: 3/3 = 100%" in out and "built-in targets passing: 2/2" in out

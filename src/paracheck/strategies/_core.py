@@ -50,7 +50,10 @@ def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool =
     n = draw(st.integers(1, max_layers))
     widths = tuple(draw(st.lists(st.integers(1, max_width), min_size=n, max_size=n)))
     in_features = draw(st.integers(1, max_width))
-    bias = draw(st.booleans())
+    # Biases (1-D parameters) three times in four, shrinking to none: at one in two, one target's
+    # 40 derandomised examples at world sizes 1,2,3,4,6 held a bias at world size >= 2 in a single
+    # case, and a DDP that never reduces 1-D parameters passed.
+    bias = draw(st.integers(0, 3)) > 0
     if not features:
         return MLPSpec(in_features=in_features, widths=widths, bias=bias)
     tied = draw(st.booleans())
