@@ -91,4 +91,23 @@ def sharding_cases(draw, *, world_sizes=None, min_world_size: int = 1, max_world
     opt = replace(opt, scheduler=scheduler, groups_as_generators=draw(st.booleans()))
     closure = draw(st.booleans())
     reload_at = draw(st.integers(1, steps - 1)) if steps >= 2 and draw(st.booleans()) else None
-    return replace(case, steps=steps, optimizer=opt, closure=closure, reload_at_step=reload_at)
+    case = replace(case, steps=steps, optimizer=opt, closure=closure, reload_at_step=reload_at)
+    if case.model.kind == "mlp" and case.model.unused == "none" and draw(st.integers(0, 2)) == 0:
+        case = _with_idle_parameters(case)
+    return case
+
+
+def _with_idle_parameters(case):
+    """``case`` with a branch no rank ever uses, its parameters in the first group, which gets
+    weight decay: a parameter without a gradient anywhere must not be stepped, and weight decay is
+    what moves a parameter stepped with a zero gradient and fresh optimizer state. In one in three
+    cases: at one in six (the plain draw of an always-unused branch with weight decay), a ZeRO-1
+    that steps every piece with zeros survived 40 derandomised examples at world sizes 1..4."""
+    n = _n_params(case.model)
+    model = replace(case.model, unused="always")
+    added = tuple(range(n, _n_params(model)))
+    opt = case.optimizer
+    first, *rest = opt.groups
+    first = replace(first, params=first.params + added if first.params else (),
+                    weight_decay=first.weight_decay or 0.1)
+    return replace(case, model=model, optimizer=replace(opt, groups=(first, *rest)))
