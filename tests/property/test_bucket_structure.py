@@ -40,12 +40,28 @@ def _designs(numels, sizes, keys, mb):
     for name, plan in (("reverse", reverse), ("forward", forward), ("per-dtype", per_dtype)):
         for inside in (True, False):
             yield f"{name}, flags {'inside' if inside else 'apart'}", _payloads(plan, numels, sizes, flags_inside=inside)
+    # Closed as soon as a bucket reaches the cap, with the parameter that took it there (torch
+    # DDP's reading of bucket_cap_mb), per dtype, in reverse registration order, flags inside.
+    cap, closing = mb * MB, []
+    for key in dict.fromkeys(dkeys[::-1]):
+        size = count = 0
+        for i in reversed(range(len(numels))):
+            if dkeys[i] != key:
+                continue
+            size, count = size + numels[i] * sizes[i], count + 1
+            if size >= cap:
+                closing.append(size + count * 8)
+                size = count = 0
+        if count:
+            closing.append(size + count * 8)
+    yield "closed on reaching the cap, flags inside", closing
 
 
 @_SETTINGS
 @given(plan_inputs())
 def test_correct_bucketings_obey_the_rules(inputs):
-    """Greedy plans in either order, per dtype, with flags inside or apart, break no rule."""
+    """Greedy plans in either order, per dtype, with flags inside or apart, and buckets closed on
+    reaching the cap, break no rule."""
     numels, sizes, keys, mb = inputs
     if not numels:
         return

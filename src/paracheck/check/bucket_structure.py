@@ -16,18 +16,21 @@ Note [Bucket-structure rules]
     allowance A = 8 n bytes: room for one presence flag per parameter of up to 8 bytes, whether
     in the buckets (``BucketedDDP`` appends one per parameter) or in calls of their own.
 
-    1. No payload above max(C, L) + A. A correct bucket holds gradients up to the cap, or one
-       parameter larger than the cap alone, plus at most every flag.
+    Two packings are read as respecting the cap: a bucket closed before the parameter that would
+    take it above C (greedy; a parameter larger than C alone), and a bucket closed as soon as it
+    reaches C, with the parameter that took it there (torch DDP's own reading of
+    ``bucket_cap_mb``, and a common hand-written loop): such a bucket holds less than C + L.
+
+    1. No payload above C + L + A: either packing, plus at most every flag.
     2. P <= T + A: no gradient is reduced twice in one window.
     3. Where every trainable gradient is present on this rank after the window (then every
        correct design reduces every one of them) and P >= T (every gradient byte was seen by the
-       recorder): m >= b + ceil(T_small / C), where b counts the parameters larger than C and
-       T_small the bytes of the others. A bucket holds at most C bytes of the small ones, and a
-       bucket with a parameter larger than C holds nothing else or exceeds the cap.
+       recorder): m >= ceil(T / (C + L)), since no bucket of either packing reaches C + L.
     4. m <= sum over runs of (2 ceil(T_run / C) - 1), + 1, a run being a maximal sequence of
        trainable parameters of one dtype in registration order. Greedy packing (in registration
        order or reversed) closes a bucket only when the next parameter would take it above C, so
-       any two consecutive buckets of a run hold more than C together: k buckets have floor(k/2)
+       any two consecutive buckets of a run hold more than C together (a bucket closed on
+       reaching C holds C or more on its own, so the same holds): k buckets have floor(k/2)
        disjoint such pairs, floor(k/2) C < T_run, so floor(k/2) <= ceil(T_run / C) - 1 and
        k <= 2 ceil(T_run / C) - 1. A parameter larger than C, alone, is one of such a pair;
        buckets per dtype across the whole model, first-fit, or any packing with fewer buckets stay
@@ -95,9 +98,9 @@ def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: fl
     total = sum(b for b, _ in params)
     largest = max(b for b, _ in params)
     allowance = METADATA_BYTES_PER_PARAM * len(params)
-    limit = max(cap, largest) + allowance
+    limit = cap + largest + allowance
     if max(payloads) > limit:
-        return max(payloads), limit, (f"an all-reduce carries more than max(cap, largest parameter) + {allowance} "
+        return max(payloads), limit, (f"an all-reduce carries more than cap + largest parameter + {allowance} "
                                       "bytes of presence flags")
     if backwards != 1:
         return None
@@ -105,9 +108,7 @@ def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: fl
     if sent > total + allowance:
         return sent, total + allowance, ("more bytes all-reduced than the trainable gradients plus their presence "
                                          "flags: some gradient was reduced twice")
-    big = [b for b, _ in params if b > cap]
-    small = total - sum(big)
-    min_calls = len(big) + (_ceil(small, cap) if small > 0 else 0)
+    min_calls = _ceil(total, cap + largest)
     if all_present and sent >= total and len(payloads) < min_calls:
         return len(payloads), min_calls, (f"{len(payloads)} all-reduce calls, fewer than the {min_calls} buckets "
                                           "that a cap-respecting packing needs (is the cap ignored?)")
