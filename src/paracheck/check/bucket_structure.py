@@ -19,13 +19,14 @@ Note [Bucket-structure rules]
     Two packings are read as respecting the cap: a bucket closed before the parameter that would
     take it above C (greedy; a parameter larger than C alone), and a bucket closed as soon as it
     reaches C, with the parameter that took it there (torch DDP's own reading of
-    ``bucket_cap_mb``, and a common hand-written loop): such a bucket holds less than C + L.
+    ``bucket_cap_mb``, and a common hand-written loop): it held less than C before its last
+    parameter, so it holds less than C + L; a greedy bucket holds at most max(C, L) < C + L.
 
-    1. No payload above C + L + A: either packing, plus at most every flag.
+    1. No payload of C + L + A or more: less than C + L of gradients, plus at most every flag.
     2. P <= T + A: no gradient is reduced twice in one window.
     3. Where every trainable gradient is present on this rank after the window (then every
        correct design reduces every one of them) and P >= T (every gradient byte was seen by the
-       recorder): m >= ceil(T / (C + L)), since no bucket of either packing reaches C + L.
+       recorder): m >= floor(T / (C + L)) + 1, since no bucket of either packing reaches C + L.
     4. m <= sum over runs of (2 ceil(T_run / C) - 1), + 1, a run being a maximal sequence of
        trainable parameters of one dtype in registration order. Greedy packing (in registration
        order or reversed) closes a bucket only when the next parameter would take it above C, so
@@ -99,16 +100,16 @@ def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: fl
     largest = max(b for b, _ in params)
     allowance = METADATA_BYTES_PER_PARAM * len(params)
     limit = cap + largest + allowance
-    if max(payloads) > limit:
-        return max(payloads), limit, (f"an all-reduce carries more than cap + largest parameter + {allowance} "
-                                      "bytes of presence flags")
+    if max(payloads) >= limit:
+        return max(payloads), limit, (f"an all-reduce carries cap + largest parameter + {allowance} bytes of "
+                                      "presence flags or more")
     if backwards != 1:
         return None
     sent = sum(payloads)
     if sent > total + allowance:
         return sent, total + allowance, ("more bytes all-reduced than the trainable gradients plus their presence "
                                          "flags: some gradient was reduced twice")
-    min_calls = _ceil(total, cap + largest)
+    min_calls = 1 if math.isinf(cap) else math.floor(total / (cap + largest)) + 1
     if all_present and sent >= total and len(payloads) < min_calls:
         return len(payloads), min_calls, (f"{len(payloads)} all-reduce calls, fewer than the {min_calls} buckets "
                                           "that a cap-respecting packing needs (is the cap ignored?)")
