@@ -48,7 +48,7 @@ def compare_runs(a: list[dict], b: list[dict], case: Case, what: str) -> Diverge
 
 
 def world_size_relation(world: World, target: Target, case: Case, *, timeout=None) -> Divergence | None:
-    payload = {"case": case, "path": target.path, "takes_bucket": target.takes_bucket}
+    payload = {**target.driver_payload(), "case": case}
     wide = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     one = merged_world_case(case)
     narrow = world.run(target.rank_fn, {**payload, "case": one}, world_size=1, timeout=timeout)
@@ -57,7 +57,7 @@ def world_size_relation(world: World, target: Target, case: Case, *, timeout=Non
 
 def bucket_size_independence(world: World, target: Target, case: Case, other_bucket_mb: float, *,
                              timeout=None) -> Divergence | None:
-    payload = {"case": case, "path": target.path, "takes_bucket": True}
+    payload = {**target.driver_payload(), "case": case, "takes_bucket": True}
     a = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     other = replace(case, bucket_size_mb=other_bucket_mb)
     b = world.run(target.rank_fn, {**payload, "case": other}, world_size=case.world_size, timeout=timeout)

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import DDPBase, check_bucket_size_mb
+from paracheck.ddp.overlapped import _before_accumulate, _end_of_backward  # the same round boundaries
 from paracheck.ddp.plan import plan_buckets
 
 __all__ = ["BucketedDDP"]
@@ -53,18 +54,6 @@ def _hook(ref: weakref.ref, i: int, param: torch.Tensor) -> None:
     ddp = ref()  # weak: the hook lives on the parameter, which may outlive this wrapper
     if ddp is not None:
         ddp._grad_ready(i)
-
-
-def _before_accumulate(ref: weakref.ref, grad: torch.Tensor) -> None:
-    ddp = ref()
-    if ddp is not None and ddp._launched:
-        ddp._start_round()
-
-
-def _end_of_backward(ref: weakref.ref) -> None:
-    ddp = ref()
-    if ddp is not None:
-        ddp._end_round()
 
 
 class BucketedDDP(DDPBase):
