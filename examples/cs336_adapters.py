@@ -10,8 +10,6 @@ written out plainly (one flat all-reduce after backward), as a student would.
 
 from __future__ import annotations
 
-from typing import Type
-
 import torch
 import torch.distributed as dist
 
@@ -40,13 +38,15 @@ class PlainDDP(torch.nn.Module):
             return
         # One flat all-reduce of every gradient (zeros where this rank has none) and, after them,
         # one presence flag per parameter: a gradient no rank produced stays None.
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                         + [torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype)])
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            + [torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype)]
+        )
         dist.all_reduce(flat)
         offset = 0
-        flags = flat[-len(params):].tolist()
+        flags = flat[-len(params) :].tolist()
         for p, present in zip(params, flags):
-            g = flat[offset:offset + p.numel()].view_as(p) / self.world_size
+            g = flat[offset : offset + p.numel()].view_as(p) / self.world_size
             offset += p.numel()
             p.grad = g.to(p.dtype, copy=True) if present else None  # a float32 layer gets float32
 
@@ -65,7 +65,9 @@ def get_ddp_individual_parameters(module: torch.nn.Module) -> torch.nn.Module:
     return OverlappedDDP(module)
 
 
-def ddp_individual_parameters_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+def ddp_individual_parameters_on_after_backward(
+    ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer
+):
     ddp_model.finish_gradient_synchronization()
 
 
@@ -81,5 +83,7 @@ def ddp_bucketed_on_train_batch_start(ddp_model: torch.nn.Module, optimizer: tor
     pass  # BucketedDDP needs nothing before a batch
 
 
-def get_sharded_optimizer(params, optimizer_cls: Type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+def get_sharded_optimizer(
+    params, optimizer_cls: type[torch.optim.Optimizer], **kwargs
+) -> torch.optim.Optimizer:
     return ShardedOptimizer(params, optimizer_cls, **kwargs)

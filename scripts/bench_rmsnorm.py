@@ -121,7 +121,11 @@ def kernel_timeline(fn, x, w, dy, reps=10) -> str:
     parts = []
     for i in range(n):
         dur = statistics.median(c[i]["dur"] for c in calls)
-        gap = statistics.median((c[i]["ts"] - c[i - 1]["ts"] - c[i - 1]["dur"]) for c in calls) if i else 0.0
+        gap = (
+            statistics.median((c[i]["ts"] - c[i - 1]["ts"] - c[i - 1]["dur"]) for c in calls)
+            if i
+            else 0.0
+        )
         short = calls[0][i]["name"].split("(")[0][-40:]
         parts.append(f"[gap {gap:.1f}] {short} {dur:.1f}")
     span = statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls)
@@ -144,7 +148,9 @@ def profile_host(fn, x, w, dy, lines):
                 t.grad = None
             step()
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=18, max_name_column_width=50)
+    table = prof.key_averages().table(
+        sort_by="cpu_time_total", row_limit=18, max_name_column_width=50
+    )
     lines += ["", "```", table, "```"]
     from paracheck.kernels import rmsnorm as K
 
@@ -192,28 +198,53 @@ def sweep(rows, d, lines):
     hint_text = "/".join(h or "-" for h in hints.values())
     for r, warps in tiles(8, 64):
         plan = dataclasses.replace(base, fwd_rows=r, fwd_warps=warps)
-        timed(("fwd", r, warps, "-", hint_text),
-              lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan), 2 * rows * d * 4)
+        timed(
+            ("fwd", r, warps, "-", hint_text),
+            lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan),
+            2 * rows * d * 4,
+        )
     _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
     for r, warps in tiles(8, 32):
         for per_sm in (1, 2, 4):
-            plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
-                               fwd_warps=base.fwd_warps, bwd_rows=r, bwd_warps=warps,
-                               bwd_per_sm=per_sm, **hints)
-            timed(("bwd", r, warps, per_sm, hint_text),
-                  lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
-                  3 * rows * d * 4)
-    for combo in [("evict_last", "", ""), ("", "", ""),
-                  ("evict_last", "evict_first", "evict_first")]:
+            plan = K._gpu_plan(
+                rows,
+                d,
+                n_sms=n_sms,
+                fwd_rows=base.fwd_rows,
+                fwd_warps=base.fwd_warps,
+                bwd_rows=r,
+                bwd_warps=warps,
+                bwd_per_sm=per_sm,
+                **hints,
+            )
+            timed(
+                ("bwd", r, warps, per_sm, hint_text),
+                lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
+                3 * rows * d * 4,
+            )
+    for combo in [
+        ("evict_last", "", ""),
+        ("", "", ""),
+        ("evict_last", "evict_first", "evict_first"),
+    ]:
         plan = dataclasses.replace(base, **dict(zip(hints, combo)))
 
         def seq():
-            K._rms_norm_backward(dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)[1],
-                                 K._KERNELS, plan)
+            K._rms_norm_backward(
+                dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)[1], K._KERNELS, plan
+            )
 
-        timed(("fwd+bwd", f"{base.fwd_rows}/{base.bwd_rows}",
-               f"{base.fwd_warps}/{base.bwd_warps}", "default",
-               "/".join(h or "-" for h in combo)), seq, 4 * rows * d * 4)
+        timed(
+            (
+                "fwd+bwd",
+                f"{base.fwd_rows}/{base.bwd_rows}",
+                f"{base.fwd_warps}/{base.bwd_warps}",
+                "default",
+                "/".join(h or "-" for h in combo),
+            ),
+            seq,
+            4 * rows * d * 4,
+        )
     for pass_, k in (("fwd", 4), ("bwd", 6), ("fwd+bwd", 3)):
         best = sorted((t for t in results if t[0] == pass_), key=lambda t: -t[-1])
         for t in best[:k]:
@@ -226,11 +257,15 @@ def host_breakdown(x, w, dy, lines):
     import collections
     import threading
 
-    from paracheck.kernels import rmsnorm as K
     from paracheck.kernels import rms_norm
+    from paracheck.kernels import rmsnorm as K
 
     spans = collections.defaultdict(list)
-    orig_fwd, orig_bwd, orig_getitem = K._rms_norm_forward, K._rms_norm_backward, K._LazyJit.__getitem__
+    orig_fwd, orig_bwd, orig_getitem = (
+        K._rms_norm_forward,
+        K._rms_norm_backward,
+        K._LazyJit.__getitem__,
+    )
 
     def wrap(name, f):
         def inner(*a, **k):
@@ -238,14 +273,17 @@ def host_breakdown(x, w, dy, lines):
             out = f(*a, **k)
             spans[f"{name} [{threading.current_thread().name}]"].append(time.perf_counter() - t0)
             return out
+
         return inner
 
     def getitem(self, grid):
         return wrap(f"launch {self.fn.__name__}", orig_getitem(self, grid))
 
     step, grads = step_fn(rms_norm, x, w, dy)
-    K._rms_norm_forward, K._rms_norm_backward = wrap("_rms_norm_forward", orig_fwd), wrap(
-        "_rms_norm_backward", orig_bwd)
+    K._rms_norm_forward, K._rms_norm_backward = (
+        wrap("_rms_norm_forward", orig_fwd),
+        wrap("_rms_norm_backward", orig_bwd),
+    )
     K._LazyJit.__getitem__ = getitem
     try:
         for _ in range(30):
@@ -261,11 +299,15 @@ def host_breakdown(x, w, dy, lines):
         lines.append(f"host {name}: median {statistics.median(ts) * 1e6:.1f} us over {len(ts)}")
     torch.autograd.set_multithreading_enabled(False)
     try:
-        lines.append(f"host autograd fwd+bwd, backward on the calling thread "
-                     f"(set_multithreading_enabled(False)): {host_us(step, grad_to_none=grads, n=50):.1f} us")
+        lines.append(
+            f"host autograd fwd+bwd, backward on the calling thread "
+            f"(set_multithreading_enabled(False)): {host_us(step, grad_to_none=grads, n=50):.1f} us"
+        )
     finally:
         torch.autograd.set_multithreading_enabled(True)
-    lines.append(f"host autograd fwd+bwd, default: {host_us(step, grad_to_none=grads, n=50):.1f} us")
+    lines.append(
+        f"host autograd fwd+bwd, default: {host_us(step, grad_to_none=grads, n=50):.1f} us"
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -277,13 +319,22 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time launch plans")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--profile", action="store_true", help="profile one triton fwd+bwd")
-    parser.add_argument("--variants", action="store_true",
-                        help="also time the ablations of the launch measures (ABLATIONS)")
-    parser.add_argument("--kernels", action="store_true",
-                        help="GPU timeline per shape: each kernel's duration and the gaps")
-    parser.add_argument("--smoke", action="store_true",
-                        help="CPU under TRITON_INTERPRET=1, tiny shapes, wall-clock timer: "
-                             "checks the code paths, measures nothing")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="also time the ablations of the launch measures (ABLATIONS)",
+    )
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="GPU timeline per shape: each kernel's duration and the gaps",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU under TRITON_INTERPRET=1, tiny shapes, wall-clock timer: "
+        "checks the code paths, measures nothing",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         DEVICE, SHAPES, SMOKE = "cpu", [(64, 100), (8, 1024)], True
@@ -301,25 +352,37 @@ def main(argv=None) -> int:
             with open(os.path.join(out_dir, name), "w") as f:
                 f.write(text + "\n")
 
-    device_name = (f"{torch.cuda.get_device_properties(0).name}, "
-                   f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
-                   if DEVICE == "cuda" else "CPU (Triton interpreter, smoke run)")
+    device_name = (
+        f"{torch.cuda.get_device_properties(0).name}, "
+        f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
+        if DEVICE == "cuda"
+        else "CPU (Triton interpreter, smoke run)"
+    )
     n_copy = 2**29 if DEVICE == "cuda" else 2**20
     copy_ev = B.copy_tbps(n_copy, device=DEVICE, timer=B.events_ms)
     copy_db = B.copy_tbps(n_copy, device=DEVICE, timer=B.do_bench_ms)
-    header = (f"{device_name}; torch {torch.__version__}, triton {triton.__version__}; fp32, "
-              f"eps={EPS}. Device copy (2 GiB, read+write): {copy_ev:.2f} TB/s by events, "
-              f"{copy_db:.2f} TB/s by do_bench.")
-    cols = ["triton", "F.rms_norm", "eager"] + ([] if args.no_compile or SMOKE else ["torch.compile"])
+    header = (
+        f"{device_name}; torch {torch.__version__}, triton {triton.__version__}; fp32, "
+        f"eps={EPS}. Device copy (2 GiB, read+write): {copy_ev:.2f} TB/s by events, "
+        f"{copy_db:.2f} TB/s by do_bench."
+    )
+    cols = ["triton", "F.rms_norm", "eager"] + (
+        [] if args.no_compile or SMOKE else ["torch.compile"]
+    )
     if args.variants:
         cols += list(ABLATIONS)
-    head = ("| shape | " + " | ".join(cols) + " | triton / F.rms_norm | triton / copy |\n"
-            "| --- | " + " | ".join("---" for _ in cols) + " | --- | --- |")
+    head = (
+        "| shape | " + " | ".join(cols) + " | triton / F.rms_norm | triton / copy |\n"
+        "| --- | " + " | ".join("---" for _ in cols) + " | --- | --- |"
+    )
     tables = {"events": [], "do_bench": [], "host": []}
     for rows, d in SHAPES:
         x, w, dy = inputs(rows, d)
-        variants = {"triton": triton_variant(), "F.rms_norm": torch_rms_norm,
-                    "eager": eager_rms_norm}
+        variants = {
+            "triton": triton_variant(),
+            "F.rms_norm": torch_rms_norm,
+            "eager": eager_rms_norm,
+        }
         if args.variants:
             variants.update({k: triton_variant(**v) for k, v in ABLATIONS.items()})
         if "torch.compile" in cols:
@@ -343,27 +406,47 @@ def main(argv=None) -> int:
         for kind, copy in (("events", copy_ev), ("do_bench", copy_db)):
             r = res[kind]
             tables[kind].append(
-                f"| {rows}x{d} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
-                + f" | {r['triton'] / r['F.rms_norm']:.2f}x | {100 * r['triton'] / copy:.0f}% |")
-        tables["host"].append(f"| {rows}x{d} | " + " | ".join(f"{res['host'][c]:.0f}" for c in cols)
-                              + " | | |")
-        text = "\n".join([
-            f"RMSNorm forward+backward, effective TB/s (x, y, dy, dx counted once). {header}", "",
-            "Timer: CUDA events, L2 flushed by a read, host queued ahead (GPU time).", "", head,
-            *tables["events"], "", "Timer: triton.testing.do_bench (zero-fill flush).", "",
-            head, *tables["do_bench"], "", "Host time per fwd+bwd call, us.", "", head,
-            *tables["host"]])
-        print(tables["events"][-1], tables["do_bench"][-1], tables["host"][-1], sep="\n",
-              flush=True)
+                f"| {rows}x{d} | "
+                + " | ".join(f"{r[c]:.2f}" for c in cols)
+                + f" | {r['triton'] / r['F.rms_norm']:.2f}x | {100 * r['triton'] / copy:.0f}% |"
+            )
+        tables["host"].append(
+            f"| {rows}x{d} | " + " | ".join(f"{res['host'][c]:.0f}" for c in cols) + " | | |"
+        )
+        text = "\n".join(
+            [
+                f"RMSNorm forward+backward, effective TB/s (x, y, dy, dx counted once). {header}",
+                "",
+                "Timer: CUDA events, L2 flushed by a read, host queued ahead (GPU time).",
+                "",
+                head,
+                *tables["events"],
+                "",
+                "Timer: triton.testing.do_bench (zero-fill flush).",
+                "",
+                head,
+                *tables["do_bench"],
+                "",
+                "Host time per fwd+bwd call, us.",
+                "",
+                head,
+                *tables["host"],
+            ]
+        )
+        print(
+            tables["events"][-1], tables["do_bench"][-1], tables["host"][-1], sep="\n", flush=True
+        )
         write("rmsnorm_bench.md", text)
     print(text, flush=True)
     if args.kernels and not SMOKE:
         lines = ["## GPU timeline of one fwd+bwd (torch.profiler; us; median over 10 calls)"]
         for rows, d in SHAPES:
             x, w, dy = inputs(rows, d)
-            for name, fn in {"triton": triton_variant(), "F.rms_norm": torch_rms_norm,
-                             "triton: no dependent launch": triton_variant(dependent_launch=False),
-                             }.items():
+            for name, fn in {
+                "triton": triton_variant(),
+                "F.rms_norm": torch_rms_norm,
+                "triton: no dependent launch": triton_variant(dependent_launch=False),
+            }.items():
                 lines.append(f"{rows}x{d} {name}: " + kernel_timeline(fn, x, w, dy))
             print("\n".join(lines[-3:]), flush=True)
         write("rmsnorm_kernels.md", "\n".join(lines))

@@ -22,8 +22,16 @@ from paracheck.world import World
 
 def small_cases(w: int, n: int) -> list[Case]:
     return [
-        Case(model=MLPSpec(in_features=4, widths=(5, 3), bias=True), world_size=w, batch_sizes=(2,) * w, steps=3,
-             optimizer=OptimizerSpec(name="sgd", groups=(GroupSpec(params=(), lr=0.05, momentum=0.9),)), seed=i)
+        Case(
+            model=MLPSpec(in_features=4, widths=(5, 3), bias=True),
+            world_size=w,
+            batch_sizes=(2,) * w,
+            steps=3,
+            optimizer=OptimizerSpec(
+                name="sgd", groups=(GroupSpec(params=(), lr=0.05, momentum=0.9),)
+            ),
+            seed=i,
+        )
         for i in range(n)
     ]
 
@@ -53,9 +61,14 @@ def main() -> None:
                 assert run_case(fresh, target, c).ok
         fresh_rate = args.fresh_cases / (time.perf_counter() - t0)
         rows.append((w, start, persistent, fresh_rate))
-        print(f"W={w}: start {start:.1f} s, persistent {persistent:.1f} cases/s, fresh {fresh_rate:.3f} cases/s", flush=True)
+        print(
+            f"W={w}: start {start:.1f} s, persistent {persistent:.1f} cases/s, fresh {fresh_rate:.3f} cases/s",
+            flush=True,
+        )
     print()
-    print("| W | pool start (s) | persistent (cases/s) | fresh group per case (cases/s) | speed-up |")
+    print(
+        "| W | pool start (s) | persistent (cases/s) | fresh group per case (cases/s) | speed-up |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for w, start, p, f in rows:
         print(f"| {w} | {start:.1f} | {p:.1f} | {f:.3f} | {p / f:.0f}x |")

@@ -44,20 +44,34 @@ dist.destroy_process_group()
 
 
 def run(extra_env: dict) -> dict:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
     procs = []
     for rank in range(2):
-        env = {**os.environ, **extra_env, "RANK": str(rank), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD], env=env,
-                                      stdout=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            **extra_env,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
     outs = [p.communicate(timeout=300)[0] for p in procs]
     return json.loads(outs[0].strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
-    for label, env in (("torch defaults", {}),
-                       ("TORCH_NCCL_TRACE_BUFFER_SIZE=0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}),
-                       ("torch defaults (again)", {})):
+    for label, env in (
+        ("torch defaults", {}),
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE=0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}),
+        ("torch defaults (again)", {}),
+    ):
         t0 = time.perf_counter()
         print(label, run(env), f"({time.perf_counter() - t0:.0f} s)", flush=True)

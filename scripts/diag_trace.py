@@ -46,10 +46,15 @@ def trace_summary(prof) -> dict:
         short = e["name"].split("(")[0].split("<")[0][:50]
         by_name[short] = by_name.get(short, 0.0) + e["dur"] / 1e3
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
-    return {"span_ms": round(span, 1), "compute_busy_ms": round(busy, 1),
-            "compute_idle_ms": round(span - busy, 1), "nccl_busy_ms": round(comm, 1),
-            "kernels": len(other), "nccl_kernels": len(nccl),
-            "top_compute_ms": [(n, round(t, 1)) for n, t in top]}
+    return {
+        "span_ms": round(span, 1),
+        "compute_busy_ms": round(busy, 1),
+        "compute_idle_ms": round(span - busy, 1),
+        "nccl_busy_ms": round(comm, 1),
+        "kernels": len(other),
+        "nccl_kernels": len(nccl),
+        "top_compute_ms": [(n, round(t, 1)) for n, t in top],
+    }
 
 
 def instrument(ddp, step, steps=3) -> dict:
@@ -70,12 +75,20 @@ def instrument(ddp, step, steps=3) -> dict:
             finally:
                 totals[label] += time.perf_counter() - t0
                 counts[label] += 1
+
         setattr(owner, name, timed)
         return f
 
     saved = []
-    for name in ("_grad_ready", "_adopt", "_launch", "_reduce", "_wait", "_settle_absent",
-                 "finish_gradient_synchronization"):
+    for name in (
+        "_grad_ready",
+        "_adopt",
+        "_launch",
+        "_reduce",
+        "_wait",
+        "_settle_absent",
+        "finish_gradient_synchronization",
+    ):
         if hasattr(ddp, name):
             saved.append((ddp, name, wrap(ddp, name, name)))
     for name in ("all_reduce",):
@@ -98,13 +111,19 @@ def instrument(ddp, step, steps=3) -> dict:
 def rank_main(rank, world, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     from paracheck.check.targets import load_object, resolve_target
     from paracheck.workloads import LMSpec, TransformerLM
 
     torch.backends.cuda.matmul.allow_tf32 = True
     for spec in args.variants.split(","):
-        name, option = (spec[: -len(":keep-grads")], "keep-grads") if spec.endswith(":keep-grads") else (spec, "")
+        name, option = (
+            (spec[: -len(":keep-grads")], "keep-grads")
+            if spec.endswith(":keep-grads")
+            else (spec, "")
+        )
         torch.manual_seed(0)
         with torch.device("cuda"):
             model = TransformerLM(LMSpec.size(args.size))
@@ -129,7 +148,9 @@ def rank_main(rank, world, args, port):
         if args.instrument:  # every rank runs the same steps (collectives must match)
             timed = instrument(ddp, step)
             if rank == 0:
-                print(json.dumps({"variant": spec, "host_ms_per_step_inclusive": timed}), flush=True)
+                print(
+                    json.dumps({"variant": spec, "host_ms_per_step_inclusive": timed}), flush=True
+                )
         host, walls = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()
@@ -154,11 +175,15 @@ def rank_main(rank, world, args, port):
         torch.cuda.synchronize()
         if rank == 0:
             prof.__exit__(None, None, None)
-            out = {"variant": spec, "unsynced_step_ms": round(1e3 * unsynced, 1),
-                   "host_enqueue_ms": round(1e3 * statistics.median(host), 1),
-                   "synced_step_ms": round(1e3 * statistics.median(walls), 1), **trace_summary(prof)}
+            out = {
+                "variant": spec,
+                "unsynced_step_ms": round(1e3 * unsynced, 1),
+                "host_enqueue_ms": round(1e3 * statistics.median(host), 1),
+                "synced_step_ms": round(1e3 * statistics.median(walls), 1),
+                **trace_summary(prof),
+            }
             print(json.dumps(out), flush=True)
-        del ddp, opt, model
+        ddp = opt = model = None  # free before the next variant
         torch.cuda.empty_cache()
         dist.barrier()
     dist.destroy_process_group()
@@ -166,15 +191,24 @@ def rank_main(rank, world, args, port):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="naive,bucketed,torch-ddp",
-                    help="target names; 'name:keep-grads' zeroes with set_to_none=False")
+    ap.add_argument(
+        "--variants",
+        default="naive,bucketed,torch-ddp",
+        help="target names; 'name:keep-grads' zeroes with set_to_none=False",
+    )
     ap.add_argument("--size", default="xl")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
-    ap.add_argument("--instrument", action="store_true",
-                    help="time the wrapper's own methods on the host (rank 0)")
+    ap.add_argument(
+        "--instrument",
+        action="store_true",
+        help="time the wrapper's own methods on the host (rank 0)",
+    )
     args = ap.parse_args()
     import socket
 
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
     mp.spawn(rank_main, args=(2, args, port), nprocs=2)

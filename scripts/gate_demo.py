@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-_SLOW_PATCH = '''
+_SLOW_PATCH = """
 
 # --- gate demo: 25% slower -----------------------------------------------------------------
 import functools as _gate_demo_functools
@@ -59,9 +59,9 @@ _gate_demo_functools.update_wrapper(_gate_demo_slow_forward, _gate_demo_forward)
 _gate_demo_functools.update_wrapper(_gate_demo_slow_finish, _gate_demo_finish)
 {cls}.forward = _gate_demo_slow_forward
 {cls}.finish_gradient_synchronization = _gate_demo_slow_finish
-'''
+"""
 
-_FAT_PATCH = '''
+_FAT_PATCH = """
 
 # --- gate demo: one extra full-size gradient buffer ------------------------------------------
 import torch as _gate_demo_torch
@@ -80,7 +80,7 @@ def _gate_demo_fat_init(self, module, *args, **kwargs):
 
 
 {cls}.__init__ = _gate_demo_fat_init
-'''
+"""
 
 
 def _run(cmd, cwd, **kw):
@@ -113,7 +113,15 @@ def build_repo(tmp: str, victim: str) -> tuple[str, dict]:
     for f in present:
         os.makedirs(os.path.dirname(os.path.join(repo, f)) or repo, exist_ok=True)
         shutil.copy2(os.path.join(_ROOT, f), os.path.join(repo, f))
-    git = ["git", "-c", "user.name=gate demo", "-c", "user.email=gate-demo@localhost", "-c", "commit.gpgsign=false"]
+    git = [
+        "git",
+        "-c",
+        "user.name=gate demo",
+        "-c",
+        "user.email=gate-demo@localhost",
+        "-c",
+        "commit.gpgsign=false",
+    ]
     _run(git + ["add", "-A"], cwd=repo)
     _run(git + ["commit", "-q", "--allow-empty", "-m", "base: the working tree"], cwd=repo)
     shas = {"base": _run(["git", "rev-parse", "HEAD"], cwd=repo).strip()}
@@ -137,18 +145,36 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     victim = _target("bucketed") or _target("flat")
     tmp = tempfile.mkdtemp(prefix="paracheck-gate-demo-")
-    print(f"gate demo: regressions planted in {victim[0]} ({victim[1]}:{victim[2]}); clone in {tmp}", flush=True)
+    print(
+        f"gate demo: regressions planted in {victim[0]} ({victim[1]}:{victim[2]}); clone in {tmp}",
+        flush=True,
+    )
     rows = []
     try:
         repo, shas = build_repo(tmp, victim)
         runs = [(f"self {i + 1}", "base", "base", 0) for i in range(args.runs)]
-        runs += [(f"{victim[0]} 25% slower", "base", "slow", 1), (f"{victim[0]} + full-size grad buffer", "base", "fatter", 1)]
+        runs += [
+            (f"{victim[0]} 25% slower", "base", "slow", 1),
+            (f"{victim[0]} + full-size grad buffer", "base", "fatter", 1),
+        ]
         for label, base, head, expected in runs:
             t0 = time.monotonic()
-            cmd = [sys.executable, "-m", "paracheck.bench.gate", "--repo", repo, "--base", shas[base],
-                   "--head", shas[head], *args.gate_args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "paracheck.bench.gate",
+                "--repo",
+                repo,
+                "--base",
+                shas[base],
+                "--head",
+                shas[head],
+                *args.gate_args,
+            ]
             print(f"\n## {label}: paracheck gate --base {base} --head {head}", flush=True)
-            proc = subprocess.run(cmd, cwd=tmp, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.run(
+                cmd, cwd=tmp, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
             print(proc.stdout, flush=True)
             rows.append((label, expected, proc.returncode, time.monotonic() - t0))
     finally:
@@ -158,7 +184,9 @@ def main(argv=None) -> int:
     print("\n| gate run | expected exit | exit | as expected | seconds |")
     print("| --- | ---: | ---: | --- | ---: |")
     for label, expected, code, secs in rows:
-        print(f"| {label} | {expected} | {code} | {'yes' if code == expected else 'NO'} | {secs:.0f} |")
+        print(
+            f"| {label} | {expected} | {code} | {'yes' if code == expected else 'NO'} | {secs:.0f} |"
+        )
     print(f"\n{sum(c == e for _, e, c, _ in rows)} of {len(rows)} gate runs as expected")
     return 0 if ok else 1
 

@@ -41,10 +41,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "examples", "gate_user_package")
 TARGET = "mypkg.ddp:MyDDP"
 KINDS = ("sleep-10", "sleep-25", "spin-10", "spin-25")
-GIT = ["git", "-c", "user.name=gate operating", "-c", "user.email=gate-operating@localhost",
-       "-c", "commit.gpgsign=false"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=gate operating",
+    "-c",
+    "user.email=gate-operating@localhost",
+    "-c",
+    "commit.gpgsign=false",
+]
 
-_PATCH = '''
+_PATCH = """
 
 # --- planted slowdown: {kind} ------------------------------------------------------------------
 import time as _planted_time
@@ -79,11 +86,13 @@ def _planted_slow_finish(self):
 MyDDP._planted_extra = 0.0
 MyDDP.forward = _planted_slow_forward
 MyDDP.finish_gradient_synchronization = _planted_slow_finish
-'''
+"""
 
 
 def _git(repo, *args) -> str:
-    return subprocess.run(GIT + list(args), cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        GIT + list(args), cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def build_repo(tmp: str, kinds) -> tuple[str, dict]:
@@ -110,17 +119,41 @@ def _gate(repo: str, base: str, head: str, gate_args, log) -> dict:
     if os.path.exists(out):
         os.remove(out)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--repo", repo, "--base", base, "--head", head,
-                           "--json", out, *gate_args, TARGET], capture_output=True, text=True)
-    log.write(f"\n## gate --base {base[:10]} --head {head[:10]}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paracheck.bench.gate",
+            "--repo",
+            repo,
+            "--base",
+            base,
+            "--head",
+            head,
+            "--json",
+            out,
+            *gate_args,
+            TARGET,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    log.write(
+        f"\n## gate --base {base[:10]} --head {head[:10]}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    )
     log.flush()
     rec = json.load(open(out)) if os.path.exists(out) else {}
     first = rec.get("first_pass", {}).get(TARGET, {})
     second = rec.get("second_pass", {}).get(TARGET, {})
-    return {"exit": proc.returncode, "seconds": time.monotonic() - t0,
-            "median_ratio_1": first.get("median_ratio"), "min_ratio_1": first.get("min_ratio"),
-            "median_ratio_2": second.get("median_ratio"), "min_ratio_2": second.get("min_ratio"),
-            "error": rec.get("error")}
+    return {
+        "exit": proc.returncode,
+        "seconds": time.monotonic() - t0,
+        "median_ratio_1": first.get("median_ratio"),
+        "min_ratio_1": first.get("min_ratio"),
+        "median_ratio_2": second.get("median_ratio"),
+        "min_ratio_2": second.get("min_ratio"),
+        "error": rec.get("error"),
+    }
 
 
 def _fmt(x) -> str:
@@ -130,47 +163,70 @@ def _fmt(x) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=10, help="gate runs per comparison (default 10)")
-    p.add_argument("--kinds", default=",".join(KINDS), help=f"planted slowdowns (default {','.join(KINDS)})")
+    p.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"planted slowdowns (default {','.join(KINDS)})"
+    )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
-    p.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "paracheck-gate-operating.log"),
-                   help="write the gates' own output here (default: paracheck-gate-operating.log in the temp dir)")
+    p.add_argument(
+        "--log",
+        default=os.path.join(tempfile.gettempdir(), "paracheck-gate-operating.log"),
+        help="write the gates' own output here (default: paracheck-gate-operating.log in the temp dir)",
+    )
     p.add_argument("gate_args", nargs="*", help="extra arguments for paracheck gate (after --)")
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad or args.n < 1:
-        print(f"gate_operating: --kinds={args.kinds!r} must be among {','.join(KINDS)} and --n={args.n} >= 1",
-              file=sys.stderr)
+        print(
+            f"gate_operating: --kinds={args.kinds!r} must be among {','.join(KINDS)} and --n={args.n} >= 1",
+            file=sys.stderr,
+        )
         return 2
     tmp = tempfile.mkdtemp(prefix="paracheck-gate-operating-")
     log_path = args.log
     runs: dict[str, list[dict]] = {"identical": [], **{k: [] for k in kinds}}
     try:
         repo, shas = build_repo(tmp, kinds)
-        print(f"gate operating point: {args.n} runs each of {', '.join(runs)}; gate output in {log_path}", flush=True)
+        print(
+            f"gate operating point: {args.n} runs each of {', '.join(runs)}; gate output in {log_path}",
+            flush=True,
+        )
         with open(log_path, "w") as log:
             # Interleaved: one run of every comparison per repetition, so a machine that gets
             # busier affects the false-alarm and detection rates alike.
             for i in range(args.n):
                 for label in runs:
-                    r = _gate(repo, shas["base"], shas["base" if label == "identical" else label], args.gate_args, log)
+                    r = _gate(
+                        repo,
+                        shas["base"],
+                        shas["base" if label == "identical" else label],
+                        args.gate_args,
+                        log,
+                    )
                     runs[label].append(r)
-                    print(f"  {i + 1}/{args.n} {label}: exit {r['exit']}, pass 1 x{_fmt(r['median_ratio_1'])} / "
-                          f"x{_fmt(r['min_ratio_1'])}, pass 2 x{_fmt(r['median_ratio_2'])} / x{_fmt(r['min_ratio_2'])} "
-                          f"(median ratio / ratio of minima; {r['seconds']:.0f} s)", flush=True)
+                    print(
+                        f"  {i + 1}/{args.n} {label}: exit {r['exit']}, pass 1 x{_fmt(r['median_ratio_1'])} / "
+                        f"x{_fmt(r['min_ratio_1'])}, pass 2 x{_fmt(r['median_ratio_2'])} / x{_fmt(r['min_ratio_2'])} "
+                        f"(median ratio / ratio of minima; {r['seconds']:.0f} s)",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n| comparison | runs | exit 1 (regression) | rate | exit 2 (could not measure) "
-          "| median of pass-1 median ratios | median of pass-1 ratios of minima |")
+    print(
+        "\n| comparison | runs | exit 1 (regression) | rate | exit 2 (could not measure) "
+        "| median of pass-1 median ratios | median of pass-1 ratios of minima |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, rs in runs.items():
         hits = sum(r["exit"] == 1 for r in rs)
         errors = sum(r["exit"] not in (0, 1) for r in rs)
         med = [r["median_ratio_1"] for r in rs if r["median_ratio_1"] is not None]
         mins = [r["min_ratio_1"] for r in rs if r["min_ratio_1"] is not None]
-        print(f"| {'identical (false alarms)' if label == 'identical' else label + '% slower'} | {len(rs)} | {hits} "
-              f"| {hits / len(rs):.0%} | {errors} | {_fmt(statistics.median(med) if med else None)} "
-              f"| {_fmt(statistics.median(mins) if mins else None)} |")
+        print(
+            f"| {'identical (false alarms)' if label == 'identical' else label + '% slower'} | {len(rs)} | {hits} "
+            f"| {hits / len(rs):.0%} | {errors} | {_fmt(statistics.median(med) if med else None)} "
+            f"| {_fmt(statistics.median(mins) if mins else None)} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": args.n, "gate_args": args.gate_args, "runs": runs}, f, indent=1)

@@ -47,9 +47,19 @@ def main(argv=None) -> int:
     from paracheck.bench.cli import WHAT, _machine, run_bench
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default=",".join(suites.GPU_SIZES), help="LM sizes (default small,medium,large,xl)")
-    p.add_argument("--variants", default="", help="comma-separated (default: every available one, local included)")
-    p.add_argument("--what", default="step,bucket,allreduce,overlap", help=f"subset of {','.join(WHAT)}")
+    p.add_argument(
+        "--sizes",
+        default=",".join(suites.GPU_SIZES),
+        help="LM sizes (default small,medium,large,xl)",
+    )
+    p.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated (default: every available one, local included)",
+    )
+    p.add_argument(
+        "--what", default="step,bucket,allreduce,overlap", help=f"subset of {','.join(WHAT)}"
+    )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
@@ -57,34 +67,60 @@ def main(argv=None) -> int:
     p.add_argument("--bucket-model", default="xl")
     p.add_argument("--overlap-model", default="large")
     p.add_argument("--allreduce-mb", default=",".join(str(m) for m in suites.ALLREDUCE_MB_GPU))
-    p.add_argument("--exact", action="store_true", help="also the exact traffic/memory accounting (slower)")
-    p.add_argument("--smoke", action="store_true", help="CPU + gloo, the tiny 'gate' model: checks the code paths")
+    p.add_argument(
+        "--exact", action="store_true", help="also the exact traffic/memory accounting (slower)"
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU + gloo, the tiny 'gate' model: checks the code paths",
+    )
     args = p.parse_args(argv)
 
     import torch
 
     device = "cpu" if args.smoke else "cuda"
     if not args.smoke and torch.cuda.device_count() < args.world_size:
-        print(f"gpu_bench: {torch.cuda.device_count()} CUDA device(s), --world-size={args.world_size} needs more")
+        print(
+            f"gpu_bench: {torch.cuda.device_count()} CUDA device(s), --world-size={args.world_size} needs more"
+        )
         return 2
     ns = argparse.Namespace(
-        device=device, world_size=args.world_size, batch=4, steps=args.steps, warmup=args.warmup, bucket_mb=25.0,
-        timeout=600.0, exact=args.exact,
+        device=device,
+        world_size=args.world_size,
+        batch=4,
+        steps=args.steps,
+        warmup=args.warmup,
+        bucket_mb=25.0,
+        timeout=600.0,
+        exact=args.exact,
         what=tuple(w for w in args.what.split(",") if w),
         sizes=("gate",) if args.smoke else tuple(s for s in args.sizes.split(",") if s),
         variants=tuple(v for v in args.variants.split(",") if v),
         buckets=tuple(float(b) for b in args.buckets.split(",") if b),
         bucket_model="gate" if args.smoke else args.bucket_model,
         overlap_model="gate" if args.smoke else args.overlap_model,
-        allreduce_mb=(1.0, 10.0) if args.smoke else tuple(float(m) for m in args.allreduce_mb.split(",") if m),
+        allreduce_mb=(1.0, 10.0)
+        if args.smoke
+        else tuple(float(m) for m in args.allreduce_mb.split(",") if m),
         allreduce_world_sizes=(args.world_size,),
     )
     out = os.environ.get("OUT")
     log = io.StringIO()
-    record = {"machine": _machine(device), "argv": sys.argv[1:], "step": [], "bucket": [], "allreduce": [],
-              "lm": [], "overlap": []}
+    record = {
+        "machine": _machine(device),
+        "argv": sys.argv[1:],
+        "step": [],
+        "bucket": [],
+        "allreduce": [],
+        "lm": [],
+        "overlap": [],
+    }
     t0 = time.monotonic()
-    print(f"gpu_bench: torch {torch.__version__}, {record['machine'].get('gpu', device)} x{args.world_size}", flush=True)
+    print(
+        f"gpu_bench: torch {torch.__version__}, {record['machine'].get('gpu', device)} x{args.world_size}",
+        flush=True,
+    )
     from paracheck.world import World
 
     with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
@@ -92,7 +128,9 @@ def main(argv=None) -> int:
             from paracheck.bench.cli import _run_lm
 
             _run_lm(ns, record)
-        with World(args.world_size, backend="gloo" if args.smoke else "nccl", timeout=600.0) as world:
+        with World(
+            args.world_size, backend="gloo" if args.smoke else "nccl", timeout=600.0
+        ) as world:
             run_bench(ns, world, record)
     summary = _summary(record, ns.sizes)
     print(f"\n### summary ({time.monotonic() - t0:.0f} s)\n\n{summary}", flush=True)

@@ -46,13 +46,28 @@ def main(argv=None) -> int:
         for dtype in args.dtypes.split(","):
             for name in args.targets.split(","):
                 t0 = time.monotonic()
-                r = check_target(resolve_target(name), world, world_sizes=(1, 2), max_examples=args.max_examples,
-                                 seed=0, dtype=dtype)
-                rows.append({"what": name, "role": "target", "dtype": dtype, "ok": r.passed,
-                             "verdict": "pass" if r.passed else "FAIL", "examples": r.examples,
-                             "seconds": round(time.monotonic() - t0, 1), "worst_ratio": r.worst_ratio,
-                             "detail": "" if r.passed else r.failure.describe().splitlines()[0],
-                             "case": None if r.passed else r.failure.case.to_json()})
+                r = check_target(
+                    resolve_target(name),
+                    world,
+                    world_sizes=(1, 2),
+                    max_examples=args.max_examples,
+                    seed=0,
+                    dtype=dtype,
+                )
+                rows.append(
+                    {
+                        "what": name,
+                        "role": "target",
+                        "dtype": dtype,
+                        "ok": r.passed,
+                        "verdict": "pass" if r.passed else "FAIL",
+                        "examples": r.examples,
+                        "seconds": round(time.monotonic() - t0, 1),
+                        "worst_ratio": r.worst_ratio,
+                        "detail": "" if r.passed else r.failure.describe().splitlines()[0],
+                        "case": None if r.passed else r.failure.case.to_json(),
+                    }
+                )
                 print(rows[-1], flush=True)
         if not args.no_mutants:
             for m in MUTANTS.values():
@@ -60,25 +75,49 @@ def main(argv=None) -> int:
                     continue
                 t0 = time.monotonic()
                 target = Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket)
-                r = check_target(target, world, world_sizes=(1, 2), max_examples=args.max_examples, seed=0,
-                                 dtype="float32")
-                rows.append({"what": m.name, "role": "mutant", "dtype": "float32", "ok": not r.passed,
-                             "verdict": "killed" if not r.passed else "SURVIVED", "examples": r.examples,
-                             "seconds": round(time.monotonic() - t0, 1), "worst_ratio": r.worst_ratio,
-                             "detail": "" if r.passed else r.failure.describe().splitlines()[0], "case": None})
+                r = check_target(
+                    target,
+                    world,
+                    world_sizes=(1, 2),
+                    max_examples=args.max_examples,
+                    seed=0,
+                    dtype="float32",
+                )
+                rows.append(
+                    {
+                        "what": m.name,
+                        "role": "mutant",
+                        "dtype": "float32",
+                        "ok": not r.passed,
+                        "verdict": "killed" if not r.passed else "SURVIVED",
+                        "examples": r.examples,
+                        "seconds": round(time.monotonic() - t0, 1),
+                        "worst_ratio": r.worst_ratio,
+                        "detail": "" if r.passed else r.failure.describe().splitlines()[0],
+                        "case": None,
+                    }
+                )
                 print(rows[-1], flush=True)
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "gpu_ddp_check.json"), "w") as f:
-            json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
-    print(f"\n{torch.cuda.get_device_name(0)} x2, torch {torch.__version__}, NCCL, world sizes 1,2, "
-          f"{args.max_examples} examples, ci seed\n")
+            json.dump(
+                {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": rows},
+                f,
+                indent=1,
+            )
+    print(
+        f"\n{torch.cuda.get_device_name(0)} x2, torch {torch.__version__}, NCCL, world sizes 1,2, "
+        f"{args.max_examples} examples, ci seed\n"
+    )
     print("| target / mutant | dtype | verdict | examples | seconds | worst rel. error |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['what']} | {r['dtype']} | {r['verdict']} | {r['examples']} | {r['seconds']} | "
-              f"{r['worst_ratio']:.1e} |")
+        print(
+            f"| {r['what']} | {r['dtype']} | {r['verdict']} | {r['examples']} | {r['seconds']} | "
+            f"{r['worst_ratio']:.1e} |"
+        )
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -46,32 +46,48 @@ def main() -> None:
         kinds[kind][0] += 1
         kinds[kind][1] += dt
         if kind == "hang" and not first_hang:
-            first_hang.update(seconds=dt, timeout=kw.get("timeout"), at=time.monotonic() - t_check,
-                              definite=getattr(result.error, "definite", False))
+            first_hang.update(
+                seconds=dt,
+                timeout=kw.get("timeout"),
+                at=time.monotonic() - t_check,
+                definite=getattr(result.error, "definite", False),
+            )
         return result
 
     prop.run_case = timed
     t_check = time.monotonic()
     try:
-        report = prop.check_target(resolve_target(args.target), world, world_sizes=sizes,
-                                   max_examples=args.max_examples, timeout=args.timeout,
-                                   first_failure=False, labels=True)  # as paracheck check does
+        report = prop.check_target(
+            resolve_target(args.target),
+            world,
+            world_sizes=sizes,
+            max_examples=args.max_examples,
+            timeout=args.timeout,
+            first_failure=False,
+            labels=True,
+        )  # as paracheck check does
     finally:
         prop.run_case = run_case
         world.close()
     check = time.monotonic() - t_check
     print(report.summary())
     for f in report.failures:
-        print(f"  {f.property}: needs {f.needs}, fully shrunk {f.fully_shrunk}"
-              + (f", found without {f.without}" if f.without else ""))
+        print(
+            f"  {f.property}: needs {f.needs}, fully shrunk {f.fully_shrunk}"
+            + (f", found without {f.without}" if f.without else "")
+        )
     for kind, (n, s) in sorted(kinds.items()):
         print(f"  {kind:10} {n:4d} cases {s:7.1f} s")
     if first_hang:
-        print(f"first hang: {first_hang['seconds']:.2f} s from submission to verdict (case timeout "
-              f"{first_hang['timeout']:.1f} s, deadlock proven by the counts: {first_hang['definite']}), "
-              f"{first_hang['at']:.1f} s into the check")
-    print(f"pool start {pool_start:.1f} s; check {check:.1f} s; total {pool_start + check:.1f} s; "
-          f"pool restarts/replacements {world.restarts}")
+        print(
+            f"first hang: {first_hang['seconds']:.2f} s from submission to verdict (case timeout "
+            f"{first_hang['timeout']:.1f} s, deadlock proven by the counts: {first_hang['definite']}), "
+            f"{first_hang['at']:.1f} s into the check"
+        )
+    print(
+        f"pool start {pool_start:.1f} s; check {check:.1f} s; total {pool_start + check:.1f} s; "
+        f"pool restarts/replacements {world.restarts}"
+    )
 
 
 if __name__ == "__main__":

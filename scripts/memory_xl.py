@@ -51,7 +51,14 @@ def _spec(args):
     from paracheck.workloads import LMSpec
 
     if args.size == "tiny":
-        return LMSpec(vocab_size=512, context_length=args.context, d_model=64, d_ff=128, num_layers=2, num_heads=4)
+        return LMSpec(
+            vocab_size=512,
+            context_length=args.context,
+            d_model=64,
+            d_ff=128,
+            num_layers=2,
+            num_heads=4,
+        )
     return LMSpec.size(args.size, context_length=args.context)
 
 
@@ -111,7 +118,9 @@ def _measure(design, spec, device, args) -> dict:
     wrapper, opt, local_state = _build(design, spec, device, args.fused and cuda)
     out = {"design": design, "base": base, "init_peak": peak(), "init_alloc": now()}
     g = torch.Generator().manual_seed(1 + dist.get_rank())
-    tokens = torch.randint(0, spec.vocab_size, (args.batch, spec.context_length + 1), generator=g).to(device)
+    tokens = torch.randint(
+        0, spec.vocab_size, (args.batch, spec.context_length + 1), generator=g
+    ).to(device)
     x, y = tokens[:, :-1], tokens[:, 1:]
     _step(wrapper, opt, x, y)  # warm-up: creates the optimizer state
     opt.step()
@@ -172,13 +181,22 @@ def _analytic(design, spec, world_size, rank):
     with torch.device("meta"):
         model = TransformerLM(spec)
     numels = [p.numel() for p in model.parameters() if p.requires_grad]
-    return training_memory(design, numels, 4, world_size, rank=rank, model=state_model("adamw"),
-                           bucket_numel=int(BUCKET_MB * 2**20) // 4)
+    return training_memory(
+        design,
+        numels,
+        4,
+        world_size,
+        rank=rank,
+        model=state_model("adamw"),
+        bucket_numel=int(BUCKET_MB * 2**20) // 4,
+    )
 
 
 def _table(gathered, spec, world_size) -> tuple[str, list[dict]]:
     largest = max(_analytic(m["design"], spec, world_size, 0).total for m in gathered[0])
-    unit, scale = next((u, v) for u, v in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)) if largest >= v)
+    unit, scale = next(
+        (u, v) for u, v in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)) if largest >= v
+    )
 
     def _gib(b):
         return "n/a" if b is None else f"{b / scale:.2f}"
@@ -195,33 +213,59 @@ def _table(gathered, spec, world_size) -> tuple[str, list[dict]]:
             a = _analytic(m["design"], spec, world_size, rank)
             base = m["base"] or 0
             rest = None if m["after_peak"] is None else m["after_peak"] - base - a.total
-            exact = "yes" if m["state_held"] == a.optimizer_state else f"NO ({m['state_held']} B held)"
-            sub = (lambda v: None if v is None else v - base)
+            exact = (
+                "yes" if m["state_held"] == a.optimizer_state else f"NO ({m['state_held']} B held)"
+            )
+            sub = lambda v: None if v is None else v - base
             lines.append(
                 f"| {m['design']} | {rank} | {_gib(sub(m['init_peak']))} | {_gib(sub(m['before_peak']))} | "
                 f"{_gib(sub(m['after_peak']))} | {_gib(sub(m['after_alloc']))} | {_gib(a.params)} | {_gib(a.grads)} | "
-                f"{_gib(a.optimizer_state)} | {_gib(a.comm)} | {_gib(a.total)} | {_gib(rest)} | {exact} |")
-            records.append({**m, "rank": rank, "analytic": {"params": a.params, "grads": a.grads,
-                            "optimizer_state": a.optimizer_state, "comm": a.comm, "total": a.total}})
+                f"{_gib(a.optimizer_state)} | {_gib(a.comm)} | {_gib(a.total)} | {_gib(rest)} | {exact} |"
+            )
+            records.append(
+                {
+                    **m,
+                    "rank": rank,
+                    "analytic": {
+                        "params": a.params,
+                        "grads": a.grads,
+                        "optimizer_state": a.optimizer_state,
+                        "comm": a.comm,
+                        "total": a.total,
+                    },
+                }
+            )
     return "\n".join(lines), records, unit
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="xl", help="CS336 size (small, medium, large, xl, 2.7B) or 'tiny'")
+    p.add_argument(
+        "--size", default="xl", help="CS336 size (small, medium, large, xl, 2.7B) or 'tiny'"
+    )
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--no-fused", dest="fused", action="store_false", help="AdamW without fused=True on CUDA")
-    p.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated subset of {','.join(DESIGNS)}")
+    p.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    p.add_argument(
+        "--no-fused", dest="fused", action="store_false", help="AdamW without fused=True on CUDA"
+    )
+    p.add_argument(
+        "--designs",
+        default=",".join(DESIGNS),
+        help=f"comma-separated subset of {','.join(DESIGNS)}",
+    )
     args = p.parse_args(argv)
     args.designs = [d for d in args.designs.split(",") if d]
     for d in args.designs:
         if d not in DESIGNS:
             p.error(f"--designs: {d!r} is not one of {DESIGNS}")
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
-        p.error(f"--world-size {args.world_size} needs that many GPUs; {torch.cuda.device_count()} present")
+        p.error(
+            f"--world-size {args.world_size} needs that many GPUs; {torch.cuda.device_count()} present"
+        )
     spec = _spec(args)
     ctx = mp.get_context("spawn")
     t0 = time.monotonic()
@@ -236,17 +280,21 @@ def main(argv=None) -> int:
             port = s.getsockname()[1]
         queue = ctx.SimpleQueue()
         args.designs = [design]
-        mp.spawn(_worker, args=(args.world_size, port, args, queue), nprocs=args.world_size, join=True)
+        mp.spawn(
+            _worker, args=(args.world_size, port, args, queue), nprocs=args.world_size, join=True
+        )
         for rank, rows in enumerate(queue.get()):
             gathered[rank].extend(rows)
     args.designs = designs
     table, records, unit = _table(gathered, spec, args.world_size)
     from paracheck.workloads import lm_parameter_count
 
-    header = (f"LM '{args.size}' ({lm_parameter_count(spec):.4g} parameters), batch {args.batch}, context "
-              f"{spec.context_length}, fp32, AdamW{' fused' if args.fused and args.device == 'cuda' else ''}, "
-              f"{args.world_size} ranks on {args.device}, {BUCKET_MB:g} MB buckets; {unit} per rank; "
-              f"{time.monotonic() - t0:.0f} s")
+    header = (
+        f"LM '{args.size}' ({lm_parameter_count(spec):.4g} parameters), batch {args.batch}, context "
+        f"{spec.context_length}, fp32, AdamW{' fused' if args.fused and args.device == 'cuda' else ''}, "
+        f"{args.world_size} ranks on {args.device}, {BUCKET_MB:g} MB buckets; {unit} per rank; "
+        f"{time.monotonic() - t0:.0f} s"
+    )
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)

@@ -33,8 +33,20 @@ from paracheck.kernels.rmsnorm import lazy_jit, tl, triton  # noqa: E402
 
 @lazy_jit
 def _bwd_staged_kernel(
-    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
+    X,
+    W,
+    DY,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    n_cols,
+    BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # The library's backward without the hand-written prefetch: triton pipelines the loop.
     pid = tl.program_id(0)
@@ -48,14 +60,20 @@ def _bwd_staged_kernel(
         row_ok = rows < n_rows
         ok = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        xf = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        dyf = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        xf = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(
+            tl.float32
+        )
+        dyf = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(
+            tl.float32
+        )
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         xhat = xf * rstd[:, None]
         wdy = dyf * w[None, :]
         c = tl.sum(xhat * wdy, axis=1) / n_cols
         dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+        tl.store(
+            DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok
+        )
         dw_acc += dyf * xhat
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
@@ -66,10 +84,25 @@ def staged_backward(dy, x, w, rstd, plan, stages):
     partial = torch.empty((plan.bwd_programs, n_cols), dtype=torch.float32, device=x.device)
     dw = torch.empty_like(w)
     _bwd_staged_kernel[(plan.bwd_programs,)](
-        x, w, dy, rstd, dx, partial, x.stride(0), dy.stride(0), dx.stride(0), n_rows, n_cols,
-        BLOCK_D=plan.block_d, ROWS=plan.bwd_rows, STAGES=stages, num_warps=plan.bwd_warps)
+        x,
+        w,
+        dy,
+        rstd,
+        dx,
+        partial,
+        x.stride(0),
+        dy.stride(0),
+        dx.stride(0),
+        n_rows,
+        n_cols,
+        BLOCK_D=plan.block_d,
+        ROWS=plan.bwd_rows,
+        STAGES=stages,
+        num_warps=plan.bwd_warps,
+    )
     K._KERNELS.reduce_dweight[(triton.cdiv(n_cols, 64),)](
-        partial, dw, plan.bwd_programs, n_cols, BLOCK_P=64, BLOCK_N=64, PDL=False, num_warps=4)
+        partial, dw, plan.bwd_programs, n_cols, BLOCK_P=64, BLOCK_N=64, PDL=False, num_warps=4
+    )
     return dx, dw
 
 
@@ -93,22 +126,31 @@ def host(lines):
     grid = (triton.cdiv(rows, p.fwd_rows),)
     args = (x, w, y, rstd, x.stride(0), y.stride(0), rows, d, EPS)
     pdl = K._dependent_launch(x.device)
-    kw = dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
-              **K._pdl_option(pdl))
+    kw = dict(
+        BLOCK_D=p.block_d,
+        ROWS=p.fwd_rows,
+        X_EVICT=p.x_evict,
+        Y_EVICT=p.y_evict,
+        PDL=pdl,
+        **K._pdl_option(pdl),
+    )
     fwd = K._KERNELS.forward
     cases = {
         "torch.empty(64x1024)": lambda: torch.empty((rows, d), device="cuda"),
         "torch y.mul_(1.0) (one aten kernel)": lambda: y.mul_(1.0),
         "one triton launch (fwd[grid](...))": lambda: fwd[grid](*args, **kw, num_warps=p.fwd_warps),
-        "paracheck _rms_norm_forward (allocations + launch)":
-            lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
-        "paracheck rms_norm forward (autograd.Function, no grad)":
-            lambda: K.rms_norm(x, w, EPS),
-        "F.rms_norm forward (no grad)":
-            lambda: torch.nn.functional.rms_norm(x, (d,), w, EPS),
+        "paracheck _rms_norm_forward (allocations + launch)": lambda: K._rms_norm_forward(
+            x, w, EPS, K._KERNELS
+        ),
+        "paracheck rms_norm forward (autograd.Function, no grad)": lambda: K.rms_norm(x, w, EPS),
+        "F.rms_norm forward (no grad)": lambda: torch.nn.functional.rms_norm(x, (d,), w, EPS),
     }
-    lines += ["## Host time per call, us (64x1024 fp32, 2000 calls, no sync inside)", "",
-              "| what | us |", "| --- | --- |"]
+    lines += [
+        "## Host time per call, us (64x1024 fp32, 2000 calls, no sync inside)",
+        "",
+        "| what | us |",
+        "| --- | --- |",
+    ]
     for name, fn in cases.items():
         lines.append(f"| {name} | {host_us(fn):.1f} |")
         print(lines[-1], flush=True)
@@ -149,28 +191,60 @@ def bwd(lines):
             for warps in (4, 8, 16):
                 if warps * 32 * 4 > base.bwd_rows * base.block_d:  # < 4 values per thread
                     continue
-                plan = K._gpu_plan(rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows,
-                                   fwd_warps=base.fwd_warps, bwd_rows=base.bwd_rows,
-                                   bwd_warps=warps, bwd_per_sm=per_sm, **hints)
+                plan = K._gpu_plan(
+                    rows,
+                    d,
+                    n_sms=n_sms,
+                    fwd_rows=base.fwd_rows,
+                    fwd_warps=base.fwd_warps,
+                    bwd_rows=base.bwd_rows,
+                    bwd_warps=warps,
+                    bwd_per_sm=per_sm,
+                    **hints,
+                )
                 try:
-                    results.append((f"hand-pipelined, {per_sm}/SM, {warps} warps",
-                                    seq_tbps(rows, d, base, lib(plan))))
+                    results.append(
+                        (
+                            f"hand-pipelined, {per_sm}/SM, {warps} warps",
+                            seq_tbps(rows, d, base, lib(plan)),
+                        )
+                    )
                 except Exception as e:
-                    results.append((f"hand-pipelined, {per_sm}/SM, {warps} warps: {type(e).__name__}", 0.0))
+                    results.append(
+                        (f"hand-pipelined, {per_sm}/SM, {warps} warps: {type(e).__name__}", 0.0)
+                    )
                 for stages in (2, 3):
                     try:
-                        results.append((f"triton-pipelined ({stages} stages), {per_sm}/SM, {warps} warps",
-                                        seq_tbps(rows, d, base,
-                                                 lambda dy, x, w, rstd, plan=plan, st=stages:
-                                                 staged_backward(dy, x, w, rstd, plan, st))))
+                        results.append(
+                            (
+                                f"triton-pipelined ({stages} stages), {per_sm}/SM, {warps} warps",
+                                seq_tbps(
+                                    rows,
+                                    d,
+                                    base,
+                                    lambda dy, x, w, rstd, plan=plan, st=stages: staged_backward(
+                                        dy, x, w, rstd, plan, st
+                                    ),
+                                ),
+                            )
+                        )
                     except Exception as e:
-                        results.append((f"triton-pipelined ({stages}), {per_sm}/SM, {warps}: "
-                                        f"{type(e).__name__}", 0.0))
-        lines += [f"### {rows}x{d} (default: {base.bwd_programs} programs, {base.bwd_warps} warps)",
-                  "", "| variant | TB/s |", "| --- | --- |"]
+                        results.append(
+                            (
+                                f"triton-pipelined ({stages}), {per_sm}/SM, {warps}: "
+                                f"{type(e).__name__}",
+                                0.0,
+                            )
+                        )
+        lines += [
+            f"### {rows}x{d} (default: {base.bwd_programs} programs, {base.bwd_warps} warps)",
+            "",
+            "| variant | TB/s |",
+            "| --- | --- |",
+        ]
         ranked = results[:1] + sorted(results[1:], key=lambda r: -r[1])[:8]
         lines += [f"| {name} | {v:.2f} |" for name, v in ranked]
-        print("\n".join(lines[-len(ranked) - 4:]), flush=True)
+        print("\n".join(lines[-len(ranked) - 4 :]), flush=True)
 
 
 def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
@@ -181,33 +255,59 @@ def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
     got = {name: [] for name in plans}
     for _ in range(rounds):
         for name, plan in plans.items():
-            got[name].append(seq_tbps(rows, d, fwd_plan, lambda dy, x, w, rstd, plan=plan:
-                                      K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)))
+            got[name].append(
+                seq_tbps(
+                    rows,
+                    d,
+                    fwd_plan,
+                    lambda dy, x, w, rstd, plan=plan: K._rms_norm_backward(
+                        dy, x, w, rstd, K._KERNELS, plan
+                    ),
+                )
+            )
     for name, v in got.items():
-        lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
-                     f"{min(v):.3f}-{max(v):.3f} |")
+        lines.append(
+            f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f} |"
+        )
         print(lines[-1], flush=True)
 
 
 def ab(lines, rounds=7):
     """The default backward plan against candidates, interleaved ``rounds`` times (medians)."""
     n_sms = K._sm_count(torch.device("cuda"))
-    lines += ["", f"## A/B of backward plans, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
-              "| shape | plan | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        f"## A/B of backward plans, fwd+bwd TB/s, median of {rounds} interleaved rounds",
+        "",
+        "| shape | plan | TB/s (median) | min-max |",
+        "| --- | --- | --- | --- |",
+    ]
     # (rows per tile, warps, programs per SM) candidates: bigger tiles or more programs put
     # more bytes in flight per SM.
-    candidates = {(4096, 2048): [(4, 16, 1), (4, 8, 2), (2, 4, 3), (2, 8, 3), (1, 4, 4)],
-                  (16384, 1600): [(4, 16, 1), (4, 8, 2)],
-                  (4096, 1024): [(8, 8, 2), (4, 4, 3), (4, 8, 3)]}
+    candidates = {
+        (4096, 2048): [(4, 16, 1), (4, 8, 2), (2, 4, 3), (2, 8, 3), (1, 4, 4)],
+        (16384, 1600): [(4, 16, 1), (4, 8, 2)],
+        (4096, 1024): [(8, 8, 2), (4, 4, 3), (4, 8, 3)],
+    }
     for rows, d in candidates:
         base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
         hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
-        plans = {f"default (rows {base.bwd_rows}, {base.bwd_programs} programs, "
-                 f"{base.bwd_warps} warps)": base}
+        plans = {
+            f"default (rows {base.bwd_rows}, {base.bwd_programs} programs, "
+            f"{base.bwd_warps} warps)": base
+        }
         for r, warps, per_sm in candidates[rows, d]:
             plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
-                rows, d, n_sms=n_sms, fwd_rows=base.fwd_rows, fwd_warps=base.fwd_warps,
-                bwd_rows=r, bwd_warps=warps, bwd_per_sm=per_sm, **hints)
+                rows,
+                d,
+                n_sms=n_sms,
+                fwd_rows=base.fwd_rows,
+                fwd_warps=base.fwd_warps,
+                bwd_rows=r,
+                bwd_warps=warps,
+                bwd_per_sm=per_sm,
+                **hints,
+            )
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
@@ -215,22 +315,34 @@ def pdl(lines, rounds=7):
     """Autograd fwd+bwd with and without dependent launch, interleaved ``rounds`` times."""
     import statistics
 
-    from bench_rmsnorm import step_fn, triton_variant, torch_rms_norm
+    from bench_rmsnorm import step_fn, torch_rms_norm, triton_variant
 
-    lines += ["", f"## Dependent launch on/off, autograd fwd+bwd TB/s, median of {rounds} "
-              "interleaved rounds (F.rms_norm alongside)", "",
-              "| shape | variant | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        f"## Dependent launch on/off, autograd fwd+bwd TB/s, median of {rounds} "
+        "interleaved rounds (F.rms_norm alongside)",
+        "",
+        "| shape | variant | TB/s (median) | min-max |",
+        "| --- | --- | --- | --- |",
+    ]
     for rows, d in SHAPES:
         x, w, dy = inputs(rows, d)
-        variants = {"PDL on (default)": triton_variant(), "PDL off": triton_variant(dependent_launch=False),
-                    "F.rms_norm": torch_rms_norm}
+        variants = {
+            "PDL on (default)": triton_variant(),
+            "PDL off": triton_variant(dependent_launch=False),
+            "F.rms_norm": torch_rms_norm,
+        }
         got = {name: [] for name in variants}
         for _ in range(rounds):
             for name, fn in variants.items():
                 step, grads = step_fn(fn, x, w, dy)
-                got[name].append(tbps(4 * rows * d * 4, events_ms(step, grad_to_none=grads, reps=25)))
+                got[name].append(
+                    tbps(4 * rows * d * 4, events_ms(step, grad_to_none=grads, reps=25))
+                )
         for name, v in got.items():
-            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f} |")
+            lines.append(
+                f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f} |"
+            )
             print(lines[-1], flush=True)
 
 
@@ -238,13 +350,22 @@ def reverse(lines, rounds=7):
     """The backward walking rows last-to-first (Note [reverse walk]) against the default, in
     fwd+bwd sequences, interleaved ``rounds`` times (medians)."""
     n_sms = K._sm_count(torch.device("cuda"))
-    lines += ["", f"## Backward row order, fwd+bwd TB/s, median of {rounds} interleaved rounds", "",
-              "| shape | order | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        f"## Backward row order, fwd+bwd TB/s, median of {rounds} interleaved rounds",
+        "",
+        "| shape | order | TB/s (median) | min-max |",
+        "| --- | --- | --- | --- |",
+    ]
     for rows, d in SHAPES:
         base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
         order = {False: "first to last", True: "last to first"}
-        plans = {f"{order[base.bwd_reverse]} (the plan's)": base,
-                 order[not base.bwd_reverse]: dataclasses.replace(base, bwd_reverse=not base.bwd_reverse)}
+        plans = {
+            f"{order[base.bwd_reverse]} (the plan's)": base,
+            order[not base.bwd_reverse]: dataclasses.replace(
+                base, bwd_reverse=not base.bwd_reverse
+            ),
+        }
         interleaved_plans(lines, rows, d, base, plans, rounds)
 
 
@@ -254,19 +375,28 @@ def _atomic_kernels():
     float32 atomics: no second kernel, but a summation order that varies from run to run."""
     from paracheck.mutants.rmsnorm import _mutated
 
-    fwd = _mutated(K._KERNELS.forward, "_fwd_zeroing_dweight", (
-        "    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,\n",
-        "    X, W, Y, RSTD, DWZ, stride_x, stride_y, n_rows, n_cols, eps,\n",
-    ), (
-        "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
-        "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n"
-        "    tl.store(DWZ + cols, tl.zeros([BLOCK_D], dtype=tl.float32),\n"
-        "             mask=cols + BLOCK_D * tl.program_id(0) < n_cols)\n",
-    ))
-    bwd = _mutated(K._KERNELS.backward, "_bwd_atomic_dweight", (
-        "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
-        "    tl.atomic_add(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok, sem=\"relaxed\")\n",
-    ))
+    fwd = _mutated(
+        K._KERNELS.forward,
+        "_fwd_zeroing_dweight",
+        (
+            "    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,\n",
+            "    X, W, Y, RSTD, DWZ, stride_x, stride_y, n_rows, n_cols, eps,\n",
+        ),
+        (
+            "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
+            "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n"
+            "    tl.store(DWZ + cols, tl.zeros([BLOCK_D], dtype=tl.float32),\n"
+            "             mask=cols + BLOCK_D * tl.program_id(0) < n_cols)\n",
+        ),
+    )
+    bwd = _mutated(
+        K._KERNELS.backward,
+        "_bwd_atomic_dweight",
+        (
+            "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
+            '    tl.atomic_add(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok, sem="relaxed")\n',
+        ),
+    )
     return fwd, bwd
 
 
@@ -278,8 +408,13 @@ def atomics(lines, rounds=7):
 
     fwd_k, bwd_k = _atomic_kernels()
     n_sms = K._sm_count(torch.device("cuda"))
-    lines += ["", f"## dweight by float32 atomics, fwd+bwd TB/s, median of {rounds} interleaved "
-              "rounds", "", "| shape | dweight | TB/s (median) | min-max |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        f"## dweight by float32 atomics, fwd+bwd TB/s, median of {rounds} interleaved rounds",
+        "",
+        "| shape | dweight | TB/s (median) | min-max |",
+        "| --- | --- | --- | --- |",
+    ]
     for rows, d in SHAPES:
         p = K._plan(rows, d, interpreted=False, n_sms=n_sms)
         x, w, dy = inputs(rows, d)
@@ -291,13 +426,44 @@ def atomics(lines, rounds=7):
             dx = torch.empty_like(x)
             opt = K._pdl_option(True)
             fwd_k[(-(-rows // p.fwd_rows),)](
-                x, w, y, rstd, dw, x.stride(0), y.stride(0), rows, d, EPS, BLOCK_D=p.block_d,
-                ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=True,
-                num_warps=p.fwd_warps, **opt)
+                x,
+                w,
+                y,
+                rstd,
+                dw,
+                x.stride(0),
+                y.stride(0),
+                rows,
+                d,
+                EPS,
+                BLOCK_D=p.block_d,
+                ROWS=p.fwd_rows,
+                X_EVICT=p.x_evict,
+                Y_EVICT=p.y_evict,
+                PDL=True,
+                num_warps=p.fwd_warps,
+                **opt,
+            )
             bwd_k[(p.bwd_programs,)](
-                x, w, dy, rstd, dx, dw, x.stride(0), dy.stride(0), dx.stride(0), rows, d,
-                BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict, PDL=True,
-                REVERSE=p.bwd_reverse, num_warps=p.bwd_warps, **opt)
+                x,
+                w,
+                dy,
+                rstd,
+                dx,
+                dw,
+                x.stride(0),
+                dy.stride(0),
+                dx.stride(0),
+                rows,
+                d,
+                BLOCK_D=p.block_d,
+                ROWS=p.bwd_rows,
+                LOAD_EVICT=p.bwd_load_evict,
+                PDL=True,
+                REVERSE=p.bwd_reverse,
+                num_warps=p.bwd_warps,
+                **opt,
+            )
             return y, dx, dw
 
         y, dx, dw = atomic_step()
@@ -309,12 +475,19 @@ def atomics(lines, rounds=7):
                 raise AssertionError(f"atomics at {rows}x{d}: relative error {err:.2e}")
         got = {"separate kernel (library)": [], "float32 atomics": []}
         for _ in range(rounds):
-            got["separate kernel (library)"].append(seq_tbps(
-                rows, d, p, lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS)))
+            got["separate kernel (library)"].append(
+                seq_tbps(
+                    rows,
+                    d,
+                    p,
+                    lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
+                )
+            )
             got["float32 atomics"].append(tbps(4 * rows * d * 4, events_ms(atomic_step, reps=25)))
         for name, v in got.items():
-            lines.append(f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | "
-                         f"{min(v):.3f}-{max(v):.3f} |")
+            lines.append(
+                f"| {rows}x{d} | {name} | {statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f} |"
+            )
             print(lines[-1], flush=True)
 
 
@@ -325,7 +498,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device (skipped)")
         return 0
-    lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}"]
+    lines = [
+        f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}"
+    ]
     what = args.what.split(",")
     if "host" in what:
         host(lines)

@@ -4,7 +4,17 @@ beside them: the 'cpu' LM (4.2 M parameters), batch 4 x 64 tokens per rank, 25 M
 from paracheck.bench.asvtools import key, measure_steps, require
 
 MODEL = "cpu"
-VARIANTS = ["local", "naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "torch-zero"]
+VARIANTS = [
+    "local",
+    "naive",
+    "flat",
+    "overlapped",
+    "bucketed",
+    "torch-ddp",
+    "sharded",
+    "zero1",
+    "torch-zero",
+]
 
 
 def measure(*_):

@@ -6,11 +6,23 @@ from paracheck.bench.asvtools import key, measure_steps, require
 
 WORLD = 2
 SIZES = ["small", "medium", "large", "xl"]
-VARIANTS = ["local", "naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "torch-zero"]
+VARIANTS = [
+    "local",
+    "naive",
+    "flat",
+    "overlapped",
+    "bucketed",
+    "torch-ddp",
+    "sharded",
+    "zero1",
+    "torch-zero",
+]
 
 
 def measure(*_):
-    return measure_steps(device="cuda", models=SIZES, variants=VARIANTS, world_size=WORLD, exact=False)
+    return measure_steps(
+        device="cuda", models=SIZES, variants=VARIANTS, world_size=WORLD, exact=False
+    )
 
 
 measure.timeout = 3600

@@ -3,7 +3,16 @@
 from paracheck.bench.asvtools import key, measure_steps, require
 
 SIZE = "small"
-VARIANTS = ["naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "torch-zero"]
+VARIANTS = [
+    "naive",
+    "flat",
+    "overlapped",
+    "bucketed",
+    "torch-ddp",
+    "sharded",
+    "zero1",
+    "torch-zero",
+]
 
 
 def measure(*_):

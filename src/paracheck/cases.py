@@ -21,8 +21,17 @@ import torch
 from paracheck.workloads import build_model, model_spec_from_dict, model_spec_to_dict
 from paracheck.workloads.mlp import MLPSpec
 
-__all__ = ["Case", "GroupSpec", "OptimizerSpec", "batch_for", "build_optimizer", "build_scheduler", "init_seed",
-           "DTYPES", "SCHEDULERS"]
+__all__ = [
+    "Case",
+    "GroupSpec",
+    "OptimizerSpec",
+    "batch_for",
+    "build_optimizer",
+    "build_scheduler",
+    "init_seed",
+    "DTYPES",
+    "SCHEDULERS",
+]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -75,14 +84,20 @@ class OptimizerSpec:
             raise ValueError(f"optimizer name={self.name!r} must be one of {_OPTIMIZERS}")
         object.__setattr__(self, "groups", tuple(self.groups))
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler={self.scheduler!r} must be None or one of {sorted(SCHEDULERS)}")
+            raise ValueError(
+                f"scheduler={self.scheduler!r} must be None or one of {sorted(SCHEDULERS)}"
+            )
         if self.scheduler == "lambda" and any(g.add_at_step is not None for g in self.groups):
-            raise ValueError("scheduler='lambda' with a group added by add_param_group: LambdaLR cannot step a "
-                             "group added after it was built (torch raises); use scheduler='step'")
+            raise ValueError(
+                "scheduler='lambda' with a group added by add_param_group: LambdaLR cannot step a "
+                "group added after it was built (torch raises); use scheduler='step'"
+            )
 
     @property
     def cls(self) -> type[torch.optim.Optimizer]:
-        return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.name]
+        return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[
+            self.name
+        ]
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,9 @@ class Case:
     steps: int = 2
     accumulation: int = 1
     no_sync: bool = False
-    optimizer: OptimizerSpec = field(default_factory=lambda: OptimizerSpec(groups=(GroupSpec(params=()),)))
+    optimizer: OptimizerSpec = field(
+        default_factory=lambda: OptimizerSpec(groups=(GroupSpec(params=()),))
+    )
     bucket_size_mb: float | None = None
     seed: int = 0
     rank_dependent_init: bool = False
@@ -138,25 +155,33 @@ class Case:
             raise ValueError(f"world_size={self.world_size} must be >= 1")
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
         if len(self.batch_sizes) != self.world_size:
-            raise ValueError(f"batch_sizes={self.batch_sizes} must have world_size={self.world_size} entries")
+            raise ValueError(
+                f"batch_sizes={self.batch_sizes} must have world_size={self.world_size} entries"
+            )
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes={self.batch_sizes} must all be >= 1")
         if self.steps < 1 or self.accumulation < 1:
-            raise ValueError(f"steps={self.steps} and accumulation={self.accumulation} must be >= 1")
+            raise ValueError(
+                f"steps={self.steps} and accumulation={self.accumulation} must be >= 1"
+            )
         if self.merged_ranks < 1:
             raise ValueError(f"merged_ranks={self.merged_ranks} must be >= 1")
         if self.reload_at_step is not None and not 1 <= self.reload_at_step < self.steps:
-            raise ValueError(f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}")
+            raise ValueError(
+                f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
         if self.finish_once and self.no_sync:
-            raise ValueError("finish_once=True and no_sync=True are two accumulation protocols: choose one")
+            raise ValueError(
+                "finish_once=True and no_sync=True are two accumulation protocols: choose one"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    def with_world_size(self, w: int) -> "Case":
+    def with_world_size(self, w: int) -> Case:
         sizes = (self.batch_sizes * w)[:w]
         return replace(self, world_size=w, batch_sizes=sizes)
 
@@ -170,23 +195,28 @@ class Case:
         text = json.dumps(self.to_dict(), indent=indent, sort_keys=False)
         if indent:
             # Keep lists of scalars on one line: readable cases, not one number per line.
-            text = re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text)
+            text = re.sub(
+                r"\[\s*([^\[\]{}]*?)\s*\]",
+                lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]",
+                text,
+            )
         return text
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Case":
+    def from_dict(cls, d: dict) -> Case:
         d = dict(d)
         d["model"] = model_spec_from_dict(d["model"])
         opt = dict(d["optimizer"])
         opt["groups"] = tuple(
-            GroupSpec(**{**g, "params": tuple(g["params"]), "betas": tuple(g["betas"])}) for g in opt["groups"]
+            GroupSpec(**{**g, "params": tuple(g["params"]), "betas": tuple(g["betas"])})
+            for g in opt["groups"]
         )
         d["optimizer"] = OptimizerSpec(**opt)
         d["batch_sizes"] = tuple(d["batch_sizes"])
         return cls(**d)
 
     @classmethod
-    def from_json(cls, text: str) -> "Case":
+    def from_json(cls, text: str) -> Case:
         return cls.from_dict(json.loads(text))
 
 
@@ -205,7 +235,9 @@ def init_seed(case: Case, rank: int) -> int:
 
 
 def build_case_model(case: Case, rank: int, device="cpu"):
-    return build_model(case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device)
+    return build_model(
+        case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device
+    )
 
 
 def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
@@ -217,8 +249,10 @@ def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
     cases (``paracheck.check.metamorphic``).
     """
     if case.merged_ranks > 1:
-        parts = [_batch(case, step, micro, rank * case.merged_ranks + j, case.batch_sizes[rank], device)
-                 for j in range(case.merged_ranks)]
+        parts = [
+            _batch(case, step, micro, rank * case.merged_ranks + j, case.batch_sizes[rank], device)
+            for j in range(case.merged_ranks)
+        ]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return _batch(case, step, micro, rank, case.batch_sizes[rank], device)
 

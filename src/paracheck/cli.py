@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 __all__ = ["main"]
@@ -33,7 +32,9 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise UsageError(f"--world-sizes={text!r} must be comma-separated integers, e.g. 1,2,4") from None
+        raise UsageError(
+            f"--world-sizes={text!r} must be comma-separated integers, e.g. 1,2,4"
+        ) from None
     if not sizes:
         raise UsageError(f"--world-sizes={text!r} names no world size")
     bad = [s for s in sizes if s < 1]
@@ -54,50 +55,130 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="paracheck", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("check", help="check targets against the oracle")
-    c.add_argument("targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)")
-    c.add_argument("--world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4 on gloo)")
-    c.add_argument("--max-examples", type=int, default=None, help="generated cases per target (default: profile)")
+    c.add_argument(
+        "targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)"
+    )
+    c.add_argument(
+        "--world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4 on gloo)"
+    )
+    c.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        help="generated cases per target (default: profile)",
+    )
     c.add_argument("--seed", type=int, default=0, help="derandomisation seed (default 0)")
     c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
-    c.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
-                   help="gloo: CPU ranks; nccl: one CUDA device per rank (default %(default)s)")
-    c.add_argument("--timeout", type=float, default=20.0,
-                   help="longest a case may run before it counts as hung; cases are cut earlier, at 10x the "
-                        "slowest passing case of their world size, at least 5 s (default %(default)s)")
-    c.add_argument("--kind", choices=["ddp", "sharded", "zero"], default=None, help="interface of an import-path target")
-    c.add_argument("--adapters", default=None, metavar="PATH_OR_MODULE",
-                   help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
-                        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer)")
-    c.add_argument("--finish", default=None, metavar="NAME",
-                   help="DDP after-backward hook: a method name, or module:function called as f(ddp_model, optimizer) "
-                        "(default finish_gradient_synchronization)")
-    c.add_argument("--batch-start", default=None, metavar="NAME",
-                   help="DDP batch-start hook, named as --finish (default on_train_batch_start, if present)")
-    c.add_argument("--stub-cuda-timing", action="store_true",
-                   help="on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks")
-    c.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci",
-                   help="40 derandomised / 100 / 1000 examples per target (default %(default)s)")
-    c.add_argument("--dtype", default=None, choices=["float64", "float32"],
-                   help="dtype of the target's computation (default float64; the oracle is always float64)")
-    c.add_argument("--case", default=None, help="replay exactly this case (JSON from a failure report)")
-    c.add_argument("--properties", default=None,
-                   help="sharding targets: comma-separated subset of equivalence,state,state-consolidated,memory,balance,"
-                        "traffic (default: every one but the opt-in state-consolidated)")
-    c.add_argument("--database", default=".paracheck/examples",
-                   help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)")
+    c.add_argument(
+        "--backend",
+        default="gloo",
+        choices=["gloo", "nccl"],
+        help="gloo: CPU ranks; nccl: one CUDA device per rank (default %(default)s)",
+    )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="longest a case may run before it counts as hung; cases are cut earlier, at 10x the "
+        "slowest passing case of their world size, at least 5 s (default %(default)s)",
+    )
+    c.add_argument(
+        "--kind",
+        choices=["ddp", "sharded", "zero"],
+        default=None,
+        help="interface of an import-path target",
+    )
+    c.add_argument(
+        "--adapters",
+        default=None,
+        metavar="PATH_OR_MODULE",
+        help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
+        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer)",
+    )
+    c.add_argument(
+        "--finish",
+        default=None,
+        metavar="NAME",
+        help="DDP after-backward hook: a method name, or module:function called as f(ddp_model, optimizer) "
+        "(default finish_gradient_synchronization)",
+    )
+    c.add_argument(
+        "--batch-start",
+        default=None,
+        metavar="NAME",
+        help="DDP batch-start hook, named as --finish (default on_train_batch_start, if present)",
+    )
+    c.add_argument(
+        "--stub-cuda-timing",
+        action="store_true",
+        help="on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks",
+    )
+    c.add_argument(
+        "--profile",
+        choices=["ci", "dev", "nightly"],
+        default="ci",
+        help="40 derandomised / 100 / 1000 examples per target (default %(default)s)",
+    )
+    c.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float64", "float32"],
+        help="dtype of the target's computation (default float64; the oracle is always float64)",
+    )
+    c.add_argument(
+        "--case", default=None, help="replay exactly this case (JSON from a failure report)"
+    )
+    c.add_argument(
+        "--properties",
+        default=None,
+        help="sharding targets: comma-separated subset of equivalence,state,state-consolidated,memory,balance,"
+        "traffic (default: every one but the opt-in state-consolidated)",
+    )
+    c.add_argument(
+        "--database",
+        default=".paracheck/examples",
+        help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)",
+    )
     c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
-    c.add_argument("--first-failure", action="store_true",
-                   help="stop at the first failing property (default: report every failing property)")
-    c.add_argument("--json", default=None, metavar="PATH",
-                   help="write the verdict as JSON to PATH ('-': stdout, instead of the text report)")
+    c.add_argument(
+        "--first-failure",
+        action="store_true",
+        help="stop at the first failing property (default: report every failing property)",
+    )
+    c.add_argument(
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="write the verdict as JSON to PATH ('-': stdout, instead of the text report)",
+    )
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
-    s.add_argument("--profile", choices=["ci", "dev", "nightly"], default="ci",
-                   help="40 derandomised / 100 / 1000 examples per check (default %(default)s)")
-    s.add_argument("--only", nargs="*", default=None, help="restrict to these mutant/target names (default: all)")
-    s.add_argument("--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default %(default)s)")
-    s.add_argument("--timeout", type=float, default=10.0, help="hang timeout per case, seconds (default %(default)s)")
-    s.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help="default %(default)s")
-    s.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="default %(default)s")
+    s.add_argument(
+        "--profile",
+        choices=["ci", "dev", "nightly"],
+        default="ci",
+        help="40 derandomised / 100 / 1000 examples per check (default %(default)s)",
+    )
+    s.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="restrict to these mutant/target names (default: all)",
+    )
+    s.add_argument(
+        "--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default %(default)s)"
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="hang timeout per case, seconds (default %(default)s)",
+    )
+    s.add_argument(
+        "--backend", default="gloo", choices=["gloo", "nccl"], help="default %(default)s"
+    )
+    s.add_argument(
+        "--dtype", default="float64", choices=["float64", "float32"], help="default %(default)s"
+    )
     for name in ("bench", "memory", "gate", "report"):
         sp = sub.add_parser(name, help=f"speed and memory tracking: {name}", add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -112,12 +193,14 @@ def _make_world(backend: str, size: int, timeout: float):
 
         n = torch.cuda.device_count()
         if size > n:
-            raise UsageError(f"--world-sizes: world size {size} exceeds the {n} CUDA device(s) present (--backend nccl)")
+            raise UsageError(
+                f"--world-sizes: world size {size} exceeds the {n} CUDA device(s) present (--backend nccl)"
+            )
     return World(size, backend=backend, timeout=timeout)
 
 
 def cmd_check(args) -> int:
-    from paracheck.check.property import PROFILES, check_target, replay_command
+    from paracheck.check.property import PROFILES, check_target
     from paracheck.check.targets import TargetError
 
     try:
@@ -137,9 +220,13 @@ def cmd_check(args) -> int:
         except ValueError as exc:
             raise UsageError(f"--properties={args.properties!r}: {exc}") from None
         if any(t.kind == "ddp" for t in targets):
-            print("paracheck: warning: --properties applies to sharding targets only; DDP targets run every property",
-                  file=sys.stderr)
-        targets = [dataclasses.replace(t, properties=chosen) if t.kind != "ddp" else t for t in targets]
+            print(
+                "paracheck: warning: --properties applies to sharding targets only; DDP targets run every property",
+                file=sys.stderr,
+            )
+        targets = [
+            dataclasses.replace(t, properties=chosen) if t.kind != "ddp" else t for t in targets
+        ]
     case = None
     if args.case:
         from paracheck.cases import Case
@@ -157,7 +244,11 @@ def cmd_check(args) -> int:
             default = ",".join(str(i) for i in range(1, torch.cuda.device_count() + 1)) or "1"
         sizes = _world_sizes(args.world_sizes or default)
     _positive("--timeout", args.timeout)
-    max_examples = args.max_examples if args.max_examples is not None else PROFILES[args.profile]["max_examples"]
+    max_examples = (
+        args.max_examples
+        if args.max_examples is not None
+        else PROFILES[args.profile]["max_examples"]
+    )
     _positive("--max-examples", max_examples)
     database = None
     if not args.no_database and case is None:
@@ -176,20 +267,34 @@ def cmd_check(args) -> int:
                 from paracheck.check.report import case_report
                 from paracheck.check.run import run_case
 
-                report = case_report(target, run_case(world, target, case, timeout=args.timeout),
-                                     timeout=replay_timeout)
+                report = case_report(
+                    target,
+                    run_case(world, target, case, timeout=args.timeout),
+                    timeout=replay_timeout,
+                )
             else:
                 from paracheck.check.property import Progress
 
-                report = check_target(target, world, world_sizes=sizes, max_examples=max_examples,
-                                      seed=None if args.random else args.seed, timeout=args.timeout,
-                                      database=database, dtype=args.dtype or "float64",
-                                      first_failure=args.first_failure, labels=True, progress=Progress())
+                report = check_target(
+                    target,
+                    world,
+                    world_sizes=sizes,
+                    max_examples=max_examples,
+                    seed=None if args.random else args.seed,
+                    timeout=args.timeout,
+                    database=database,
+                    dtype=args.dtype or "float64",
+                    first_failure=args.first_failure,
+                    labels=True,
+                    progress=Progress(),
+                )
                 report.timeout = replay_timeout
             reports.append(report)
             failed += not report.passed
             if not to_stdout:
-                print(report.text(args.backend) if not report.passed else report.summary(), flush=True)
+                print(
+                    report.text(args.backend) if not report.passed else report.summary(), flush=True
+                )
     finally:
         world.close()
     if args.json is not None:
@@ -198,8 +303,11 @@ def cmd_check(args) -> int:
 
 
 def _write_json(path: str, reports, backend: str) -> None:
-    data = {"passed": all(r.passed for r in reports), "backend": backend,
-            "targets": [r.to_dict(backend) for r in reports]}
+    data = {
+        "passed": all(r.passed for r in reports),
+        "backend": backend,
+        "targets": [r.to_dict(backend) for r in reports],
+    }
     text = json.dumps(data, indent=2)
     if path == "-":
         print(text, flush=True)
@@ -214,8 +322,10 @@ def _resolve_targets(args) -> list:
 
     stub = args.stub_cuda_timing
     if stub and args.backend == "nccl":
-        print("paracheck: warning: --stub-cuda-timing is ignored with --backend nccl (the ranks have CUDA)",
-              file=sys.stderr)
+        print(
+            "paracheck: warning: --stub-cuda-timing is ignored with --backend nccl (the ranks have CUDA)",
+            file=sys.stderr,
+        )
         stub = False
     targets = []
     if args.adapters is not None:
@@ -225,12 +335,21 @@ def _resolve_targets(args) -> list:
         print("\n".join(found.lines()), flush=True)
         targets += found.targets
         if (args.finish or args.batch_start) and not args.targets:
-            print("paracheck: warning: --finish/--batch-start are ignored for --adapters (its functions are the hooks)",
-                  file=sys.stderr)
+            print(
+                "paracheck: warning: --finish/--batch-start are ignored for --adapters (its functions are the hooks)",
+                file=sys.stderr,
+            )
     if args.targets or args.adapters is None:
-        targets += [resolve_target(n, args.kind, finish=args.finish, batch_start=args.batch_start,
-                                   stub_cuda_timing=stub)
-                    for n in (args.targets or list(BUILTIN_TARGETS))]
+        targets += [
+            resolve_target(
+                n,
+                args.kind,
+                finish=args.finish,
+                batch_start=args.batch_start,
+                stub_cuda_timing=stub,
+            )
+            for n in (args.targets or list(BUILTIN_TARGETS))
+        ]
     for t in targets:
         for note in t.notes:
             print(f"paracheck: note: {note}", file=sys.stderr)
@@ -243,8 +362,14 @@ def cmd_selftest(args) -> int:
     sizes = _world_sizes(args.world_sizes)
     world = _make_world(args.backend, max(sizes), args.timeout)
     try:
-        return run_selftest(profile=args.profile, only=args.only, world_sizes=sizes, timeout=args.timeout,
-                            world=world, dtype=args.dtype)
+        return run_selftest(
+            profile=args.profile,
+            only=args.only,
+            world_sizes=sizes,
+            timeout=args.timeout,
+            world=world,
+            dtype=args.dtype,
+        )
     finally:
         world.close()
 

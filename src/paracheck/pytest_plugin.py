@@ -29,12 +29,28 @@ _SKIPS: dict[str, int] = {"gpu": 0, "world_size": 0}
 
 def pytest_addoption(parser):
     g = parser.getgroup("paracheck")
-    g.addoption("--paracheck-backend", default="gloo", choices=["gloo", "nccl"], help="backend of the shared runner")
-    g.addoption("--paracheck-world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4)")
-    g.addoption("--paracheck-profile", default="ci", choices=sorted(_PROFILES), help="Hypothesis profile")
-    g.addoption("--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung")
-    g.addoption("--paracheck-stub-cuda-timing", action="store_true",
-                help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)")
+    g.addoption(
+        "--paracheck-backend",
+        default="gloo",
+        choices=["gloo", "nccl"],
+        help="backend of the shared runner",
+    )
+    g.addoption(
+        "--paracheck-world-sizes",
+        default=None,
+        help="comma-separated world sizes (default 1,2,3,4)",
+    )
+    g.addoption(
+        "--paracheck-profile", default="ci", choices=sorted(_PROFILES), help="Hypothesis profile"
+    )
+    g.addoption(
+        "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
+    )
+    g.addoption(
+        "--paracheck-stub-cuda-timing",
+        action="store_true",
+        help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
+    )
 
 
 def pytest_configure(config):
@@ -45,9 +61,13 @@ def pytest_configure(config):
         try:
             sizes = [int(s) for s in text.split(",") if s.strip()]
         except ValueError:
-            raise pytest.UsageError(f"--paracheck-world-sizes={text!r} must be comma-separated integers") from None
+            raise pytest.UsageError(
+                f"--paracheck-world-sizes={text!r} must be comma-separated integers"
+            ) from None
         if not sizes or min(sizes) < 1:
-            raise pytest.UsageError(f"--paracheck-world-sizes={text!r}: every world size must be >= 1")
+            raise pytest.UsageError(
+                f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
+            )
 
 
 def _world_sizes(config) -> tuple[int, ...]:
@@ -87,9 +107,15 @@ def pytest_collection_modifyitems(config, items):
         m = item.get_closest_marker("world_size")
         if m is not None and m.args:
             n = int(m.args[0])
-            limit = available if backend == "nccl" or item.get_closest_marker("gpu") else max(_world_sizes(config))
+            limit = (
+                available
+                if backend == "nccl" or item.get_closest_marker("gpu")
+                else max(_world_sizes(config))
+            )
             if n > limit:
-                item.add_marker(pytest.mark.skip(reason=f"paracheck: world size {n} > {limit} available"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"paracheck: world size {n} > {limit} available")
+                )
                 item.user_properties.append(("paracheck_skip", "world_size"))
 
 
@@ -126,7 +152,9 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
     if backend == "nccl":
         devices = _worker_devices(pytestconfig)
         if size > len(devices):
-            pytest.skip(f"paracheck: world size {size} needs {size} GPUs, this worker has {len(devices)}")
+            pytest.skip(
+                f"paracheck: world size {size} needs {size} GPUs, this worker has {len(devices)}"
+            )
     world = World(size, backend=backend, timeout=timeout, devices=devices)
     yield world
     world.close()
@@ -146,21 +174,39 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
     derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
 
     # The stub is for machines without CUDA; on nccl it would hide real synchronisation.
-    stub_default = (pytestconfig.getoption("--paracheck-stub-cuda-timing")
-                    and pytestconfig.getoption("--paracheck-backend") != "nccl")
+    stub_default = (
+        pytestconfig.getoption("--paracheck-stub-cuda-timing")
+        and pytestconfig.getoption("--paracheck-backend") != "nccl"
+    )
 
-    def check(target, *, kind=None, world_sizes=None, max_examples=None, finish=None, batch_start=None,
-              stub_cuda_timing=None, **kwargs):
+    def check(
+        target,
+        *,
+        kind=None,
+        world_sizes=None,
+        max_examples=None,
+        finish=None,
+        batch_start=None,
+        stub_cuda_timing=None,
+        **kwargs,
+    ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
         if isinstance(target, str):
-            t = resolve_target(target, kind, finish=finish, batch_start=batch_start, stub_cuda_timing=stub)
+            t = resolve_target(
+                target, kind, finish=finish, batch_start=batch_start, stub_cuda_timing=stub
+            )
         else:
             t = target
         # Every failing property, each labelled with the features it needs (override with kwargs).
         kwargs = {"first_failure": False, "labels": True, **kwargs}
-        report = check_target(t, paracheck_world, world_sizes=tuple(world_sizes or paracheck_world_sizes),
-                              max_examples=max_examples or paracheck_max_examples,
-                              seed=0 if derandomise else None, **kwargs)
+        report = check_target(
+            t,
+            paracheck_world,
+            world_sizes=tuple(world_sizes or paracheck_world_sizes),
+            max_examples=max_examples or paracheck_max_examples,
+            seed=0 if derandomise else None,
+            **kwargs,
+        )
         if not report.passed:
             # Every failing property, labelled and shrunk, with its replay command (and the CUDA
             # diagnosis of paracheck.check.diagnose where a rank raised).

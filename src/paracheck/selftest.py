@@ -18,13 +18,23 @@ def _one_line(case) -> str:
     m = case.model
     model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
     groups = len(case.optimizer.groups)
-    return (f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
-            f"acc={case.accumulation} bucket="
-            + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB"))
+    return (
+        f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
+        f"acc={case.accumulation} bucket="
+        + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
+    )
 
 
-def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), timeout: float = 10.0,
-                  world=None, max_examples: int | None = None, dtype: str = "float64"):
+def selftest_rows(
+    *,
+    profile: str = "ci",
+    only=None,
+    world_sizes=(1, 2, 3, 4),
+    timeout: float = 10.0,
+    world=None,
+    max_examples: int | None = None,
+    dtype: str = "float64",
+):
     """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
@@ -36,16 +46,37 @@ def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), t
     world = world or World(max(world_sizes), timeout=timeout)
     try:
         items = [("target", name, resolve_target(name)) for name in BUILTIN_TARGETS]
-        items += [("mutant", m.name, Target(m.name, m.path, m.kind, _takes_bucket(m.path),
-                                            None if m.properties is None else frozenset(m.properties)))
-                  for m in MUTANTS.values() if m.kind in ("ddp", "sharded", "zero")]
+        items += [
+            (
+                "mutant",
+                m.name,
+                Target(
+                    m.name,
+                    m.path,
+                    m.kind,
+                    _takes_bucket(m.path),
+                    None if m.properties is None else frozenset(m.properties),
+                ),
+            )
+            for m in MUTANTS.values()
+            if m.kind in ("ddp", "sharded", "zero")
+        ]
         for role, name, target in items:
             if only and name not in only:
                 continue
             t0 = time.monotonic()
             # A mutant is killed by its first failing property: the rest of the search is not needed.
-            report = check_target(target, world, world_sizes=world_sizes, max_examples=n, seed=0, timeout=timeout,
-                                  dtype=dtype, first_failure=True, labels=False)
+            report = check_target(
+                target,
+                world,
+                world_sizes=world_sizes,
+                max_examples=n,
+                seed=0,
+                timeout=timeout,
+                dtype=dtype,
+                first_failure=True,
+                labels=False,
+            )
             seconds = time.monotonic() - t0
             if role == "target":
                 ok = report.passed
@@ -55,7 +86,11 @@ def selftest_rows(*, profile: str = "ci", only=None, world_sizes=(1, 2, 3, 4), t
                 how = f" ({report.failures[0].property})" if report.failures else ""
                 verdict = ("killed" + how) if ok else "SURVIVED"
             yield {
-                "role": role, "name": name, "ok": ok, "verdict": verdict, "examples": report.examples,
+                "role": role,
+                "name": name,
+                "ok": ok,
+                "verdict": verdict,
+                "examples": report.examples,
                 "seconds": seconds,
                 "case": _one_line(report.failure.case) if report.failure is not None else "",
                 "detail": report.failures[0].header(name) if report.failures else "",
@@ -75,24 +110,46 @@ def _takes_bucket(path: str) -> bool:
         return False
 
 
-def run_selftest(*, profile="ci", only=None, world_sizes=(1, 2, 3, 4), timeout=10.0, world=None,
-                 dtype="float64", max_examples: int | None = None) -> int:
+def run_selftest(
+    *,
+    profile="ci",
+    only=None,
+    world_sizes=(1, 2, 3, 4),
+    timeout=10.0,
+    world=None,
+    dtype="float64",
+    max_examples: int | None = None,
+) -> int:
     t0 = time.monotonic()
     rows = []
     print(f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8}  shrunk case")
-    for row in selftest_rows(profile=profile, only=only, world_sizes=world_sizes, timeout=timeout, world=world,
-                             dtype=dtype, max_examples=max_examples):
+    for row in selftest_rows(
+        profile=profile,
+        only=only,
+        world_sizes=world_sizes,
+        timeout=timeout,
+        world=world,
+        dtype=dtype,
+        max_examples=max_examples,
+    ):
         rows.append(row)
-        print(f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
-              f"{row['seconds']:>8.1f}  {row['case']}", flush=True)
+        print(
+            f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
+            f"{row['seconds']:>8.1f}  {row['case']}",
+            flush=True,
+        )
     mutants = [r for r in rows if r["role"] == "mutant"]
     targets = [r for r in rows if r["role"] == "target"]
     killed = [r for r in mutants if r["ok"]]
     print()
     if mutants:
         med = statistics.median(r["examples"] for r in killed) if killed else float("nan")
-        print(f"kill rate: {len(killed)}/{len(mutants)} = {100 * len(killed) / len(mutants):.0f}%; "
-              f"median examples to kill: {med}")
-    print(f"built-in targets passing: {sum(r['ok'] for r in targets)}/{len(targets)}; "
-          f"total {time.monotonic() - t0:.1f} s")
+        print(
+            f"kill rate: {len(killed)}/{len(mutants)} = {100 * len(killed) / len(mutants):.0f}%; "
+            f"median examples to kill: {med}"
+        )
+    print(
+        f"built-in targets passing: {sum(r['ok'] for r in targets)}/{len(targets)}; "
+        f"total {time.monotonic() - t0:.1f} s"
+    )
     return 0 if all(r["ok"] for r in rows) else 1

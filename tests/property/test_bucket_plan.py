@@ -18,7 +18,9 @@ from paracheck.ddp.plan import MB, Bucket, BucketPlan, plan_buckets
 from paracheck.mutants.ddp import _plan_dropping_oversized
 from paracheck.strategies import bucket_sizes_mb
 
-_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 @st.composite
@@ -100,7 +102,9 @@ def test_non_numeric_bucket_size_refused(bad):
 
 def test_no_cap_plans_one_bucket_per_key():
     """bucket_size_mb=None puts every parameter of a key in one bucket, however large."""
-    plan = plan_buckets([2**30, 3, 5, 7], [8, 8, 4, 4], bucket_size_mb=None, keys=["a", "a", "b", "b"])
+    plan = plan_buckets(
+        [2**30, 3, 5, 7], [8, 8, 4, 4], bucket_size_mb=None, keys=["a", "a", "b", "b"]
+    )
     assert [b.params for b in plan.buckets] == [(3, 2), (1, 0)]
 
 
@@ -114,12 +118,22 @@ def test_caps_shrink_toward_several_multi_parameter_buckets():
 
 # -- the rules catch planted planner bugs ------------------------------------------------------
 
+
 def _forward_order(numels, sizes, *, bucket_size_mb, keys=None):
-    plan = plan_buckets(numels[::-1], sizes[::-1], bucket_size_mb=bucket_size_mb,
-                        keys=None if keys is None else keys[::-1])
+    plan = plan_buckets(
+        numels[::-1],
+        sizes[::-1],
+        bucket_size_mb=bucket_size_mb,
+        keys=None if keys is None else keys[::-1],
+    )
     n = len(numels)
-    return BucketPlan(tuple(Bucket(tuple(n - 1 - i for i in b.params), b.offsets, b.numel, b.nbytes, b.key)
-                            for b in plan.buckets), plan.cap_bytes)
+    return BucketPlan(
+        tuple(
+            Bucket(tuple(n - 1 - i for i in b.params), b.offsets, b.numel, b.nbytes, b.key)
+            for b in plan.buckets
+        ),
+        plan.cap_bytes,
+    )
 
 
 def _closes_at_cap(numels, sizes, *, bucket_size_mb, keys=None):
@@ -128,7 +142,9 @@ def _closes_at_cap(numels, sizes, *, bucket_size_mb, keys=None):
     buckets, cur = [], []
     for i in reversed(range(len(numels))):
         size = numels[i] * sizes[i]
-        if cur and (sum(numels[j] * sizes[j] for j in cur) + size >= cap or keys[i] != keys[cur[-1]]):
+        if cur and (
+            sum(numels[j] * sizes[j] for j in cur) + size >= cap or keys[i] != keys[cur[-1]]
+        ):
             buckets.append(cur)
             cur = []
         cur.append(i)
@@ -145,23 +161,42 @@ def _as_plan(buckets, numels, sizes, keys, cap):
     out = []
     for b in buckets:
         offs = [sum(numels[j] for j in b[:k]) for k in range(len(b))]
-        out.append(Bucket(tuple(b), tuple(offs), sum(numels[j] for j in b),
-                          sum(numels[j] * sizes[j] for j in b), keys[b[0]]))
+        out.append(
+            Bucket(
+                tuple(b),
+                tuple(offs),
+                sum(numels[j] for j in b),
+                sum(numels[j] * sizes[j] for j in b),
+                keys[b[0]],
+            )
+        )
     return BucketPlan(tuple(out), cap)
 
 
-@pytest.mark.parametrize("planner, rule", [
-    (_plan_dropping_oversized, "partition"),  # the ddp-oversized-param-dropped mutant's planner
-    (_forward_order, "order"),
-    (_closes_at_cap, "greedy"),
-    (_ignores_keys, "key"),
-])
+@pytest.mark.parametrize(
+    "planner, rule",
+    [
+        (_plan_dropping_oversized, "partition"),  # the ddp-oversized-param-dropped mutant's planner
+        (_forward_order, "order"),
+        (_closes_at_cap, "greedy"),
+        (_ignores_keys, "key"),
+    ],
+)
 def test_rules_catch_planted_planner_bugs(planner, rule):
     """Each broken planner yields, on some generated input, a plan that breaks its rule."""
+
     def broken(inputs):
         numels, sizes, keys, mb = inputs
         plan = planner(numels, sizes, bucket_size_mb=mb, keys=keys)
         return rule in violations(plan, numels, sizes, keys, mb)
 
-    find(plan_inputs(), broken, settings=settings(max_examples=500, database=None, derandomize=True,
-                                                   suppress_health_check=list(HealthCheck)))
+    find(
+        plan_inputs(),
+        broken,
+        settings=settings(
+            max_examples=500,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

@@ -17,7 +17,9 @@ from paracheck.check.bucket_structure import METADATA_BYTES_PER_PARAM, window_vi
 from paracheck.ddp.plan import MB, plan_buckets
 from tests.property.test_bucket_plan import plan_inputs
 
-_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 def _params(numels, sizes, keys):
@@ -35,11 +37,18 @@ def _designs(numels, sizes, keys, mb):
     reverse = plan_buckets(numels, sizes, bucket_size_mb=mb, keys=dkeys)
     forward = plan_buckets(numels[::-1], sizes[::-1], bucket_size_mb=mb, keys=dkeys[::-1])
     order = sorted(range(len(numels)), key=lambda i: dkeys[i])  # parameters grouped by dtype first
-    per_dtype = plan_buckets([numels[i] for i in order], [sizes[i] for i in order], bucket_size_mb=mb,
-                             keys=[dkeys[i] for i in order])
+    per_dtype = plan_buckets(
+        [numels[i] for i in order],
+        [sizes[i] for i in order],
+        bucket_size_mb=mb,
+        keys=[dkeys[i] for i in order],
+    )
     for name, plan in (("reverse", reverse), ("forward", forward), ("per-dtype", per_dtype)):
         for inside in (True, False):
-            yield f"{name}, flags {'inside' if inside else 'apart'}", _payloads(plan, numels, sizes, flags_inside=inside)
+            yield (
+                f"{name}, flags {'inside' if inside else 'apart'}",
+                _payloads(plan, numels, sizes, flags_inside=inside),
+            )
     # Closed as soon as a bucket reaches the cap, with the parameter that took it there (torch
     # DDP's reading of bucket_cap_mb), per dtype, in reverse registration order, flags inside.
     cap, closing = mb * MB, []
@@ -84,21 +93,32 @@ def test_unobserved_collectives_fail_no_rule():
 
 def test_rules_reject_cap_ignored_and_cap_in_bytes():
     """One bucket under a small cap, and every parameter alone under a large one, each break a rule."""
+
     def ignored(inputs):
         numels, sizes, keys, mb = inputs
         params = _params(numels, sizes, keys)
         one = plan_buckets(numels, sizes, bucket_size_mb=None, keys=[p[1] for p in params])
-        return bool(numels) and window_violation(_payloads(one, numels, sizes, flags_inside=True), params,
-                                                 mb * MB) is not None
+        return (
+            bool(numels)
+            and window_violation(_payloads(one, numels, sizes, flags_inside=True), params, mb * MB)
+            is not None
+        )
 
     def in_bytes(inputs):
         numels, sizes, keys, mb = inputs
         params = _params(numels, sizes, keys)
         alone = plan_buckets(numels, sizes, bucket_size_mb=mb / MB, keys=[p[1] for p in params])
-        return bool(numels) and window_violation(_payloads(alone, numels, sizes, flags_inside=True), params,
-                                                 mb * MB) is not None
+        return (
+            bool(numels)
+            and window_violation(
+                _payloads(alone, numels, sizes, flags_inside=True), params, mb * MB
+            )
+            is not None
+        )
 
-    cfg = settings(max_examples=500, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    cfg = settings(
+        max_examples=500, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     find(plan_inputs(), ignored, settings=cfg)
     find(plan_inputs(), in_bytes, settings=cfg)
 

@@ -39,6 +39,7 @@ def test_torch_ddp_matches_oracle(paracheck_check):
 
 # -- in process: layout and protocol ---------------------------------------------------------
 
+
 def _bucket_storage(ddp: BucketedDDP) -> set[int]:
     return {buf.untyped_storage().data_ptr() for buf in ddp._bucket_buffers}
 
@@ -46,7 +47,10 @@ def _bucket_storage(ddp: BucketedDDP) -> set[int]:
 def grads_are_bucket_views(ddp) -> bool:
     """Every trainable parameter's gradient lives in one of the wrapper's bucket buffers."""
     storages = _bucket_storage(ddp) if isinstance(ddp, BucketedDDP) else set()
-    return all(p.grad is not None and p.grad.untyped_storage().data_ptr() in storages for p in ddp.trainable)
+    return all(
+        p.grad is not None and p.grad.untyped_storage().data_ptr() in storages
+        for p in ddp.trainable
+    )
 
 
 def _step(ddp, x):
@@ -61,7 +65,9 @@ def test_bucketed_grads_are_views_into_bucket_buffers(spec):
     model = build_model(spec, seed=0)
     ddp = BucketedDDP(model, bucket_size_mb=40 / 2**20)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(3, spec.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        3, spec.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
     for set_to_none in (True, False, True):
         opt.zero_grad(set_to_none=set_to_none)
         _step(ddp, x)
@@ -137,7 +143,10 @@ def test_several_backwards_before_one_finish_sum_their_gradients(cls):
     spec = MLPSpec(in_features=3, widths=(4, 2), tied=True)
     model, reference = build_model(spec, seed=0), build_model(spec, seed=0)
     ddp = cls(model)
-    xs = [torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    xs = [
+        torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(k))
+        for k in range(3)
+    ]
     for net in (ddp, reference):
         net(xs[0]).square().mean().backward()
         net(xs[1]).square().mean().backward()

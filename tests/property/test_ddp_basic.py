@@ -16,8 +16,13 @@ def test_flat_matches_oracle(paracheck_check):
 
 def test_no_divide_mutant_is_killed(world, paracheck_world_sizes):
     """Summing gradients without dividing by the world size fails the default check."""
-    report = check_target(resolve_target("paracheck.mutants.ddp:NoDivideDDP"), world,
-                          world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
+    report = check_target(
+        resolve_target("paracheck.mutants.ddp:NoDivideDDP"),
+        world,
+        world_sizes=paracheck_world_sizes,
+        max_examples=40,
+        seed=0,
+    )
     assert not report.passed
     assert report.failure.divergence is not None and report.failure.divergence.what == "grad"
     assert report.failure.case.world_size >= 2

@@ -71,7 +71,9 @@ def test_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_propert
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_SLOW_FULL))
-def test_duplicate_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property, request):
+def test_duplicate_ddp_mutant_is_killed(
+    world, paracheck_world_sizes, name, record_property, request
+):
     """The default check kills the mutant whose bug a sibling's full check already covers."""
     if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
         pytest.skip("slow (its sibling's full check runs by default): run with -m slow")

@@ -35,7 +35,9 @@ def nccl_world():
 @pytest.mark.parametrize("name", sorted(BUILTIN_TARGETS))
 def test_builtin_matches_oracle_on_nccl(nccl_world, name, dtype):
     """Built-in target equals the oracle on SIZES GPUs (NCCL)."""
-    report = check_target(resolve_target(name), nccl_world, world_sizes=SIZES, max_examples=25, seed=0, dtype=dtype)
+    report = check_target(
+        resolve_target(name), nccl_world, world_sizes=SIZES, max_examples=25, seed=0, dtype=dtype
+    )
     assert report.passed, report.failure.describe() + "\n" + report.failure.case.to_json()
 
 
@@ -45,6 +47,10 @@ def test_mutant_killed_on_nccl(nccl_world, name):
     m = MUTANTS[name]
     from paracheck.check.targets import Target
 
-    target = Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket if m.kind == "ddp" else False)
-    report = check_target(target, nccl_world, world_sizes=SIZES, max_examples=40, seed=0, dtype="float32")
+    target = Target(
+        m.name, m.path, m.kind, resolve_target(m.path).takes_bucket if m.kind == "ddp" else False
+    )
+    report = check_target(
+        target, nccl_world, world_sizes=SIZES, max_examples=40, seed=0, dtype="float32"
+    )
     assert not report.passed, f"{name} survived on NCCL"

@@ -8,7 +8,9 @@ from paracheck.check.metamorphic import bucket_size_independence, world_size_rel
 from paracheck.check.targets import resolve_target
 from paracheck.strategies import cases, mlp_specs
 
-_SETTINGS = settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(
+    max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 def _relation_cases():
@@ -16,8 +18,9 @@ def _relation_cases():
     # dtype: a float32 layer computes differently on a merged batch, and the relation compares
     # whole trajectories at the model's tolerance.
     models = mlp_specs(mixed_dtypes=False).filter(lambda m: m.unused != "data")
-    return st.tuples(cases(min_world_size=2, max_world_size=4, models=models), st.integers(1, 3)).map(
-        lambda t: t[0].__class__(**{**t[0].__dict__, "batch_sizes": (t[1],) * t[0].world_size}))
+    return st.tuples(
+        cases(min_world_size=2, max_world_size=4, models=models), st.integers(1, 3)
+    ).map(lambda t: t[0].__class__(**{**t[0].__dict__, "batch_sizes": (t[1],) * t[0].world_size}))
 
 
 @pytest.mark.parametrize("name", ["naive", "flat"])

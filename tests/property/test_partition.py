@@ -53,7 +53,9 @@ def test_partition_by_size_is_deterministic_on_ties():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(1, 7), st.integers(1, 120))
+@given(
+    st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(1, 7), st.integers(1, 120)
+)
 def test_flat_layout_pieces_tile_every_parameter(numels, world_size, bucket_numel):
     """Pieces of all ranks tile each parameter exactly once, inside the owner's chunk of its bucket."""
     layout = flat_layout(numels, world_size, bucket_numel=bucket_numel)
@@ -76,7 +78,9 @@ def test_flat_layout_pieces_tile_every_parameter(numels, world_size, bucket_nume
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(1, 7), st.integers(1, 120))
+@given(
+    st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(1, 7), st.integers(1, 120)
+)
 def test_flat_layout_buckets_follow_backward_order_and_cap(numels, world_size, bucket_numel):
     """Buckets hold consecutive parameters in reverse order, at most the cap unless one parameter
     exceeds it alone, each padded to the smallest multiple of the world size."""
@@ -87,27 +91,41 @@ def test_flat_layout_buckets_follow_backward_order_and_cap(numels, world_size, b
         assert b.numel == sum(numels[i] for i in b.params)
         assert b.numel <= bucket_numel or len(b.params) == 1
         assert b.padded % world_size == 0 and 0 <= b.padded - b.numel < world_size
-        assert list(b.offsets) == [sum(numels[j] for j in b.params[:k]) for k in range(len(b.params))]
+        assert list(b.offsets) == [
+            sum(numels[j] for j in b.params[:k]) for k in range(len(b.params))
+        ]
 
 
 def test_flat_layout_literal():
     """Four parameters (15, 5, 10, 2 elements) in one bucket on three ranks: the documented pieces."""
     layout = flat_layout([15, 5, 10, 2], 3, bucket_numel=10**6)
     assert [(p.param, p.start, p.length) for p in layout.pieces(0)] == [(3, 0, 2), (2, 0, 9)]
-    assert [(p.param, p.start, p.length) for p in layout.pieces(1)] == [(2, 9, 1), (1, 0, 5), (0, 0, 5)]
+    assert [(p.param, p.start, p.length) for p in layout.pieces(1)] == [
+        (2, 9, 1),
+        (1, 0, 5),
+        (0, 0, 5),
+    ]
     assert [(p.param, p.start, p.length) for p in layout.pieces(2)] == [(0, 5, 10)]
     assert layout.padded_numel == 33 and layout.loads == (11, 11, 10)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: partition_by_size([1], 0), "world_size=0 must be an int >= 1"),
-    (lambda: partition_by_size([1, -2], 2), "sizes[1]=-2 must be an int >= 0"),
-    (lambda: partition_by_size([1], 2, previous=partition_by_size([1], 3)), "previous.world_size=3"),
-    (lambda: flat_layout([3, 0], 2, bucket_numel=4), "numels[1]=0"),
-    (lambda: flat_layout([3], 2, bucket_numel=0), "bucket_numel=0 must be an int >= 1"),
-    (lambda: ParamPartition(2, (1, 1), (0, 2)), "owners[1]=2 must be a rank in 0..1"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: partition_by_size([1], 0), "world_size=0 must be an int >= 1"),
+        (lambda: partition_by_size([1, -2], 2), "sizes[1]=-2 must be an int >= 0"),
+        (
+            lambda: partition_by_size([1], 2, previous=partition_by_size([1], 3)),
+            "previous.world_size=3",
+        ),
+        (lambda: flat_layout([3, 0], 2, bucket_numel=4), "numels[1]=0"),
+        (lambda: flat_layout([3], 2, bucket_numel=0), "bucket_numel=0 must be an int >= 1"),
+        (lambda: ParamPartition(2, (1, 1), (0, 2)), "owners[1]=2 must be a rank in 0..1"),
+    ],
+)
 def test_partition_errors_name_argument_value_and_rule(call, message):
     """Invalid plans are refused with the argument, its value and the rule."""
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+    with pytest.raises(
+        ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")
+    ):
         call()

@@ -67,23 +67,38 @@ class RMSNormCase:
 
 @st.composite
 def rms_norm_cases(
-    draw, *, max_elements=MAX_ELEMENTS, max_rows=4096, max_width=16384, dtypes=DTYPES,
+    draw,
+    *,
+    max_elements=MAX_ELEMENTS,
+    max_rows=4096,
+    max_width=16384,
+    dtypes=DTYPES,
     layouts=LAYOUTS,
 ):
     """Cases whose rows * width stays under ``max_elements``; shrink toward one small row."""
     if not 1 <= max_width <= MAX_WIDTH:
         raise ValueError(f"max_width={max_width} must be in [1, {MAX_WIDTH}]")
-    width = draw(st.one_of(
-        st.integers(1, min(64, max_width)),
-        st.sampled_from([w for w in (127, 1000, 1023, 1024, 1025, 1600, 4097, 12345, 16384)
-                         if w <= max_width]),
-        st.integers(1, max_width),
-    ))
+    width = draw(
+        st.one_of(
+            st.integers(1, min(64, max_width)),
+            st.sampled_from(
+                [
+                    w
+                    for w in (127, 1000, 1023, 1024, 1025, 1600, 4097, 12345, 16384)
+                    if w <= max_width
+                ]
+            ),
+            st.integers(1, max_width),
+        )
+    )
     rows = draw(st.integers(1, max(1, min(max_rows, max_elements // width))))
     dtype = draw(st.sampled_from(dtypes))
     weight_dtype = draw(st.sampled_from([dtype, torch.float32]))
     return RMSNormCase(
-        rows=rows, width=width, dtype=dtype, weight_dtype=weight_dtype,
+        rows=rows,
+        width=width,
+        dtype=dtype,
+        weight_dtype=weight_dtype,
         layout=draw(st.sampled_from(layouts)),
         x_scale=draw(st.sampled_from([1.0, 1e-3, 30.0])),
         eps=draw(st.sampled_from([1e-5, 1e-6, 1e-2])),
@@ -94,7 +109,7 @@ def rms_norm_cases(
 def _guarded(n: int, guard: int, dtype) -> torch.Tensor:
     """A length-``n`` view into a NaN buffer with ``guard`` NaNs on each side."""
     buf = torch.full((n + 2 * guard,), float("nan"), dtype=dtype, device=DEVICE)
-    return buf[guard:guard + n]
+    return buf[guard : guard + n]
 
 
 def _layout(values: torch.Tensor, layout: str, guard: int) -> torch.Tensor:
@@ -143,9 +158,11 @@ def _violations(name, got, ref, scale, depth, tol) -> list[str]:
     if not bool(bad.any()):
         return []
     i = int(torch.nonzero(bad.reshape(-1))[0])
-    return [f"{name}: {int(bad.sum())}/{bad.numel()} elements out of bound; first at flat index "
-            f"{i}: got {got.reshape(-1)[i].item()!r}, oracle {ref.reshape(-1)[i].item()!r}, "
-            f"bound {bound.reshape(-1)[i].item():.3g}"]
+    return [
+        f"{name}: {int(bad.sum())}/{bad.numel()} elements out of bound; first at flat index "
+        f"{i}: got {got.reshape(-1)[i].item()!r}, oracle {ref.reshape(-1)[i].item()!r}, "
+        f"bound {bound.reshape(-1)[i].item():.3g}"
+    ]
 
 
 def check_rms_norm(fn, case: RMSNormCase) -> list[str]:
@@ -189,8 +206,9 @@ def check_rms_norm(fn, case: RMSNormCase) -> list[str]:
     tol_w = rms_norm_tolerance(weight.dtype, interpreted=interp)
     problems += _violations("y", y.detach(), y_ref, y_ref.abs(), d_depth, tol_x)
     problems += _violations("dx", x.grad, dx_ref, dx_scale, d_depth, tol_x)
-    problems += _violations("dweight", weight.grad, dw_ref, dw_scale,
-                            d_depth + rounding_depth(case.rows), tol_w)
+    problems += _violations(
+        "dweight", weight.grad, dw_ref, dw_scale, d_depth + rounding_depth(case.rows), tol_w
+    )
     return problems
 
 
@@ -199,8 +217,11 @@ def _assert_matches(fn, case):
     assert not problems, f"{case}:\n" + "\n".join(problems)
 
 
-_SETTINGS = dict(deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = dict(
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -253,8 +274,9 @@ def test_strided_weight_matches_oracle():
     y = rms_norm(x, weight, 1e-5)
     y.backward(dy)
     dx_ref, dw_ref = rms_norm_reference_grads(x.double(), weight.double(), dy.double(), 1e-5)
-    torch.testing.assert_close(y.double(), rms_norm_reference(x.double(), weight.double(), 1e-5),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        y.double(), rms_norm_reference(x.double(), weight.double(), 1e-5), rtol=1e-5, atol=1e-6
+    )
     torch.testing.assert_close(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weight.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
 
@@ -267,14 +289,15 @@ def test_alignment_changing_between_calls_matches_oracle():
     buf = torch.randn(8 * 32 + 3, device=DEVICE)
     dy = torch.randn(8, 32, device=DEVICE)
     for offset in (0, 1, 0, 3):
-        x = buf[offset:offset + 8 * 32].view(8, 32).detach().requires_grad_(True)
-        w = torch.randn(35, device=DEVICE)[offset:offset + 32].detach().requires_grad_(True)
+        x = buf[offset : offset + 8 * 32].view(8, 32).detach().requires_grad_(True)
+        w = torch.randn(35, device=DEVICE)[offset : offset + 32].detach().requires_grad_(True)
         y = rms_norm(x, w, 1e-5)
         y.backward(dy)
         x64, w64 = x.detach().double(), w.detach().double()
         dx_ref, dw_ref = rms_norm_reference_grads(x64, w64, dy.double(), 1e-5)
-        torch.testing.assert_close(y.double(), rms_norm_reference(x64, w64, 1e-5),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            y.double(), rms_norm_reference(x64, w64, 1e-5), rtol=1e-5, atol=1e-6
+        )
         torch.testing.assert_close(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(w.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
 
@@ -299,9 +322,9 @@ def test_mutant_is_killed(name):
     # and a transposed input's contiguous copy would have no guard around it.
     cases = rms_norm_cases(layouts=("contiguous", "sliced"))
     found = find(
-        cases, lambda case: bool(check_rms_norm(mutant, case)),
-        settings=settings(max_examples=150, phases=[Phase.generate], derandomize=True,
-                          **_SETTINGS),
+        cases,
+        lambda case: bool(check_rms_norm(mutant, case)),
+        settings=settings(max_examples=150, phases=[Phase.generate], derandomize=True, **_SETTINGS),
     )
     assert check_rms_norm(mutant, found)
 
@@ -355,8 +378,9 @@ def test_benchmark_measurement_checks_every_variant_against_the_oracle():
     reports the ratios the benchmark tracks (on CPU: interpreter, wall clock, code paths only)."""
     from paracheck.bench.rmsnorm import measure_rmsnorm
 
-    (r,) = measure_rmsnorm(device=DEVICE, shapes=[(8, 100)], compile=False, reps=3,
-                           copy_elements=2**12)
+    (r,) = measure_rmsnorm(
+        device=DEVICE, shapes=[(8, 100)], compile=False, reps=3, copy_elements=2**12
+    )
     assert (r.rows, r.d) == (8, 100)
     assert set(r.tbps) == {"triton", "F.rms_norm", "eager"}
     assert all(v > 0 for v in r.tbps.values()) and r.copy_tbps > 0
@@ -380,14 +404,17 @@ def test_lm_with_triton_norm_trains_like_the_float64_lm():
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
         loss.backward()
-        return torch.cat([loss.detach().double().reshape(1)]
-                         + [p.grad.double().reshape(-1) for p in model.parameters()])
+        return torch.cat(
+            [loss.detach().double().reshape(1)]
+            + [p.grad.double().reshape(-1) for p in model.parameters()]
+        )
 
     want = loss_and_grads(reference)
     errors = {}
     for norm in ("torch", "triton"):
-        model = build_model(LMSpec(**{**spec.__dict__, "norm": norm}), seed=3,
-                            dtype=torch.float32, device=DEVICE)
+        model = build_model(
+            LMSpec(**{**spec.__dict__, "norm": norm}), seed=3, dtype=torch.float32, device=DEVICE
+        )
         model.load_state_dict(reference.state_dict())
         got = loss_and_grads(model)
         errors[norm] = ((got - want).norm() / want.norm()).item()

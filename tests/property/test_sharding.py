@@ -11,7 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paracheck.cases import (
-    Case, GroupSpec, OptimizerSpec, add_late_groups, build_case_model, build_optimizer,
+    Case,
+    GroupSpec,
+    OptimizerSpec,
+    add_late_groups,
+    build_case_model,
+    build_optimizer,
 )
 from paracheck.check.property import check_target, replay_command
 from paracheck.check.run import run_case
@@ -30,7 +35,10 @@ def _check(world, sizes, target, max_examples=40):
     report = check_target(target, world, world_sizes=sizes, max_examples=max_examples, seed=0)
     if not report.passed:
         f = report.failure
-        pytest.fail(f"{target.name}: {f.describe()}\nreplay: {replay_command(target, f.case)}", pytrace=False)
+        pytest.fail(
+            f"{target.name}: {f.describe()}\nreplay: {replay_command(target, f.case)}",
+            pytrace=False,
+        )
     return report
 
 
@@ -55,7 +63,9 @@ def test_torch_zero_matches_oracle(world, paracheck_world_sizes):
 # Minimal case of docs/findings-torch-zero.md: one frozen parameter larger than each trainable one.
 FROZEN_FIRST = Case(
     model=MLPSpec(in_features=3, widths=(1, 1), bias=True, frozen=("layers.0.weight",)),
-    world_size=2, batch_sizes=(1, 1), steps=1,
+    world_size=2,
+    batch_sizes=(1, 1),
+    steps=1,
     optimizer=OptimizerSpec("adam", (GroupSpec(params=()),)),
 )
 
@@ -80,10 +90,15 @@ def test_torch_zero_broadcasts_frozen_parameters(world):
 
 # -- state_dict at another world size ---------------------------------------------------------------
 
+
 def _deterministic_grads(params):
     g = torch.Generator().manual_seed(1234)
-    return [torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) if p.requires_grad else None
-            for p in params]
+    return [
+        torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        if p.requires_grad
+        else None
+        for p in params
+    ]
 
 
 def _reference_after_reload(case, state_dict, params_now, grads):
@@ -129,14 +144,23 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
     a, b = data.draw(st.sampled_from(sizes)), data.draw(st.sampled_from(sizes))
     case = case.with_world_size(a)
     target = resolve_target(name)
-    ranks = world.run(target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=a)
+    ranks = world.run(
+        target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=a
+    )
     sd = ranks[0]["final_state_dict"]
     held = [set(rec["steps"][-1]["state"]) for rec in ranks]
     assert all(h == held[0] for h in held) and len(held[0]) == len(sd["state"]), "not consolidated"
     params_now = ranks[0]["steps"][-1]["params"]
     grads = _deterministic_grads(params_now)
-    payload = {"case": case.with_world_size(b), "path": target.path, "kind": kind, "device": None,
-               "state_dict": sd, "params": params_now, "grads": grads}
+    payload = {
+        "case": case.with_world_size(b),
+        "path": target.path,
+        "kind": kind,
+        "device": None,
+        "state_dict": sd,
+        "params": params_now,
+        "grads": grads,
+    }
     reloaded = world.run("paracheck.check._rank_zero:run_reload", payload, world_size=b)
     saved = ranks[0]["steps"][-1]["state"]
     expected_params, expected_state = _reference_after_reload(case, sd, params_now, grads)
@@ -154,6 +178,7 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
 
 
 # -- single-process contract ---------------------------------------------------------------------------
+
 
 class HalvingSGD(torch.optim.Optimizer):
     """A user-defined optimizer: p -= lr * g, and lr halves in its own state every step."""
@@ -175,7 +200,9 @@ class HalvingSGD(torch.optim.Optimizer):
 
 def _train_pair(opt_factory, steps=3, scheduler=False):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)
+    ).double()
     opt = opt_factory(model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if scheduler else None
     g = torch.Generator().manual_seed(1)
@@ -198,13 +225,23 @@ def test_sharded_single_process_equals_wrapped_optimizer_with_user_class_and_sch
     got, sharded = _train_pair(lambda m: ShardedOptimizer(m.parameters(), HalvingSGD, lr=0.2))
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert sharded.state_dict()["state"].keys() == plain.state_dict()["state"].keys()
-    groups = lambda m: [{"params": [m[0].weight], "lr": 0.01, "weight_decay": 0.1},  # noqa: E731
-                        {"params": [m[0].bias, m[2].weight, m[2].bias], "betas": (0.8, 0.99)}]
+    groups = lambda m: [
+        {"params": [m[0].weight], "lr": 0.01, "weight_decay": 0.1},  # noqa: E731
+        {"params": [m[0].bias, m[2].weight, m[2].bias], "betas": (0.8, 0.99)},
+    ]
     ref, plain = _train_pair(lambda m: torch.optim.AdamW(groups(m), lr=0.02), scheduler=True)
-    got, sharded = _train_pair(lambda m: ShardedOptimizer(groups(m), torch.optim.AdamW, lr=0.02), scheduler=True)
+    got, sharded = _train_pair(
+        lambda m: ShardedOptimizer(groups(m), torch.optim.AdamW, lr=0.02), scheduler=True
+    )
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
-    assert [g["lr"] for g in sharded.param_groups] == [g["lr"] for g in plain.param_groups] == [0.00125, 0.0025]
-    assert sharded.param_groups[1]["betas"] == (0.8, 0.99) and sharded.param_groups[1]["eps"] == 1e-8
+    assert (
+        [g["lr"] for g in sharded.param_groups]
+        == [g["lr"] for g in plain.param_groups]
+        == [0.00125, 0.0025]
+    )
+    assert (
+        sharded.param_groups[1]["betas"] == (0.8, 0.99) and sharded.param_groups[1]["eps"] == 1e-8
+    )
 
 
 def _user_model_and_grads():
@@ -213,7 +250,10 @@ def _user_model_and_grads():
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
-    grads = [[torch.randn(p.shape, generator=g, dtype=torch.float64) for p in model.parameters()] for _ in range(3)]
+    grads = [
+        [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in model.parameters()]
+        for _ in range(3)
+    ]
     return model, grads
 
 
@@ -253,20 +293,31 @@ def test_zero1_errors_name_argument_value_and_rule():
     from paracheck.zero import ShardedOptimizer, Zero1
 
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
-    with pytest.raises(ValueError, match=r"parameter '1.weight' is torch.float64 .* Zero1 needs one dtype and device"):
+    with pytest.raises(
+        ValueError,
+        match=r"parameter '1.weight' is torch.float64 .* Zero1 needs one dtype and device",
+    ):
         Zero1(mixed, torch.optim.SGD, lr=0.1)
     scalar = torch.nn.Module()
     scalar.t = torch.nn.Parameter(torch.tensor(1.0))
-    with pytest.raises(ValueError, match=r"parameter 't' has shape \(\): Zero1 needs at least one dimension"):
+    with pytest.raises(
+        ValueError, match=r"parameter 't' has shape \(\): Zero1 needs at least one dimension"
+    ):
         Zero1(scalar, torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match=r"bucket_size_mb=-1 must be a finite number > 0"):
         Zero1(torch.nn.Linear(2, 2), torch.optim.SGD, bucket_size_mb=-1, lr=0.1)
-    with pytest.raises(TypeError, match=r"optimizer_cls='adam' must be a torch.optim.Optimizer subclass"):
+    with pytest.raises(
+        TypeError, match=r"optimizer_cls='adam' must be a torch.optim.Optimizer subclass"
+    ):
         Zero1(torch.nn.Linear(2, 2), "adam")
-    with pytest.raises(TypeError, match=r"optimizer_cls=an Adam instance must be a torch.optim.Optimizer subclass"):
+    with pytest.raises(
+        TypeError, match=r"optimizer_cls=an Adam instance must be a torch.optim.Optimizer subclass"
+    ):
         ShardedOptimizer(torch.nn.Linear(2, 2).parameters(), torch.optim.Adam([torch.zeros(1)]))
     zero = Zero1(torch.nn.Linear(2, 2), torch.optim.SGD, lr=0.1)
-    with pytest.raises(ValueError, match=r"requires grad but is not a trainable parameter of the wrapped module"):
+    with pytest.raises(
+        ValueError, match=r"requires grad but is not a trainable parameter of the wrapped module"
+    ):
         zero.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
 
 

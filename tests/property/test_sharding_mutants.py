@@ -17,7 +17,6 @@ SHARDING = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.
 ONLY_SEEN_BY = {"sharded-count-partition": "balance", "sharded-no-shard": "memory"}
 
 
-
 def _trainable(case) -> int:
     return sum(p.requires_grad for p in build_model(case.model, seed=0).parameters())
 
@@ -28,14 +27,18 @@ NEEDS = {
     "sharded-zero-grad-local-shard": (lambda c: c.steps >= 2 and c.world_size >= 2, None),
     "sharded-lr-synced-backwards": (
         lambda c: c.optimizer.scheduler is not None or c.optimizer.lr_decay != 1.0,
-        lambda c: replace(c, optimizer=replace(c.optimizer, scheduler=None, lr_decay=1.0))),
+        lambda c: replace(c, optimizer=replace(c.optimizer, scheduler=None, lr_decay=1.0)),
+    ),
     "sharded-group-generators-consumed": (
         lambda c: c.optimizer.groups_as_generators,
-        lambda c: replace(c, optimizer=replace(c.optimizer, groups_as_generators=False))),
+        lambda c: replace(c, optimizer=replace(c.optimizer, groups_as_generators=False)),
+    ),
     "sharded-empty-shard-raises": (lambda c: _trainable(c) < c.world_size, None),
     "sharded-closure-ignored": (lambda c: c.closure, lambda c: replace(c, closure=False)),
     "sharded-load-state-dict-skips-wrapped": (
-        lambda c: c.reload_at_step is not None, lambda c: replace(c, reload_at_step=None)),
+        lambda c: c.reload_at_step is not None,
+        lambda c: replace(c, reload_at_step=None),
+    ),
 }
 
 
@@ -51,7 +54,9 @@ def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
     target = Target(mutant.name, mutant.path, mutant.kind)
     if mutant.properties is not None:
         # A reading of the interface the default properties accept: only the opt-in ones refuse it.
-        passed = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
+        passed = check_target(
+            target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0
+        )
         assert passed.passed, passed.failure.describe()
         target = replace(target, properties=frozenset(mutant.properties))
     report = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
@@ -61,7 +66,9 @@ def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
         assert failure.divergence is not None, failure.describe()
         assert failure.divergence.what == ONLY_SEEN_BY[mutant.name], failure.describe()
     if mutant.properties is not None:
-        assert failure.divergence is not None and failure.divergence.what in mutant.properties, failure.describe()
+        assert failure.divergence is not None and failure.divergence.what in mutant.properties, (
+            failure.describe()
+        )
     if mutant.name in NEEDS:
         assert NEEDS[mutant.name][0](failure.case), failure.case.to_json()
     if mutant.expect == "raise":
@@ -69,7 +76,9 @@ def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
     if mutant.name == "sharded-empty-shard-raises":
         assert "optimizer got an empty parameter list" in failure.describe()
     if mutant.name == "sharded-zero-grad-local-shard":
-        assert failure.divergence is not None and failure.divergence.what == "grad", failure.describe()
+        assert failure.divergence is not None and failure.divergence.what == "grad", (
+            failure.describe()
+        )
 
 
 @pytest.mark.parametrize("name", [n for n, (_, off) in NEEDS.items() if off is not None])
@@ -77,6 +86,12 @@ def test_protocol_mutant_survives_without_its_protocol(world, paracheck_world_si
     """The same generated cases with the mutant's protocol turned off pass: the protocol is what kills it."""
     mutant = MUTANTS[name]
     strategy = sharding_cases(world_sizes=paracheck_world_sizes).map(NEEDS[name][1])
-    report = check_target(Target(mutant.name, mutant.path, mutant.kind), world, world_sizes=paracheck_world_sizes,
-                          max_examples=40, seed=0, strategy=strategy)
+    report = check_target(
+        Target(mutant.name, mutant.path, mutant.kind),
+        world,
+        world_sizes=paracheck_world_sizes,
+        max_examples=40,
+        seed=0,
+        strategy=strategy,
+    )
     assert report.passed, report.failure.describe()

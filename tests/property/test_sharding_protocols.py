@@ -8,7 +8,14 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from paracheck.cases import Case, GroupSpec, OptimizerSpec, add_late_groups, build_case_model, build_optimizer
+from paracheck.cases import (
+    Case,
+    GroupSpec,
+    OptimizerSpec,
+    add_late_groups,
+    build_case_model,
+    build_optimizer,
+)
 from paracheck.check.compare import compare_state_union, state_convention
 from paracheck.check.property import check_target
 from paracheck.check.run import run_case
@@ -96,32 +103,49 @@ class NotATorchOptimizer:
 
 CONTROL = Target("shards-state-dict", f"{__name__}:ShardsStateDictOptimizer", "sharded")
 ADAM_TWO_GROUPS = Case(
-    model=MLPSpec(in_features=3, widths=(4, 2), bias=True), world_size=2, batch_sizes=(2, 1), steps=3,
-    optimizer=OptimizerSpec("adam", (GroupSpec(params=(0, 1)), GroupSpec(params=(2, 3), lr=0.02, add_at_step=2))),
+    model=MLPSpec(in_features=3, widths=(4, 2), bias=True),
+    world_size=2,
+    batch_sizes=(2, 1),
+    steps=3,
+    optimizer=OptimizerSpec(
+        "adam", (GroupSpec(params=(0, 1)), GroupSpec(params=(2, 3), lr=0.02, add_at_step=2))
+    ),
 )
 
 
 def test_per_rank_shards_state_dict_matches_oracle(world, paracheck_world_sizes):
     """A correct optimizer whose state_dict() is this rank's shard passes every default property on
     generated cases (the union of the shards equals the oracle's state)."""
-    report = check_target(CONTROL, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
+    report = check_target(
+        CONTROL, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0
+    )
     assert report.passed, report.failure.describe()
 
 
 def test_report_names_the_state_dict_convention(world):
     """The result says which convention the ranks' state_dict() followed."""
     assert run_case(world, CONTROL, ADAM_TWO_GROUPS).extra["state_dict"] == "per-rank shards"
-    assert run_case(world, resolve_target("sharded"), ADAM_TWO_GROUPS).extra["state_dict"] == "consolidated"
+    assert (
+        run_case(world, resolve_target("sharded"), ADAM_TWO_GROUPS).extra["state_dict"]
+        == "consolidated"
+    )
 
 
 def test_state_consolidated_refuses_per_rank_shards(world):
     """The opt-in state-consolidated property fails a per-rank state_dict(), naming the missing parameters."""
-    result = run_case(world, replace(CONTROL, properties=frozenset({"state-consolidated"})), ADAM_TWO_GROUPS)
-    assert result.divergence is not None and result.divergence.what == "state-consolidated", result.describe()
+    result = run_case(
+        world, replace(CONTROL, properties=frozenset({"state-consolidated"})), ADAM_TWO_GROUPS
+    )
+    assert result.divergence is not None and result.divergence.what == "state-consolidated", (
+        result.describe()
+    )
     assert "has no state for parameters" in result.divergence.detail
     assert run_case(world, resolve_target("sharded", None), ADAM_TWO_GROUPS).ok
-    assert run_case(world, replace(resolve_target("sharded"), properties=frozenset({"state-consolidated"})),
-                    ADAM_TWO_GROUPS).ok
+    assert run_case(
+        world,
+        replace(resolve_target("sharded"), properties=frozenset({"state-consolidated"})),
+        ADAM_TWO_GROUPS,
+    ).ok
 
 
 def test_union_of_shards_must_cover_and_agree():
@@ -134,8 +158,14 @@ def test_union_of_shards_must_cover_and_agree():
     assert compare_state_union(0, [{0: ref[0]}, {0: ref[0], 1: ref[1]}], ref, 1e-10, names) is None
     missing = compare_state_union(0, [{0: ref[0]}, {0: ref[0]}], ref, 1e-10, names)
     assert missing is not None and "[1] is on no rank" in missing.detail
-    differ = compare_state_union(0, [ref, {0: {"m": torch.ones(2) * 2}, 1: ref[1]}], ref, 1e-10, names)
-    assert differ is not None and differ.rank == 1 and "ranks 0 and 1 return different" in differ.detail
+    differ = compare_state_union(
+        0, [ref, {0: {"m": torch.ones(2) * 2}, 1: ref[1]}], ref, 1e-10, names
+    )
+    assert (
+        differ is not None
+        and differ.rank == 1
+        and "ranks 0 and 1 return different" in differ.detail
+    )
     wrong = compare_state_union(0, [{0: {"m": torch.ones(2) * 2}}, {1: ref[1]}], ref, 1e-10, names)
     assert wrong is not None and wrong.index == 0
     assert state_convention([{0: ref[0]}, {1: ref[1]}], ref) == "per-rank shards"
@@ -145,8 +175,12 @@ def test_union_of_shards_must_cover_and_agree():
 def test_scheduler_on_a_non_optimizer_is_skipped_not_failed(world):
     """A target that is not a torch.optim.Optimizer cannot carry an LR scheduler: such a case is
     skipped with a note; without a scheduler the same target is checked and passes."""
-    target = Target("not-an-optimizer", f"{__name__}:NotATorchOptimizer", "sharded",
-                    properties=frozenset({"equivalence", "state"}))
+    target = Target(
+        "not-an-optimizer",
+        f"{__name__}:NotATorchOptimizer",
+        "sharded",
+        properties=frozenset({"equivalence", "state"}),
+    )
     case = replace(ADAM_TWO_GROUPS, optimizer=replace(ADAM_TWO_GROUPS.optimizer, scheduler="step"))
     result = run_case(world, target, case)
     assert result.ok and "is not an Optimizer" in result.extra["skipped"], result.describe()
@@ -160,8 +194,11 @@ def test_gradient_outside_every_group_accumulates_like_single_process_training()
     from paracheck.cases import batch_for, build_scheduler, loss_fn
 
     for set_to_none in (True, False):
-        case = replace(ADAM_TWO_GROUPS.with_world_size(1), set_to_none=set_to_none,
-                       optimizer=replace(ADAM_TWO_GROUPS.optimizer, scheduler="step"))
+        case = replace(
+            ADAM_TWO_GROUPS.with_world_size(1),
+            set_to_none=set_to_none,
+            optimizer=replace(ADAM_TWO_GROUPS.optimizer, scheduler="step"),
+        )
         traj = train(case)
         model = build_case_model(case, 0)
         params = list(model.parameters())
@@ -190,9 +227,14 @@ def test_reload_into_a_fresh_instance_works_with_both_conventions(world):
     -> load_state_dict() before step 2 continues like the oracle, whether state_dict() returns this
     rank's shard or everything; a load_state_dict that skips the wrapped optimizer does not."""
     late = GroupSpec(params=(2, 3), lr=0.02, add_at_step=1)
-    case = replace(ADAM_TWO_GROUPS, steps=4, reload_at_step=2,
-                   optimizer=replace(ADAM_TWO_GROUPS.optimizer, groups=(GroupSpec(params=(0, 1)), late),
-                                     scheduler="step"))
+    case = replace(
+        ADAM_TWO_GROUPS,
+        steps=4,
+        reload_at_step=2,
+        optimizer=replace(
+            ADAM_TWO_GROUPS.optimizer, groups=(GroupSpec(params=(0, 1)), late), scheduler="step"
+        ),
+    )
     for target in (CONTROL, resolve_target("sharded"), resolve_target("torch-zero")):
         result = run_case(world, target, case)
         assert result.ok, f"{target.name}: {result.describe()}"

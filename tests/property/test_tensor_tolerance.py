@@ -11,7 +11,9 @@ _MIXED = ["float32", "float32", "float64", "float64"]
 
 
 def _case(**kw) -> Case:
-    base = dict(model=MLPSpec(widths=(3, 2), float32_layer=0), world_size=3, batch_sizes=(1, 1, 1), steps=3)
+    base = dict(
+        model=MLPSpec(widths=(3, 2), float32_layer=0), world_size=3, batch_sizes=(1, 1, 1), steps=3
+    )
     base.update(kw)
     return Case(**base)
 
@@ -19,7 +21,9 @@ def _case(**kw) -> Case:
 def test_one_dtype_keeps_its_own_tolerance_at_every_step():
     """Where every parameter is float64 the tolerance is float64's, at every step."""
     for step in range(3):
-        assert tensor_tolerance(_case(), step, "float64", ["float64"] * 4) == tolerance_for("float64")
+        assert tensor_tolerance(_case(), step, "float64", ["float64"] * 4) == tolerance_for(
+            "float64"
+        )
 
 
 def test_float64_tensors_inherit_float32_differences_after_step_zero():
@@ -27,13 +31,17 @@ def test_float64_tensors_inherit_float32_differences_after_step_zero():
     case = _case()
     assert tensor_tolerance(case, 0, "float64", _MIXED) == tolerance_for("float64")
     assert tensor_tolerance(case, 1, "float64", _MIXED) == tolerance_for("float32")
-    assert all(tensor_tolerance(case, k, "float32", _MIXED) == tolerance_for("float32") for k in range(3))
+    assert all(
+        tensor_tolerance(case, k, "float32", _MIXED) == tolerance_for("float32") for k in range(3)
+    )
 
 
 def test_sums_that_cannot_differ_keep_float64_tolerance():
     """One rank, or two ranks with one backward per step: the sums are bitwise equal, nothing is inherited."""
     for case in (_case(world_size=1, batch_sizes=(1,)), _case(world_size=2, batch_sizes=(1, 1))):
         assert tensor_tolerance(case, 2, "float64", _MIXED) == tolerance_for("float64")
-    for case in (_case(world_size=2, batch_sizes=(1, 1), accumulation=2),
-                 _case(world_size=2, batch_sizes=(1, 1), double_backward=True)):
+    for case in (
+        _case(world_size=2, batch_sizes=(1, 1), accumulation=2),
+        _case(world_size=2, batch_sizes=(1, 1), double_backward=True),
+    ):
         assert tensor_tolerance(case, 2, "float64", _MIXED) == tolerance_for("float32")

@@ -22,8 +22,12 @@ def _benchmarks():
             for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
                 units = {}
                 for node in cls.body:
-                    if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute)
-                            and node.targets[0].attr == "unit" and isinstance(node.value, ast.Constant)):
+                    if (
+                        isinstance(node, ast.Assign)
+                        and isinstance(node.targets[0], ast.Attribute)
+                        and node.targets[0].attr == "unit"
+                        and isinstance(node.value, ast.Constant)
+                    ):
                         units[node.targets[0].value.id] = node.value.value
                 for node in cls.body:
                     if isinstance(node, ast.FunctionDef) and node.name.startswith("track_"):

@@ -13,7 +13,9 @@ PARAMS = 10
 
 
 def _account(world, variant, **kw):
-    return account_step(world, StepSpec(variant, TINY, world_size=kw.pop("world_size", 2), batch=2, **kw))
+    return account_step(
+        world, StepSpec(variant, TINY, world_size=kw.pop("world_size", 2), batch=2, **kw)
+    )
 
 
 def test_flat_traffic_is_one_all_reduce_of_gradients_and_flags(world):
@@ -52,7 +54,10 @@ def test_extra_gradient_buffer_raises_every_peak_by_its_size(world):
     assert fat.peak_before_step_bytes - base.peak_before_step_bytes == 4 * N
     assert fat.peak_step_bytes - base.peak_step_bytes == 4 * N
     assert (fat.collectives, fat.payload_bytes, fat.optimizer_state_bytes) == (
-        base.collectives, base.payload_bytes, base.optimizer_state_bytes)
+        base.collectives,
+        base.payload_bytes,
+        base.optimizer_state_bytes,
+    )
 
 
 def test_redundant_collective_is_counted(world):
@@ -65,5 +70,8 @@ def test_redundant_collective_is_counted(world):
 
 def test_accounting_is_reproducible(world):
     """Two accountings of the same step agree on every exact quantity (the gate fails on any increase)."""
-    a, b = _account(world, "bucketed", bucket_mb=0.001), _account(world, "bucketed", bucket_mb=0.001)
+    a, b = (
+        _account(world, "bucketed", bucket_mb=0.001),
+        _account(world, "bucketed", bucket_mb=0.001),
+    )
     assert a.to_dict() == b.to_dict()

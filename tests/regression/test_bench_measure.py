@@ -26,7 +26,9 @@ def test_bus_bandwidth_refuses_non_positive_time(seconds):
 def test_ring_factors_make_reduce_scatter_plus_all_gather_one_all_reduce():
     """(W-1)/W + (W-1)/W = 2(W-1)/W: ZeRO-1's two halves cost one all-reduce per byte."""
     for w in (2, 3, 8):
-        assert bus_factor("reduce_scatter", w) + bus_factor("all_gather", w) == pytest.approx(bus_factor("all_reduce", w))
+        assert bus_factor("reduce_scatter", w) + bus_factor("all_gather", w) == pytest.approx(
+            bus_factor("all_reduce", w)
+        )
     assert bus_factor("broadcast", 4) == 1.0 and bus_factor("barrier", 4) == 0.0
 
 
@@ -65,4 +67,3 @@ def test_rmsnorm_benchmark_skips_without_a_gpu():
     results = measure_rmsnorm(shapes=[(8, 16)])
     with pytest.raises(NotImplementedError, match="CUDA"):
         require(results, "8|16")
-

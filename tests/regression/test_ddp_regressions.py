@@ -4,7 +4,7 @@
   (``tests/property/test_ddp_mutants.py``). Each must still kill its mutant, the way the mutant
   declares, so a change to the oracle, the comparison or the cases that blinds the check to that
   bug fails here by name; the hanging mutant is checked here rather than by its slow full run.
-* ``CORNERS``: the hard cases of the DDP issue, built by hand (seeds chosen so that the
+* ``CORNERS``: the hard DDP cases, built by hand (seeds chosen so that the
   data-dependent branch is used exactly where the name says; see ``_branch_use``).
 
 Every correct variant (naive, flat, overlapped, bucketed, torch-ddp) must pass every case.
@@ -29,8 +29,15 @@ _BYTE = 1 / 2**20  # a 1-byte bucket cap: every parameter alone in its bucket
 def _shrunk(**kw) -> Case:
     """The shape every shrunk DDP counterexample shares: a 1x1 MLP on 2 ranks, one step, Adam."""
     model = MLPSpec(**{"in_features": 1, "widths": (1,), "bias": False, **kw.pop("model", {})})
-    base = dict(model=model, world_size=2, batch_sizes=(1, 1), steps=1, optimizer=_ADAM,
-                bucket_size_mb=_BYTE, set_to_none=False)
+    base = dict(
+        model=model,
+        world_size=2,
+        batch_sizes=(1, 1),
+        steps=1,
+        optimizer=_ADAM,
+        bucket_size_mb=_BYTE,
+        set_to_none=False,
+    )
     base.update(kw)
     return Case(**base)
 
@@ -38,7 +45,9 @@ def _shrunk(**kw) -> Case:
 PINNED: dict[str, Case] = {
     "ddp-no-divide": _shrunk(),
     "ddp-vectors-not-averaged": _shrunk(model={"bias": True}),
-    "ddp-last-bucket-never-reduced": _shrunk(bucket_size_mb=9 / 2**20),  # one 8-byte parameter, 9-byte cap
+    "ddp-last-bucket-never-reduced": _shrunk(
+        bucket_size_mb=9 / 2**20
+    ),  # one 8-byte parameter, 9-byte cap
     "ddp-oversized-param-dropped": _shrunk(),
     "ddp-no-initial-broadcast": _shrunk(rank_dependent_init=True),
     "ddp-buffers-not-broadcast": _shrunk(model={"buffer": True}, rank_dependent_init=True),
@@ -49,16 +58,28 @@ PINNED: dict[str, Case] = {
     "ddp-hooks-registered-twice": _shrunk(model={"tied": True}),
     "ddp-flags-averaged": _shrunk(model={"unused": "data"}, world_size=3, batch_sizes=(1, 1, 1)),
     # The branch runs in micro-step 0 (inside no_sync()) only: its gradient exists by accumulation.
-    "ddp-presence-from-hooks": _shrunk(model={"widths": (1, 1), "tied": True, "unused": "data"},
-                                               world_size=1, batch_sizes=(1,), accumulation=2, no_sync=True, seed=1),
+    "ddp-presence-from-hooks": _shrunk(
+        model={"widths": (1, 1), "tied": True, "unused": "data"},
+        world_size=1,
+        batch_sizes=(1,),
+        accumulation=2,
+        no_sync=True,
+        seed=1,
+    ),
     "ddp-readiness-per-step": _shrunk(double_backward=True),
     "ddp-handles-per-step": _shrunk(accumulation=2, finish_once=True, unbounded_bucket=True),
     "ddp-round-starts-in-forward": _shrunk(double_backward=True),
     "ddp-bucket-cap-ignored": _shrunk(model={"widths": (1, 1)}, bucket_size_mb=8 / 2**20),
     # Six 8-byte parameters under a 48-byte cap: one bucket's worth, sent in six calls.
-    "ddp-bucket-cap-in-bytes": _shrunk(model={"widths": (1, 1, 1), "bias": True}, bucket_size_mb=48 / 2**20),
-    "ddp-mixed-dtype-bucket": _shrunk(model={"tied": True, "float32_layer": 0}, world_size=1, batch_sizes=(1,),
-                                      unbounded_bucket=True),
+    "ddp-bucket-cap-in-bytes": _shrunk(
+        model={"widths": (1, 1, 1), "bias": True}, bucket_size_mb=48 / 2**20
+    ),
+    "ddp-mixed-dtype-bucket": _shrunk(
+        model={"tied": True, "float32_layer": 0},
+        world_size=1,
+        batch_sizes=(1,),
+        unbounded_bucket=True,
+    ),
     "ddp-flat-buffer-first-dtype": _shrunk(model={"widths": (1, 1), "float32_layer": 0}),
 }
 
@@ -71,33 +92,86 @@ _BRANCHY = MLPSpec(in_features=2, widths=(3,), bias=True, unused="data")
 CORNERS: dict[str, Case] = {
     # Step 0: only rank 1 uses the branch; step 1: ranks 0 and 2. No rank may hang, and the
     # gradient is the average with zeros from the ranks that did not use it.
-    "branch-on-some-ranks": Case(model=_BRANCHY, world_size=3, batch_sizes=(1, 2, 1), steps=2,
-                                 optimizer=_MOMENTUM, seed=135, bucket_size_mb=_BYTE),
+    "branch-on-some-ranks": Case(
+        model=_BRANCHY,
+        world_size=3,
+        batch_sizes=(1, 2, 1),
+        steps=2,
+        optimizer=_MOMENTUM,
+        seed=135,
+        bucket_size_mb=_BYTE,
+    ),
     # no_sync(): rank 0 uses the branch in micro-step 0 only, rank 1 never; then nobody in step 1
     # (its gradient must go back to None, momentum must not move it).
-    "branch-only-inside-no-sync": Case(model=_BRANCHY, world_size=2, batch_sizes=(2, 1), steps=2, accumulation=2,
-                                       no_sync=True, optimizer=_MOMENTUM, seed=480, bucket_size_mb=1.0),
+    "branch-only-inside-no-sync": Case(
+        model=_BRANCHY,
+        world_size=2,
+        batch_sizes=(2, 1),
+        steps=2,
+        accumulation=2,
+        no_sync=True,
+        optimizer=_MOMENTUM,
+        seed=480,
+        bucket_size_mb=1.0,
+    ),
     # Accumulation without no_sync(): micro-step 0 rank 0 only, micro-step 1 rank 1 only.
-    "branch-alternating-micro-steps": Case(model=_BRANCHY, world_size=2, batch_sizes=(1, 1), steps=1,
-                                           accumulation=2, optimizer=_MOMENTUM, seed=36, bucket_size_mb=40 / 2**20),
+    "branch-alternating-micro-steps": Case(
+        model=_BRANCHY,
+        world_size=2,
+        batch_sizes=(1, 1),
+        steps=1,
+        accumulation=2,
+        optimizer=_MOMENTUM,
+        seed=36,
+        bucket_size_mb=40 / 2**20,
+    ),
     # A parameter larger than the cap next to ones that share a bucket, zero_grad to zeros.
-    "param-larger-than-cap": Case(model=MLPSpec(in_features=5, widths=(4, 1), bias=True), world_size=4,
-                                  batch_sizes=(1, 2, 3, 1), steps=3, optimizer=_ADAM, bucket_size_mb=40 / 2**20,
-                                  set_to_none=False),
+    "param-larger-than-cap": Case(
+        model=MLPSpec(in_features=5, widths=(4, 1), bias=True),
+        world_size=4,
+        batch_sizes=(1, 2, 3, 1),
+        steps=3,
+        optimizer=_ADAM,
+        bucket_size_mb=40 / 2**20,
+        set_to_none=False,
+    ),
     # CS336's tied toy model, frozen bias and fixed parameter included, from different weights.
-    "tied-toy-rank-dependent-init": Case(model=ToySpec(tied=True), world_size=2, batch_sizes=(2, 3), steps=2,
-                                         optimizer=_ADAM, rank_dependent_init=True, bucket_size_mb=0.001),
+    "tied-toy-rank-dependent-init": Case(
+        model=ToySpec(tied=True),
+        world_size=2,
+        batch_sizes=(2, 3),
+        steps=2,
+        optimizer=_ADAM,
+        rank_dependent_init=True,
+        bucket_size_mb=0.001,
+    ),
     # Never-used branch and zero_grad(set_to_none=False): its gradient stays None throughout.
-    "always-unused-set-to-zeros": Case(model=MLPSpec(in_features=2, widths=(2,), unused="always", buffer=True),
-                                       world_size=6, batch_sizes=(1,) * 6, steps=2, accumulation=2,
-                                       optimizer=OptimizerSpec(name="adamw", groups=(GroupSpec(params=(), lr=1e-2,
-                                                                                           weight_decay=0.1),)),
-                                       set_to_none=False, rank_dependent_init=True, bucket_size_mb=1.0),
+    "always-unused-set-to-zeros": Case(
+        model=MLPSpec(in_features=2, widths=(2,), unused="always", buffer=True),
+        world_size=6,
+        batch_sizes=(1,) * 6,
+        steps=2,
+        accumulation=2,
+        optimizer=OptimizerSpec(
+            name="adamw", groups=(GroupSpec(params=(), lr=1e-2, weight_decay=0.1),)
+        ),
+        set_to_none=False,
+        rank_dependent_init=True,
+        bucket_size_mb=1.0,
+    ),
     # A float32 layer in a float64 model on three ranks, one finish after two backward passes:
     # the float64 tensors must meet float64's tolerance at step 0 and inherit float32's after it.
-    "mixed-dtypes-finish-once": Case(model=MLPSpec(in_features=3, widths=(4, 3, 2), bias=True, float32_layer=1),
-                                     world_size=3, batch_sizes=(1, 2, 1), steps=3, accumulation=2, finish_once=True,
-                                     optimizer=_ADAM, bucket_size_mb=64 / 2**20, set_to_none=False),
+    "mixed-dtypes-finish-once": Case(
+        model=MLPSpec(in_features=3, widths=(4, 3, 2), bias=True, float32_layer=1),
+        world_size=3,
+        batch_sizes=(1, 2, 1),
+        steps=3,
+        accumulation=2,
+        finish_once=True,
+        optimizer=_ADAM,
+        bucket_size_mb=64 / 2**20,
+        set_to_none=False,
+    ),
 }
 
 _CORRECT = ["naive", "flat", "overlapped", "bucketed", "torch-ddp"]
@@ -105,16 +179,28 @@ _CORRECT = ["naive", "flat", "overlapped", "bucketed", "torch-ddp"]
 
 def _branch_use(case: Case) -> list[list[list[bool]]]:
     """[step][micro][rank]: whether the data-dependent branch runs (first input positive)."""
-    return [[[bool(batch_for(case, s, m, r)[0][0, 0] > 0) for r in range(case.world_size)]
-             for m in range(case.accumulation)] for s in range(case.steps)]
+    return [
+        [
+            [bool(batch_for(case, s, m, r)[0][0, 0] > 0) for r in range(case.world_size)]
+            for m in range(case.accumulation)
+        ]
+        for s in range(case.steps)
+    ]
 
 
 def test_corner_seeds_still_select_their_branch_pattern():
     """The hand-picked seeds still produce the branch use the corner names describe."""
-    assert _branch_use(CORNERS["branch-on-some-ranks"]) == [[[False, True, False]], [[True, False, True]]]
-    assert _branch_use(CORNERS["branch-only-inside-no-sync"]) == [[[True, False], [False, False]],
-                                                                  [[False, False], [False, False]]]
-    assert _branch_use(CORNERS["branch-alternating-micro-steps"]) == [[[True, False], [False, True]]]
+    assert _branch_use(CORNERS["branch-on-some-ranks"]) == [
+        [[False, True, False]],
+        [[True, False, True]],
+    ]
+    assert _branch_use(CORNERS["branch-only-inside-no-sync"]) == [
+        [[True, False], [False, False]],
+        [[False, False], [False, False]],
+    ]
+    assert _branch_use(CORNERS["branch-alternating-micro-steps"]) == [
+        [[True, False], [False, True]]
+    ]
     assert _branch_use(PINNED["ddp-presence-from-hooks"]) == [[[True], [False]]]
 
 
@@ -133,7 +219,9 @@ def test_pinned_counterexample_kills_mutant(world, name):
     assert not result.ok, f"{name} passes its own counterexample: {m.bug}"
     if m.expect == "hang":
         assert result.error is not None and result.error.kind == "hung", result.describe()
-        assert any(f.kind == "hung" and f.collective == "all_reduce" for f in result.error.failures), result.describe()
+        assert any(
+            f.kind == "hung" and f.collective == "all_reduce" for f in result.error.failures
+        ), result.describe()
     elif m.expect == "raise":
         assert result.error is not None and result.error.kind == "raised", result.describe()
     else:
@@ -178,7 +266,12 @@ def test_case_json_without_protocol_fields_loads():
     d["model"].pop("float32_layer")
     case = Case.from_dict(d)
     assert case == PINNED["ddp-no-divide"]
-    assert not (case.finish_once or case.double_backward or case.unbounded_bucket or case.model.float32_layer)
+    assert not (
+        case.finish_once
+        or case.double_backward
+        or case.unbounded_bucket
+        or case.model.float32_layer
+    )
 
 
 def test_target_refusing_unbounded_bucket_is_skipped_not_failed(world):

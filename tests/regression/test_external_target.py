@@ -43,27 +43,39 @@ class MyDDP(torch.nn.Module):
 
 BROKEN = CORRECT.replace("/ self.ws", "")  # forgets to average
 
-NEITHER = '''
+NEITHER = """
 class NotATarget:
     def __init__(self, a, b, c):
         pass
-'''
+"""
 
-RAISES = '''
+RAISES = """
 class Exploding:
     def __init__(self, module):
         raise RuntimeError("constructor exploded")
 
     def finish_gradient_synchronization(self):
         pass
-'''
+"""
 
 
 def _check(tmp_path, source: str, target: str, *extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "user_impl.py").write_text(textwrap.dedent(source))
     env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "paracheck.cli", "check", f"user_impl:{target}", "--world-sizes", "1,2,3",
-           "--max-examples", "15", "--timeout", "10", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paracheck.cli",
+        "check",
+        f"user_impl:{target}",
+        "--world-sizes",
+        "1,2,3",
+        "--max-examples",
+        "15",
+        "--timeout",
+        "10",
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 
@@ -80,7 +92,11 @@ def test_broken_external_ddp_fails_with_report(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "shrunk case:" in out.stdout and '"world_size": 2' in out.stdout
     assert "grad '" in out.stdout and "allowed" in out.stdout
-    replay = [line for line in out.stdout.splitlines() if line.strip().startswith("paracheck check user_impl:MyDDP")]
+    replay = [
+        line
+        for line in out.stdout.splitlines()
+        if line.strip().startswith("paracheck check user_impl:MyDDP")
+    ]
     assert replay
     # The replay command reproduces exactly that failure.
     case_json = replay[0].split("--case ", 1)[1].strip().strip("'")
@@ -98,8 +114,13 @@ def test_class_fitting_no_interface_is_a_usage_error(tmp_path):
 def test_missing_module_is_a_usage_error(tmp_path):
     """A target whose module does not import exits 2 naming it."""
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-m", "paracheck.cli", "check", "no_such_module_xyz:DDP"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "paracheck.cli", "check", "no_such_module_xyz:DDP"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2 and "no_such_module_xyz" in out.stderr
 
 
@@ -110,7 +131,9 @@ def test_raising_constructor_is_a_readable_failure(tmp_path):
     assert "constructor exploded" in out.stdout and "rank 0 raised" in out.stdout
 
 
-EXAMPLE_ADAPTERS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "cs336_adapters.py")
+EXAMPLE_ADAPTERS = os.path.join(
+    os.path.dirname(__file__), os.pardir, os.pardir, "examples", "cs336_adapters.py"
+)
 
 NOT_IMPLEMENTED_ADAPTERS = '''
 from paracheck.ddp import FlatDDP
@@ -138,21 +161,36 @@ def get_sharded_optimizer(params, optimizer_cls, **kwargs):
     raise NotImplementedError
 '''
 
-SYNCHRONIZES = CORRECT + '''
+SYNCHRONIZES = (
+    CORRECT
+    + """
 
 class TimedDDP(MyDDP):
     def finish_gradient_synchronization(self):
         torch.cuda.synchronize()
         super().finish_gradient_synchronization()
-'''
+"""
+)
 
 RENAMED = CORRECT.replace("def finish_gradient_synchronization(self)", "def sync_gradients(self)")
 
 
 def _paracheck(cwd, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(cwd) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "paracheck.cli", "check", "--world-sizes", "1,2", "--max-examples", "6",
-           "--timeout", "60", "--no-database", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paracheck.cli",
+        "check",
+        "--world-sizes",
+        "1,2",
+        "--max-examples",
+        "6",
+        "--timeout",
+        "60",
+        "--no-database",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
 
 
@@ -160,9 +198,17 @@ def test_adapters_example_passes_design_by_design(tmp_path):
     """--adapters on the example lists every adapter function and passes each design (exit 0)."""
     out = _paracheck(tmp_path, "--adapters", os.path.abspath(EXAMPLE_ADAPTERS))
     assert out.returncode == 0, out.stdout + out.stderr
-    for fn in ("get_ddp", "ddp_on_after_backward", "get_ddp_individual_parameters", "get_ddp_bucketed",
-               "ddp_bucketed_on_train_batch_start", "get_sharded_optimizer"):
-        assert any(line.split() == [fn, "implemented"] for line in out.stdout.splitlines()), out.stdout
+    for fn in (
+        "get_ddp",
+        "ddp_on_after_backward",
+        "get_ddp_individual_parameters",
+        "get_ddp_bucketed",
+        "ddp_bucketed_on_train_batch_start",
+        "get_sharded_optimizer",
+    ):
+        assert any(line.split() == [fn, "implemented"] for line in out.stdout.splitlines()), (
+            out.stdout
+        )
     assert out.stdout.count("\nPASS ") == 4, out.stdout
 
 
@@ -205,8 +251,10 @@ def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(tmp_path):
     (tmp_path / "user_impl.py").write_text(textwrap.dedent(RENAMED))
     out = _paracheck(tmp_path, "user_impl:MyDDP")
     assert out.returncode == 2
-    assert "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients" \
+    assert (
+        "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients"
         in out.stderr
+    )
     again = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "sync_gradients")
     assert again.returncode == 0, again.stdout + again.stderr
     wrong = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "no_such_method")

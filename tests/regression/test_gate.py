@@ -60,7 +60,10 @@ def test_timing_side_unlucky_in_most_rounds_is_not_a_suspect():
 
 def test_timing_confirmed_speedup_is_reported_not_failed():
     """Faster in both passes is reported as faster, never as a failure."""
-    assert timing_verdict(_pass([0.7, 0.75, 0.72, 0.7]), _pass([0.74, 0.71, 0.73, 0.7]), 0.10) == "faster"
+    assert (
+        timing_verdict(_pass([0.7, 0.75, 0.72, 0.7]), _pass([0.74, 0.71, 0.73, 0.7]), 0.10)
+        == "faster"
+    )
 
 
 def test_timing_slower_then_faster_is_not_confirmed():
@@ -107,31 +110,62 @@ def test_table_shows_timings_and_changes_and_counts_the_rest():
     """The default table lists every timing and every changed exact quantity, and counts the unchanged."""
     from paracheck.bench.gate import GateRow
 
-    rows = [GateRow("flat", "step wall time (ms)", 20.0, 25.0, "REGRESSION", "pass 1: median ratio x1.250"),
-            GateRow("flat", "collectives", 1, 1, "ok"), GateRow("flat", "peak_step_bytes", 10, 14, "REGRESSION")]
+    rows = [
+        GateRow(
+            "flat", "step wall time (ms)", 20.0, 25.0, "REGRESSION", "pass 1: median ratio x1.250"
+        ),
+        GateRow("flat", "collectives", 1, 1, "ok"),
+        GateRow("flat", "peak_step_bytes", 10, 14, "REGRESSION"),
+    ]
     text = format_rows(rows)
     assert "step wall time" in text and "peak_step_bytes" in text and "| collectives |" not in text
     assert "1 exact quantities unchanged" in text
 
 
 def _demo():
-    spec = importlib.util.spec_from_file_location("gate_demo", os.path.join(ROOT, "scripts", "gate_demo.py"))
+    spec = importlib.util.spec_from_file_location(
+        "gate_demo", os.path.join(ROOT, "scripts", "gate_demo.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository")
+@pytest.mark.skipif(
+    not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository"
+)
 def test_gate_catches_extra_gradient_buffer(tmp_path):
     """paracheck gate exits 1 and names the peaks when head adds a full-size gradient buffer to FlatDDP."""
     demo = _demo()
     repo, shas = demo.build_repo(str(tmp_path), ("flat", "paracheck.ddp.flat", "FlatDDP"))
-    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--repo", repo, "--base", shas["base"],
-                           "--head", shas["fatter"], "--variants", "flat", "--rounds", "1", "--steps", "2",
-                           # This test is about the exact quantities: a threshold no timing reaches
-                           # keeps wall-time noise from starting a second pass.
-                           "--threshold", "100"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paracheck.bench.gate",
+            "--repo",
+            repo,
+            "--base",
+            shas["base"],
+            "--head",
+            shas["fatter"],
+            "--variants",
+            "flat",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            # This test is about the exact quantities: a threshold no timing reaches
+            # keeps wall-time noise from starting a second pass.
+            "--threshold",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     for q in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"):
-        assert any(q in line and "REGRESSION" in line for line in proc.stdout.splitlines()), proc.stdout
+        assert any(q in line and "REGRESSION" in line for line in proc.stdout.splitlines()), (
+            proc.stdout
+        )

@@ -19,7 +19,7 @@ TARGET = "mypkg.ddp:MyDDP"
 # The planted regression: every synchronisation sleeps 100 ms (a blocking slowdown: a lock, a
 # wait, I/O). The gate model's step takes tens of milliseconds, so the step is several times
 # slower: large enough to be caught on a loaded machine with the few rounds used here.
-SLEEP_PATCH = '''
+SLEEP_PATCH = """
 
 import time as _time
 
@@ -32,18 +32,30 @@ def _slow_finish(self):
 
 
 MyDDP.finish_gradient_synchronization = _slow_finish
-'''
+"""
 
-GIT = ["git", "-c", "user.name=gate test", "-c", "user.email=gate-test@localhost", "-c", "commit.gpgsign=false"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=gate test",
+    "-c",
+    "user.email=gate-test@localhost",
+    "-c",
+    "commit.gpgsign=false",
+]
 
 
 def _workflow_gate():
     """The workflow's gate command line and its environment variables (the file is plain enough
     that a regular expression reads it; no YAML library needed)."""
     text = open(WORKFLOW).read()
-    assert re.search(r"^on:\s*\n\s+pull_request:", text, re.M), "the workflow must run on pull requests"
+    assert re.search(r"^on:\s*\n\s+pull_request:", text, re.M), (
+        "the workflow must run on pull requests"
+    )
     runs = [m.group(1).strip() for m in re.finditer(r"^\s*run:\s*(paracheck gate .*)$", text, re.M)]
-    assert len(runs) == 1, f"expected one 'run: paracheck gate ...' step in {WORKFLOW}, found {runs}"
+    assert len(runs) == 1, (
+        f"expected one 'run: paracheck gate ...' step in {WORKFLOW}, found {runs}"
+    )
     env = dict(re.findall(r"^\s+(PARACHECK_[A-Z_]+):\s*\"([^\"]*)\"", text, re.M))
     assert env.get("PARACHECK_TARGETS") == TARGET, env
     return runs[0], env
@@ -55,7 +67,9 @@ def _user_repo(tmp_path, patch: str | None) -> str:
     appending it to mypkg/ddp.py, checked out."""
     repo = tmp_path / "user-repo"
     shutil.copytree(PACKAGE, repo)
-    run = lambda *a: subprocess.run(GIT + list(a), cwd=repo, check=True, capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run(
+        GIT + list(a), cwd=repo, check=True, capture_output=True, text=True
+    )  # noqa: E731
     run("init", "-q", "-b", "main")
     run("add", "-A")
     run("commit", "-q", "-m", "MyDDP")
@@ -70,11 +84,18 @@ def _user_repo(tmp_path, patch: str | None) -> str:
 
 def _run_workflow_gate(repo: str, tmp_path, extra_args: str):
     command, env = _workflow_gate()
-    env = {**os.environ, **env, "GITHUB_BASE_REF": "main", "PARACHECK_GATE_ARGS": extra_args,
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    env = {
+        **os.environ,
+        **env,
+        "GITHUB_BASE_REF": "main",
+        "PARACHECK_GATE_ARGS": extra_args,
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    }
     # The user's package is not installed: the gate must find it in each commit's tree.
     env.pop("PYTHONPATH", None)
-    return subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -96,12 +117,20 @@ def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
     verdict = json.load(open(os.path.join(repo, "paracheck-gate.json")))
     assert verdict["verdict"] == "REGRESSION" and verdict["exit_code"] == 1, verdict
     assert verdict["targets"] == [TARGET] and verdict["paracheck"] == "installed"
-    heads = subprocess.run(["git", "rev-parse", "origin/main", "HEAD"], cwd=repo, capture_output=True, text=True,
-                           check=True).stdout.split()
+    heads = subprocess.run(
+        ["git", "rev-parse", "origin/main", "HEAD"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert [verdict["base"]["sha"], verdict["head"]["sha"]] == heads
     failed = [(r["variant"], r["quantity"]) for r in verdict["regressions"]]
     assert failed == [(TARGET, "step wall time (ms)")], failed
-    assert verdict["first_pass"][TARGET]["min_ratio"] > 1.5 and verdict["second_pass"][TARGET]["min_ratio"] > 1.5
+    assert (
+        verdict["first_pass"][TARGET]["min_ratio"] > 1.5
+        and verdict["second_pass"][TARGET]["min_ratio"] > 1.5
+    )
     assert "REGRESSION" in proc.stdout
 
 
@@ -110,8 +139,13 @@ def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
     says to name the classes; the JSON says ERROR."""
     repo = _user_repo(tmp_path, None)
     out = tmp_path / "gate.json"
-    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "--json", str(out)],
-                          cwd=repo, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "--json", str(out)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no TARGET given" in proc.stderr and "mypackage.ddp:MyDDP" in proc.stderr
     assert json.load(open(out))["verdict"] == "ERROR"
@@ -119,8 +153,13 @@ def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
 
 def test_gate_target_must_be_an_import_path(tmp_path):
     """A TARGET without ':Class' is refused with exit 2, naming the argument and its value."""
-    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "mypkg.ddp"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "mypkg.ddp"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "TARGET='mypkg.ddp'" in proc.stderr
 
@@ -133,8 +172,22 @@ def test_gate_target_broken_at_head_cannot_decide(tmp_path, request):
         pytest.skip("slow (two worker starts): run with -m slow")
     repo = _user_repo(tmp_path, "\nraise RuntimeError('broken at head')\n")
     out = tmp_path / "gate.json"
-    proc = subprocess.run([sys.executable, "-m", "paracheck.bench.gate", "--base", "main", "--json", str(out), TARGET],
-                          cwd=repo, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paracheck.bench.gate",
+            "--base",
+            "main",
+            "--json",
+            str(out),
+            TARGET,
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"TARGET={TARGET!r}" in proc.stderr and "broken at head" in proc.stderr
     assert json.load(open(out))["verdict"] == "ERROR"

@@ -13,36 +13,75 @@ import threading
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+CHROMIUM = next(
+    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
+    None,
+)
 BENCH = "cpu.lm.LMPhases.track_forward"
 
-needs_git = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (Debian: apt-get install chromium)")
+needs_git = pytest.mark.skipif(
+    not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository"
+)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium (Debian: apt-get install chromium)"
+)
 
 
 def _asv(args, cwd, home):
     env = dict(os.environ, HOME=str(home))  # asv's machine file goes to the test's directory
-    return subprocess.run([sys.executable, "-m", "asv", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "asv", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """Raw ``asv publish`` output and the same after ``paracheck report``, from one real measurement."""
-    pytest.importorskip("asv", reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)")
+    pytest.importorskip(
+        "asv",
+        reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)",
+    )
     pytest.importorskip("matplotlib")
     tmp = tmp_path_factory.mktemp("asv")
-    conf = {"version": 1, "project": "paracheck", "repo": ROOT, "dvcs": "git", "branches": ["HEAD"],
-            "environment_type": "existing", "benchmark_dir": os.path.join(ROOT, "benchmarks"),
-            "results_dir": str(tmp / "results"), "html_dir": str(tmp / "html")}
+    conf = {
+        "version": 1,
+        "project": "paracheck",
+        "repo": ROOT,
+        "dvcs": "git",
+        "branches": ["HEAD"],
+        "environment_type": "existing",
+        "benchmark_dir": os.path.join(ROOT, "benchmarks"),
+        "results_dir": str(tmp / "results"),
+        "html_dir": str(tmp / "html"),
+    }
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    for args in (["machine", "--yes", "--machine", "paracheck-test"],
-                 ["run", "-E", "existing", "--set-commit-hash", head, "--machine", "paracheck-test",
-                  "--bench", r"^cpu\.lm\.LMPhases"],
-                 ["publish"]):
+    head = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    for args in (
+        ["machine", "--yes", "--machine", "paracheck-test"],
+        [
+            "run",
+            "-E",
+            "existing",
+            "--set-commit-hash",
+            head,
+            "--machine",
+            "paracheck-test",
+            "--bench",
+            r"^cpu\.lm\.LMPhases",
+        ],
+        ["publish"],
+    ):
         proc = _asv(args + ["--config", str(tmp / "asv.conf.json")], tmp, tmp)
-        assert proc.returncode == 0, f"asv {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"asv {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     shutil.copytree(tmp / "html", tmp / "raw")
     from paracheck.bench.report import main
 
@@ -58,17 +97,31 @@ def _render(directory, tmp, name):
         def log_message(self, fmt, *args):
             requested.append(self.path)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(directory))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/#{BENCH}"
     # Every host name but the local server's address resolves to nothing: no CDN can answer.
-    flags = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", f"--user-data-dir={tmp / ('profile-' + name)}",
-             "--window-size=1280,900", "--virtual-time-budget=10000"]
+    flags = [
+        CHROMIUM,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        f"--user-data-dir={tmp / ('profile-' + name)}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=10000",
+    ]
     try:
-        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-        subprocess.run(flags + [f"--screenshot={tmp / (name + '.png')}", url], capture_output=True, timeout=120)
+        dom = subprocess.run(
+            flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120
+        ).stdout
+        subprocess.run(
+            flags + [f"--screenshot={tmp / (name + '.png')}", url], capture_output=True, timeout=120
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -79,7 +132,9 @@ def test_unknown_cdn_script_is_an_error(tmp_path):
     """A page loading a script paracheck does not vendor (a newer asv) fails loudly, naming the URL."""
     from paracheck.bench.report import VendorError, vendorize
 
-    (tmp_path / "index.html").write_text('<html><script src="https://cdn.example/new.js"></script></html>')
+    (tmp_path / "index.html").write_text(
+        '<html><script src="https://cdn.example/new.js"></script></html>'
+    )
     with pytest.raises(VendorError, match="https://cdn.example/new.js"):
         vendorize(str(tmp_path))
 
@@ -101,13 +156,22 @@ def test_published_pages_load_nothing_from_the_network(pages):
 def test_history_page_renders_the_measurement_offline(pages):
     """Headless Chromium without network draws the benchmark's graph (flot canvas, legend with the parameters)."""
     dom, requested = _render(pages / "html", pages, "vendored")
-    assert "Can not determine continental origin of swallow" not in dom, "asv's failed-JavaScript page was shown"
+    assert "Can not determine continental origin of swallow" not in dom, (
+        "asv's failed-JavaScript page was shown"
+    )
     assert 'class="flot-base"' in dom, "no graph was drawn"
-    assert "model-cpu" in dom and "autocast-True" in dom, "the graph's legend lacks the benchmark's parameters"
+    assert "model-cpu" in dom and "autocast-True" in dom, (
+        "the graph's legend lacks the benchmark's parameters"
+    )
     assert any(p.startswith("/vendor/jquery-3.3.1.min.js") for p in requested)
-    assert any(BENCH in p and p.split("?")[0].endswith(".json") for p in requested), "the graph's data was never fetched"
+    assert any(BENCH in p and p.split("?")[0].endswith(".json") for p in requested), (
+        "the graph's data was never fetched"
+    )
     if os.environ.get("PARACHECK_SCREENSHOT_DIR"):
-        shutil.copy(pages / "vendored.png", os.path.join(os.environ["PARACHECK_SCREENSHOT_DIR"], "history_page.png"))
+        shutil.copy(
+            pages / "vendored.png",
+            os.path.join(os.environ["PARACHECK_SCREENSHOT_DIR"], "history_page.png"),
+        )
 
 
 @needs_git
@@ -133,8 +197,12 @@ def regressions(pages):
     bucketed step 25% slower from the fourth commit on (a regression) and the all-reduce bus
     bandwidth 2.38x higher from the fourth on (an improvement, which asv 0.6 would list as the
     top regression if it were recorded as GB/s)."""
-    commits = subprocess.run(["git", "-C", ROOT, "rev-list", "--first-parent", "-n", "6", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.split()[::-1]
+    commits = subprocess.run(
+        ["git", "-C", ROOT, "rev-list", "--first-parent", "-n", "6", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[::-1]
     if len(commits) < 6:
         pytest.skip("needs six commits of history")
     tmp = pages / "regressions"
@@ -154,15 +222,24 @@ def regressions(pages):
         params = benchmarks[name]["params"]
         import itertools
 
-        values = [value_of(dict(zip(benchmarks[name]["param_names"], p))) for p in itertools.product(*params)]
+        values = [
+            value_of(dict(zip(benchmarks[name]["param_names"], p)))
+            for p in itertools.product(*params)
+        ]
         return [values, params, benchmarks[name]["version"], template["date"], 1.0]
 
     for i, sha in enumerate(commits):
         after = i >= 3
-        data = dict(template, commit_hash=sha, date=template["date"] - (len(commits) - i) * 3_600_000)
+        data = dict(
+            template, commit_hash=sha, date=template["date"] - (len(commits) - i) * 3_600_000
+        )
         data["results"] = {
-            PLANTED: row(PLANTED, lambda p: 0.125 if (after and p["variant"] == "'bucketed'") else 0.100),
-            IMPROVED: row(IMPROVED, lambda p: (1 / 2.38 if after else 1.0) * float(p["size_mb"]) / 100),
+            PLANTED: row(
+                PLANTED, lambda p: 0.125 if (after and p["variant"] == "'bucketed'") else 0.100
+            ),
+            IMPROVED: row(
+                IMPROVED, lambda p: (1 / 2.38 if after else 1.0) * float(p["size_mb"]) / 100
+            ),
             CONTROL: row(CONTROL, lambda p: (2.38 if after else 1.0) * 100 / float(p["size_mb"])),
         }
         (machine / f"{sha[:8]}-{template['env_name']}.json").write_text(json.dumps(data))
@@ -170,7 +247,9 @@ def regressions(pages):
     conf.update(results_dir=str(tmp / "results"), html_dir=str(tmp / "html"))
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
     proc = _asv(["publish", "--config", str(tmp / "asv.conf.json")], tmp, pages)
-    assert proc.returncode == 0, f"asv publish failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"asv publish failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return json.loads((tmp / "html" / "regressions.json").read_text())["regressions"]
 
 
@@ -181,9 +260,14 @@ def test_regressions_list_the_planted_slowdown_and_not_the_bandwidth_gain(regres
     improvement recorded as GB/s (the control) is listed, at 2.38x."""
     # Each entry: [name, graph path, graph params, param index, last value, best value, jumps]
     control = [r for r in regressions if r[0].startswith(CONTROL)]
-    assert control and all(abs(r[4] / r[5] - 2.38) < 1e-9 for r in control), \
+    assert control and all(abs(r[4] / r[5] - 2.38) < 1e-9 for r in control), (
         "asv no longer ranks a rise as a regression"
-    ranked = sorted((r for r in regressions if not r[0].startswith(CONTROL)), key=lambda r: r[4] / r[5], reverse=True)
+    )
+    ranked = sorted(
+        (r for r in regressions if not r[0].startswith(CONTROL)),
+        key=lambda r: r[4] / r[5],
+        reverse=True,
+    )
     assert ranked, "asv found no regression at all"
     assert ranked[0][0] == f"{PLANTED}('bucketed')", [r[0] for r in ranked]
     assert abs(ranked[0][4] / ranked[0][5] - 1.25) < 1e-9
@@ -197,17 +281,37 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
     import signal
     import urllib.request
 
-    pytest.importorskip("asv", reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)")
+    pytest.importorskip(
+        "asv",
+        reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)",
+    )
     pytest.importorskip("matplotlib")
     html_dir = tmp_path / "html"
     html_dir.mkdir()
-    (html_dir / "index.html").write_text("<html><title>airspeed velocity of the test</title></html>")
-    (tmp_path / "asv.conf.json").write_text(json.dumps({"version": 1, "html_dir": str(html_dir),
-                                                        "results_dir": str(tmp_path / "results")}))
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from paracheck.bench.report import main; "
-                             "sys.exit(main(sys.argv[1:]))", "--config", str(tmp_path / "asv.conf.json"),
-                             "--no-publish", "--serve", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (html_dir / "index.html").write_text(
+        "<html><title>airspeed velocity of the test</title></html>"
+    )
+    (tmp_path / "asv.conf.json").write_text(
+        json.dumps(
+            {"version": 1, "html_dir": str(html_dir), "results_dir": str(tmp_path / "results")}
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from paracheck.bench.report import main; sys.exit(main(sys.argv[1:]))",
+            "--config",
+            str(tmp_path / "asv.conf.json"),
+            "--no-publish",
+            "--serve",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = []
         for line in proc.stdout:
@@ -218,8 +322,14 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
         assert served, "".join(lines) + proc.stderr.read()
         url = served[0].split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/"), url
-        assert "airspeed velocity of the test" in urllib.request.urlopen(url, timeout=30).read().decode()
-        assert "latest measurements" in urllib.request.urlopen(url + "paracheck/", timeout=30).read().decode()
+        assert (
+            "airspeed velocity of the test"
+            in urllib.request.urlopen(url, timeout=30).read().decode()
+        )
+        assert (
+            "latest measurements"
+            in urllib.request.urlopen(url + "paracheck/", timeout=30).read().decode()
+        )
         assert any("file://" in ln for ln in lines), "the output must say why file:// does not work"
     finally:
         proc.send_signal(signal.SIGINT)

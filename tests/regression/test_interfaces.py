@@ -16,7 +16,7 @@ SIZES = (1, 2, 3)
 
 # A correct DDP body shared by the variants below: broadcast at construction, one flat
 # all-reduce with presence flags in the hook.
-_BODY = '''
+_BODY = """
 import torch
 import torch.distributed as dist
 
@@ -40,9 +40,11 @@ def _average(module):
         g = flat[offset:offset + p.numel()].view_as(p) / ws
         offset += p.numel()
         p.grad = g.to(p.dtype, copy=True) if present else None
-'''
+"""
 
-VARIANTS = _BODY + '''
+VARIANTS = (
+    _BODY
+    + '''
 from paracheck.ddp import BucketedDDP
 
 class PlainWrapper:
@@ -146,6 +148,7 @@ def make_only_sync(module):
 def ddp_on_after_backward(ddp_model, optimizer):
     _average(ddp_model.module)
 '''
+)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +166,9 @@ def test_wrapper_readings_match_oracle(paracheck_check, variants, cls):
 
 def test_renamed_hook_taking_optimizer_matches_oracle(paracheck_check, variants):
     """A hook named with finish=, taking the optimizer, equals the single-process oracle."""
-    paracheck_check(f"{variants}:SyncGradients", finish="sync_gradients", world_sizes=SIZES, max_examples=6)
+    paracheck_check(
+        f"{variants}:SyncGradients", finish="sync_gradients", world_sizes=SIZES, max_examples=6
+    )
 
 
 def test_function_style_get_ddp_matches_oracle(paracheck_check, variants):
@@ -175,7 +180,9 @@ def test_function_style_get_ddp_matches_oracle(paracheck_check, variants):
 
 def test_cuda_timing_in_hook_matches_oracle_with_stub(paracheck_check, variants):
     """CUDA timing calls in the hook, made no-ops by stub_cuda_timing, leave the oracle's result."""
-    paracheck_check(f"{variants}:Synchronizes", stub_cuda_timing=True, world_sizes=SIZES, max_examples=4)
+    paracheck_check(
+        f"{variants}:Synchronizes", stub_cuda_timing=True, world_sizes=SIZES, max_examples=4
+    )
 
 
 def test_constructor_read_by_argument_name(variants):
@@ -188,6 +195,7 @@ def test_constructor_read_by_argument_name(variants):
     def by_mb(model, size_mb): ...
     def by_bytes(module, bucket_bytes=1 << 20, *, process_group=None): ...
     def needs(module, tokenizer): ...
+
     assert ddp_construction(by_mb).keywords == (("size_mb", "bucket_mb"),)
     assert ddp_construction(by_bytes).keywords == (("bucket_bytes", "bucket_bytes"),)
     with pytest.raises(TargetError, match="'tokenizer'"):
@@ -196,21 +204,30 @@ def test_constructor_read_by_argument_name(variants):
 
 def test_missing_hook_names_the_option(variants):
     """A class without finish_gradient_synchronization() but with sync_gradients() is told which option to pass."""
-    with pytest.raises(TargetError, match="it has sync_gradients\\(\\): pass --finish sync_gradients"):
+    with pytest.raises(
+        TargetError, match="it has sync_gradients\\(\\): pass --finish sync_gradients"
+    ):
         resolve_target(f"{variants}:OnlySyncGradients")
-    assert resolve_target(f"{variants}:OnlySyncGradients", finish="sync_gradients").finish == "sync_gradients"
+    assert (
+        resolve_target(f"{variants}:OnlySyncGradients", finish="sync_gradients").finish
+        == "sync_gradients"
+    )
     # A function of the target's module, called as f(ddp_model, optimizer).
-    assert resolve_target(f"{variants}:OnlySyncGradients", finish="ddp_on_after_backward").finish == \
-        f"{variants}:ddp_on_after_backward"
+    assert (
+        resolve_target(f"{variants}:OnlySyncGradients", finish="ddp_on_after_backward").finish
+        == f"{variants}:ddp_on_after_backward"
+    )
     with pytest.raises(TargetError, match="--finish='no_such_hook'"):
         resolve_target(f"{variants}:OnlySyncGradients", finish="no_such_hook")
 
 
-CASE = ('{"model": {"kind": "mlp", "in_features": 1, "widths": [1], "bias": false, "frozen": [], "tied": false, '
-        '"unused": "none", "buffer": false}, "world_size": 1, "batch_sizes": [1], "steps": 1, "accumulation": 1, '
-        '"no_sync": false, "optimizer": {"name": "sgd", "groups": [{"params": [0], "lr": 0.1, "weight_decay": 0.0, '
-        '"momentum": 0.0, "betas": [0.9, 0.999], "add_at_step": null}], "lr_decay": 1.0, "as_generator": false}, '
-        '"bucket_size_mb": 1.0, "seed": 0, "rank_dependent_init": false, "set_to_none": false}')
+CASE = (
+    '{"model": {"kind": "mlp", "in_features": 1, "widths": [1], "bias": false, "frozen": [], "tied": false, '
+    '"unused": "none", "buffer": false}, "world_size": 1, "batch_sizes": [1], "steps": 1, "accumulation": 1, '
+    '"no_sync": false, "optimizer": {"name": "sgd", "groups": [{"params": [0], "lr": 0.1, "weight_decay": 0.0, '
+    '"momentum": 0.0, "betas": [0.9, 0.999], "add_at_step": null}], "lr_decay": 1.0, "as_generator": false}, '
+    '"bucket_size_mb": 1.0, "seed": 0, "rank_dependent_init": false, "set_to_none": false}'
+)
 
 
 def test_function_built_wrapper_without_hook_names_the_option(paracheck_world, variants):
@@ -218,10 +235,14 @@ def test_function_built_wrapper_without_hook_names_the_option(paracheck_world, v
     from paracheck.cases import Case
     from paracheck.check.run import run_case
 
-    result = run_case(paracheck_world, resolve_target(f"{variants}:make_only_sync"), Case.from_json(CASE))
+    result = run_case(
+        paracheck_world, resolve_target(f"{variants}:make_only_sync"), Case.from_json(CASE)
+    )
     assert result.error is not None
-    assert "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients" \
+    assert (
+        "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients"
         in result.error.report()
+    )
 
 
 def test_not_implemented_read_from_source(tmp_path):
@@ -251,7 +272,8 @@ def test_not_implemented_read_from_source(tmp_path):
 
 def test_adapters_lists_not_implemented(tmp_path):
     """Handout stubs are listed as not implemented and their designs are not checked."""
-    (tmp_path / "adapters_partial.py").write_text(textwrap.dedent('''
+    (tmp_path / "adapters_partial.py").write_text(
+        textwrap.dedent('''
         from paracheck.ddp import FlatDDP
         def get_ddp(module):
             return FlatDDP(module)
@@ -266,14 +288,20 @@ def test_adapters_lists_not_implemented(tmp_path):
             return FlatDDP(module)
         def ddp_individual_parameters_on_after_backward(ddp_model, optimizer):
             raise NotImplementedError
-    '''))
+    ''')
+    )
     found = discover_adapters(str(tmp_path / "adapters_partial.py"))
     status = dict(found.functions)
-    assert status["get_ddp_bucketed"] == status["ddp_bucketed_on_after_backward"] == "not implemented"
+    assert (
+        status["get_ddp_bucketed"] == status["ddp_bucketed_on_after_backward"] == "not implemented"
+    )
     assert status["get_ddp"] == "implemented"
     assert [t.path.rpartition(":")[2] for t in found.targets] == ["get_ddp"]
-    assert any("individual-parameters DDP: ddp_individual_parameters_on_after_backward is not implemented" in s
-               for s in found.skipped)
+    assert any(
+        "individual-parameters DDP: ddp_individual_parameters_on_after_backward is not implemented"
+        in s
+        for s in found.skipped
+    )
     (tmp_path / "nothing.py").write_text("def unrelated():\n    pass\n")
     with pytest.raises(TargetError, match="--adapters=.*defines none"):
         discover_adapters(str(tmp_path / "nothing.py"))
@@ -296,11 +324,15 @@ def test_cuda_only_call_names_the_call_and_the_fix(tmp_path):
     """A CUDA-only call in the target's code is diagnosed with its location and the two ways out."""
     f = str(tmp_path / "my_ddp.py")
     text = _traceback_of("x = 1\ntorch.cuda.synchronize()\n", f)
-    assert cuda_only_call(text) == ("your code calls a CUDA-only API (torch.cuda.synchronize at my_ddp.py:2); on "
-                                    "CPU pass --stub-cuda-timing or run with --backend nccl")
+    assert cuda_only_call(text) == (
+        "your code calls a CUDA-only API (torch.cuda.synchronize at my_ddp.py:2); on "
+        "CPU pass --stub-cuda-timing or run with --backend nccl"
+    )
     text = _traceback_of("with torch.cuda.nvtx.range('x'):\n    pass\n", f)
     assert "torch.cuda.nvtx.range at my_ddp.py:1" in cuda_only_call(text)
-    assert "--stub-cuda-timing" in cuda_only_call(_traceback_of("torch.cuda.Event(enable_timing=True)\n", f))
+    assert "--stub-cuda-timing" in cuda_only_call(
+        _traceback_of("torch.cuda.Event(enable_timing=True)\n", f)
+    )
     assert "--stub-cuda-timing" not in cuda_only_call(_traceback_of("torch.zeros(1).cuda()\n", f))
     assert cuda_only_call(_traceback_of("raise RuntimeError('unrelated')\n", f)) is None
     # Called through an alias, the call is named from torch's frames.

@@ -20,5 +20,9 @@ def test_ddp_wrappers_keep_module_registries():
         except TypeError:
             ddp = cls(model)
         for reg in ("_parameters", "_buffers", "_modules"):
-            assert isinstance(ddp.__dict__[reg], dict), f"{name}: {reg} replaced by {type(ddp.__dict__[reg])}"
-        assert [b.data_ptr() for b in ddp.buffers()] == [b.data_ptr() for b in model.buffers()], name
+            assert isinstance(ddp.__dict__[reg], dict), (
+                f"{name}: {reg} replaced by {type(ddp.__dict__[reg])}"
+            )
+        assert [b.data_ptr() for b in ddp.buffers()] == [b.data_ptr() for b in model.buffers()], (
+            name
+        )

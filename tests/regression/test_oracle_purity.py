@@ -1,4 +1,4 @@
-"""The oracle is the specification: it must not depend on torch.distributed or triton (STYLE 1)."""
+"""The oracle is the specification: it must not depend on torch.distributed or triton."""
 
 import ast
 import subprocess
@@ -31,7 +31,9 @@ def test_oracle_import_closure_has_no_distributed_or_triton():
         print(json.dumps([[m, getattr(sys.modules[m], "__file__", None)] for m in sorted(sys.modules)
                           if m.startswith("paracheck") or m.startswith("triton")]))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     import json
 
     modules = json.loads(out.strip().splitlines()[-1])
@@ -39,11 +41,23 @@ def test_oracle_import_closure_has_no_distributed_or_triton():
     # paracheck's own code, checked statically below over every paracheck module that was loaded.
     modules = [(m, f) for m, f in modules if m.startswith("paracheck")]
     loaded = {m for m, _ in modules}
-    assert not loaded & {"paracheck.world", "paracheck.ddp", "paracheck.zero", "paracheck.kernels"}, loaded
+    assert not loaded & {
+        "paracheck.world",
+        "paracheck.ddp",
+        "paracheck.zero",
+        "paracheck.kernels",
+    }, loaded
     for name, file in modules:
-        bad = [i for i in _imports(Path(file)) if any(i == f or i.startswith(f + ".") for f in FORBIDDEN)
-               or i in ("torch.distributed",) or (i.startswith("torch") and ".distributed" in i)]
-        bad += ["from torch import distributed"] if "torch.distributed" in _imports(Path(file)) else []
+        bad = [
+            i
+            for i in _imports(Path(file))
+            if any(i == f or i.startswith(f + ".") for f in FORBIDDEN)
+            or i in ("torch.distributed",)
+            or (i.startswith("torch") and ".distributed" in i)
+        ]
+        bad += (
+            ["from torch import distributed"] if "torch.distributed" in _imports(Path(file)) else []
+        )
         assert not bad, f"{name} imports {bad}"
 
 

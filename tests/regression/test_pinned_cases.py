@@ -9,14 +9,14 @@ from paracheck.check.run import run_case
 from paracheck.check.targets import resolve_target
 
 # Found by `paracheck selftest` against ddp-no-divide (gradients summed, not averaged).
-NO_DIVIDE_CASE = Case.from_json('''
+NO_DIVIDE_CASE = Case.from_json("""
 {"model": {"kind": "toy", "tied": false}, "world_size": 2, "batch_sizes": [1, 1], "steps": 1,
  "accumulation": 1, "no_sync": false,
  "optimizer": {"name": "adam", "groups": [{"params": [0, 1, 2, 3, 4], "lr": 0.001, "weight_decay": 0.0,
    "momentum": 0.0, "betas": [0.9, 0.999], "add_at_step": null}], "lr_decay": 1.0, "as_generator": false},
  "bucket_size_mb": 9.5367431640625e-07, "seed": 0, "rank_dependent_init": false, "set_to_none": false,
  "dtype": "float64"}
-''')
+""")
 
 
 def test_no_divide_case_fails_the_mutant(world):

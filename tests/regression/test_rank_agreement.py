@@ -29,8 +29,12 @@ CASE = Case.from_json("""{"model": {"kind": "mlp", "in_features": 1, "widths": [
 @pytest.mark.world_size(4)
 def test_state_dict_bug_on_some_ranks_raises_on_every_rank():
     """The mutant's run fails as raised on all 4 ranks (none hung), the real cause first."""
-    payload = {"case": CASE, "path": "paracheck.mutants.sharding:Zero1LocalStateDict",
-               "takes_bucket": False, "device": None}
+    payload = {
+        "case": CASE,
+        "path": "paracheck.mutants.sharding:Zero1LocalStateDict",
+        "takes_bucket": False,
+        "device": None,
+    }
     with World(4, timeout=20.0) as world:
         with pytest.raises(RankError) as info:
             world.run("paracheck.check._rank_zero:run_zero", payload, world_size=4)
@@ -39,6 +43,9 @@ def test_state_dict_bug_on_some_ranks_raises_on_every_rank():
         assert all(f.kind == "raised" for f in failures)
         assert "another rank" not in failures[0].detail  # a rank with the real error first
         # The same world runs the correct class afterwards: nobody was left in a collective.
-        ok = world.run("paracheck.check._rank_zero:run_zero",
-                       {**payload, "path": "paracheck.zero:Zero1"}, world_size=4)
+        ok = world.run(
+            "paracheck.check._rank_zero:run_zero",
+            {**payload, "path": "paracheck.zero:Zero1"},
+            world_size=4,
+        )
         assert len(ok) == 4

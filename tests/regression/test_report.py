@@ -6,7 +6,6 @@ import json
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from paracheck.cases import Case
 from paracheck.check.features import FEATURES, case_features, label, without
@@ -52,6 +51,7 @@ def test_case_timeout_is_ten_times_the_slowest_passing_case_within_floor_and_cap
 
 def test_progress_line_is_written_on_a_tty_and_cleared():
     """On a terminal the progress line is rewritten in place and cleared; elsewhere nothing is written."""
+
     class Tty(io.StringIO):
         def isatty(self):
             return True
@@ -67,16 +67,28 @@ def test_progress_line_is_written_on_a_tty_and_cleared():
 
 def test_two_independent_bugs_are_both_reported_shrunk_and_labelled(world):
     """A DDP that neither divides nor broadcasts buffers fails both properties, each on its own minimal case."""
-    report = check_target(TWO_BUGS, world, world_sizes=(2,), max_examples=40, first_failure=False, labels=True,
-                          search_without=False)
+    report = check_target(
+        TWO_BUGS,
+        world,
+        world_sizes=(2,),
+        max_examples=40,
+        first_failure=False,
+        labels=True,
+        search_without=False,
+    )
     by_prop = {f.property: f for f in report.failures}
     assert set(by_prop) == {"initial-state", "gradients"}, report.text()
     buffers = by_prop["initial-state"]
     assert buffers.case.model.buffer and {"buffer", "world>=2"} <= set(buffers.needs), report.text()
     grads = by_prop["gradients"]
-    assert grads.case.world_size == 2 and not grads.case.model.buffer and grads.needs == ["world>=2"], report.text()
+    assert (
+        grads.case.world_size == 2 and not grads.case.model.buffer and grads.needs == ["world>=2"]
+    ), report.text()
     text = report.text()
-    assert "FAIL two-bugs: initial-state: ranks do not start from rank 0's parameters and buffers" in text
+    assert (
+        "FAIL two-bugs: initial-state: ranks do not start from rank 0's parameters and buffers"
+        in text
+    )
     assert "FAIL two-bugs: gradients: gradients not averaged over ranks" in text
     assert "needs: only with several ranks; only with a buffer" in text
 
@@ -92,7 +104,11 @@ def test_raising_target_is_reported_on_its_rank_with_its_own_frame_first(world):
     assert text.splitlines()[1] == "FAIL raises: raised: your code raised on rank 1"
     assert "ValueError: planted failure in the target on rank 1" in text
     frame = target_frame(result.error.failures[0].detail)
-    assert frame is not None and "_report_targets.py" in frame and "finish_gradient_synchronization" in frame
+    assert (
+        frame is not None
+        and "_report_targets.py" in frame
+        and "finish_gradient_synchronization" in frame
+    )
     assert f"at {frame}" in text
 
 
@@ -103,7 +119,9 @@ def test_target_prints_are_captured_per_rank_and_clipped(world, capfd):
     assert not result.ok
     assert "chatty" not in capfd.readouterr().out
     out = result.outputs[1]
-    assert "chatty python line 0" in out and "chatty fd line 149" in out and "more lines) ..." in out
+    assert (
+        "chatty python line 0" in out and "chatty fd line 149" in out and "more lines) ..." in out
+    )
     assert len(out.splitlines()) <= 31
 
 
@@ -113,24 +131,43 @@ def test_json_verdict_lists_failing_properties_and_replay(tmp_path):
 
     case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
     path = tmp_path / "verdict.json"
-    code = main(["check", "paracheck.mutants.ddp:NoDivideDDP", "--case", case.to_json(), "--json", str(path),
-                 "--timeout", "30"])
+    code = main(
+        [
+            "check",
+            "paracheck.mutants.ddp:NoDivideDDP",
+            "--case",
+            case.to_json(),
+            "--json",
+            str(path),
+            "--timeout",
+            "30",
+        ]
+    )
     assert code == 1
     data = json.loads(path.read_text())
     t = data["targets"][0]
     assert not data["passed"] and t["failed_properties"] == ["gradients"]
     f = t["failures"][0]
     assert Case.from_dict(f["case"]) == case
-    assert "--kind ddp" in f["replay"] and "--timeout 30" in f["replay"] and "--case '" in f["replay"]
+    assert (
+        "--kind ddp" in f["replay"] and "--timeout 30" in f["replay"] and "--case '" in f["replay"]
+    )
 
 
 def test_pytest_fixture_fails_with_the_report_text(paracheck_check):
     """The fixture fails the test with the property, its meaning and the replay command."""
     with pytest.raises(pytest.fail.Exception) as info:
-        paracheck_check("paracheck.mutants.ddp:NoDivideDDP", world_sizes=(1, 2), max_examples=10,
-                        search_without=False)
+        paracheck_check(
+            "paracheck.mutants.ddp:NoDivideDDP",
+            world_sizes=(1, 2),
+            max_examples=10,
+            search_without=False,
+        )
     text = str(info.value)
-    assert "FAIL paracheck.mutants.ddp:NoDivideDDP: gradients: gradients not averaged over ranks" in text
+    assert (
+        "FAIL paracheck.mutants.ddp:NoDivideDDP: gradients: gradients not averaged over ranks"
+        in text
+    )
     assert "replay exactly this case:" in text
 
 
@@ -140,12 +177,21 @@ def test_hang_report_says_which_collective_the_ranks_disagree_on(world):
     from paracheck.check.report import case_report
     from paracheck.workloads.mlp import MLPSpec
 
-    case = Case(model=MLPSpec(in_features=1, widths=(1,), bias=False, unused="data"), world_size=2,
-                batch_sizes=(1, 1), steps=1, seed=1, set_to_none=False,
-                optimizer=OptimizerSpec(name="adam", groups=(GroupSpec(params=(0, 1), lr=1e-3),)))
+    case = Case(
+        model=MLPSpec(in_features=1, widths=(1,), bias=False, unused="data"),
+        world_size=2,
+        batch_sizes=(1, 1),
+        steps=1,
+        seed=1,
+        set_to_none=False,
+        optimizer=OptimizerSpec(name="adam", groups=(GroupSpec(params=(0, 1), lr=1e-3),)),
+    )
     target = Target("skip-none-grad", "paracheck.mutants.ddp:SkipNoneGradDDP", "ddp")
     result = run_case(world, target, case, timeout=10.0)
     assert result.failed_properties == ["hang"] and result.error.definite, result.describe()
     text = case_report(target, result).text()
     assert "FAIL skip-none-grad: hang: the ranks hang: they did not all finish" in text
-    assert "the ranks disagree: rank 0 is in its 2nd all_reduce" in text and "rank 1 finished after 1 all_reduce" in text
+    assert (
+        "the ranks disagree: rank 0 is in its 2nd all_reduce" in text
+        and "rank 1 finished after 1 all_reduce" in text
+    )

@@ -2,13 +2,12 @@
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from paracheck.world import RankDied, RankError, RankHang, World
 
-JOBS = '''
+JOBS = """
 import os
 import torch
 import torch.distributed as dist
@@ -61,7 +60,7 @@ def segv_on_0(_):
     if dist.get_rank() == 0:
         import ctypes
         ctypes.string_at(0)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +118,16 @@ def test_deadlock_is_reported_before_the_timeout_with_each_ranks_collective_coun
         small_world.run("paracheck_test_jobs:extra_on_1_of_3", None, world_size=3)
     hang = info.value
     assert hang.definite and hang.seconds < small_world.timeout
-    assert hang.disagreement == "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"
+    assert (
+        hang.disagreement
+        == "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"
+    )
     hung = [f for f in hang.failures if f.kind == "hung"]
     assert [f.rank for f in hung] == [1] and "rank 1 says hello" in hung[0].output
     _healthy(small_world)
-    assert small_world.pids == pids  # the finished ranks dropped their group: rank 1 recovered in place
+    assert (
+        small_world.pids == pids
+    )  # the finished ranks dropped their group: rank 1 recovered in place
 
 
 def test_python_level_hang_kills_and_restarts(small_world):
@@ -146,8 +150,9 @@ def test_printing_job_output_is_captured_per_rank(small_world, capfd):
     assert "more lines) ..." in out[1] and len(out[1].splitlines()) <= 31
 
 
-@pytest.mark.parametrize("job,rank,text", [("exit_on_1", 1, "exited with code 7"),
-                                           ("segv_on_0", 0, "SIGSEGV")])
+@pytest.mark.parametrize(
+    "job,rank,text", [("exit_on_1", 1, "exited with code 7"), ("segv_on_0", 0, "SIGSEGV")]
+)
 def test_dying_rank_reported_with_exit_code_or_signal(small_world, job, rank, text):
     """A rank that dies is reported with its exit code or signal; the pool is restarted."""
     with pytest.raises(RankDied) as info:

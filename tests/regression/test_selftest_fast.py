@@ -5,7 +5,13 @@ from paracheck.selftest import run_selftest, selftest_rows
 
 def test_selftest_fast_profile_kills_and_passes(world, capsys):
     """A representative slice (two targets, three mutants of both families) exits 0 with a table."""
-    only = ["flat", "zero1", "ddp-no-divide", "ddp-last-bucket-never-reduced", "sharded-count-partition"]
+    only = [
+        "flat",
+        "zero1",
+        "ddp-no-divide",
+        "ddp-last-bucket-never-reduced",
+        "sharded-count-partition",
+    ]
     code = run_selftest(only=only, world_sizes=(1, 2, 3, 4), world=world)  # the selftest defaults
     out = capsys.readouterr().out
     assert code == 0, out
@@ -19,6 +25,8 @@ def test_selftest_reports_a_surviving_mutant_as_failure(world, monkeypatch):
     from paracheck.mutants import MUTANTS, Mutant
 
     name = "_correct-in-disguise"
-    monkeypatch.setitem(MUTANTS, name, Mutant(name, "paracheck.ddp:FlatDDP", "ddp", "no bug at all"))
+    monkeypatch.setitem(
+        MUTANTS, name, Mutant(name, "paracheck.ddp:FlatDDP", "ddp", "no bug at all")
+    )
     rows = list(selftest_rows(only=[name], world_sizes=(1, 2), world=world, max_examples=5))
     assert rows[0]["verdict"] == "SURVIVED" and not rows[0]["ok"]

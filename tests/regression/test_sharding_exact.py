@@ -12,8 +12,14 @@ import torch
 import torch.distributed as dist
 
 from paracheck.accounting import (
-    StepTraffic, flat_state_bytes, owner_broadcast_traffic, record_collectives, sharded_state_bytes, state_model,
-    wire_bytes, zero1_traffic,
+    StepTraffic,
+    flat_state_bytes,
+    owner_broadcast_traffic,
+    record_collectives,
+    sharded_state_bytes,
+    state_model,
+    wire_bytes,
+    zero1_traffic,
 )
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.run import run_case
@@ -29,7 +35,11 @@ ADAM = OptimizerSpec("adam", (GroupSpec(params=(), lr=1e-2),))
 def _run(world, name, case):
     target = resolve_target(name)
     assert run_case(world, target, case).ok
-    return world.run(target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=case.world_size)
+    return world.run(
+        target.rank_fn,
+        {"case": case, "path": target.path, "device": None},
+        world_size=case.world_size,
+    )
 
 
 def test_sharded_state_bytes_and_broadcasts_are_exact(world):
@@ -46,8 +56,12 @@ def test_sharded_state_bytes_and_broadcasts_are_exact(world):
     models = [state_model("adam")] * 4
     part = partition_by_size([n * 8 for n in NUMELS], 2)
     assert part.owners == (0, 1, 1, 0)
-    assert [sharded_state_bytes(part.owners, r, numels=NUMELS, element_sizes=[8] * 4, models=models,
-                                stateful=range(4)) for r in (0, 1)] == [280, 248]
+    assert [
+        sharded_state_bytes(
+            part.owners, r, numels=NUMELS, element_sizes=[8] * 4, models=models, stateful=range(4)
+        )
+        for r in (0, 1)
+    ] == [280, 248]
     assert owner_broadcast_traffic([120, 40, 80, 16], 2).as_dict() == {"broadcast": (4, 256)}
 
 
@@ -55,9 +69,13 @@ def test_sharded_frozen_parameter_is_neither_weighed_nor_sent(world):
     """w0 frozen: weights (0, 40, 80, 16): w1 -> 0, b0 -> 1, b1 -> 1 (40 < 80), w0 -> 1 (56 < 80).
     SGD momentum keeps one value per element: rank 0 = 80 B, rank 1 = 40 + 16 = 56 B; each step
     broadcasts the three trainable parameters, 136 B."""
-    case = Case(model=MLPSpec(in_features=3, widths=(5, 2), bias=True, frozen=("layers.0.weight",)),
-                world_size=2, batch_sizes=(1, 1), steps=2,
-                optimizer=OptimizerSpec("sgd", (GroupSpec(params=(), lr=0.1, momentum=0.9),)))
+    case = Case(
+        model=MLPSpec(in_features=3, widths=(5, 2), bias=True, frozen=("layers.0.weight",)),
+        world_size=2,
+        batch_sizes=(1, 1),
+        steps=2,
+        optimizer=OptimizerSpec("sgd", (GroupSpec(params=(), lr=0.1, momentum=0.9),)),
+    )
     ranks = _run(world, "sharded", case)
     for rec, state_bytes in zip(ranks, (80, 56)):
         for step in rec["steps"]:
@@ -79,11 +97,16 @@ def test_zero1_state_bytes_and_collectives_are_exact_one_bucket(world):
         for step in rec["steps"]:
             assert step["state_bytes"] == state_bytes
             assert StepTraffic(step["traffic"]).as_dict() == {
-                "reduce_scatter": (1, 264), "all_reduce": (1, 32), "all_gather": (1, 264)}
+                "reduce_scatter": (1, 264),
+                "all_reduce": (1, 32),
+                "all_gather": (1, 264),
+            }
     layout = flat_layout(NUMELS, 3, bucket_numel=25 * 2**20 // 8)
     models = [state_model("adam")] * 4
-    assert [flat_state_bytes(layout.pieces(r), element_size=8, models=models, stateful=range(4))
-            for r in range(3)] == [184, 188, 164]
+    assert [
+        flat_state_bytes(layout.pieces(r), element_size=8, models=models, stateful=range(4))
+        for r in range(3)
+    ] == [184, 188, 164]
 
 
 def test_zero1_collectives_are_exact_with_small_buckets_and_accumulation(world):
@@ -91,17 +114,30 @@ def test_zero1_collectives_are_exact_with_small_buckets_and_accumulation(world):
     synchronisations per step (accumulation 2 without no_sync): 6 reduce-scatters of 33*8 B in total,
     2 flag all-reduces of 32 B, 3 all-gathers of 264 B. Adam over 4 + 3 + 3 pieces:
     rank 0 owns 11 elements in 4 pieces (192 B), rank 1 11 in 3 (188 B), rank 2 10 in 3 (172 B)."""
-    case = Case(model=MODEL, world_size=3, batch_sizes=(1, 1, 1), steps=1, accumulation=2,
-                bucket_size_mb=100 / 2**20, optimizer=ADAM)
+    case = Case(
+        model=MODEL,
+        world_size=3,
+        batch_sizes=(1, 1, 1),
+        steps=1,
+        accumulation=2,
+        bucket_size_mb=100 / 2**20,
+        optimizer=ADAM,
+    )
     ranks = _run(world, "zero1", case)
     for rec, state_bytes in zip(ranks, (192, 188, 172)):
         assert rec["bucket_numels"] == (12, 5, 15)
         assert rec["steps"][0]["state_bytes"] == state_bytes
         assert StepTraffic(rec["steps"][0]["traffic"]).as_dict() == {
-            "reduce_scatter": (6, 528), "all_reduce": (2, 64), "all_gather": (3, 264)}
+            "reduce_scatter": (6, 528),
+            "all_reduce": (2, 64),
+            "all_gather": (3, 264),
+        }
     layout = flat_layout(NUMELS, 3, bucket_numel=12)
     assert zero1_traffic(layout, 8, syncs=2).as_dict() == {
-        "reduce_scatter": (6, 528), "all_reduce": (2, 64), "all_gather": (3, 264)}
+        "reduce_scatter": (6, 528),
+        "all_reduce": (2, 64),
+        "all_gather": (3, 264),
+    }
 
 
 def test_world_size_one_communicates_nothing(world):
@@ -147,11 +183,15 @@ def collectives_job(_):
     """Rank job: one call of each public collective (and a deprecated alias) inside the recorder."""
     w = dist.get_world_size()
     x = torch.ones(6, dtype=torch.float64)
-    warnings.simplefilter("ignore", FutureWarning)  # reduce_scatter_tensor is deprecated in torch >= 2.13
+    warnings.simplefilter(
+        "ignore", FutureWarning
+    )  # reduce_scatter_tensor is deprecated in torch >= 2.13
     with record_collectives() as rec:
         dist.all_reduce(x)
         dist.broadcast(x, src=0)
-        dist.reduce_scatter_tensor(torch.empty(6 // w), torch.ones(6))  # forwards to its replacement
+        dist.reduce_scatter_tensor(
+            torch.empty(6 // w), torch.ones(6)
+        )  # forwards to its replacement
         dist.all_gather_into_tensor(torch.empty(6), torch.ones(6 // w))
     return rec.traffic().as_dict()
 
@@ -160,8 +200,12 @@ def test_recorder_counts_each_call_once_with_its_payload(world):
     """The recorder counts calls and payload bytes per collective, a forwarding alias once."""
     for w in (2, 3):
         for got in world.run(f"{__name__}:collectives_job", None, world_size=w):
-            assert got == {"all_reduce": (1, 48), "broadcast": (1, 48), "reduce_scatter": (1, 24),
-                           "all_gather": (1, 24)}
+            assert got == {
+                "all_reduce": (1, 48),
+                "broadcast": (1, 48),
+                "reduce_scatter": (1, 24),
+                "all_gather": (1, 24),
+            }
 
 
 def gradient_memory_job(_):
@@ -186,13 +230,19 @@ def gradient_memory_job(_):
     zero.finish_gradient_synchronization()
     w, r = dist.get_world_size(), dist.get_rank()
     kw = {"rank": r, "model": state_model("adam"), "bucket_numel": 12}
-    return (sum(storages.values()), saved, training_memory("zero1", NUMELS, 8, w, **kw).grads,
-            training_memory("zero1", NUMELS, 8, w, syncs=2, **kw).grads)
+    return (
+        sum(storages.values()),
+        saved,
+        training_memory("zero1", NUMELS, 8, w, **kw).grads,
+        training_memory("zero1", NUMELS, 8, w, syncs=2, **kw).grads,
+    )
 
 
 def test_zero1_gradient_memory_is_the_padded_buckets_exactly(world):
     """Three ranks, padded buckets 12 + 6 + 15 = 33 float64: the reduced chunks are views, so the
     gradient storage is 264 B, not 264 + 88; a second synchronisation keeps 11 elements (88 B) aside."""
-    for held, saved, one_sync, two_syncs in world.run(f"{__name__}:gradient_memory_job", None, world_size=3):
+    for held, saved, one_sync, two_syncs in world.run(
+        f"{__name__}:gradient_memory_job", None, world_size=3
+    ):
         assert (held, saved) == (264, 88)
         assert (one_sync, two_syncs) == (264, 264 + 88)

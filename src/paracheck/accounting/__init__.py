@@ -24,7 +24,18 @@ from paracheck.accounting.traffic import (
 )
 
 __all__ = [
-    "CollectiveRecorder", "MemoryBreakdown", "StateModel", "StepTraffic", "flat_ddp_traffic", "flat_state_bytes",
-    "measured_state_bytes", "owner_broadcast_traffic", "record_collectives", "sharded_state_bytes", "state_model",
-    "training_memory", "wire_bytes", "zero1_traffic",
+    "CollectiveRecorder",
+    "MemoryBreakdown",
+    "StateModel",
+    "StepTraffic",
+    "flat_ddp_traffic",
+    "flat_state_bytes",
+    "measured_state_bytes",
+    "owner_broadcast_traffic",
+    "record_collectives",
+    "sharded_state_bytes",
+    "state_model",
+    "training_memory",
+    "wire_bytes",
+    "zero1_traffic",
 ]

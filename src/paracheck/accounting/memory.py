@@ -16,14 +16,20 @@ Note [Optimizer state per tensor]
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import torch
 
 __all__ = [
-    "DESIGNS", "MemoryBreakdown", "StateModel", "flat_state_bytes", "measured_state_bytes", "sharded_state_bytes",
-    "state_model", "training_memory",
+    "DESIGNS",
+    "MemoryBreakdown",
+    "StateModel",
+    "flat_state_bytes",
+    "measured_state_bytes",
+    "sharded_state_bytes",
+    "state_model",
+    "training_memory",
 ]
 
 
@@ -57,16 +63,25 @@ def state_model(optimizer, options: Mapping | None = None) -> StateModel:
     raise ValueError(f"optimizer={optimizer!r} has no state model; known: sgd, adam, adamw")
 
 
-def sharded_state_bytes(owners: Sequence[int | None], rank: int, *, numels: Sequence[int],
-                        element_sizes: Sequence[int], models: Sequence[StateModel | None],
-                        stateful: Iterable[int]) -> int:
+def sharded_state_bytes(
+    owners: Sequence[int | None],
+    rank: int,
+    *,
+    numels: Sequence[int],
+    element_sizes: Sequence[int],
+    models: Sequence[StateModel | None],
+    stateful: Iterable[int],
+) -> int:
     """State bytes ``rank`` holds when parameter i (with state: ``i in stateful``) is owned by
     ``owners[i]`` as a whole tensor (``ShardedOptimizer``)."""
-    return sum(models[i].bytes(numels[i], element_sizes[i]) for i in set(stateful) if owners[i] == rank)
+    return sum(
+        models[i].bytes(numels[i], element_sizes[i]) for i in set(stateful) if owners[i] == rank
+    )
 
 
-def flat_state_bytes(pieces, *, element_size: int, models: Sequence[StateModel | None],
-                     stateful: Iterable[int]) -> int:
+def flat_state_bytes(
+    pieces, *, element_size: int, models: Sequence[StateModel | None], stateful: Iterable[int]
+) -> int:
     """State bytes of the ``pieces`` (``partition.Piece``: param, length) whose parameter has state
     (``Zero1``: each piece is a tensor of its own, Note [Optimizer state per tensor])."""
     stateful = set(stateful)
@@ -109,8 +124,17 @@ class MemoryBreakdown:
 DESIGNS = ("ddp", "sharded", "zero1", "torch-ddp", "torch-zero")
 
 
-def training_memory(design: str, numels: Sequence[int], element_size: int, world_size: int, *, rank: int,
-                    model: StateModel, bucket_numel: int | None = None, syncs: int = 1) -> MemoryBreakdown:
+def training_memory(
+    design: str,
+    numels: Sequence[int],
+    element_size: int,
+    world_size: int,
+    *,
+    rank: int,
+    model: StateModel,
+    bucket_numel: int | None = None,
+    syncs: int = 1,
+) -> MemoryBreakdown:
     """Analytic bytes ``rank`` holds after a step of ``design`` over trainable parameters ``numels``
     (every parameter stepped, one group, one dtype and device):
 
@@ -134,7 +158,9 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
     if design not in DESIGNS:
         raise ValueError(f"design={design!r} must be one of {DESIGNS}")
     if isinstance(syncs, bool) or not isinstance(syncs, int) or syncs < 1:
-        raise ValueError(f"syncs={syncs!r} must be an int >= 1 (gradient synchronisations per step)")
+        raise ValueError(
+            f"syncs={syncs!r} must be an int >= 1 (gradient synchronisations per step)"
+        )
     e = element_size
     n = list(numels)
     P = sum(n) * e
@@ -148,7 +174,9 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
         return MemoryBreakdown(P, P, full_state, P)
     if design == "sharded":
         owners = partition_by_size([k * e for k in n], world_size).owners
-        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything)
+        state = sharded_state_bytes(
+            owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything
+        )
         return MemoryBreakdown(P, P + len(n) * e, state, 0)
     if design == "torch-zero":
         # torch's ZeroRedundancyOptimizer: sorted by numel (stable), each onto the least total numel.
@@ -158,12 +186,16 @@ def training_memory(design: str, numels: Sequence[int], element_size: int, world
             r = min(range(world_size), key=lambda q: (loads[q], q))
             owners[i] = r
             loads[r] += n[i]
-        state = sharded_state_bytes(owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything)
+        state = sharded_state_bytes(
+            owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything
+        )
         return MemoryBreakdown(P, P, state, P)
     if bucket_numel is None:
         raise ValueError("design='zero1' needs bucket_numel")
     layout = flat_layout(n, world_size, bucket_numel=bucket_numel)
     padded = layout.padded_numel * e
-    state = flat_state_bytes(layout.pieces(rank), element_size=e, models=models, stateful=everything)
+    state = flat_state_bytes(
+        layout.pieces(rank), element_size=e, models=models, stateful=everything
+    )
     saved = padded // world_size if syncs > 1 else 0  # every bucket divides into W equal chunks
     return MemoryBreakdown(padded, padded + saved, state, len(n) * e)

@@ -30,12 +30,17 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
 
 __all__ = [
-    "CollectiveRecorder", "StepTraffic", "flat_ddp_traffic", "owner_broadcast_traffic", "record_collectives",
-    "wire_bytes", "zero1_traffic",
+    "CollectiveRecorder",
+    "StepTraffic",
+    "flat_ddp_traffic",
+    "owner_broadcast_traffic",
+    "record_collectives",
+    "wire_bytes",
+    "zero1_traffic",
 ]
 
 
@@ -46,13 +51,13 @@ class StepTraffic:
     entries: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, tuple[int, int]]) -> "StepTraffic":
+    def from_dict(cls, d: Mapping[str, tuple[int, int]]) -> StepTraffic:
         return cls(tuple(sorted((k, int(c), int(b)) for k, (c, b) in d.items() if c)))
 
     def as_dict(self) -> dict[str, tuple[int, int]]:
         return {k: (c, b) for k, c, b in self.entries}
 
-    def __add__(self, other: "StepTraffic") -> "StepTraffic":
+    def __add__(self, other: StepTraffic) -> StepTraffic:
         d = self.as_dict()
         for k, c, b in other.entries:
             c0, b0 = d.get(k, (0, 0))
@@ -80,6 +85,7 @@ def wire_bytes(collective: str, payload: int, world_size: int) -> float:
 
 # -- analytic models ------------------------------------------------------------------------
 
+
 def owner_broadcast_traffic(param_bytes: Sequence[int], world_size: int) -> StepTraffic:
     """``ShardedOptimizer.step()``: one broadcast per trainable parameter in its groups, from the
     owner (frozen parameters are never changed, so never sent). Nothing when ``world_size == 1``."""
@@ -88,7 +94,9 @@ def owner_broadcast_traffic(param_bytes: Sequence[int], world_size: int) -> Step
     return StepTraffic.from_dict({"broadcast": (len(param_bytes), sum(param_bytes))})
 
 
-def flat_ddp_traffic(numels: Sequence[int], element_size: int, world_size: int, *, syncs: int = 1) -> StepTraffic:
+def flat_ddp_traffic(
+    numels: Sequence[int], element_size: int, world_size: int, *, syncs: int = 1
+) -> StepTraffic:
     """``FlatDDP``: per synchronisation one all-reduce of every gradient plus one flag per parameter."""
     if world_size == 1 or not numels:
         return StepTraffic()
@@ -104,14 +112,17 @@ def zero1_traffic(layout, element_size: int, *, syncs: int = 1) -> StepTraffic:
     nb = len(layout.buckets)
     padded = layout.padded_numel * element_size
     flags = len(layout.numels) * element_size
-    return StepTraffic.from_dict({
-        "reduce_scatter": (nb * syncs, padded * syncs),
-        "all_reduce": (syncs, flags * syncs),
-        "all_gather": (nb, padded),
-    })
+    return StepTraffic.from_dict(
+        {
+            "reduce_scatter": (nb * syncs, padded * syncs),
+            "all_reduce": (syncs, flags * syncs),
+            "all_gather": (nb, padded),
+        }
+    )
 
 
 # -- recording ------------------------------------------------------------------------------
+
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
@@ -128,7 +139,11 @@ _WRAPPED = {
     "reduce": ("reduce", "tensor", _nbytes),
     "reduce_scatter_tensor": ("reduce_scatter", "input", _nbytes),
     "reduce_scatter_single": ("reduce_scatter", "input", _nbytes),
-    "reduce_scatter": ("reduce_scatter", "input_list", lambda ls: sum(_list_bytes(x) if isinstance(x, list) else _nbytes(x) for x in ls)),
+    "reduce_scatter": (
+        "reduce_scatter",
+        "input_list",
+        lambda ls: sum(_list_bytes(x) if isinstance(x, list) else _nbytes(x) for x in ls),
+    ),
     "all_gather_into_tensor": ("all_gather", "output_tensor", _nbytes),
     "all_gather_single": ("all_gather", "output_tensor", _nbytes),
     "all_gather": ("all_gather", "tensor_list", _list_bytes),

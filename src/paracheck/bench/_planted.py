@@ -24,7 +24,9 @@ class FatFlatDDP(FlatDDP):
     def __init__(self, module, *, process_group=None):
         super().__init__(module, process_group=process_group)
         ref = self.trainable[0]
-        self.grad_copy = torch.zeros(sum(p.numel() for p in self.trainable), dtype=ref.dtype, device=ref.device)
+        self.grad_copy = torch.zeros(
+            sum(p.numel() for p in self.trainable), dtype=ref.dtype, device=ref.device
+        )
 
 
 class ChattyFlatDDP(FlatDDP):

@@ -54,19 +54,35 @@ __all__ = ["Recorder", "CollectiveCall", "COLLECTIVE_KINDS", "bus_factor"]
 
 # c10d (torch.distributed) and _c10d_functional operator names -> kind.
 _C10D_KINDS = {
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "all_reduce": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
-    "broadcast_": "broadcast", "broadcast": "broadcast",
-    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
-    "allgather_into_tensor_coalesced_": "all_gather", "all_gather_into_tensor": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor_out": "all_gather",
-    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "broadcast": "broadcast",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
-    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
-    "barrier": "barrier", "monitored_barrier_": "barrier",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+    "barrier": "barrier",
+    "monitored_barrier_": "barrier",
 }
 COLLECTIVE_KINDS = tuple(sorted(set(_C10D_KINDS.values())))
 # Kinds whose message size is the larger of (output, input): the full tensor, not one shard.
@@ -112,7 +128,11 @@ def _nbytes(obj) -> int:
 def _group_size(args, kwargs) -> int:
     for a in list(args) + list((kwargs or {}).values()):
         size = getattr(a, "size", None)
-        if callable(size) and not isinstance(a, torch.Tensor) and type(a).__name__ in ("ProcessGroup", "ScriptObject"):
+        if (
+            callable(size)
+            and not isinstance(a, torch.Tensor)
+            and type(a).__name__ in ("ProcessGroup", "ScriptObject")
+        ):
             try:
                 return int(size())
             except Exception:  # noqa: BLE001 - not a process group after all
@@ -215,10 +235,16 @@ class Recorder(TorchDispatchMode):
                 payload = max(_nbytes(args[0]), _nbytes(args[1]))
             else:
                 payload = _nbytes(args[0]) if args else 0
-            self.calls.append(CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(args, kwargs)))
+            self.calls.append(
+                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(args, kwargs))
+            )
         if not self.track_memory:
             return func(*args, **kwargs)
-        inputs = {k[0] for k in map(_storage_key, _tensors(list(args) + list(kwargs.values()))) if k is not None}
+        inputs = {
+            k[0]
+            for k in map(_storage_key, _tensors(list(args) + list(kwargs.values())))
+            if k is not None
+        }
         out = func(*args, **kwargs)
         for t in _tensors(out):
             key = _storage_key(t)

@@ -64,8 +64,16 @@ def main() -> int:
                     from paracheck.world import World
 
                     backend = "nccl" if msg.get("device") == "cuda" else "gloo"
-                    world = World(int(msg["world_size"]), backend=backend, timeout=float(msg.get("timeout", 120)))
-                    reply = {"ok": True, "paracheck": paracheck.__file__, "torch": torch.__version__}
+                    world = World(
+                        int(msg["world_size"]),
+                        backend=backend,
+                        timeout=float(msg.get("timeout", 120)),
+                    )
+                    reply = {
+                        "ok": True,
+                        "paracheck": paracheck.__file__,
+                        "torch": torch.__version__,
+                    }
                     if msg.get("targets"):
                         reply.update(_targets(msg["targets"]))
                     else:

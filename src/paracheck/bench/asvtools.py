@@ -9,8 +9,17 @@ measured (a variant this commit lacks, missing GPUs). Keys are ``"|"``-joined pa
 
 from __future__ import annotations
 
-__all__ = ["key", "skip_reason", "measure_steps", "measure_allreduce", "measure_buckets", "measure_lm",
-           "measure_overlap", "measure_rmsnorm", "require"]
+__all__ = [
+    "key",
+    "skip_reason",
+    "measure_steps",
+    "measure_allreduce",
+    "measure_buckets",
+    "measure_lm",
+    "measure_overlap",
+    "measure_rmsnorm",
+    "require",
+]
 
 
 def key(*params) -> str:
@@ -35,7 +44,9 @@ def require(results: dict, k: str) -> dict:
     if "skip" in results:
         raise NotImplementedError(results["skip"])
     if k not in results:
-        raise NotImplementedError(f"{k} was not measured: {results.get('missing', {}).get(k, 'not available here')}")
+        raise NotImplementedError(
+            f"{k} was not measured: {results.get('missing', {}).get(k, 'not available here')}"
+        )
     value = results[k]
     if "error" in value:
         raise NotImplementedError(f"{k} failed: {value['error'][:300]}")
@@ -48,8 +59,17 @@ def _world(device: str, size: int):
     return World(size, backend="nccl" if device == "cuda" else "gloo", timeout=600.0)
 
 
-def measure_steps(*, device: str, models, variants, world_size: int = 2, bucket_mb: float = 25.0,
-                  steps: int = 8, warmup: int = 2, exact: bool = True) -> dict:
+def measure_steps(
+    *,
+    device: str,
+    models,
+    variants,
+    world_size: int = 2,
+    bucket_mb: float = 25.0,
+    steps: int = 8,
+    warmup: int = 2,
+    exact: bool = True,
+) -> dict:
     """``{key(model, variant): StepTiming.to_dict() + {"account": ...}}`` for every available
     variant (``local`` on one rank)."""
     reason = skip_reason(device, world_size)
@@ -60,12 +80,25 @@ def measure_steps(*, device: str, models, variants, world_size: int = 2, bucket_
     from paracheck.bench.variants import available_variants
 
     present = available_variants(variants, include_local=True)
-    out: dict = {"missing": {key(m, v): "not available in this commit" for m in models for v in variants if v not in present}}
+    out: dict = {
+        "missing": {
+            key(m, v): "not available in this commit"
+            for m in models
+            for v in variants
+            if v not in present
+        }
+    }
     with _world(device, world_size) as world:
         for m in models:
             for v in present:
-                spec = StepSpec(v, model_for(m), world_size=1 if v == "local" else world_size, bucket_mb=bucket_mb,
-                                steps=steps, warmup=warmup)
+                spec = StepSpec(
+                    v,
+                    model_for(m),
+                    world_size=1 if v == "local" else world_size,
+                    bucket_mb=bucket_mb,
+                    steps=steps,
+                    warmup=warmup,
+                )
                 try:
                     d = time_step(world, spec).to_dict()
                     d["account"] = account_step(world, spec).to_dict() if exact else None
@@ -75,8 +108,16 @@ def measure_steps(*, device: str, models, variants, world_size: int = 2, bucket_
     return out
 
 
-def measure_buckets(*, device: str, model: str, buckets, variants=("bucketed", "torch-ddp"), world_size: int = 2,
-                    steps: int = 8, warmup: int = 2) -> dict:
+def measure_buckets(
+    *,
+    device: str,
+    model: str,
+    buckets,
+    variants=("bucketed", "torch-ddp"),
+    world_size: int = 2,
+    steps: int = 8,
+    warmup: int = 2,
+) -> dict:
     reason = skip_reason(device, world_size)
     if reason:
         return {"skip": reason}
@@ -88,7 +129,14 @@ def measure_buckets(*, device: str, model: str, buckets, variants=("bucketed", "
     with _world(device, world_size) as world:
         for v in available_variants(variants):
             for mb in buckets:
-                spec = StepSpec(v, model_for(model), world_size=world_size, bucket_mb=float(mb), steps=steps, warmup=warmup)
+                spec = StepSpec(
+                    v,
+                    model_for(model),
+                    world_size=world_size,
+                    bucket_mb=float(mb),
+                    steps=steps,
+                    warmup=warmup,
+                )
                 try:
                     out[key(v, mb)] = time_step(world, spec).to_dict()
                 except Exception as exc:  # noqa: BLE001
@@ -121,7 +169,9 @@ def measure_lm(*, device: str, models, steps: int = 5) -> dict:
     for m in models:
         for ac in (False, True):
             try:
-                out[key(m, ac)] = time_lm(model_for(m), autocast=ac, device=device, steps=steps).to_dict()
+                out[key(m, ac)] = time_lm(
+                    model_for(m), autocast=ac, device=device, steps=steps
+                ).to_dict()
             except Exception as exc:  # noqa: BLE001
                 out[key(m, ac)] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
@@ -157,7 +207,9 @@ def measure_overlap(*, model: str, variants, world_size: int = 2) -> dict:
     with _world("cuda", world_size) as world:
         for v in available_variants(variants):
             try:
-                out[key(v)] = overlap_share(world, StepSpec(v, model_for(model), world_size=world_size)).to_dict()
+                out[key(v)] = overlap_share(
+                    world, StepSpec(v, model_for(model), world_size=world_size)
+                ).to_dict()
             except Exception as exc:  # noqa: BLE001
                 out[key(v)] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

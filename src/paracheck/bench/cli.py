@@ -73,13 +73,22 @@ def run_bench(args, world, record: dict) -> None:
 
     def spec_for(variant, model, **kw):
         w = 1 if variant == "local" else W
-        return StepSpec(variant, model_for(model), world_size=w, batch=args.batch, warmup=args.warmup,
-                        steps=args.steps, bucket_mb=kw.get("bucket_mb", args.bucket_mb))
+        return StepSpec(
+            variant,
+            model_for(model),
+            world_size=w,
+            batch=args.batch,
+            warmup=args.warmup,
+            steps=args.steps,
+            bucket_mb=kw.get("bucket_mb", args.bucket_mb),
+        )
 
     if "step" in args.what:
         for size in args.sizes:
             rows = []
-            _say(f"\n### step time and memory: {size}, {W} ranks, batch {args.batch}/rank ({'cuda' if cuda else 'cpu'})\n")
+            _say(
+                f"\n### step time and memory: {size}, {W} ranks, batch {args.batch}/rank ({'cuda' if cuda else 'cpu'})\n"
+            )
             for v in variants:
                 spec = spec_for(v, size)
                 t0 = time.monotonic()
@@ -88,18 +97,30 @@ def run_bench(args, world, record: dict) -> None:
                     acct = account_step(world, spec, timeout=args.timeout) if args.exact else None
                 except Exception as exc:  # noqa: BLE001 - one variant failing (OOM) must not end the run
                     _say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                    record["step"].append({"spec": spec.to_dict(), "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                    record["step"].append(
+                        {"spec": spec.to_dict(), "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    )
                     continue
                 entry = {**timing.to_dict(), "account": acct.to_dict() if acct else None}
                 record["step"].append(entry)
                 mem = timing.cuda_memory
                 row = [v, f"{timing.median * 1e3:.1f}"]
                 if cuda:
-                    row += [_gib(mem["init"]), _gib(mem["before_step"]), _gib(mem["after_step"]), _gib(mem["peak"])]
+                    row += [
+                        _gib(mem["init"]),
+                        _gib(mem["before_step"]),
+                        _gib(mem["after_step"]),
+                        _gib(mem["peak"]),
+                    ]
                 else:
                     row += [f"{timing.cpu_min * 1e3:.1f}", _mib(timing.rss_peak)]
                 if acct:
-                    row += [acct.collectives, _mib(acct.bus_bytes), _mib(acct.optimizer_state_bytes), _mib(acct.peak_bytes)]
+                    row += [
+                        acct.collectives,
+                        _mib(acct.bus_bytes),
+                        _mib(acct.optimizer_state_bytes),
+                        _mib(acct.peak_bytes),
+                    ]
                 rows.append(row)
                 _say(f"  {v}: {timing.median * 1e3:.1f} ms ({time.monotonic() - t0:.0f} s)")
             header = ["variant", "step ms (median)"]
@@ -108,7 +129,12 @@ def run_bench(args, world, record: dict) -> None:
             else:
                 header += ["cpu ms (min)", "rank RSS peak MiB"]
             if args.exact:
-                header += ["collectives/step", "bus MiB/step", "opt state MiB/rank", "tensor peak MiB/rank"]
+                header += [
+                    "collectives/step",
+                    "bus MiB/step",
+                    "opt state MiB/rank",
+                    "tensor peak MiB/rank",
+                ]
             _say("\n" + _table(header, rows))
 
     if "bucket" in args.what:
@@ -121,7 +147,9 @@ def run_bench(args, world, record: dict) -> None:
                 try:
                     timing = time_step(world, spec, timeout=args.timeout)
                 except Exception as exc:  # noqa: BLE001
-                    _say(f"{v} {mb} MB: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    _say(
+                        f"{v} {mb} MB: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    )
                     continue
                 record["bucket"].append(timing.to_dict())
                 rows.append([v, mb, f"{timing.median * 1e3:.1f}"])
@@ -132,7 +160,11 @@ def run_bench(args, world, record: dict) -> None:
         from paracheck.bench.comm import all_reduce_time
 
         rows = []
-        sizes = args.allreduce_world_sizes or tuple(w for w in (2, 4) if w <= world.size) or (world.size,)
+        sizes = (
+            args.allreduce_world_sizes
+            or tuple(w for w in (2, 4) if w <= world.size)
+            or (world.size,)
+        )
         _say(f"\n### all-reduce ({world.backend}), float32\n")
         for w in sizes:
             for mb in args.allreduce_mb:
@@ -157,7 +189,14 @@ def run_bench(args, world, record: dict) -> None:
                     _say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                     continue
                 record["overlap"].append(o.to_dict())
-                rows.append([v, f"{o.comm_ms_per_step:.2f}", f"{o.hidden_ms_per_step:.2f}", f"{o.share:.0%}"])
+                rows.append(
+                    [
+                        v,
+                        f"{o.comm_ms_per_step:.2f}",
+                        f"{o.hidden_ms_per_step:.2f}",
+                        f"{o.share:.0%}",
+                    ]
+                )
                 _say(f"  {v}: {o.share:.0%} of {o.comm_ms_per_step:.2f} ms hidden")
             _say("\n" + _table(["variant", "comm ms/step", "hidden ms/step", "hidden share"], rows))
 
@@ -171,11 +210,26 @@ def _run_lm(args, record: dict) -> None:
     _say(f"\n### forward / backward / step, one process ({device}), batch {args.batch}\n")
     for size in args.sizes:
         for ac in (False, True):
-            r = time_lm(model_for(size), batch=args.batch, autocast=ac, device=device, steps=max(3, args.steps // 2))
+            r = time_lm(
+                model_for(size),
+                batch=args.batch,
+                autocast=ac,
+                device=device,
+                steps=max(3, args.steps // 2),
+            )
             record["lm"].append({"size": size, **r.to_dict()})
             m = r.medians
-            rows.append([size, "bf16" if ac else "fp32", *(f"{m[k] * 1e3:.1f}" for k in ("forward", "backward", "step"))])
-            _say(f"  {size} {'bf16' if ac else 'fp32'}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in m.items()))
+            rows.append(
+                [
+                    size,
+                    "bf16" if ac else "fp32",
+                    *(f"{m[k] * 1e3:.1f}" for k in ("forward", "backward", "step")),
+                ]
+            )
+            _say(
+                f"  {size} {'bf16' if ac else 'fp32'}: "
+                + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in m.items())
+            )
     _say("\n" + _table(["model", "autocast", "forward ms", "backward ms", "step ms"], rows))
 
 
@@ -183,23 +237,51 @@ def _parser(prog: str, what_default) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--sizes", default=None, help="models: gate, cpu (CPU) or small, medium, large, xl, 2.7B")
-    p.add_argument("--variants", default=None, help="comma-separated (default: every available variant and local)")
+    p.add_argument(
+        "--sizes", default=None, help="models: gate, cpu (CPU) or small, medium, large, xl, 2.7B"
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated (default: every available variant and local)",
+    )
     p.add_argument("--batch", type=int, default=4, help="local batch per rank (default 4)")
     p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of the step table (default 25)")
+    p.add_argument(
+        "--bucket-mb", type=float, default=25.0, help="bucket size of the step table (default 25)"
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
-    p.add_argument("--json", default=None, help="write every measurement here (for paracheck report)")
+    p.add_argument(
+        "--json", default=None, help="write every measurement here (for paracheck report)"
+    )
     if what_default is not None:
-        p.add_argument("--what", default=",".join(what_default), help=f"comma-separated subset of {','.join(WHAT)}")
-        p.add_argument("--allreduce-mb", default=None, help="all-reduce sizes in MB (default 1,10,100 CPU; +1024 GPU)")
-        p.add_argument("--allreduce-world-sizes", default=None, help="default: 2,4 up to the world size")
+        p.add_argument(
+            "--what",
+            default=",".join(what_default),
+            help=f"comma-separated subset of {','.join(WHAT)}",
+        )
+        p.add_argument(
+            "--allreduce-mb",
+            default=None,
+            help="all-reduce sizes in MB (default 1,10,100 CPU; +1024 GPU)",
+        )
+        p.add_argument(
+            "--allreduce-world-sizes", default=None, help="default: 2,4 up to the world size"
+        )
         p.add_argument("--buckets", default=None, help="bucket sizes in MB (default 1,10,100,1000)")
-        p.add_argument("--bucket-model", default=None, help="model of the bucket sweep (default cpu / xl)")
-        p.add_argument("--overlap-model", default=None, help="model of the overlap measurement (default large)")
-        p.add_argument("--no-exact", dest="exact", action="store_false",
-                       help="skip the exact traffic/memory accounting of the step table")
+        p.add_argument(
+            "--bucket-model", default=None, help="model of the bucket sweep (default cpu / xl)"
+        )
+        p.add_argument(
+            "--overlap-model", default=None, help="model of the overlap measurement (default large)"
+        )
+        p.add_argument(
+            "--no-exact",
+            dest="exact",
+            action="store_false",
+            help="skip the exact traffic/memory accounting of the step table",
+        )
     return p
 
 
@@ -210,11 +292,17 @@ def _commit() -> str | None:
 
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        sha = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no", "--", "."],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return sha.stdout.strip() + ("-dirty" if dirty else "")
@@ -223,9 +311,15 @@ def _commit() -> str | None:
 def _machine(device: str) -> dict:
     import torch
 
-    info = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpus": os.cpu_count(), "device": device, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "commit": _commit()}
+    info = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "device": device,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": _commit(),
+    }
     if device == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpus"] = torch.cuda.device_count()
@@ -240,7 +334,10 @@ def bench_main(argv=None) -> int:
     args.what = _csv(args.what)
     bad = [w for w in args.what if w not in WHAT]
     if bad:
-        print(f"paracheck bench: --what={','.join(bad)} must be among {','.join(WHAT)}", file=sys.stderr)
+        print(
+            f"paracheck bench: --what={','.join(bad)} must be among {','.join(WHAT)}",
+            file=sys.stderr,
+        )
         return 2
     args.sizes = _csv(args.sizes) or d["sizes"]
     args.variants = _csv(args.variants)
@@ -257,8 +354,15 @@ def bench_main(argv=None) -> int:
     except ValueError as exc:
         print(f"paracheck bench: {exc}", file=sys.stderr)
         return 2
-    record = {"machine": _machine(args.device), "argv": list(argv or sys.argv[1:]),
-              "step": [], "bucket": [], "allreduce": [], "lm": [], "overlap": []}
+    record = {
+        "machine": _machine(args.device),
+        "argv": list(argv or sys.argv[1:]),
+        "step": [],
+        "bucket": [],
+        "allreduce": [],
+        "lm": [],
+        "overlap": [],
+    }
     try:
         if "lm" in args.what:
             _run_lm(args, record)
@@ -266,7 +370,9 @@ def bench_main(argv=None) -> int:
             from paracheck.world import World
 
             need = max([args.world_size] + list(args.allreduce_world_sizes or ()))
-            with World(need, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout) as world:
+            with World(
+                need, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout
+            ) as world:
                 run_bench(args, world, record)
     finally:
         if args.json:
@@ -299,23 +405,52 @@ def memory_main(argv=None) -> int:
             rows = []
             for v in variants:
                 w = 1 if v == "local" else args.world_size
-                spec = StepSpec(v, model, world_size=w, batch=args.batch, bucket_mb=args.bucket_mb, warmup=1, steps=1)
+                spec = StepSpec(
+                    v,
+                    model,
+                    world_size=w,
+                    batch=args.batch,
+                    bucket_mb=args.bucket_mb,
+                    warmup=1,
+                    steps=1,
+                )
                 a = account_step(world, spec, timeout=args.timeout)
                 entry = a.to_dict()
-                row = [v, _mib(a.param_bytes), _mib(a.grad_bytes), _mib(a.optimizer_state_bytes),
-                       _mib(a.peak_init_bytes), _mib(a.peak_before_step_bytes), _mib(a.peak_step_bytes),
-                       a.collectives, _mib(a.payload_bytes), _mib(a.bus_bytes)]
+                row = [
+                    v,
+                    _mib(a.param_bytes),
+                    _mib(a.grad_bytes),
+                    _mib(a.optimizer_state_bytes),
+                    _mib(a.peak_init_bytes),
+                    _mib(a.peak_before_step_bytes),
+                    _mib(a.peak_step_bytes),
+                    a.collectives,
+                    _mib(a.payload_bytes),
+                    _mib(a.bus_bytes),
+                ]
                 if cuda:
                     t = time_step(world, spec, timeout=args.timeout)
                     entry["cuda_memory"] = t.cuda_memory
                     row += [_mib(t.cuda_memory[k]) for k in ("init", "before_step", "after_step")]
                 record["memory"].append(entry)
                 rows.append(row)
-            header = ["variant", "params MiB", "grads MiB", "opt state MiB", "peak init MiB", "peak fwd/bwd MiB",
-                      "peak step MiB", "collectives/step", "payload MiB/step", "bus MiB/step"]
+            header = [
+                "variant",
+                "params MiB",
+                "grads MiB",
+                "opt state MiB",
+                "peak init MiB",
+                "peak fwd/bwd MiB",
+                "peak step MiB",
+                "collectives/step",
+                "payload MiB/step",
+                "bus MiB/step",
+            ]
             if cuda:
                 header += ["CUDA init MiB", "CUDA before step MiB", "CUDA after step MiB"]
-            _say(f"\n### exact memory and traffic per rank: {size}, {args.world_size} ranks, batch {args.batch}\n")
+            _say(
+                f"\n### exact memory and traffic per rank: {size}, {args.world_size} ranks, batch {args.batch}\n"
+            )
             _say(_table(header, rows))
     if args.json:
         with open(args.json, "w") as f:

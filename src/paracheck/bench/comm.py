@@ -67,7 +67,7 @@ def rank_all_reduce(payload: dict) -> list[float]:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     x = torch.ones(payload["nbytes"] // 4, dtype=torch.float32, device=device)
     times = []
-    for i in range(payload["warmup"] + payload["iters"]):
+    for _ in range(payload["warmup"] + payload["iters"]):
         dist.barrier()
         if cuda:
             torch.cuda.synchronize(device)
@@ -79,7 +79,7 @@ def rank_all_reduce(payload: dict) -> list[float]:
     del x
     if cuda:
         torch.cuda.empty_cache()
-    return times[payload["warmup"]:]
+    return times[payload["warmup"] :]
 
 
 def default_iters(size_mb: float, *, cuda: bool) -> int:
@@ -89,8 +89,15 @@ def default_iters(size_mb: float, *, cuda: bool) -> int:
     return 20 if size_mb <= 1 else 8 if size_mb <= 10 else 3
 
 
-def all_reduce_time(world, size_mb: float, world_size: int, *, iters: int | None = None, warmup: int = 1,
-                    timeout: float | None = None) -> AllReduceResult:
+def all_reduce_time(
+    world,
+    size_mb: float,
+    world_size: int,
+    *,
+    iters: int | None = None,
+    warmup: int = 1,
+    timeout: float | None = None,
+) -> AllReduceResult:
     """Time an all-reduce of ``size_mb`` MB on ``world_size`` ranks of ``world``."""
     if not size_mb > 0:
         raise ValueError(f"size_mb={size_mb!r} must be > 0")
@@ -99,6 +106,8 @@ def all_reduce_time(world, size_mb: float, world_size: int, *, iters: int | None
     cuda = world.backend == "nccl"
     n = iters if iters is not None else default_iters(size_mb, cuda=cuda)
     payload = {"nbytes": int(size_mb * MB) // 4 * 4, "iters": n, "warmup": warmup}
-    per_rank = world.run("paracheck.bench.comm:rank_all_reduce", payload, world_size=world_size, timeout=timeout)
+    per_rank = world.run(
+        "paracheck.bench.comm:rank_all_reduce", payload, world_size=world_size, timeout=timeout
+    )
     times = tuple(max(r[i] for r in per_rank) for i in range(n))
     return AllReduceResult(world.backend, world_size, float(size_mb), times)

@@ -40,8 +40,18 @@ class LMTiming:
         return d
 
 
-def time_lm(model: LMSpec, *, batch: int = 4, autocast: bool = False, device: str = "cpu", warmup: int = 2,
-            steps: int = 5, tf32: bool = True, fused: bool = True, seed: int = 0) -> LMTiming:
+def time_lm(
+    model: LMSpec,
+    *,
+    batch: int = 4,
+    autocast: bool = False,
+    device: str = "cpu",
+    warmup: int = 2,
+    steps: int = 5,
+    tf32: bool = True,
+    fused: bool = True,
+    seed: int = 0,
+) -> LMTiming:
     """Time forward / backward / AdamW step of ``TransformerLM(model)`` on ``device``."""
     if batch < 1 or steps < 1 or warmup < 0:
         raise ValueError(f"batch={batch}, steps={steps} must be >= 1 and warmup={warmup} >= 0")
@@ -54,7 +64,9 @@ def time_lm(model: LMSpec, *, batch: int = 4, autocast: bool = False, device: st
         torch.manual_seed(seed)
         with torch.device(dev):
             net = TransformerLM(model)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, **({"fused": True} if cuda and fused else {}))
+    opt = torch.optim.AdamW(
+        net.parameters(), lr=1e-4, **({"fused": True} if cuda and fused else {})
+    )
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(model.vocab_size, (batch, model.context_length), generator=g).to(dev)
     y = torch.randint(model.vocab_size, (batch, model.context_length), generator=g).to(dev)

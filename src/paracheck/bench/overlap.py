@@ -63,16 +63,27 @@ def rank_overlap(payload: dict) -> dict:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from paracheck.bench.step import StepSpec, _batch, _build_model, _configure, _device, _train_step
+    from paracheck.bench.step import (
+        StepSpec,
+        _batch,
+        _build_model,
+        _configure,
+        _device,
+        _train_step,
+    )
     from paracheck.bench.variants import build_setup
 
     if dist.get_backend() != "nccl":
-        raise NotImplementedError("the overlap share is measured from CUDA kernel timelines: it needs NCCL")
+        raise NotImplementedError(
+            "the overlap share is measured from CUDA kernel timelines: it needs NCCL"
+        )
     spec = StepSpec.from_dict(payload["spec"])
     device = _device()
     _configure(spec, device)
     model = _build_model(spec, device)
-    setup = build_setup(spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused)
+    setup = build_setup(
+        spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused
+    )
     x, y = _batch(spec, device, dist.get_rank())
     for _ in range(spec.warmup):
         _train_step(setup, x, y)
@@ -103,12 +114,20 @@ def rank_overlap(payload: dict) -> dict:
     return {"comm_us": total / n, "hidden_us": hidden / n}
 
 
-def overlap_share(world, spec, *, profile_steps: int = 3, timeout: float | None = None) -> OverlapResult:
+def overlap_share(
+    world, spec, *, profile_steps: int = 3, timeout: float | None = None
+) -> OverlapResult:
     """Profile ``spec`` (a ``StepSpec``) on ``spec.world_size`` NCCL ranks of ``world``."""
     if world.backend != "nccl":
-        raise NotImplementedError("the overlap share is measured from CUDA kernel timelines: it needs NCCL")
-    per_rank = world.run("paracheck.bench.overlap:rank_overlap", {"spec": spec.to_dict(), "profile_steps": profile_steps},
-                         world_size=spec.world_size, timeout=timeout)
+        raise NotImplementedError(
+            "the overlap share is measured from CUDA kernel timelines: it needs NCCL"
+        )
+    per_rank = world.run(
+        "paracheck.bench.overlap:rank_overlap",
+        {"spec": spec.to_dict(), "profile_steps": profile_steps},
+        world_size=spec.world_size,
+        timeout=timeout,
+    )
     comm = sum(r["comm_us"] for r in per_rank) / len(per_rank)
     hidden = sum(r["hidden_us"] for r in per_rank) / len(per_rank)
     return OverlapResult(spec.variant, hidden / comm if comm else 0.0, comm / 1e3, hidden / 1e3)

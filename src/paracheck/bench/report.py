@@ -40,7 +40,9 @@ import sys
 __all__ = ["main", "vendorize", "VendorError", "collect", "plot_all"]
 
 _WWW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_www")
-_EXTERNAL = re.compile(r'<(script|link)\b[^>]*?\b(src|href)="(https?://[^"]+)"[^>]*>', re.IGNORECASE)
+_EXTERNAL = re.compile(
+    r'<(script|link)\b[^>]*?\b(src|href)="(https?://[^"]+)"[^>]*>', re.IGNORECASE
+)
 
 
 class VendorError(RuntimeError):
@@ -49,8 +51,10 @@ class VendorError(RuntimeError):
 
 def _manifest() -> dict:
     if not os.path.exists(os.path.join(_WWW, "MANIFEST.json")):
-        raise VendorError(f"{_WWW}/MANIFEST.json is missing: paracheck was installed without its package data "
-                          f"(pyproject: [tool.setuptools.package-data] \"paracheck.bench\" = [\"_www/*\"])")
+        raise VendorError(
+            f"{_WWW}/MANIFEST.json is missing: paracheck was installed without its package data "
+            f'(pyproject: [tool.setuptools.package-data] "paracheck.bench" = ["_www/*"])'
+        )
     with open(os.path.join(_WWW, "MANIFEST.json")) as f:
         return {e["url"]: e for e in json.load(f)["files"]}
 
@@ -73,8 +77,10 @@ def vendorize(html_dir: str) -> list[str]:
             if match.group(1).lower() == "link" and "stylesheet" not in tag.lower():
                 return tag  # a plain hyperlink-like <link>, nothing is loaded from it
             if url not in manifest:
-                raise VendorError(f"{os.path.relpath(page, html_dir)} loads {url}, which paracheck does not vendor "
-                                  f"(a newer asv?): add it to {_WWW}/MANIFEST.json and run scripts/vendor_asv_js.sh")
+                raise VendorError(
+                    f"{os.path.relpath(page, html_dir)} loads {url}, which paracheck does not vendor "
+                    f"(a newer asv?): add it to {_WWW}/MANIFEST.json and run scripts/vendor_asv_js.sh"
+                )
             entry = manifest[url]
             shutil.copyfile(os.path.join(_WWW, entry["file"]), os.path.join(vendor, entry["file"]))
             replaced.append(url)
@@ -97,7 +103,11 @@ def _asv_latest(results_dir: str) -> list[dict]:
     """The newest result file of each machine, as {name: {params tuple: value}} with params."""
     out = []
     for machine_dir in sorted(glob.glob(os.path.join(results_dir, "*", ""))):
-        files = [f for f in glob.glob(os.path.join(machine_dir, "*.json")) if not f.endswith("machine.json")]
+        files = [
+            f
+            for f in glob.glob(os.path.join(machine_dir, "*.json"))
+            if not f.endswith("machine.json")
+        ]
         if not files:
             continue
         newest = max(files, key=lambda f: json.load(open(f)).get("date", 0))
@@ -108,9 +118,17 @@ def _asv_latest(results_dir: str) -> list[dict]:
         for name in sorted(res.get_all_result_keys()):
             params = res.get_result_params(name)
             vals = res.get_result_value(name, params)
-            values[name] = {tuple(p): v for p, v in zip(itertools.product(*params), vals) if v is not None}
-        out.append({"machine": os.path.basename(os.path.dirname(machine_dir)), "file": newest, "values": values,
-                    "commit": res.commit_hash or ""})
+            values[name] = {
+                tuple(p): v for p, v in zip(itertools.product(*params), vals) if v is not None
+            }
+        out.append(
+            {
+                "machine": os.path.basename(os.path.dirname(machine_dir)),
+                "file": newest,
+                "values": values,
+                "commit": res.commit_hash or "",
+            }
+        )
     return out
 
 
@@ -153,12 +171,22 @@ def collect(results_dir: str | None, json_files) -> dict:
         with open(path) as f:
             rec = json.load(f)
         machine = rec.get("machine", {})
-        where = _where(machine.get("gpu") or machine.get("host") or os.path.basename(path), machine.get("commit"))
+        where = _where(
+            machine.get("gpu") or machine.get("host") or os.path.basename(path),
+            machine.get("commit"),
+        )
         for r in rec.get("allreduce", []):
-            data["allreduce"].append((f"{r['backend']}, {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9))
+            data["allreduce"].append(
+                (f"{r['backend']}, {where}", r["world_size"], r["size_mb"], r["busbw"] / 1e9)
+            )
         for r in rec.get("bucket", []):
-            data["bucket"].append((f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM, {where}",
-                                   r["spec"]["bucket_mb"], r["median"] * 1e3))
+            data["bucket"].append(
+                (
+                    f"{r['spec']['variant']}, {_model_name(r['spec']['model'])} LM, {where}",
+                    r["spec"]["bucket_mb"],
+                    r["median"] * 1e3,
+                )
+            )
         for r in rec.get("step", []):
             if "error" in r:
                 continue
@@ -168,32 +196,49 @@ def collect(results_dir: str | None, json_files) -> dict:
                 entry["cuda"] = r["cuda_memory"]
             data["memory"].append((label, r["spec"]["variant"], entry))
         for r in rec.get("memory", []):
-            data["memory"].append((f"{_model_name(r['spec']['model'])} LM, {where}", r["spec"]["variant"], r))
-    for run in (_asv_latest(results_dir) if results_dir and os.path.isdir(results_dir) else []):
+            data["memory"].append(
+                (f"{_model_name(r['spec']['model'])} LM, {where}", r["spec"]["variant"], r)
+            )
+    for run in _asv_latest(results_dir) if results_dir and os.path.isdir(results_dir) else []:
         v = run["values"]
         where = _where(f"asv machine {run['machine']}", run["commit"])
         for tier, backend in (("cpu", "gloo"), ("gpu", "nccl")):
             # Recorded as seconds per bus GB (lower is better, for asv); plotted as GB/s. Result
             # files written before that recorded GB/s as track_busbw.
-            for (w, mb), inv in v.get(f"{tier}.allreduce.AllReduce.track_seconds_per_bus_gb", {}).items():
+            for (w, mb), inv in v.get(
+                f"{tier}.allreduce.AllReduce.track_seconds_per_bus_gb", {}
+            ).items():
                 if inv and inv == inv:
-                    data["allreduce"].append((f"{backend}, {where}", int(_unquote(w)), _unquote(mb), 1.0 / inv))
+                    data["allreduce"].append(
+                        (f"{backend}, {where}", int(_unquote(w)), _unquote(mb), 1.0 / inv)
+                    )
             for (w, mb), bw in v.get(f"{tier}.allreduce.AllReduce.track_busbw", {}).items():
-                data["allreduce"].append((f"{backend}, {where}", int(_unquote(w)), _unquote(mb), bw))
+                data["allreduce"].append(
+                    (f"{backend}, {where}", int(_unquote(w)), _unquote(mb), bw)
+                )
         for tier in ("cpu", "gpu"):
             model = "cpu" if tier == "cpu" else "xl"
             for (var, mb), t in v.get(f"{tier}.bucket.BucketSweep.track_wall", {}).items():
-                data["bucket"].append((f"{_unquote(var)}, {model} LM, {where}", _unquote(mb), t * 1e3))
+                data["bucket"].append(
+                    (f"{_unquote(var)}, {model} LM, {where}", _unquote(mb), t * 1e3)
+                )
         mem = {}
-        for q, field in (("track_tensor_params", "param_bytes"), ("track_tensor_grads", "grad_bytes"),
-                         ("track_optimizer_state", "optimizer_state_bytes"),
-                         ("track_tensor_peak_before_step", "peak_before_step_bytes"),
-                         ("track_tensor_peak_step", "peak_step_bytes"), ("track_tensor_peak_init", "peak_init_bytes")):
+        for q, field in (
+            ("track_tensor_params", "param_bytes"),
+            ("track_tensor_grads", "grad_bytes"),
+            ("track_optimizer_state", "optimizer_state_bytes"),
+            ("track_tensor_peak_before_step", "peak_before_step_bytes"),
+            ("track_tensor_peak_step", "peak_step_bytes"),
+            ("track_tensor_peak_init", "peak_init_bytes"),
+        ):
             for (var,), value in v.get(f"cpu.step.StepMemory.{q}", {}).items():
                 mem.setdefault(_unquote(var), {})[field] = value
         for var, entry in mem.items():
             if {"param_bytes", "grad_bytes", "optimizer_state_bytes"} <= entry.keys():
-                entry["peak_bytes"] = max(entry.get(k, 0) for k in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"))
+                entry["peak_bytes"] = max(
+                    entry.get(k, 0)
+                    for k in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes")
+                )
                 data["memory"].append((f"cpu LM, {where}", var, entry))
     return data
 
@@ -217,11 +262,18 @@ def plot_all(data: dict, out: str) -> list[str]:
     written = []
     if data["allreduce"]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for (label, w) in sorted({(a, b) for a, b, _, _ in data["allreduce"]}):
+        for label, w in sorted({(a, b) for a, b, _, _ in data["allreduce"]}):
             pts = sorted((mb, bw) for a, b, mb, bw in data["allreduce"] if (a, b) == (label, w))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks")
-        ax.set(xscale="log", xlabel="message size (MB, 2^20 bytes)", ylabel="bus bandwidth (GB/s, higher is better)",
-               title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time\n" + _sources(a for a, *_ in data["allreduce"]))
+            ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks"
+            )
+        ax.set(
+            xscale="log",
+            xlabel="message size (MB, 2^20 bytes)",
+            ylabel="bus bandwidth (GB/s, higher is better)",
+            title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time\n"
+            + _sources(a for a, *_ in data["allreduce"]),
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -233,8 +285,12 @@ def plot_all(data: dict, out: str) -> list[str]:
         for label in sorted({a for a, _, _ in data["bucket"]}):
             pts = sorted((mb, t) for a, mb, t in data["bucket"] if a == label)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set(xscale="log", xlabel="bucket size (MB)", ylabel="step time (ms, median; lower is better)",
-               title="step time against bucket size\n" + _sources(a for a, *_ in data["bucket"]))
+        ax.set(
+            xscale="log",
+            xlabel="bucket size (MB)",
+            ylabel="step time (ms, median; lower is better)",
+            title="step time against bucket size\n" + _sources(a for a, *_ in data["bucket"]),
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -246,17 +302,26 @@ def plot_all(data: dict, out: str) -> list[str]:
         groups.setdefault(label, {})[variant] = entry
     for i, (label, by_variant) in enumerate(sorted(groups.items())):
         names = list(by_variant)
-        exact = all({"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_bytes"} <= by_variant[n].keys() for n in names)
+        exact = all(
+            {"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_bytes"}
+            <= by_variant[n].keys()
+            for n in names
+        )
         cuda = all("cuda" in by_variant[n] for n in names)
         if not (exact or cuda):
             continue
         fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2) + 2.5, 4.5))
         xs = range(len(names))
         if exact:
-            parts = [("parameters", [by_variant[n]["param_bytes"] for n in names]),
-                     ("gradients", [by_variant[n]["grad_bytes"] for n in names]),
-                     ("optimizer state", [by_variant[n]["optimizer_state_bytes"] for n in names])]
-            rest = [by_variant[n]["peak_bytes"] - sum(p[1][j] for p in parts) for j, n in enumerate(names)]
+            parts = [
+                ("parameters", [by_variant[n]["param_bytes"] for n in names]),
+                ("gradients", [by_variant[n]["grad_bytes"] for n in names]),
+                ("optimizer state", [by_variant[n]["optimizer_state_bytes"] for n in names]),
+            ]
+            rest = [
+                by_variant[n]["peak_bytes"] - sum(p[1][j] for p in parts)
+                for j, n in enumerate(names)
+            ]
             parts.append(("rest at peak (activations, buffers)", [max(r, 0) for r in rest]))
             bottom = [0.0] * len(names)
             for name, vals in parts:
@@ -268,8 +333,12 @@ def plot_all(data: dict, out: str) -> list[str]:
             points = ("init", "before_step", "after_step")
             width = 0.8 / len(points)
             for k, point in enumerate(points):
-                ax.bar([x + (k - 1) * width for x in xs], [by_variant[n]["cuda"][point] / 2**30 for n in names],
-                       width=width, label=point.replace("_", " "))
+                ax.bar(
+                    [x + (k - 1) * width for x in xs],
+                    [by_variant[n]["cuda"][point] / 2**30 for n in names],
+                    width=width,
+                    label=point.replace("_", " "),
+                )
             ax.set_ylabel("GiB per GPU (torch.cuda.max_memory_allocated)")
         ax.set_xticks(list(xs), names, rotation=30, ha="right")
         ax.set_title(f"memory per variant (lower is better): {label}", fontsize=10)
@@ -280,13 +349,17 @@ def plot_all(data: dict, out: str) -> list[str]:
         plt.close(fig)
         written.append(fname)
     with open(os.path.join(out, "index.html"), "w") as f:
-        f.write("<!doctype html><meta charset='utf-8'><title>paracheck plots</title>"
-                "<h1>paracheck: latest measurements</h1>\n"
-                "<p>Each plot names the commit and the machine of its measurements.</p>\n")
+        f.write(
+            "<!doctype html><meta charset='utf-8'><title>paracheck plots</title>"
+            "<h1>paracheck: latest measurements</h1>\n"
+            "<p>Each plot names the commit and the machine of its measurements.</p>\n"
+        )
         for w in written:
             f.write(f"<p><img src='{html.escape(w)}' alt='{html.escape(w)}'></p>\n")
         if not written:
-            f.write("<p>No measurements found: run <code>asv run</code> or <code>paracheck bench --json</code>.</p>")
+            f.write(
+                "<p>No measurements found: run <code>asv run</code> or <code>paracheck bench --json</code>.</p>"
+            )
     return written
 
 
@@ -300,17 +373,35 @@ def main(argv=None) -> int:
     """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
     vendoring fails, 2 on a usage error."""
     p = argparse.ArgumentParser(prog="paracheck report", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)")
-    p.add_argument("--html-dir", default=None, help="override the configuration's html_dir (default: its html_dir)")
+    p.add_argument(
+        "--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)"
+    )
+    p.add_argument(
+        "--html-dir",
+        default=None,
+        help="override the configuration's html_dir (default: its html_dir)",
+    )
     p.add_argument("--out", default=None, help="where the plots go (default <html_dir>/paracheck)")
-    p.add_argument("--from-json", action="append", default=[],
-                   help="a paracheck bench --json file (repeatable; default: none)")
-    p.add_argument("--no-publish", action="store_true",
-                   help="do not run asv publish (vendor and plot only; default off)")
-    p.add_argument("--serve", action="store_true",
-                   help="then serve the pages on 127.0.0.1 and print their URL until Ctrl-C (default off); opened "
-                        "as files the history pages stay blank: browsers refuse their data requests on file://")
-    p.add_argument("--port", type=int, default=8080, help="port of --serve; 0 picks a free one (default 8080)")
+    p.add_argument(
+        "--from-json",
+        action="append",
+        default=[],
+        help="a paracheck bench --json file (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="do not run asv publish (vendor and plot only; default off)",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="then serve the pages on 127.0.0.1 and print their URL until Ctrl-C (default off); opened "
+        "as files the history pages stay blank: browsers refuse their data requests on file://",
+    )
+    p.add_argument(
+        "--port", type=int, default=8080, help="port of --serve; 0 picks a free one (default 8080)"
+    )
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
@@ -332,7 +423,10 @@ def main(argv=None) -> int:
             cmd += ["--html-dir", html_dir]
         proc = subprocess.run(cmd, cwd=base, capture_output=True, text=True)
         if proc.returncode != 0:
-            print(f"paracheck report: asv publish failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}", file=sys.stderr)
+            print(
+                f"paracheck report: asv publish failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}",
+                file=sys.stderr,
+            )
             return 1
     if os.path.exists(os.path.join(html_dir, "index.html")):
         try:
@@ -340,9 +434,11 @@ def main(argv=None) -> int:
         except VendorError as exc:
             print(f"paracheck report: {exc}", file=sys.stderr)
             return 1
-        print(f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/); "
-              f"view them with `paracheck report --no-publish --serve` (or any static HTTP server): opened as a "
-              f"file the page stays blank, as browsers refuse its data requests on file:// URLs")
+        print(
+            f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/); "
+            f"view them with `paracheck report --no-publish --serve` (or any static HTTP server): opened as a "
+            f"file the page stays blank, as browsers refuse its data requests on file:// URLs"
+        )
     else:
         print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
     out = args.out or os.path.join(html_dir, "paracheck")
@@ -363,14 +459,19 @@ def serve(directory: str, port: int = 0, *, plots: str | None = None, ready=None
             pass
 
     try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Quiet, directory=directory))
+        server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", port), functools.partial(Quiet, directory=directory)
+        )
     except OSError as exc:
         print(f"paracheck report: --port={port} cannot be used: {exc}", file=sys.stderr)
         return 2
     url = f"http://127.0.0.1:{server.server_address[1]}/"
-    print(f"serving {directory} at {url} (history pages)" + (f", plots at {url}{plots}/" if plots and not
-                                                             plots.startswith("..") else "") + "; Ctrl-C stops",
-          flush=True)
+    print(
+        f"serving {directory} at {url} (history pages)"
+        + (f", plots at {url}{plots}/" if plots and not plots.startswith("..") else "")
+        + "; Ctrl-C stops",
+        flush=True,
+    )
     if ready is not None:
         ready(server)
     try:

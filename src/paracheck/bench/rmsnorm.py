@@ -24,8 +24,19 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SHAPES", "RMSNormBandwidth", "copy_tbps", "eager_rms_norm", "events_ms", "host_us",
-           "measure_rmsnorm", "rmsnorm_inputs", "step_fn", "tbps", "torch_rms_norm"]
+__all__ = [
+    "SHAPES",
+    "RMSNormBandwidth",
+    "copy_tbps",
+    "eager_rms_norm",
+    "events_ms",
+    "host_us",
+    "measure_rmsnorm",
+    "rmsnorm_inputs",
+    "step_fn",
+    "tbps",
+    "torch_rms_norm",
+]
 
 # The benchmarked shapes (rows, d): hidden sizes 1024..8192 at 4096 rows, and GPT-2 XL's 1600 at 16384.
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600)]
@@ -140,7 +151,9 @@ def check_against_oracle(name, fn, x, w, dy) -> list[float]:
     y.backward(dy)
     x64, w64, dy64 = x.double(), w.double(), dy.double()
     refs = (rms_norm_reference(x64, w64, EPS), *rms_norm_reference_grads(x64, w64, dy64, EPS))
-    errs = [((a.double() - r).norm() / r.norm()).item() for a, r in zip((y, xg.grad, wg.grad), refs)]
+    errs = [
+        ((a.double() - r).norm() / r.norm()).item() for a, r in zip((y, xg.grad, wg.grad), refs)
+    ]
     # float32 arithmetic with sums of length <= 16384: norm-wise errors are ~1e-7; 1e-5 is a
     # failure, not noise. (Lower-precision storage is not benchmarked here.)
     if not all(e <= 1e-5 for e in errs):
@@ -182,15 +195,20 @@ class RMSNormBandwidth:
         return d
 
 
-def measure_rmsnorm(*, device="cuda", shapes=SHAPES, compile=True, reps=40,
-                    copy_elements=2**29) -> list[RMSNormBandwidth]:
+def measure_rmsnorm(
+    *, device="cuda", shapes=SHAPES, compile=True, reps=40, copy_elements=2**29
+) -> list[RMSNormBandwidth]:
     """Effective fwd+bwd bandwidth of paracheck's kernel, ``F.rms_norm``, the eager formula and
     (``compile``) ``torch.compile`` of it, per shape, with the copy ceiling of this run."""
     copy = copy_tbps(copy_elements, device=device)
     out = []
     for rows, d in shapes:
         x, w, dy = rmsnorm_inputs(rows, d, device=device)
-        variants = {"triton": triton_rms_norm, "F.rms_norm": torch_rms_norm, "eager": eager_rms_norm}
+        variants = {
+            "triton": triton_rms_norm,
+            "F.rms_norm": torch_rms_norm,
+            "eager": eager_rms_norm,
+        }
         if compile:
             torch._dynamo.reset()
             variants["torch.compile"] = torch.compile(eager_rms_norm, dynamic=False)
@@ -199,8 +217,10 @@ def measure_rmsnorm(*, device="cuda", shapes=SHAPES, compile=True, reps=40,
             try:
                 check_against_oracle(name, fn, x, w, dy)
                 step, grads = step_fn(fn, x, w, dy)
-                got[name] = tbps(4 * rows * d * x.element_size(),
-                                 events_ms(step, grad_to_none=grads, reps=reps, device=device))
+                got[name] = tbps(
+                    4 * rows * d * x.element_size(),
+                    events_ms(step, grad_to_none=grads, reps=reps, device=device),
+                )
             except Exception:
                 if name in ("triton", "F.rms_norm"):
                     raise  # the kernel under test and its peer must both be measured

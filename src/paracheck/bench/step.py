@@ -33,7 +33,15 @@ import torch
 
 from paracheck.workloads.lm import LMSpec
 
-__all__ = ["StepSpec", "StepTiming", "StepAccount", "time_step", "account_step", "rank_time", "rank_account"]
+__all__ = [
+    "StepSpec",
+    "StepTiming",
+    "StepAccount",
+    "time_step",
+    "account_step",
+    "rank_time",
+    "rank_account",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -61,9 +69,13 @@ class StepSpec:
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r} must be an int >= 1")
         if self.variant == "local" and self.world_size != 1:
-            raise ValueError(f"variant='local' runs on one rank; world_size={self.world_size} must be 1")
+            raise ValueError(
+                f"variant='local' runs on one rank; world_size={self.world_size} must be 1"
+            )
         if self.batch < 1 or self.steps < 1 or self.warmup < 0:
-            raise ValueError(f"batch={self.batch}, steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0")
+            raise ValueError(
+                f"batch={self.batch}, steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0"
+            )
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb={self.bucket_mb!r} must be > 0")
 
@@ -73,12 +85,12 @@ class StepSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepSpec":
+    def from_dict(cls, d: dict) -> StepSpec:
         d = dict(d)
         d["model"] = LMSpec(**d["model"])
         return cls(**d)
 
-    def with_(self, **changes) -> "StepSpec":
+    def with_(self, **changes) -> StepSpec:
         return replace(self, **changes)
 
 
@@ -105,9 +117,16 @@ class StepTiming:
         return min(self.cpu_times)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec.to_dict(), "step_times": list(self.step_times), "cpu_times": list(self.cpu_times),
-                "median": self.median, "min": min(self.step_times), "cpu_min": self.cpu_min,
-                "cuda_memory": dict(self.cuda_memory), "rss_peak": self.rss_peak}
+        return {
+            "spec": self.spec.to_dict(),
+            "step_times": list(self.step_times),
+            "cpu_times": list(self.cpu_times),
+            "median": self.median,
+            "min": min(self.step_times),
+            "cpu_min": self.cpu_min,
+            "cuda_memory": dict(self.cuda_memory),
+            "rss_peak": self.rss_peak,
+        }
 
 
 @dataclass(frozen=True)
@@ -239,13 +258,15 @@ def rank_time(payload: dict) -> dict:
     from paracheck.bench.variants import build_setup
 
     model = _build_model(spec, device)
-    setup = build_setup(spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and cuda)
+    setup = build_setup(
+        spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and cuda
+    )
     memory = {}
     if cuda:
         memory["init"] = torch.cuda.max_memory_allocated(device)
     x, y = _batch(spec, device, rank)
     times, cpu_times = [], []
-    for i in range(spec.warmup + spec.steps):
+    for _ in range(spec.warmup + spec.steps):
         if distributed:
             dist.barrier()
         if cuda:
@@ -269,8 +290,12 @@ def rank_time(payload: dict) -> dict:
         _train_step(setup, x, y, before_step=before_step)
         memory["after_step"] = torch.cuda.max_memory_allocated(device)
         memory["peak"] = max(memory.values())
-    result = {"times": times[spec.warmup:], "cpu_times": cpu_times[spec.warmup:], "cuda_memory": memory,
-              "rss_peak": _rss_peak()}
+    result = {
+        "times": times[spec.warmup :],
+        "cpu_times": cpu_times[spec.warmup :],
+        "cuda_memory": memory,
+        "rss_peak": _rss_peak(),
+    }
     del setup, model
     _release(device)
     return result
@@ -320,7 +345,13 @@ def rank_account(payload: dict) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     with Recorder() as rec:
         model = _build_model(spec, device)
-        setup = build_setup(spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and device.type == "cuda")
+        setup = build_setup(
+            spec.variant,
+            model,
+            bucket_mb=spec.bucket_mb,
+            device=device,
+            fused=spec.fused and device.type == "cuda",
+        )
         x, y = _batch(spec, device, rank)
         peak_init = rec.peak_bytes
         init_calls = len(rec.calls)
@@ -336,8 +367,11 @@ def rank_account(payload: dict) -> dict:
         def before_step(rec=rec, model=model):
             _settle(rec)
             params = list(model.parameters())
-            phase.update(peak_before=rec.peak_bytes, params=rec.storage_bytes(params),
-                         grads=rec.storage_bytes([p.grad for p in params]))
+            phase.update(
+                peak_before=rec.peak_bytes,
+                params=rec.storage_bytes(params),
+                grads=rec.storage_bytes([p.grad for p in params]),
+            )
             rec.reset_peak()
 
         _train_step(setup, x, y, before_step=before_step)
@@ -349,11 +383,17 @@ def rank_account(payload: dict) -> dict:
     for c in calls:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + 1
     result = {
-        "collectives": len(calls), "collectives_by_kind": by_kind,
-        "payload_bytes": sum(c.payload_bytes for c in calls), "bus_bytes": sum(c.bus_bytes for c in calls),
-        "init_collectives": init_calls, "optimizer_state_bytes": state_bytes,
-        "param_bytes": phase["params"], "grad_bytes": phase["grads"],
-        "peak_init_bytes": peak_init, "peak_before_step_bytes": phase["peak_before"], "peak_step_bytes": peak_step,
+        "collectives": len(calls),
+        "collectives_by_kind": by_kind,
+        "payload_bytes": sum(c.payload_bytes for c in calls),
+        "bus_bytes": sum(c.bus_bytes for c in calls),
+        "init_collectives": init_calls,
+        "optimizer_state_bytes": state_bytes,
+        "param_bytes": phase["params"],
+        "grad_bytes": phase["grads"],
+        "peak_init_bytes": peak_init,
+        "peak_before_step_bytes": phase["peak_before"],
+        "peak_step_bytes": peak_step,
     }
     del setup, model, rec, before_step
     _release(device)
@@ -369,7 +409,12 @@ def _check_world(world, spec: StepSpec) -> None:
 def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTiming:
     """Run ``rank_time`` on ``spec.world_size`` ranks of ``world``; see the module docstring."""
     _check_world(world, spec)
-    per_rank = world.run("paracheck.bench.step:rank_time", spec.to_dict(), world_size=spec.world_size, timeout=timeout)
+    per_rank = world.run(
+        "paracheck.bench.step:rank_time",
+        spec.to_dict(),
+        world_size=spec.world_size,
+        timeout=timeout,
+    )
     # A step is as slow as its slowest rank: they wait for each other in the next collective.
     times = tuple(max(r["times"][i] for r in per_rank) for i in range(spec.steps))
     cpu = tuple(max(r["cpu_times"][i] for r in per_rank) for i in range(spec.steps))
@@ -380,7 +425,12 @@ def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTim
 def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepAccount:
     """Run ``rank_account`` on ``spec.world_size`` ranks of ``world``; max over ranks."""
     _check_world(world, spec)
-    per_rank = world.run("paracheck.bench.step:rank_account", spec.to_dict(), world_size=spec.world_size, timeout=timeout)
+    per_rank = world.run(
+        "paracheck.bench.step:rank_account",
+        spec.to_dict(),
+        world_size=spec.world_size,
+        timeout=timeout,
+    )
     by_kind: dict[str, int] = {}
     for r in per_rank:
         for k, n in r["collectives_by_kind"].items():

@@ -19,15 +19,32 @@ CS336 ``finish_gradient_synchronization()``, a no-op for torch DDP), and ``optim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-__all__ = ["VARIANT_ORDER", "BASELINES", "Setup", "available_variants", "build_setup", "variant_kind"]
+__all__ = [
+    "VARIANT_ORDER",
+    "BASELINES",
+    "Setup",
+    "available_variants",
+    "build_setup",
+    "variant_kind",
+]
 
 # The order tables are printed in: the DDP progression, then torch, then the sharding designs.
-VARIANT_ORDER = ("local", "naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "torch-zero")
+VARIANT_ORDER = (
+    "local",
+    "naive",
+    "flat",
+    "overlapped",
+    "bucketed",
+    "torch-ddp",
+    "sharded",
+    "zero1",
+    "torch-zero",
+)
 BASELINES = ("local", "torch-ddp", "torch-zero")
 
 
@@ -57,7 +74,9 @@ def available_variants(names=None, *, include_local: bool = False) -> tuple[str,
         names = [n for n in VARIANT_ORDER if include_local or n != "local"]
         names += [n for n in _builtin_targets() if n not in VARIANT_ORDER]
     names = list(dict.fromkeys(names))
-    ordered = [n for n in VARIANT_ORDER if n in names] + [n for n in names if n not in VARIANT_ORDER]
+    ordered = [n for n in VARIANT_ORDER if n in names] + [
+        n for n in names if n not in VARIANT_ORDER
+    ]
     return tuple(n for n in ordered if variant_kind(n) is not None)
 
 
@@ -87,27 +106,43 @@ def _noop() -> None:
     return None
 
 
-def build_setup(name: str, model: torch.nn.Module, *, bucket_mb: float, device: torch.device,
-                fused: bool = False, process_group=None) -> Setup:
+def build_setup(
+    name: str,
+    model: torch.nn.Module,
+    *,
+    bucket_mb: float,
+    device: torch.device,
+    fused: bool = False,
+    process_group=None,
+) -> Setup:
     """Wrap ``model`` (already on ``device``) as variant ``name``; a collective on every rank of
     ``process_group`` (the default group when None) except for ``local``."""
     kind = variant_kind(name)
     if kind is None:
-        raise ValueError(f"variant={name!r} is neither a baseline ({', '.join(BASELINES)}) nor a target that imports")
+        raise ValueError(
+            f"variant={name!r} is neither a baseline ({', '.join(BASELINES)}) nor a target that imports"
+        )
     if kind == "local":
         return Setup(name, model, _noop, _adamw(model.parameters(), fused=fused))
     if kind in ("torch-ddp", "torch-zero"):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_mb, process_group=process_group)
+        ddp = DistributedDataParallel(
+            model, device_ids=ids, bucket_cap_mb=bucket_mb, process_group=process_group
+        )
         if kind == "torch-ddp":
             opt = _adamw(ddp.parameters(), fused=fused)
         else:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4,
-                                          process_group=process_group, **_adamw_options(fused))
+            opt = ZeroRedundancyOptimizer(
+                ddp.parameters(),
+                optimizer_class=torch.optim.AdamW,
+                lr=1e-4,
+                process_group=process_group,
+                **_adamw_options(fused),
+            )
         return Setup(name, ddp, _noop, opt, ddp)
 
     from paracheck.check.targets import load_object, resolve_target
@@ -117,8 +152,14 @@ def build_setup(name: str, model: torch.nn.Module, *, bucket_mb: float, device: 
     if kind == "ddp":
         wrapper = cls(model, bucket_mb) if target.takes_bucket else cls(model)
         opt = _adamw(model.parameters(), fused=fused)
-        return Setup(name, wrapper, wrapper.finish_gradient_synchronization, opt, wrapper,
-                     getattr(wrapper, "on_train_batch_start", None))
+        return Setup(
+            name,
+            wrapper,
+            wrapper.finish_gradient_synchronization,
+            opt,
+            wrapper,
+            getattr(wrapper, "on_train_batch_start", None),
+        )
     if kind == "sharded":
         # As in paracheck.check.targets: gradients are synchronised by FlatDDP before step().
         from paracheck.ddp import FlatDDP
@@ -132,8 +173,18 @@ def build_setup(name: str, model: torch.nn.Module, *, bucket_mb: float, device: 
         # during backward and all-gathering in ``step()``.
         import inspect
 
-        extra = {"bucket_size_mb": bucket_mb} if "bucket_size_mb" in inspect.signature(cls).parameters else {}
+        extra = (
+            {"bucket_size_mb": bucket_mb}
+            if "bucket_size_mb" in inspect.signature(cls).parameters
+            else {}
+        )
         zero = cls(model, torch.optim.AdamW, lr=1e-4, **extra, **_adamw_options(fused))
-        return Setup(name, zero, zero.finish_gradient_synchronization, zero, zero,
-                     getattr(zero, "on_train_batch_start", None))
+        return Setup(
+            name,
+            zero,
+            zero.finish_gradient_synchronization,
+            zero,
+            zero,
+            getattr(zero, "on_train_batch_start", None),
+        )
     raise ValueError(f"variant={name!r} has kind={kind!r}, which the benchmarks cannot drive")

@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch.distributed as dist
 
 from paracheck.cases import Case
-from paracheck.check.targets import Construction, TargetError, ddp_construction, load_object, plausible_hooks
+from paracheck.check.targets import (
+    Construction,
+    TargetError,
+    ddp_construction,
+    load_object,
+    plausible_hooks,
+)
 
 __all__ = ["DDPDriver", "ddp_driver"]
 
@@ -78,7 +84,9 @@ def _construct(payload: dict, model, case: Case, cls):
         "process_group": dist.group.WORLD,
         "device": device.device if device is not None else None,
     }
-    return cls(*(values[w] for w in plan.positional), **{name: values[w] for name, w in plan.keywords})
+    return cls(
+        *(values[w] for w in plan.positional), **{name: values[w] for name, w in plan.keywords}
+    )
 
 
 def _takes_optimizer(fn) -> bool:
@@ -87,7 +95,10 @@ def _takes_optimizer(fn) -> bool:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    return any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in params
+    )
 
 
 def _hook(wrapper, spec: str | None, default: str, option: str, path: str, required: bool):
@@ -102,8 +113,10 @@ def _hook(wrapper, spec: str | None, default: str, option: str, path: str, requi
             return None
         others = plausible_hooks(type(wrapper), "finish" if option == "--finish" else "batch_start")
         hint = f"; it has {others[0]}(): pass {option} {others[0]}" if others else ""
-        raise AttributeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} has no {name}(){hint} (or "
-                             f"name the method or module:function that does it with {option})")
+        raise AttributeError(
+            f"the DDP wrapper {type(wrapper).__name__} built by {path} has no {name}(){hint} (or "
+            f"name the method or module:function that does it with {option})"
+        )
     if _takes_optimizer(method):
         return lambda optimizer: method(optimizer)
     return lambda optimizer: method()
@@ -120,14 +133,28 @@ def ddp_driver(payload: dict, model, case: Case, cls) -> DDPDriver:
     elif callable(getattr(wrapper, "forward", None)):
         forward = wrapper.forward  # a plain object holding the module: its forward is the model's
     else:
-        raise TypeError(f"the DDP wrapper {type(wrapper).__name__} built by {path} is neither callable nor has "
-                        f"forward()")
+        raise TypeError(
+            f"the DDP wrapper {type(wrapper).__name__} built by {path} is neither callable nor has "
+            f"forward()"
+        )
     return DDPDriver(
         wrapper=wrapper,
         forward=forward,
-        finish=_hook(wrapper, payload.get("finish"), "finish_gradient_synchronization", "--finish",
-                     path, required=True),
-        batch_start=_hook(wrapper, payload.get("batch_start"), "on_train_batch_start", "--batch-start",
-                          path, required=payload.get("batch_start") is not None),
+        finish=_hook(
+            wrapper,
+            payload.get("finish"),
+            "finish_gradient_synchronization",
+            "--finish",
+            path,
+            required=True,
+        ),
+        batch_start=_hook(
+            wrapper,
+            payload.get("batch_start"),
+            "on_train_batch_start",
+            "--batch-start",
+            path,
+            required=payload.get("batch_start") is not None,
+        ),
         no_sync=getattr(wrapper, "no_sync", None),
     )

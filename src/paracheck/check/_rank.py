@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paracheck.accounting.traffic import record_collectives
 from paracheck.cases import (
     Case,
     add_late_groups,
@@ -15,7 +16,6 @@ from paracheck.cases import (
     build_scheduler,
     loss_fn,
 )
-from paracheck.accounting.traffic import record_collectives
 from paracheck.check._drive import DDPDriver, ddp_driver
 from paracheck.check.targets import load_object
 
@@ -31,15 +31,27 @@ def _cls(path: str):
 def _device(case_device: str | None):
     if case_device:
         return torch.device(case_device)
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
 
 
 def _snapshot(ts) -> list:
     return [None if t is None else t.detach().to("cpu", copy=True) for t in ts]
 
 
-def train_micro_steps(case: Case, drv: DDPDriver, optimizer, rank: int, device, step: int,
-                      windows: list | None = None, trainable=()) -> None:
+def train_micro_steps(
+    case: Case,
+    drv: DDPDriver,
+    optimizer,
+    rank: int,
+    device,
+    step: int,
+    windows: list | None = None,
+    trainable=(),
+) -> None:
     """One step's forward and backward passes and their synchronisation, by the case's protocol
     (see ``Case``): finish after every backward, ``no_sync()`` for all but the last, or
     ``finish_once`` after the last; each loss backpropagated twice with ``double_backward``.
@@ -73,8 +85,13 @@ def train_micro_steps(case: Case, drv: DDPDriver, optimizer, rank: int, device, 
             drv.finish(optimizer)
             if recorder is not None:
                 recording.__exit__(None, None, None)
-                windows.append({"calls": list(recorder.calls), "backwards": synced,
-                                "all_present": all(p.grad is not None for p in trainable)})
+                windows.append(
+                    {
+                        "calls": list(recorder.calls),
+                        "backwards": synced,
+                        "all_present": all(p.grad is not None for p in trainable),
+                    }
+                )
                 recorder, synced = None, 0
     if recorder is not None:  # a target without no_sync() still ends every window with finish
         recording.__exit__(None, None, None)
@@ -92,10 +109,14 @@ def run_ddp(payload: dict) -> dict:
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     cls = _cls(payload["path"])
-    unsupported = [f for f in getattr(cls, "unsupported_case_features", {}) if getattr(case, f, False)]
+    unsupported = [
+        f for f in getattr(cls, "unsupported_case_features", {}) if getattr(case, f, False)
+    ]
     if unsupported:
-        return {"skipped": f"{payload['path']} declares {unsupported[0]}=True unsupported: "
-                           f"{cls.unsupported_case_features[unsupported[0]]}"}
+        return {
+            "skipped": f"{payload['path']} declares {unsupported[0]}=True unsupported: "
+            f"{cls.unsupported_case_features[unsupported[0]]}"
+        }
     model = build_case_model(case, rank, device=device)
     try:
         drv = ddp_driver(payload, model, case, cls)
@@ -103,9 +124,15 @@ def run_ddp(payload: dict) -> dict:
         if not (case.unbounded_bucket and payload.get("takes_bucket")):
             raise
         # bucket_size_mb=None is a reading of the interface a correct DDP may refuse: not a failure.
-        return {"skipped": f"the constructor refuses bucket_size_mb=None ({type(exc).__name__}: {exc})"}
+        return {
+            "skipped": f"the constructor refuses bucket_size_mb=None ({type(exc).__name__}: {exc})"
+        }
     params = list(model.parameters())
-    record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
+    record = {
+        "initial_params": _snapshot(params),
+        "initial_buffers": _snapshot(model.buffers()),
+        "steps": [],
+    }
     optimizer = build_optimizer(case, params)
     scheduler = build_scheduler(case, optimizer)
     for step in range(case.steps):
@@ -114,7 +141,16 @@ def run_ddp(payload: dict) -> dict:
         if drv.batch_start is not None:
             drv.batch_start(optimizer)
         windows: list = []
-        train_micro_steps(case, drv, optimizer, rank, device, step, windows, [p for p in params if p.requires_grad])
+        train_micro_steps(
+            case,
+            drv,
+            optimizer,
+            rank,
+            device,
+            step,
+            windows,
+            [p for p in params if p.requires_grad],
+        )
         grads = _snapshot([p.grad for p in params])
         optimizer.step()
         apply_lr_schedule(case, optimizer)

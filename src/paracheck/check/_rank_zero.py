@@ -63,7 +63,12 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from paracheck.accounting.memory import flat_state_bytes, measured_state_bytes, sharded_state_bytes, state_model
+from paracheck.accounting.memory import (
+    flat_state_bytes,
+    measured_state_bytes,
+    sharded_state_bytes,
+    state_model,
+)
 from paracheck.accounting.traffic import (
     StepTraffic,
     owner_broadcast_traffic,
@@ -86,8 +91,17 @@ from paracheck.check._rank import _cls, _device, _snapshot, train_micro_steps
 from paracheck.check.compare import Divergence, compare_state_union, state_convention
 from paracheck.zero.partition import Piece, flat_layout
 
-__all__ = ["DEFAULT_PROPERTIES", "DRIVER_PROPERTIES", "PROPERTIES", "check_sharding_properties", "resolve_properties", "run_reload",
-           "run_sharded", "run_zero", "sharding_notes"]
+__all__ = [
+    "DEFAULT_PROPERTIES",
+    "DRIVER_PROPERTIES",
+    "PROPERTIES",
+    "check_sharding_properties",
+    "resolve_properties",
+    "run_reload",
+    "run_sharded",
+    "run_zero",
+    "sharding_notes",
+]
 
 PROPERTIES = ("equivalence", "state", "memory", "balance", "traffic", "state-consolidated")
 DEFAULT_PROPERTIES = frozenset(PROPERTIES) - {"state-consolidated"}
@@ -103,11 +117,14 @@ def resolve_properties(properties) -> frozenset[str]:
     chosen = frozenset(properties)
     unknown = sorted(chosen - set(PROPERTIES))
     if unknown:
-        raise ValueError(f"properties={sorted(chosen)!r}: unknown {unknown}; choose from {list(PROPERTIES)}")
+        raise ValueError(
+            f"properties={sorted(chosen)!r}: unknown {unknown}; choose from {list(PROPERTIES)}"
+        )
     return chosen
 
 
 # -- recording helpers ------------------------------------------------------------------------
+
 
 def _inner_optimizers(opt):
     """``opt`` and the optimizers it wraps, outermost first: ``local_optimizer`` / ``optim`` /
@@ -148,8 +165,10 @@ def _state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict 
     saved = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
     state = state_dict.get("state") if isinstance(state_dict, dict) else None
     if not isinstance(saved, (list, tuple)) or not isinstance(state, dict):
-        return None, (f"state_dict() returned {type(state_dict).__name__} without 'state' (dict) and "
-                      f"'param_groups' (list): torch's format is required")
+        return None, (
+            f"state_dict() returned {type(state_dict).__name__} without 'state' (dict) and "
+            f"'param_groups' (list): torch's format is required"
+        )
     sizes = [len(g.get("params", ())) for g in saved]
     to_model, how = None, ""
     for depth, o in enumerate(_inner_optimizers(opt)):
@@ -159,12 +178,18 @@ def _state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict 
             for sg, g in zip(saved, groups):
                 for j, p in zip(sg["params"], g["params"]):
                     to_model[j] = index.get(id(p))
-            how = "the optimizer's param_groups" if depth == 0 else "the wrapped optimizer's param_groups"
+            how = (
+                "the optimizer's param_groups"
+                if depth == 0
+                else "the wrapped optimizer's param_groups"
+            )
             break
     if to_model is None:
-        return None, (f"state_dict()['param_groups'] has groups of {sizes} parameters; neither the optimizer's "
-                      f"param_groups ({_group_sizes(getattr(opt, 'param_groups', []))}) nor a wrapped "
-                      f"optimizer's match")
+        return None, (
+            f"state_dict()['param_groups'] has groups of {sizes} parameters; neither the optimizer's "
+            f"param_groups ({_group_sizes(getattr(opt, 'param_groups', []))}) nor a wrapped "
+            f"optimizer's match"
+        )
     out = {}
     for j, st in state.items():
         if st is None:
@@ -212,12 +237,16 @@ def _scheduler_or_skip(case: Case, opt, device):
     """(the case's LR scheduler on ``opt`` or None, None) or (None, note) when ``opt`` cannot carry
     a torch scheduler (torch raises TypeError for anything not a ``torch.optim.Optimizer``): such a
     target does not offer the protocol, so the case is skipped, never failed. Ranks agree."""
+
     def build():
         try:
             return build_scheduler(case, opt), None
         except TypeError as exc:
-            return None, (f"skipped: an LR scheduler ({case.optimizer.scheduler!r}) cannot be built on "
-                          f"{type(opt).__name__}: {exc}")
+            return None, (
+                f"skipped: an LR scheduler ({case.optimizer.scheduler!r}) cannot be built on "
+                f"{type(opt).__name__}: {exc}"
+            )
+
     return _on_every_rank(build, device, "building the LR scheduler")
 
 
@@ -227,7 +256,14 @@ class _Closure:
     collectives it issued (the synchronisation is not the optimizer's traffic)."""
 
     def __init__(self, case: Case, drv: DDPDriver, opt, rank: int, device, step: int):
-        self.case, self.drv, self.opt, self.rank, self.device, self.step = case, drv, opt, rank, device, step
+        self.case, self.drv, self.opt, self.rank, self.device, self.step = (
+            case,
+            drv,
+            opt,
+            rank,
+            device,
+            step,
+        )
         self.calls = 0
         self.traffic = StepTraffic()
 
@@ -240,7 +276,14 @@ class _Closure:
 
         with record_collectives() as rec:
             self.opt.zero_grad(set_to_none=case.set_to_none)
-            train_micro_steps(case, replace(self.drv, forward=forward), self.opt, self.rank, self.device, self.step)
+            train_micro_steps(
+                case,
+                replace(self.drv, forward=forward),
+                self.opt,
+                self.rank,
+                self.device,
+                self.step,
+            )
         self.calls += 1
         self.traffic = self.traffic + rec.traffic()
         _, y = batch_for(case, self.step, case.accumulation - 1, self.rank, device=self.device)
@@ -251,6 +294,7 @@ def _reload(case: Case, opt, scheduler, params, cls, step: int, device):
     """Before step ``step``: save ``opt`` (and the scheduler), build a fresh instance over the same
     parameters with the constructor's groups, its scheduler, then the groups added so far, and
     load both dicts (the usual checkpoint order: construct, then load)."""
+
     def fresh():
         saved = opt.state_dict()
         saved_scheduler = None if scheduler is None else scheduler.state_dict()
@@ -268,6 +312,7 @@ def _reload(case: Case, opt, scheduler, params, cls, step: int, device):
 
 # -- rank functions -----------------------------------------------------------------------------
 
+
 def run_sharded(payload: dict) -> dict:
     """Train ``case`` with FlatDDP for the gradients and the sharded optimizer at ``payload['path']``."""
     from paracheck.ddp import FlatDDP
@@ -276,16 +321,28 @@ def run_sharded(payload: dict) -> dict:
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    ddp = DDPDriver(wrapper=(flat := FlatDDP(model)), forward=flat,
-                    finish=lambda optimizer: flat.finish_gradient_synchronization(), no_sync=flat.no_sync)
+    ddp = DDPDriver(
+        wrapper=(flat := FlatDDP(model)),
+        forward=flat,
+        finish=lambda optimizer: flat.finish_gradient_synchronization(),
+        no_sync=flat.no_sync,
+    )
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
     cls = _cls(payload["path"])
-    opt = _on_every_rank(lambda: build_optimizer(case, params, optimizer_cls=cls), device, "constructing the optimizer")
+    opt = _on_every_rank(
+        lambda: build_optimizer(case, params, optimizer_cls=cls),
+        device,
+        "constructing the optimizer",
+    )
     scheduler, skipped = _scheduler_or_skip(case, opt, device)
     if skipped:
         return {"skipped": skipped}
-    record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
+    record = {
+        "initial_params": _snapshot(params),
+        "initial_buffers": _snapshot(model.buffers()),
+        "steps": [],
+    }
     for step in range(case.steps):
         if case.reload_at_step == step:
             opt, scheduler = _reload(case, opt, scheduler, params, cls, step, device)
@@ -307,15 +364,17 @@ def run_sharded(payload: dict) -> dict:
         if scheduler is not None:
             scheduler.step()
         sd, state, how = _on_every_rank(lambda: _read_state(opt, index), device, "state_dict()")
-        record["steps"].append({
-            "grads": grads,
-            "params": _snapshot(params),
-            "state": state,
-            "state_read": how,
-            "state_bytes": _state_bytes(opt),
-            "traffic": traffic.entries,
-            "owners": _owners(opt, index, len(params)),
-        })
+        record["steps"].append(
+            {
+                "grads": grads,
+                "params": _snapshot(params),
+                "state": state,
+                "state_read": how,
+                "state_bytes": _state_bytes(opt),
+                "traffic": traffic.entries,
+                "owners": _owners(opt, index, len(params)),
+            }
+        )
     record["final_state_dict"] = sd
     return record
 
@@ -338,17 +397,28 @@ def run_zero(payload: dict) -> dict:
     rank = dist.get_rank()
     device = _device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    params, zero = _on_every_rank(lambda: _build_zero(case, model, _cls(payload["path"])), device,
-                                  "constructing the optimizer")
+    params, zero = _on_every_rank(
+        lambda: _build_zero(case, model, _cls(payload["path"])),
+        device,
+        "constructing the optimizer",
+    )
     index = {id(p): i for i, p in enumerate(params)}
     trainable = getattr(zero, "trainable", [p for p in params if p.requires_grad])
     scheduler, skipped = _scheduler_or_skip(case, getattr(zero, "optimizer", zero), device)
     if skipped:
         return {"skipped": skipped}
-    record = {"initial_params": _snapshot(params), "initial_buffers": _snapshot(model.buffers()), "steps": []}
+    record = {
+        "initial_params": _snapshot(params),
+        "initial_buffers": _snapshot(model.buffers()),
+        "steps": [],
+    }
     full_gradients = getattr(zero, "full_gradients", None)
-    drv = DDPDriver(wrapper=zero, forward=zero, finish=lambda optimizer: zero.finish_gradient_synchronization(),
-                    no_sync=getattr(zero, "no_sync", None))
+    drv = DDPDriver(
+        wrapper=zero,
+        forward=zero,
+        finish=lambda optimizer: zero.finish_gradient_synchronization(),
+        no_sync=getattr(zero, "no_sync", None),
+    )
     for step in range(case.steps):
         add_late_groups(case, zero, params, step)
         if case.closure:
@@ -373,17 +443,21 @@ def run_zero(payload: dict) -> dict:
         if scheduler is not None:
             scheduler.step()
         sd, state, how = _on_every_rank(lambda: _read_state(zero, index), device, "state_dict()")
-        entry.update({
-            "params": _snapshot(params),
-            "state": state,
-            "state_read": how,
-            "state_bytes": _state_bytes(zero),
-            "traffic": traffic.entries,
-        })
+        entry.update(
+            {
+                "params": _snapshot(params),
+                "state": state,
+                "state_read": how,
+                "state_bytes": _state_bytes(zero),
+                "traffic": traffic.entries,
+            }
+        )
         record["steps"].append(entry)
     pieces = getattr(zero, "pieces", None)
     if pieces is not None:
-        record["pieces"] = tuple((index[id(trainable[pc.param])], pc.start, pc.length) for pc in pieces)
+        record["pieces"] = tuple(
+            (index[id(trainable[pc.param])], pc.start, pc.length) for pc in pieces
+        )
         record["bucket_numels"] = tuple(b.numel for b in zero.layout.buckets)
     record["final_state_dict"] = sd
     return record
@@ -451,10 +525,15 @@ def run_reload(payload: dict) -> dict:
         for p, g in zip(params, payload["grads"]):
             p.grad = None if g is None else g.to(device).clone()
     opt.step()
-    return {"loaded": loaded, "params": _snapshot(params), "state": _state_by_param(opt.state_dict(), owner, index)[0]}
+    return {
+        "loaded": loaded,
+        "params": _snapshot(params),
+        "state": _state_by_param(opt.state_dict(), owner, index)[0],
+    }
 
 
 # -- properties (driver side) -------------------------------------------------------------------
+
 
 def _diverge(step, what, rank, detail, got=0.0, expected=0.0, index=None, name=None) -> Divergence:
     return Divergence(step, what, rank, index, name, abs(float(got) - float(expected)), 0.0, detail)
@@ -516,23 +595,37 @@ def _check_state(case: Case, traj, ranks: list[dict], props) -> Divergence | Non
         for r, rec in enumerate(ranks):
             step = rec["steps"][k]
             if step.get("state") is None:
-                return _diverge(k, "state", r, f"rank {r}'s state_dict() cannot be read: {step.get('state_read')}")
+                return _diverge(
+                    k,
+                    "state",
+                    r,
+                    f"rank {r}'s state_dict() cannot be read: {step.get('state_read')}",
+                )
             states.append(step["state"])
         d = compare_state_union(k, states, oref.state, rtol, names)
         if d is not None:
             return d
         if "state-consolidated" in props:
             for r, st in enumerate(states):
-                missing = sorted({i for i, v in oref.state.items() if v} - {i for i, v in st.items() if v})
+                missing = sorted(
+                    {i for i, v in oref.state.items() if v} - {i for i, v in st.items() if v}
+                )
                 if missing:
-                    return _diverge(k, "state-consolidated", r,
-                                    f"rank {r}'s state_dict() has no state for parameters {missing} (it holds "
-                                    f"{sorted(st)}): state-consolidated asks every rank for every parameter's state",
-                                    index=missing[0], name=names[missing[0]])
+                    return _diverge(
+                        k,
+                        "state-consolidated",
+                        r,
+                        f"rank {r}'s state_dict() has no state for parameters {missing} (it holds "
+                        f"{sorted(st)}): state-consolidated asks every rank for every parameter's state",
+                        index=missing[0],
+                        name=names[missing[0]],
+                    )
     return None
 
 
-def check_sharding_properties(case: Case, traj, ranks: list[dict], kind: str, properties=None) -> Divergence | None:
+def check_sharding_properties(
+    case: Case, traj, ranks: list[dict], kind: str, properties=None
+) -> Divergence | None:
     """The first violation of the selected ``state`` / ``state-consolidated`` / ``memory`` /
     ``balance`` / ``traffic`` properties (``equivalence`` is ``paracheck.check.compare``'s, which
     also checks each rank's state values), or None."""
@@ -547,14 +640,19 @@ def check_sharding_properties(case: Case, traj, ranks: list[dict], kind: str, pr
     esize = [p.element_size() for p in params]
     nbytes = [p.numel() * p.element_size() for p in params]
     options, added = _group_of(case, params)
-    models = [state_model(case.optimizer.name, options[i]) if i in options else None for i in range(len(params))]
+    models = [
+        state_model(case.optimizer.name, options[i]) if i in options else None
+        for i in range(len(params))
+    ]
     trainable = [i for i, p in enumerate(params) if p.requires_grad]
     for k, oref in enumerate(traj.steps):
         stateful = set(oref.state)
         if kind == "zero":
             d = _check_zero_step(case, k, ranks, props, params, models, stateful, trainable)
         else:
-            d = _check_sharded_step(case, k, ranks, props, params, models, stateful, nbytes, esize, added)
+            d = _check_sharded_step(
+                case, k, ranks, props, params, models, stateful, nbytes, esize, added
+            )
         if d is not None:
             return d
     return None
@@ -567,41 +665,78 @@ def _check_sharded_step(case, k, ranks, props, params, models, stateful, nbytes,
     if owners is not None and ("memory" in props or "balance" in props):
         for r, other in enumerate(declared):
             if other != owners:
-                return _diverge(k, "balance", r, f"rank {r} declares owners {other}, rank 0 {owners}: "
-                                                 f"every rank must compute the same partition")
+                return _diverge(
+                    k,
+                    "balance",
+                    r,
+                    f"rank {r} declares owners {other}, rank 0 {owners}: "
+                    f"every rank must compute the same partition",
+                )
     in_opt = [i for i in range(len(params)) if i in added and (added[i] is None or added[i] <= k)]
     if owners is not None and "balance" in props:
         unowned = [i for i in in_opt if owners[i] is None]
         if unowned:
-            return _diverge(k, "balance", 0, f"parameters {unowned} are in the optimizer but owned by no rank",
-                            index=unowned[0])
+            return _diverge(
+                k,
+                "balance",
+                0,
+                f"parameters {unowned} are in the optimizer but owned by no rank",
+                index=unowned[0],
+            )
         weights = {i: nbytes[i] if params[i].requires_grad else 0 for i in in_opt}
         loads = [sum(w for i, w in weights.items() if owners[i] == r) for r in range(W)]
         total, largest = sum(weights.values()), max(weights.values(), default=0)
         if W * max(loads) > total + (W - 1) * largest:
             r = loads.index(max(loads))
             bound = total / W + (W - 1) / W * largest
-            return _diverge(k, "balance", r,
-                            f"rank {r} owns {max(loads)} bytes of trainable parameters; the bound total/W + (W-1)/W * "
-                            f"largest is {total}/{W} + {W - 1}/{W} * {largest} = {bound:g} (loads {loads}, owners "
-                            f"{owners})", got=max(loads), expected=bound)
+            return _diverge(
+                k,
+                "balance",
+                r,
+                f"rank {r} owns {max(loads)} bytes of trainable parameters; the bound total/W + (W-1)/W * "
+                f"largest is {total}/{W} + {W - 1}/{W} * {largest} = {bound:g} (loads {loads}, owners "
+                f"{owners})",
+                got=max(loads),
+                expected=bound,
+            )
     if owners is not None and "memory" in props:
         for r, rec in enumerate(ranks):
             got = rec["steps"][k]["state_bytes"]
-            expected = sharded_state_bytes(owners, r, numels=[p.numel() for p in params], element_sizes=esize,
-                                           models=models, stateful=stateful)
+            expected = sharded_state_bytes(
+                owners,
+                r,
+                numels=[p.numel() for p in params],
+                element_sizes=esize,
+                models=models,
+                stateful=stateful,
+            )
             if got != expected:
-                return _diverge(k, "memory", r, f"rank {r} holds {got} bytes of optimizer state; its declared "
-                                                f"partition gives {expected} (owners {owners}, parameters with "
-                                                f"state {sorted(stateful)})", got, expected)
+                return _diverge(
+                    k,
+                    "memory",
+                    r,
+                    f"rank {r} holds {got} bytes of optimizer state; its declared "
+                    f"partition gives {expected} (owners {owners}, parameters with "
+                    f"state {sorted(stateful)})",
+                    got,
+                    expected,
+                )
     if "traffic" in props:
-        expected = owner_broadcast_traffic([nbytes[i] for i in in_opt if params[i].requires_grad], W)
+        expected = owner_broadcast_traffic(
+            [nbytes[i] for i in in_opt if params[i].requires_grad], W
+        )
         for r, rec in enumerate(ranks):
             got = StepTraffic(tuple(tuple(e) for e in rec["steps"][k]["traffic"]))
             if got != expected:
-                return _diverge(k, "traffic", r, f"rank {r}'s step issued {got.as_dict()}; the owner-broadcast model "
-                                                 f"gives {expected.as_dict()} (name: (calls, payload bytes))",
-                                got.payload_bytes, expected.payload_bytes)
+                return _diverge(
+                    k,
+                    "traffic",
+                    r,
+                    f"rank {r}'s step issued {got.as_dict()}; the owner-broadcast model "
+                    f"gives {expected.as_dict()} (name: (calls, payload bytes))",
+                    got.payload_bytes,
+                    expected.payload_bytes,
+                )
     return None
 
 
@@ -611,7 +746,7 @@ def _check_zero_step(case, k, ranks, props, params, models, stateful, trainable)
     e = params[trainable[0]].element_size()
     if declared[0] is not None and "balance" in props:
         covered: dict[int, list[tuple[int, int]]] = {}
-        for r, pieces in enumerate(declared):
+        for pieces in declared:
             for i, start, length in pieces:
                 covered.setdefault(i, []).append((start, length))
         for i in trainable:
@@ -622,32 +757,59 @@ def _check_zero_step(case, k, ranks, props, params, models, stateful, trainable)
                     break
                 pos += length
             if pos != params[i].numel() or sum(n for _, n in runs) != params[i].numel():
-                return _diverge(k, "balance", 0, f"the ranks' pieces of parameter #{i} ({params[i].numel()} elements) "
-                                                 f"are {runs}: they must tile it exactly once", index=i)
+                return _diverge(
+                    k,
+                    "balance",
+                    0,
+                    f"the ranks' pieces of parameter #{i} ({params[i].numel()} elements) "
+                    f"are {runs}: they must tile it exactly once",
+                    index=i,
+                )
         loads = [sum(n for _, _, n in pieces) for pieces in declared]
         bound = sum(-(-n // W) for n in ranks[0]["bucket_numels"])
         if max(loads) > bound:
             r = loads.index(max(loads))
-            return _diverge(k, "balance", r, f"rank {r} owns {max(loads)} elements; the bound sum_b ceil(n_b/W) is "
-                                             f"{bound} (loads {loads})", max(loads), bound)
+            return _diverge(
+                k,
+                "balance",
+                r,
+                f"rank {r} owns {max(loads)} elements; the bound sum_b ceil(n_b/W) is "
+                f"{bound} (loads {loads})",
+                max(loads),
+                bound,
+            )
     if declared[0] is not None and "memory" in props:
         for r, rec in enumerate(ranks):
             pieces = [Piece(i, s, n, 0, 0) for i, s, n in declared[r]]
             expected = flat_state_bytes(pieces, element_size=e, models=models, stateful=stateful)
             got = rec["steps"][k]["state_bytes"]
             if got != expected:
-                return _diverge(k, "memory", r, f"rank {r} holds {got} bytes of optimizer state; its pieces give "
-                                                f"{expected} (parameters with state {sorted(stateful)})", got, expected)
+                return _diverge(
+                    k,
+                    "memory",
+                    r,
+                    f"rank {r} holds {got} bytes of optimizer state; its pieces give "
+                    f"{expected} (parameters with state {sorted(stateful)})",
+                    got,
+                    expected,
+                )
     if "traffic" in props:
         bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
-        layout = flat_layout([params[i].numel() for i in trainable], W,
-                             bucket_numel=max(1, int(bucket * 2**20) // e))
+        layout = flat_layout(
+            [params[i].numel() for i in trainable], W, bucket_numel=max(1, int(bucket * 2**20) // e)
+        )
         syncs = 1 if case.no_sync else case.accumulation
         expected = zero1_traffic(layout, e, syncs=syncs)
         for r, rec in enumerate(ranks):
             got = StepTraffic(tuple(tuple(x) for x in rec["steps"][k]["traffic"]))
             if got != expected:
-                return _diverge(k, "traffic", r, f"rank {r}'s step issued {got.as_dict()}; the ZeRO-1 model gives "
-                                                 f"{expected.as_dict()} (name: (calls, payload bytes))",
-                                got.payload_bytes, expected.payload_bytes)
+                return _diverge(
+                    k,
+                    "traffic",
+                    r,
+                    f"rank {r}'s step issued {got.as_dict()}; the ZeRO-1 model gives "
+                    f"{expected.as_dict()} (name: (calls, payload bytes))",
+                    got.payload_bytes,
+                    expected.payload_bytes,
+                )
     return None

@@ -34,7 +34,14 @@ from dataclasses import dataclass
 
 from paracheck.check.targets import Target, TargetError, ddp_construction, import_module
 
-__all__ = ["DESIGNS", "AdapterDesign", "AdapterReport", "companion_hooks", "discover_adapters", "not_implemented"]
+__all__ = [
+    "DESIGNS",
+    "AdapterDesign",
+    "AdapterReport",
+    "companion_hooks",
+    "discover_adapters",
+    "not_implemented",
+]
 
 
 @dataclass(frozen=True)
@@ -54,10 +61,20 @@ class AdapterDesign:
 
 DESIGNS: tuple[AdapterDesign, ...] = (
     AdapterDesign("DDP", "get_ddp", "ddp", "ddp_on_after_backward", "ddp_on_train_batch_start"),
-    AdapterDesign("individual-parameters DDP", "get_ddp_individual_parameters", "ddp",
-                  "ddp_individual_parameters_on_after_backward", "ddp_individual_parameters_on_train_batch_start"),
-    AdapterDesign("bucketed DDP", "get_ddp_bucketed", "ddp", "ddp_bucketed_on_after_backward",
-                  "ddp_bucketed_on_train_batch_start"),
+    AdapterDesign(
+        "individual-parameters DDP",
+        "get_ddp_individual_parameters",
+        "ddp",
+        "ddp_individual_parameters_on_after_backward",
+        "ddp_individual_parameters_on_train_batch_start",
+    ),
+    AdapterDesign(
+        "bucketed DDP",
+        "get_ddp_bucketed",
+        "ddp",
+        "ddp_bucketed_on_after_backward",
+        "ddp_bucketed_on_train_batch_start",
+    ),
     AdapterDesign("sharded optimizer", "get_sharded_optimizer", "sharded"),
 )
 
@@ -77,13 +94,17 @@ def not_implemented(fn) -> bool:
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if not defs:
         return False
-    body = [s for s in defs[0].body
-            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring, ...
+    body = [
+        s
+        for s in defs[0].body
+        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]  # docstring, ...
     if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
         return False
     exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
     return (isinstance(exc, ast.Name) and exc.id == "NotImplementedError") or (
-        isinstance(exc, ast.Attribute) and exc.attr == "NotImplementedError")
+        isinstance(exc, ast.Attribute) and exc.attr == "NotImplementedError"
+    )
 
 
 def _status(module, name: str) -> str | None:
@@ -131,12 +152,16 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
     try:
         module = import_module(spec)
     except Exception as exc:  # noqa: BLE001 - the user's import error, reported as such
-        raise TargetError(f"--adapters={spec!r} does not import: {type(exc).__name__}: {exc}") from exc
+        raise TargetError(
+            f"--adapters={spec!r} does not import: {type(exc).__name__}: {exc}"
+        ) from exc
     known = [f for d in DESIGNS for f in d.functions]
     functions = tuple((name, st) for name in known if (st := _status(module, name)) is not None)
     if not functions:
-        raise TargetError(f"--adapters={spec!r} defines none of the CS336 adapter functions "
-                          f"({', '.join(d.constructor for d in DESIGNS)}, ...)")
+        raise TargetError(
+            f"--adapters={spec!r} defines none of the CS336 adapter functions "
+            f"({', '.join(d.constructor for d in DESIGNS)}, ...)"
+        )
     status = dict(functions)
     where = _module_path(spec)
     targets, skipped = [], []
@@ -147,20 +172,27 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
             why = "is not implemented" if d.finish in status else "is missing"
             skipped.append(f"not checking the {d.title}: {d.finish} {why}")
             continue
-        batch_start = d.batch_start if d.batch_start and status.get(d.batch_start) == "implemented" else None
+        batch_start = (
+            d.batch_start if d.batch_start and status.get(d.batch_start) == "implemented" else None
+        )
         takes_bucket = False
         if d.kind == "ddp":
             try:
                 takes_bucket = ddp_construction(getattr(module, d.constructor)).takes_bucket
             except TargetError as exc:
                 raise TargetError(f"--adapters={spec!r}: {d.constructor}: {exc}") from None
-        targets.append(Target(
-            f"{spec}:{d.constructor}", f"{where}:{d.constructor}", d.kind, takes_bucket=takes_bucket,
-            properties=ADAPTER_SHARDED_PROPERTIES if d.kind == "sharded" else None,
-            finish=None if d.finish is None else f"{where}:{d.finish}",
-            batch_start=None if batch_start is None else f"{where}:{batch_start}",
-            stub_cuda_timing=stub_cuda_timing,
-        ))
+        targets.append(
+            Target(
+                f"{spec}:{d.constructor}",
+                f"{where}:{d.constructor}",
+                d.kind,
+                takes_bucket=takes_bucket,
+                properties=ADAPTER_SHARDED_PROPERTIES if d.kind == "sharded" else None,
+                finish=None if d.finish is None else f"{where}:{d.finish}",
+                batch_start=None if batch_start is None else f"{where}:{batch_start}",
+                stub_cuda_timing=stub_cuda_timing,
+            )
+        )
     return AdapterReport(spec, functions, tuple(targets), tuple(skipped))
 
 

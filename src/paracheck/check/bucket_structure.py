@@ -70,7 +70,9 @@ MB = 2**20
 def _trainable(case: Case) -> list[tuple[int, str]]:
     """(bytes, dtype) of each trainable parameter, in registration order."""
     model = build_case_model(case, 0)
-    return [(p.numel() * p.element_size(), str(p.dtype)) for p in model.parameters() if p.requires_grad]
+    return [
+        (p.numel() * p.element_size(), str(p.dtype)) for p in model.parameters() if p.requires_grad
+    ]
 
 
 def _runs(params: list[tuple[int, str]]) -> list[int]:
@@ -88,8 +90,14 @@ def _ceil(x: float, cap: float) -> int:
     return 1 if math.isinf(cap) else math.ceil(x / cap)
 
 
-def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: float, *, backwards: int = 1,
-                     all_present: bool = True) -> tuple[float, float, str] | None:
+def window_violation(
+    payloads: list[int],
+    params: list[tuple[int, str]],
+    cap: float,
+    *,
+    backwards: int = 1,
+    all_present: bool = True,
+) -> tuple[float, float, str] | None:
     """The first rule of Note [Bucket-structure rules] that one window breaks, as (observed, bound,
     why), or None. ``payloads``: the all-reduce payload bytes of the window, in call order;
     ``params``: (bytes, dtype) of each trainable parameter in registration order; ``cap`` in
@@ -101,27 +109,57 @@ def window_violation(payloads: list[int], params: list[tuple[int, str]], cap: fl
     allowance = METADATA_BYTES_PER_PARAM * len(params)
     limit = cap + largest + allowance
     if max(payloads) >= limit:
-        return max(payloads), limit, (f"an all-reduce carries cap + largest parameter + {allowance} bytes of "
-                                      "presence flags or more")
+        return (
+            max(payloads),
+            limit,
+            (
+                f"an all-reduce carries cap + largest parameter + {allowance} bytes of "
+                "presence flags or more"
+            ),
+        )
     if backwards != 1:
         return None
     sent = sum(payloads)
     if sent > total + allowance:
-        return sent, total + allowance, ("more bytes all-reduced than the trainable gradients plus their presence "
-                                         "flags: some gradient was reduced twice")
+        return (
+            sent,
+            total + allowance,
+            (
+                "more bytes all-reduced than the trainable gradients plus their presence "
+                "flags: some gradient was reduced twice"
+            ),
+        )
     min_calls = 1 if math.isinf(cap) else math.floor(total / (cap + largest)) + 1
     if all_present and sent >= total and len(payloads) < min_calls:
-        return len(payloads), min_calls, (f"{len(payloads)} all-reduce calls, fewer than the {min_calls} buckets "
-                                          "that a cap-respecting packing needs (is the cap ignored?)")
+        return (
+            len(payloads),
+            min_calls,
+            (
+                f"{len(payloads)} all-reduce calls, fewer than the {min_calls} buckets "
+                "that a cap-respecting packing needs (is the cap ignored?)"
+            ),
+        )
     max_calls = sum(2 * _ceil(r, cap) - 1 for r in _runs(params)) + 1
     if len(payloads) > max_calls:
-        return len(payloads), max_calls, (f"{len(payloads)} all-reduce calls, more than the {max_calls} that greedy "
-                                          "packing under the cap can make (cap read in the wrong unit?)")
+        return (
+            len(payloads),
+            max_calls,
+            (
+                f"{len(payloads)} all-reduce calls, more than the {max_calls} that greedy "
+                "packing under the cap can make (cap read in the wrong unit?)"
+            ),
+        )
     runs = len(_runs(params))
     mergeable = sum(a + b <= cap for a, b in zip(payloads, payloads[1:]))
     if mergeable > runs + 2:
-        return mergeable, runs + 2, (f"{mergeable} pairs of consecutive all-reduces fit in one bucket together, "
-                                     f"more than the {runs + 2} that greedy packing leaves (cap read in the wrong unit?)")
+        return (
+            mergeable,
+            runs + 2,
+            (
+                f"{mergeable} pairs of consecutive all-reduces fit in one bucket together, "
+                f"more than the {runs + 2} that greedy packing leaves (cap read in the wrong unit?)"
+            ),
+        )
     return None
 
 
@@ -132,18 +170,35 @@ def check_bucket_structure(case: Case, ranks: list[dict]) -> Divergence | None:
         return None
     params = _trainable(case)
     # What the rank program passed (paracheck.check._drive): None, the case's cap, or the 25 MB default.
-    cap = math.inf if case.unbounded_bucket else (25.0 if case.bucket_size_mb is None else case.bucket_size_mb) * MB
+    cap = (
+        math.inf
+        if case.unbounded_bucket
+        else (25.0 if case.bucket_size_mb is None else case.bucket_size_mb) * MB
+    )
     cap_text = "None (unbounded)" if math.isinf(cap) else f"{cap:.0f} bytes"
     for r, rec in enumerate(ranks):
         for k, step in enumerate(rec.get("steps", [])):
             for window in step.get("windows", []):
                 payloads = [b for name, b in window["calls"] if name == "all_reduce"]
-                found = window_violation(payloads, params, cap, backwards=window["backwards"],
-                                         all_present=window.get("all_present", False))
+                found = window_violation(
+                    payloads,
+                    params,
+                    cap,
+                    backwards=window["backwards"],
+                    all_present=window.get("all_present", False),
+                )
                 if found is not None:
                     value, bound, why = found
-                    return Divergence(k, "bucket-structure", r, None, None, float(value), float(bound),
-                                      f"{why}; cap {cap_text}, trainable gradients {sum(b for b, _ in params)} "
-                                      f"bytes in {len(params)} parameters (largest {max(b for b, _ in params)}); "
-                                      f"all-reduce payloads in this synchronisation: {payloads}")
+                    return Divergence(
+                        k,
+                        "bucket-structure",
+                        r,
+                        None,
+                        None,
+                        float(value),
+                        float(bound),
+                        f"{why}; cap {cap_text}, trainable gradients {sum(b for b, _ in params)} "
+                        f"bytes in {len(params)} parameters (largest {max(b for b, _ in params)}); "
+                        f"all-reduce payloads in this synchronisation: {payloads}",
+                    )
     return None

@@ -35,13 +35,19 @@ class Divergence:
     def describe(self) -> str:
         where = "after construction" if self.step < 0 else f"at step {self.step}"
         tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
-        return (f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
-                f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}").rstrip()
+        return (
+            f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
+            f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}"
+        ).rstrip()
 
 
 # Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.
-_WHAT_TO_PROPERTY = {"grad": "gradients", "param": "parameters", "state": "optimizer-state",
-                     "buffer": "initial-state"}
+_WHAT_TO_PROPERTY = {
+    "grad": "gradients",
+    "param": "parameters",
+    "state": "optimizer-state",
+    "buffer": "initial-state",
+}
 
 
 def property_of(what: str, step: int) -> str:
@@ -66,14 +72,21 @@ def _close(got, ref, rtol: float, scale_src=None):
     allowed = rtol * (ref.abs() + scale)
     diff = (got - ref).abs()
     ok = bool((diff <= allowed).all())
-    denom = (ref.abs() + scale)
+    denom = ref.abs() + scale
     ratio = (diff / denom.clamp_min(1e-300)).max().item() if diff.numel() else 0.0
     if (denom == 0).any() and (diff[denom == 0] > 0).any():
         ratio = float("inf")
-    return ok, (diff.max().item() if diff.numel() else 0.0), (allowed.max().item() if allowed.numel() else 0.0), ratio
+    return (
+        ok,
+        (diff.max().item() if diff.numel() else 0.0),
+        (allowed.max().item() if allowed.numel() else 0.0),
+        ratio,
+    )
 
 
-def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_state: bool = False) -> tuple[Divergence | None, float]:
+def compare(
+    traj: Trajectory, ranks: list[dict], names: list[str], *, check_state: bool = False
+) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
     reports). Only the first is meaningful: everything the ranks compute after it starts from a
     state the oracle never had (a gradient wrong at step k makes the parameters wrong after it),
@@ -95,33 +108,84 @@ def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_stat
             detail = f"expected {'no gradient' if ref is None else 'a gradient'}, got {'None' if got is None else 'a tensor'}"
         elif got is not None and not torch.isfinite(got.detach().double()).all():
             detail = "non-finite values"
-        return Divergence(step, what, rank, i, names[i] if i is not None and i < len(names) else None, diff,
-                          allowed, detail, ratio)
+        return Divergence(
+            step,
+            what,
+            rank,
+            i,
+            names[i] if i is not None and i < len(names) else None,
+            diff,
+            allowed,
+            detail,
+            ratio,
+        )
 
     for r, rec in enumerate(ranks):
-        if len(rec["steps"]) != len(traj.steps) or len(rec["initial_params"]) != len(traj.initial_params):
-            return Divergence(-1, "structure", r, None, None, float("inf"), 0.0,
-                              f"rank returned {len(rec['steps'])} steps / {len(rec['initial_params'])} parameters, "
-                              f"expected {len(traj.steps)} / {len(traj.initial_params)}"), worst
+        if len(rec["steps"]) != len(traj.steps) or len(rec["initial_params"]) != len(
+            traj.initial_params
+        ):
+            return Divergence(
+                -1,
+                "structure",
+                r,
+                None,
+                None,
+                float("inf"),
+                0.0,
+                f"rank returned {len(rec['steps'])} steps / {len(rec['initial_params'])} parameters, "
+                f"expected {len(traj.steps)} / {len(traj.initial_params)}",
+            ), worst
         for i, (got, ref) in enumerate(zip(rec["initial_params"], traj.initial_params)):
             if not torch.equal(got.double(), ref.double()):
-                return Divergence(-1, "param", r, i, names[i], (got.double() - ref.double()).abs().max().item(), 0.0,
-                                  "initial parameters must equal rank 0's exactly (missing broadcast?)"), worst
+                return Divergence(
+                    -1,
+                    "param",
+                    r,
+                    i,
+                    names[i],
+                    (got.double() - ref.double()).abs().max().item(),
+                    0.0,
+                    "initial parameters must equal rank 0's exactly (missing broadcast?)",
+                ), worst
         for j, (got, ref) in enumerate(zip(rec.get("initial_buffers", []), traj.initial_buffers)):
             if not torch.equal(got.double(), ref.double()):
-                return Divergence(-1, "buffer", r, None, f"buffer #{j}", (got.double() - ref.double()).abs().max().item(),
-                                  0.0, "buffers must be broadcast from rank 0"), worst
+                return Divergence(
+                    -1,
+                    "buffer",
+                    r,
+                    None,
+                    f"buffer #{j}",
+                    (got.double() - ref.double()).abs().max().item(),
+                    0.0,
+                    "buffers must be broadcast from rank 0",
+                ), worst
     for k, oref in enumerate(traj.steps):
         for r, rec in enumerate(ranks):
             step = rec["steps"][k]
             if "grads" in step:
                 for i, (got, ref) in enumerate(zip(step["grads"], oref.grads)):
-                    d = check(k, "grad", r, i, got, ref, tensor_tolerance(traj.case, k, dtypes[i], dtypes).grads,
-                              oref.grad_absum[i])
+                    d = check(
+                        k,
+                        "grad",
+                        r,
+                        i,
+                        got,
+                        ref,
+                        tensor_tolerance(traj.case, k, dtypes[i], dtypes).grads,
+                        oref.grad_absum[i],
+                    )
                     if d:
                         return d, worst
             for i, (got, ref) in enumerate(zip(step["params"], oref.params)):
-                d = check(k, "param", r, i, got, ref, tensor_tolerance(traj.case, k, dtypes[i], dtypes).params)
+                d = check(
+                    k,
+                    "param",
+                    r,
+                    i,
+                    got,
+                    ref,
+                    tensor_tolerance(traj.case, k, dtypes[i], dtypes).params,
+                )
                 if d:
                     return d, worst
             if check_state and "state" in step:
@@ -133,8 +197,16 @@ def compare(traj: Trajectory, ranks: list[dict], names: list[str], *, check_stat
         for r in range(1, len(ranks)):
             for i, (a, b) in enumerate(zip(base, ranks[r]["steps"][k]["params"])):
                 if not torch.equal(a, b):
-                    return Divergence(k, "rank-agreement", r, i, names[i], (a.double() - b.double()).abs().max().item(), 0.0,
-                                      "ranks must hold bitwise identical parameters after each step"), worst
+                    return Divergence(
+                        k,
+                        "rank-agreement",
+                        r,
+                        i,
+                        names[i],
+                        (a.double() - b.double()).abs().max().item(),
+                        0.0,
+                        "ranks must hold bitwise identical parameters after each step",
+                    ), worst
     return None, worst
 
 
@@ -147,14 +219,32 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check):
         return None
     extra = sorted(i for i, st in got_state.items() if st and not ref_state.get(i))
     if extra:
-        return Divergence(k, "state", r, extra[0], None, float("inf"), 0.0,
-                          f"optimizer state for parameters {extra}, which have none in the oracle")
+        return Divergence(
+            k,
+            "state",
+            r,
+            extra[0],
+            None,
+            float("inf"),
+            0.0,
+            f"optimizer state for parameters {extra}, which have none in the oracle",
+        )
     for i in sorted(i for i, st in got_state.items() if st):
         for key, ref in ref_state[i].items():
             got = got_state[i].get(key)
             if got is None:
-                return Divergence(k, "state", r, i, names[i], float("inf"), 0.0, f"state key {key!r} missing")
-            d = check(k, "state", r, i, got.reshape(ref.shape) if got.numel() == ref.numel() else got, ref, rtol)
+                return Divergence(
+                    k, "state", r, i, names[i], float("inf"), 0.0, f"state key {key!r} missing"
+                )
+            d = check(
+                k,
+                "state",
+                r,
+                i,
+                got.reshape(ref.shape) if got.numel() == ref.numel() else got,
+                ref,
+                rtol,
+            )
             if d:
                 d.detail = f"state {key!r}. " + d.detail
                 return d
@@ -172,10 +262,16 @@ def state_convention(states: list[dict], ref_state: dict) -> str | None:
     ref = {i for i, st in ref_state.items() if st}
     if not ref or len(states) == 1:
         return None
-    return STATE_CONSOLIDATED if all({i for i, st in s.items() if st} >= ref for s in states) else STATE_SHARDS
+    return (
+        STATE_CONSOLIDATED
+        if all({i for i, st in s.items() if st} >= ref for s in states)
+        else STATE_SHARDS
+    )
 
 
-def compare_state_union(k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]) -> Divergence | None:
+def compare_state_union(
+    k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]
+) -> Divergence | None:
     """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
     ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
     that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
@@ -191,27 +287,55 @@ def compare_state_union(k: int, states: list[dict], ref_state: dict, rtol: float
     extra = sorted(set(holders) - set(ref_state))
     if missing or extra:
         i = (missing or extra)[0]
-        return Divergence(k, "state", (holders.get(i) or [0])[0], i, names[i] if i < len(names) else None,
-                          float("inf"), 0.0, f"optimizer state for parameters {missing} is on no rank "
-                          f"(union of every rank's state_dict()), for {extra} on some rank but not in the oracle")
+        return Divergence(
+            k,
+            "state",
+            (holders.get(i) or [0])[0],
+            i,
+            names[i] if i < len(names) else None,
+            float("inf"),
+            0.0,
+            f"optimizer state for parameters {missing} is on no rank "
+            f"(union of every rank's state_dict()), for {extra} on some rank but not in the oracle",
+        )
     for i, rs in sorted(holders.items()):
         first = states[rs[0]][i]
         for r in rs[1:]:
             other = states[r][i]
-            if set(other) != set(first) or any(not torch.equal(other[key], first[key]) for key in first):
-                diff = max((float((other[key].double() - first[key].double()).abs().max()) for key in first
-                            if key in other and other[key].shape == first[key].shape), default=float("inf"))
-                return Divergence(k, "state", r, i, names[i] if i < len(names) else None, diff, 0.0,
-                                  f"ranks {rs[0]} and {r} return different optimizer state for this parameter "
-                                  f"(keys {sorted(first)} / {sorted(other)}): ranks that return a parameter's "
-                                  f"state must return the same")
+            if set(other) != set(first) or any(
+                not torch.equal(other[key], first[key]) for key in first
+            ):
+                diff = max(
+                    (
+                        float((other[key].double() - first[key].double()).abs().max())
+                        for key in first
+                        if key in other and other[key].shape == first[key].shape
+                    ),
+                    default=float("inf"),
+                )
+                return Divergence(
+                    k,
+                    "state",
+                    r,
+                    i,
+                    names[i] if i < len(names) else None,
+                    diff,
+                    0.0,
+                    f"ranks {rs[0]} and {r} return different optimizer state for this parameter "
+                    f"(keys {sorted(first)} / {sorted(other)}): ranks that return a parameter's "
+                    f"state must return the same",
+                )
     for i, rs in sorted(holders.items()):
         for key, ref in ref_state[i].items():
             got = states[rs[0]][i].get(key)
             if got is None:
-                return Divergence(k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing")
+                return Divergence(
+                    k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing"
+                )
             got = got.reshape(ref.shape) if got.numel() == ref.numel() else got
             ok, diff, allowed, ratio = _close(got, ref, rtol)
             if not ok:
-                return Divergence(k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio)
+                return Divergence(
+                    k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio
+                )
     return None

@@ -31,8 +31,17 @@ _API = re.compile(r"\b(?:torch\.)?cuda\.[A-Za-z_][\w.]*|\.cuda\(\)|\.to\(\s*['\"
 # The torch frame (file suffix, function) a stubbed call fails in, when the user's line does not
 # show the call (an alias: `sync = torch.cuda.synchronize`).
 _STUBBED_FILES = ("torch/cuda/nvtx.py", "torch/cuda/streams.py")
-_STUBBED_APIS = ("synchronize", "Event", "Stream", "current_stream", "default_stream", "stream", "nvtx",
-                 "reset_peak_memory_stats", "reset_max_memory_allocated")
+_STUBBED_APIS = (
+    "synchronize",
+    "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "stream",
+    "nvtx",
+    "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+)
 
 
 def _frames(text: str) -> list[tuple[str, int, str, str]]:
@@ -42,7 +51,11 @@ def _frames(text: str) -> list[tuple[str, int, str, str]]:
     for i, line in enumerate(lines):
         m = _FRAME.match(line)
         if m:
-            src = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            src = (
+                lines[i + 1].strip()
+                if i + 1 < len(lines) and not _FRAME.match(lines[i + 1])
+                else ""
+            )
             out.append((m.group(1), int(m.group(2)), m.group(3), src))
     return out
 
@@ -53,7 +66,12 @@ _PARACHECK = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace
 
 def _library(path: str) -> bool:
     p = path.replace("\\", "/")
-    if "/torch/" in p or p.startswith(_PARACHECK) or "/site-packages/paracheck/" in p or p.startswith("<"):
+    if (
+        "/torch/" in p
+        or p.startswith(_PARACHECK)
+        or "/site-packages/paracheck/" in p
+        or p.startswith("<")
+    ):
         return True
     # The standard library (contextlib's __enter__ between `with nvtx.range(...)` and torch).
     return "/lib/python3" in p and "site-packages" not in p and "dist-packages" not in p
@@ -84,7 +102,7 @@ def cuda_only_call(traceback_text: str) -> str | None:
         if not _library(frames[k][0]):
             user = k
             break
-    if user is None or not all(_library(f[0]) for f in frames[user + 1:]):
+    if user is None or not all(_library(f[0]) for f in frames[user + 1 :]):
         return None
     path, line, _, src = frames[user]
     call = _API.search(src)
@@ -92,12 +110,17 @@ def cuda_only_call(traceback_text: str) -> str | None:
     if api is not None and not api.startswith("."):
         api = api if api.startswith("torch.") else "torch." + api
     if api is None:
-        api = _called_api(traceback_text, frames[user + 1:])
+        api = _called_api(traceback_text, frames[user + 1 :])
     where = f"{os.path.basename(path)}:{line}"
     stubbable = any(s in api for s in _STUBBED_APIS) or any(
-        f[0].replace("\\", "/").endswith(_STUBBED_FILES) for f in frames[user + 1:])
+        f[0].replace("\\", "/").endswith(_STUBBED_FILES) for f in frames[user + 1 :]
+    )
     if stubbable:
-        return (f"your code calls a CUDA-only API ({api} at {where}); on CPU pass --stub-cuda-timing or run "
-                f"with --backend nccl")
-    return (f"your code uses CUDA ({api} at {where}) on a machine without it; run with --backend nccl on a "
-            f"machine with GPUs")
+        return (
+            f"your code calls a CUDA-only API ({api} at {where}); on CPU pass --stub-cuda-timing or run "
+            f"with --backend nccl"
+        )
+    return (
+        f"your code uses CUDA ({api} at {where}) on a machine without it; run with --backend nccl on a "
+        f"machine with GPUs"
+    )

@@ -12,8 +12,8 @@ parameters, so the optimizer groups are re-indexed by parameter name).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from paracheck.cases import Case, GroupSpec
 
@@ -76,64 +76,163 @@ def _one_group(case: Case) -> Case:
 
 def _flag(field: str, default, name: str, label: str, **kw) -> Feature:
     """A feature that is one ``Case`` field away from its default (absent fields: never present)."""
-    return Feature(name, label, lambda c: hasattr(c, field) and getattr(c, field) != default,
-                   lambda c: replace(c, **{field: default}), **kw)
+    return Feature(
+        name,
+        label,
+        lambda c: hasattr(c, field) and getattr(c, field) != default,
+        lambda c: replace(c, **{field: default}),
+        **kw,
+    )
 
 
 def _opt_flag(field: str, default, name: str, label: str) -> Feature:
-    return Feature(name, label, lambda c: getattr(c.optimizer, field, default) != default,
-                   lambda c: _opt(c, **{field: default}))
+    return Feature(
+        name,
+        label,
+        lambda c: getattr(c.optimizer, field, default) != default,
+        lambda c: _opt(c, **{field: default}),
+    )
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("world>=3", "at world size >= 3", lambda c: c.world_size >= 3, lambda c: c.with_world_size(2),
-            implies=("world>=2",)),
-    Feature("world>=2", "with several ranks", lambda c: c.world_size >= 2, lambda c: c.with_world_size(1),
-            search_without=False),
-    Feature("unused-some-ranks", "when a parameter is used on some ranks but not others",
-            lambda c: _is_mlp(c) and c.model.unused == "data", lambda c: _model(c, unused="none")),
-    Feature("unused-always", "with a parameter that is never used",
-            lambda c: _is_mlp(c) and c.model.unused == "always", lambda c: _model(c, unused="none")),
-    Feature("frozen", "with frozen (requires_grad=False) parameters",
-            lambda c: _is_mlp(c) and bool(c.model.frozen), lambda c: _model(c, frozen=())),
-    Feature("tied", "with a tied (shared) parameter",
-            lambda c: _is_mlp(c) and c.model.tied, lambda c: _model(c, tied=False)),
-    Feature("float32-layer", "with parameters of two dtypes (a float32 layer)",
-            lambda c: _is_mlp(c) and getattr(c.model, "float32_layer", None) is not None,
-            lambda c: _model(c, float32_layer=None)),
-    Feature("buffer", "with a buffer", lambda c: _is_mlp(c) and c.model.buffer, lambda c: _model(c, buffer=False)),
-    Feature("unequal-batches", "with unequal per-rank batch sizes", lambda c: len(set(c.batch_sizes)) > 1,
-            lambda c: replace(c, batch_sizes=(min(c.batch_sizes),) * c.world_size)),
-    Feature("rank-dependent-init", "when ranks construct different initial weights",
-            lambda c: c.rank_dependent_init, lambda c: replace(c, rank_dependent_init=False)),
-    Feature("several-steps", "with several optimizer steps", lambda c: c.steps > 1,
-            lambda c: replace(c, steps=1), search_without=False),
-    Feature("accumulation", "with gradient accumulation", lambda c: c.accumulation > 1,
-            lambda c: replace(c, accumulation=1, no_sync=False)),
-    Feature("no-sync", "with no_sync() during accumulation", lambda c: c.no_sync and c.accumulation > 1,
-            lambda c: replace(c, no_sync=False), implies=("accumulation",)),
+    Feature(
+        "world>=3",
+        "at world size >= 3",
+        lambda c: c.world_size >= 3,
+        lambda c: c.with_world_size(2),
+        implies=("world>=2",),
+    ),
+    Feature(
+        "world>=2",
+        "with several ranks",
+        lambda c: c.world_size >= 2,
+        lambda c: c.with_world_size(1),
+        search_without=False,
+    ),
+    Feature(
+        "unused-some-ranks",
+        "when a parameter is used on some ranks but not others",
+        lambda c: _is_mlp(c) and c.model.unused == "data",
+        lambda c: _model(c, unused="none"),
+    ),
+    Feature(
+        "unused-always",
+        "with a parameter that is never used",
+        lambda c: _is_mlp(c) and c.model.unused == "always",
+        lambda c: _model(c, unused="none"),
+    ),
+    Feature(
+        "frozen",
+        "with frozen (requires_grad=False) parameters",
+        lambda c: _is_mlp(c) and bool(c.model.frozen),
+        lambda c: _model(c, frozen=()),
+    ),
+    Feature(
+        "tied",
+        "with a tied (shared) parameter",
+        lambda c: _is_mlp(c) and c.model.tied,
+        lambda c: _model(c, tied=False),
+    ),
+    Feature(
+        "float32-layer",
+        "with parameters of two dtypes (a float32 layer)",
+        lambda c: _is_mlp(c) and getattr(c.model, "float32_layer", None) is not None,
+        lambda c: _model(c, float32_layer=None),
+    ),
+    Feature(
+        "buffer",
+        "with a buffer",
+        lambda c: _is_mlp(c) and c.model.buffer,
+        lambda c: _model(c, buffer=False),
+    ),
+    Feature(
+        "unequal-batches",
+        "with unequal per-rank batch sizes",
+        lambda c: len(set(c.batch_sizes)) > 1,
+        lambda c: replace(c, batch_sizes=(min(c.batch_sizes),) * c.world_size),
+    ),
+    Feature(
+        "rank-dependent-init",
+        "when ranks construct different initial weights",
+        lambda c: c.rank_dependent_init,
+        lambda c: replace(c, rank_dependent_init=False),
+    ),
+    Feature(
+        "several-steps",
+        "with several optimizer steps",
+        lambda c: c.steps > 1,
+        lambda c: replace(c, steps=1),
+        search_without=False,
+    ),
+    Feature(
+        "accumulation",
+        "with gradient accumulation",
+        lambda c: c.accumulation > 1,
+        lambda c: replace(c, accumulation=1, no_sync=False),
+    ),
+    Feature(
+        "no-sync",
+        "with no_sync() during accumulation",
+        lambda c: c.no_sync and c.accumulation > 1,
+        lambda c: replace(c, no_sync=False),
+        implies=("accumulation",),
+    ),
     _flag("set_to_none", True, "zero-grad-to-zeros", "with zero_grad(set_to_none=False)"),
-    Feature("several-groups", "with several parameter groups", lambda c: len(c.optimizer.groups) > 1, _one_group),
-    Feature("late-group", "with a parameter group added mid-training (add_param_group)",
-            lambda c: any(g.add_at_step is not None for g in c.optimizer.groups),
-            lambda c: _groups(c, lambda g: replace(g, add_at_step=None))),
-    Feature("momentum", "with SGD momentum", lambda c: any(g.momentum for g in c.optimizer.groups),
-            lambda c: _groups(c, lambda g: replace(g, momentum=0.0))),
-    Feature("weight-decay", "with weight decay", lambda c: any(g.weight_decay for g in c.optimizer.groups),
-            lambda c: _groups(c, lambda g: replace(g, weight_decay=0.0))),
-    Feature("adam", "with Adam/AdamW", lambda c: c.optimizer.name in ("adam", "adamw"),
-            lambda c: _opt(c, name="sgd")),
+    Feature(
+        "several-groups",
+        "with several parameter groups",
+        lambda c: len(c.optimizer.groups) > 1,
+        _one_group,
+    ),
+    Feature(
+        "late-group",
+        "with a parameter group added mid-training (add_param_group)",
+        lambda c: any(g.add_at_step is not None for g in c.optimizer.groups),
+        lambda c: _groups(c, lambda g: replace(g, add_at_step=None)),
+    ),
+    Feature(
+        "momentum",
+        "with SGD momentum",
+        lambda c: any(g.momentum for g in c.optimizer.groups),
+        lambda c: _groups(c, lambda g: replace(g, momentum=0.0)),
+    ),
+    Feature(
+        "weight-decay",
+        "with weight decay",
+        lambda c: any(g.weight_decay for g in c.optimizer.groups),
+        lambda c: _groups(c, lambda g: replace(g, weight_decay=0.0)),
+    ),
+    Feature(
+        "adam",
+        "with Adam/AdamW",
+        lambda c: c.optimizer.name in ("adam", "adamw"),
+        lambda c: _opt(c, name="sgd"),
+    ),
     _opt_flag("lr_decay", 1.0, "lr-changes", "with lr changes between steps"),
     _opt_flag("as_generator", False, "params-generator", "with parameters passed as a generator"),
     _opt_flag("scheduler", None, "scheduler", "with an LR scheduler"),
-    _opt_flag("groups_as_generators", False, "groups-generators", "with parameter groups given as generators"),
-    Feature("small-buckets", "with buckets smaller than the model",
-            lambda c: c.bucket_size_mb is not None and not getattr(c, "unbounded_bucket", False)
-            and c.bucket_size_mb < 1.0, lambda c: replace(c, bucket_size_mb=None)),
+    _opt_flag(
+        "groups_as_generators",
+        False,
+        "groups-generators",
+        "with parameter groups given as generators",
+    ),
+    Feature(
+        "small-buckets",
+        "with buckets smaller than the model",
+        lambda c: (
+            c.bucket_size_mb is not None
+            and not getattr(c, "unbounded_bucket", False)
+            and c.bucket_size_mb < 1.0
+        ),
+        lambda c: replace(c, bucket_size_mb=None),
+    ),
     _flag("closure", False, "closure", "with optimizer.step(closure)"),
     _flag("reload_at_step", None, "reload", "with the optimizer state reloaded mid-training"),
     _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),
-    _flag("finish_once", False, "finish-once", "with one synchronisation after the last micro-step"),
+    _flag(
+        "finish_once", False, "finish-once", "with one synchronisation after the last micro-step"
+    ),
     _flag("double_backward", False, "double-backward", "with two backward passes per micro-step"),
     _flag("unbounded_bucket", False, "unbounded-bucket", "with bucket_size_mb=None"),
     _flag("dtype", "float64", "low-precision", "in low precision"),

@@ -28,11 +28,18 @@ def merged_world_case(case: Case) -> Case:
     """The world-size-1 case fed all of ``case``'s ranks' batches (needs equal batch sizes and
     no data-dependent branch, whose use depends on which batch comes first)."""
     if len(set(case.batch_sizes)) != 1:
-        raise ValueError(f"batch_sizes={case.batch_sizes} must be equal for the world-size relation")
+        raise ValueError(
+            f"batch_sizes={case.batch_sizes} must be equal for the world-size relation"
+        )
     if getattr(case.model, "unused", "none") == "data":
         raise ValueError("a data-dependent branch breaks the world-size relation (unused='data')")
-    return replace(case, world_size=1, batch_sizes=(case.batch_sizes[0],), merged_ranks=case.world_size,
-                   rank_dependent_init=False)
+    return replace(
+        case,
+        world_size=1,
+        batch_sizes=(case.batch_sizes[0],),
+        merged_ranks=case.world_size,
+        rank_dependent_init=False,
+    )
 
 
 def compare_runs(a: list[dict], b: list[dict], case: Case, what: str) -> Divergence | None:
@@ -43,11 +50,15 @@ def compare_runs(a: list[dict], b: list[dict], case: Case, what: str) -> Diverge
             for i, (x, y) in enumerate(zip(sa[kind], sb[kind])):
                 ok, diff, allowed, ratio = _close(x, y, rtol)
                 if not ok:
-                    return Divergence(k, kind[:-1], 0, i, names[i], diff, allowed, f"{what}: the two runs differ")
+                    return Divergence(
+                        k, kind[:-1], 0, i, names[i], diff, allowed, f"{what}: the two runs differ"
+                    )
     return None
 
 
-def world_size_relation(world: World, target: Target, case: Case, *, timeout=None) -> Divergence | None:
+def world_size_relation(
+    world: World, target: Target, case: Case, *, timeout=None
+) -> Divergence | None:
     payload = {**target.driver_payload(), "case": case}
     wide = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     one = merged_world_case(case)
@@ -55,10 +66,15 @@ def world_size_relation(world: World, target: Target, case: Case, *, timeout=Non
     return compare_runs(wide, narrow, case, f"world size {case.world_size} vs 1 fed the same data")
 
 
-def bucket_size_independence(world: World, target: Target, case: Case, other_bucket_mb: float, *,
-                             timeout=None) -> Divergence | None:
+def bucket_size_independence(
+    world: World, target: Target, case: Case, other_bucket_mb: float, *, timeout=None
+) -> Divergence | None:
     payload = {**target.driver_payload(), "case": case, "takes_bucket": True}
     a = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     other = replace(case, bucket_size_mb=other_bucket_mb)
-    b = world.run(target.rank_fn, {**payload, "case": other}, world_size=case.world_size, timeout=timeout)
-    return compare_runs(a, b, case, f"bucket_size_mb {case.bucket_size_mb:g} vs {other_bucket_mb:g}")
+    b = world.run(
+        target.rank_fn, {**payload, "case": other}, world_size=case.world_size, timeout=timeout
+    )
+    return compare_runs(
+        a, b, case, f"bucket_size_mb {case.bucket_size_mb:g} vs {other_bucket_mb:g}"
+    )

@@ -38,8 +38,15 @@ from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target
 from paracheck.world import World
 
-__all__ = ["CheckReport", "PropertyFailure", "CaseTimeouts", "Progress", "check_target", "replay_command",
-           "PROFILES"]
+__all__ = [
+    "CheckReport",
+    "PropertyFailure",
+    "CaseTimeouts",
+    "Progress",
+    "check_target",
+    "replay_command",
+    "PROFILES",
+]
 
 # Hypothesis settings per profile: ci is derandomised (same examples every run).
 PROFILES = {
@@ -111,7 +118,9 @@ class _Found(AssertionError):
     """Raised inside a Hypothesis search on a case that breaks the searched property."""
 
     def __init__(self, prop: str, result: CaseResult):
-        super().__init__(f"{prop}: {result.describe(prop).splitlines()[0] if result.describe(prop) else ''}")
+        super().__init__(
+            f"{prop}: {result.describe(prop).splitlines()[0] if result.describe(prop) else ''}"
+        )
         self.prop = prop
         self.result = result
 
@@ -130,18 +139,26 @@ class _Checker:
         key = case.to_json()
         if key in self.cache:
             return self.cache[key]
-        self.progress(f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
-                      f"{self.phase}")
-        result = run_case(self.world, self.target, case,
-                          device=self.device_fn(case) if self.device_fn else None,
-                          timeout=self.timeouts(case.world_size))
+        self.progress(
+            f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
+            f"{self.phase}"
+        )
+        result = run_case(
+            self.world,
+            self.target,
+            case,
+            device=self.device_fn(case) if self.device_fn else None,
+            timeout=self.timeouts(case.world_size),
+        )
         if result.ok:
             self.timeouts.observe(case.world_size, result.seconds)
             self.worst = max(self.worst, result.worst_ratio)
         self.cache[key] = result
         return result
 
-    def search(self, strategy, wanted, *, max_examples: int, tag: str, shrink_budget) -> _Hit | None:
+    def search(
+        self, strategy, wanted, *, max_examples: int, tag: str, shrink_budget
+    ) -> _Hit | None:
         """Search ``strategy`` for a case on which ``wanted(failed_properties)`` names a property,
         then shrink it for that property (Note [One search per property])."""
         state = {"prop": None, "result": None, "n": 0, "first_at": 0, "t": 0.0, "skipped": 0}
@@ -150,7 +167,11 @@ class _Checker:
             state["n"] += 1
             if state["prop"] is not None:
                 budget = shrink_budget(state["prop"])
-                if budget is not None and time.monotonic() - state["t"] > budget and case.to_json() not in self.cache:
+                if (
+                    budget is not None
+                    and time.monotonic() - state["t"] > budget
+                    and case.to_json() not in self.cache
+                ):
                     state["skipped"] += 1
                     return  # out of shrinking budget: uncached candidates count as passing
             result = self.run(case)
@@ -204,7 +225,11 @@ class _Checker:
                 continue  # no valid case without it
             if simpler == case:
                 continue
-            if deadline is not None and time.monotonic() > deadline and simpler.to_json() not in self.cache:
+            if (
+                deadline is not None
+                and time.monotonic() > deadline
+                and simpler.to_json() not in self.cache
+            ):
                 complete = False
                 break
             if prop not in self.run(simpler).failed_properties:
@@ -213,13 +238,27 @@ class _Checker:
         return essential(out), complete
 
 
-def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], max_examples: int = 40,
-                 seed: int | None = 0, strategy=None, device_fn=None, database=None,
-                 timeout: float | None = None, explicit: list[Case] = (), dtype: str = "float64",
-                 first_failure: bool = True, search_without: bool = True, labels: bool = False,
-                 timeout_floor: float = 5.0,
-                 hang_shrink_seconds: float = 10.0, shrink_seconds: float | None = None,
-                 progress=None) -> CheckReport:
+def check_target(
+    target: Target,
+    world: World,
+    *,
+    world_sizes: tuple[int, ...],
+    max_examples: int = 40,
+    seed: int | None = 0,
+    strategy=None,
+    device_fn=None,
+    database=None,
+    timeout: float | None = None,
+    explicit: list[Case] = (),
+    dtype: str = "float64",
+    first_failure: bool = True,
+    search_without: bool = True,
+    labels: bool = False,
+    timeout_floor: float = 5.0,
+    hang_shrink_seconds: float = 10.0,
+    shrink_seconds: float | None = None,
+    progress=None,
+) -> CheckReport:
     """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
     the properties it breaks, each with its own shrunk case. ``first_failure=False`` goes on after
     the first failing property to find every one (``paracheck check`` and the ``paracheck_check``
@@ -243,7 +282,9 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     else:
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
-        strategy = st.tuples(st.sampled_from(sizes), strategy).map(lambda t: t[1].with_world_size(t[0]))
+        strategy = st.tuples(st.sampled_from(sizes), strategy).map(
+            lambda t: t[1].with_world_size(t[0])
+        )
     cap = min(timeout, world.timeout) if timeout is not None else world.timeout
     progress = progress or (lambda text: None)
     cfg = dict(
@@ -258,8 +299,15 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     # mode; with one (the CLI's default), failing cases are saved and replayed first next time.
     if seed is not None and database is None:
         cfg["derandomize"] = True
-    checker = _Checker(target, world, device_fn=device_fn, timeouts=CaseTimeouts(cap, floor=timeout_floor),
-                       progress=progress, strategy_settings=cfg, key=f"{target.path}|{target.kind}")
+    checker = _Checker(
+        target,
+        world,
+        device_fn=device_fn,
+        timeouts=CaseTimeouts(cap, floor=timeout_floor),
+        progress=progress,
+        strategy_settings=cfg,
+        key=f"{target.path}|{target.kind}",
+    )
     checker._seed = seed
 
     # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
@@ -277,12 +325,23 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
         nonlocal first_at
         deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
-        needs, complete = checker.needs(hit.prop, hit.result.case, deadline) if labels else (None, True)
+        needs, complete = (
+            checker.needs(hit.prop, hit.result.case, deadline) if labels else (None, True)
+        )
         extra = list(hit.notes)
         if not complete:
             extra.append("not every feature was tried: the time budget for hangs ran out")
-        failures.append(PropertyFailure(hit.prop, hit.result, needs, hit.fully_shrunk, hit.found_after,
-                                        without_feature, extra))
+        failures.append(
+            PropertyFailure(
+                hit.prop,
+                hit.result,
+                needs,
+                hit.fully_shrunk,
+                hit.found_after,
+                without_feature,
+                extra,
+            )
+        )
         known.add(hit.prop)
         if first_at is None:
             first_at = hit.found_after + 1
@@ -291,15 +350,22 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
         result = checker.run(case)
         for prop in order(result.failed_properties):
             if prop not in known:
-                finish(_Hit(prop, result, True, len(checker.cache) - 1, ["a given case, not shrunk"]))
+                finish(
+                    _Hit(prop, result, True, len(checker.cache) - 1, ["a given case, not shrunk"])
+                )
         if first_failure and failures:
             break
 
     # The first search also reports how many cases a passing target ran.
     passes = 0
     while not (first_failure and failures):
-        hit = checker.search(strategy, lambda failed: next((p for p in order(failed) if p not in known), None),
-                             max_examples=max_examples, tag=f"new:{passes}", shrink_budget=budget)
+        hit = checker.search(
+            strategy,
+            lambda failed: next((p for p in order(failed) if p not in known), None),
+            max_examples=max_examples,
+            tag=f"new:{passes}",
+            shrink_budget=budget,
+        )
         passes += 1
         if hit is None:
             break
@@ -316,18 +382,32 @@ def check_target(target: Target, world: World, *, world_sizes: tuple[int, ...], 
                 prop = f.property
                 masked = strategy.map(lambda c, name=name: without(c, name))
                 hit = checker.search(
-                    masked, lambda failed, prop=prop: next((p for p in order(failed) if p == prop or p not in known),
-                                                           None),
-                    max_examples=max(10, max_examples // 2), tag=f"without:{prop}:{name}", shrink_budget=budget)
+                    masked,
+                    lambda failed, prop=prop: next(
+                        (p for p in order(failed) if p == prop or p not in known), None
+                    ),
+                    max_examples=max(10, max_examples // 2),
+                    tag=f"without:{prop}:{name}",
+                    shrink_budget=budget,
+                )
                 if hit is not None:
                     finish(hit, without_feature=name)
 
     seconds = time.monotonic() - t0
     if hasattr(progress, "clear"):
         progress.clear()
-    return CheckReport(target, not failures, first_at if failures else searched_cases, seconds, failures,
-                       checker.worst, sizes, notes, cases_run=len(checker.cache),
-                       timeout=timeout)
+    return CheckReport(
+        target,
+        not failures,
+        first_at if failures else searched_cases,
+        seconds,
+        failures,
+        checker.worst,
+        sizes,
+        notes,
+        cases_run=len(checker.cache),
+        timeout=timeout,
+    )
 
 
 __all__ += ["CheckFailure"]

@@ -13,8 +13,15 @@ from dataclasses import dataclass, field
 
 from paracheck.check.run import CaseResult
 
-__all__ = ["PROPERTIES", "Property", "PropertyFailure", "CheckReport", "case_report", "replay_command",
-           "target_frame"]
+__all__ = [
+    "PROPERTIES",
+    "Property",
+    "PropertyFailure",
+    "CheckReport",
+    "case_report",
+    "replay_command",
+    "target_frame",
+]
 
 
 @dataclass(frozen=True)
@@ -27,48 +34,75 @@ class Property:
 # are ``Divergence.property`` (``paracheck.check.compare.property_of``) and, for rank failures,
 # "hang", "raised" and "died".
 PROPERTIES: dict[str, Property] = {
-    "raised": Property("your code raised on a rank",
-                       "the exception is raised in the target's code (its frame is shown first); replay the case "
-                       "to debug it in one process per rank"),
-    "died": Property("a rank process died",
-                     "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion"),
-    "hang": Property("the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
-                     "never returns)",
-                     "every rank must issue the same collectives in the same order; decide what to communicate "
-                     "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
-                     "(such as its gradient being None)"),
-    "structure": Property("a rank recorded a different number of steps or parameters than the oracle",
-                          "the target must train every parameter of the module it wraps, for every step"),
-    "initial-state": Property("ranks do not start from rank 0's parameters and buffers",
-                              "broadcast every parameter and every buffer from rank 0 in the constructor"),
-    "gradients": Property("gradients not averaged over ranks: a synchronised .grad differs from the oracle's "
-                          "average",
-                          "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
-                          "sum over ranks divided by the world size, on every rank (None where no rank had one)"),
-    "bucket-structure": Property("the all-reduce calls do not respect bucket_size_mb",
-                                 "pack gradients into buckets of at most bucket_size_mb * 2**20 bytes (a larger "
-                                 "parameter alone), reduce each gradient exactly once, and do not split buckets "
-                                 "further than the cap requires"),
-    "parameters": Property("parameters after a step differ from the oracle's",
-                           "the update is wrong although the gradients were right: check the optimizer's groups "
-                           "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner"),
-    "optimizer-state": Property("optimizer state differs from the oracle's",
-                                "the state every rank's state_dict() returns (its own shard, or every shard "
-                                "consolidated) must equal the oracle's, keyed as a single-process optimizer keys it; "
-                                "ranks returning the same parameter's state must agree"),
-    "state-consolidated": Property("the consolidated optimizer state differs from the oracle's",
-                                   "consolidate every rank's shard into state_dict(), on every rank"),
-    "rank-agreement": Property("ranks disagree: their parameters after a step are not bitwise identical",
-                               "every rank must apply the same update to the same values (reduce, then update; "
-                               "broadcast from one owner)"),
-    "memory": Property("a rank holds other optimizer-state bytes than its declared partition implies",
-                       "each rank must hold optimizer state for the parameters it owns, and only those"),
-    "balance": Property("the partition breaks its balance bound or does not own every parameter exactly once",
-                        "partition the trainable parameters by size (frozen ones weigh nothing), every one "
-                        "owned by exactly one rank"),
-    "traffic": Property("a step's collectives differ from the analytic communication model",
-                        "communicate only trainable parameters, once per step, with the collectives the "
-                        "design calls for"),
+    "raised": Property(
+        "your code raised on a rank",
+        "the exception is raised in the target's code (its frame is shown first); replay the case "
+        "to debug it in one process per rank",
+    ),
+    "died": Property(
+        "a rank process died",
+        "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion",
+    ),
+    "hang": Property(
+        "the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
+        "never returns)",
+        "every rank must issue the same collectives in the same order; decide what to communicate "
+        "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
+        "(such as its gradient being None)",
+    ),
+    "structure": Property(
+        "a rank recorded a different number of steps or parameters than the oracle",
+        "the target must train every parameter of the module it wraps, for every step",
+    ),
+    "initial-state": Property(
+        "ranks do not start from rank 0's parameters and buffers",
+        "broadcast every parameter and every buffer from rank 0 in the constructor",
+    ),
+    "gradients": Property(
+        "gradients not averaged over ranks: a synchronised .grad differs from the oracle's average",
+        "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
+        "sum over ranks divided by the world size, on every rank (None where no rank had one)",
+    ),
+    "bucket-structure": Property(
+        "the all-reduce calls do not respect bucket_size_mb",
+        "pack gradients into buckets of at most bucket_size_mb * 2**20 bytes (a larger "
+        "parameter alone), reduce each gradient exactly once, and do not split buckets "
+        "further than the cap requires",
+    ),
+    "parameters": Property(
+        "parameters after a step differ from the oracle's",
+        "the update is wrong although the gradients were right: check the optimizer's groups "
+        "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner",
+    ),
+    "optimizer-state": Property(
+        "optimizer state differs from the oracle's",
+        "the state every rank's state_dict() returns (its own shard, or every shard "
+        "consolidated) must equal the oracle's, keyed as a single-process optimizer keys it; "
+        "ranks returning the same parameter's state must agree",
+    ),
+    "state-consolidated": Property(
+        "the consolidated optimizer state differs from the oracle's",
+        "consolidate every rank's shard into state_dict(), on every rank",
+    ),
+    "rank-agreement": Property(
+        "ranks disagree: their parameters after a step are not bitwise identical",
+        "every rank must apply the same update to the same values (reduce, then update; "
+        "broadcast from one owner)",
+    ),
+    "memory": Property(
+        "a rank holds other optimizer-state bytes than its declared partition implies",
+        "each rank must hold optimizer state for the parameters it owns, and only those",
+    ),
+    "balance": Property(
+        "the partition breaks its balance bound or does not own every parameter exactly once",
+        "partition the trainable parameters by size (frozen ones weigh nothing), every one "
+        "owned by exactly one rank",
+    ),
+    "traffic": Property(
+        "a step's collectives differ from the analytic communication model",
+        "communicate only trainable parameters, once per step, with the collectives the "
+        "design calls for",
+    ),
 }
 
 
@@ -86,9 +120,20 @@ def order(props) -> list[str]:
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
 # Frames of these are the harness's or a library's, not the target's.
-_NOT_TARGET = ("/torch/", "/site-packages/", "/dist-packages/", "/paracheck/check/", "/paracheck/world/",
-               "/paracheck/oracle/", "/paracheck/cases.py", "/paracheck/workloads/", "/paracheck/accounting/",
-               "/lib/python3", "<frozen", "<string>")
+_NOT_TARGET = (
+    "/torch/",
+    "/site-packages/",
+    "/dist-packages/",
+    "/paracheck/check/",
+    "/paracheck/world/",
+    "/paracheck/oracle/",
+    "/paracheck/cases.py",
+    "/paracheck/workloads/",
+    "/paracheck/accounting/",
+    "/lib/python3",
+    "<frozen",
+    "<string>",
+)
 
 
 def target_frame(traceback_text: str) -> str | None:
@@ -126,6 +171,7 @@ def _diagnosis(traceback_text: str) -> str | None:
 
 # -- the report objects -------------------------------------------------------------------------
 
+
 def replay_command(target, case, backend: str = "gloo", *, timeout: float | None = None) -> str:
     """The command that replays exactly ``case`` on ``target`` with the options that change the
     verdict: backend, kind (import paths), the selected properties, the hang timeout."""
@@ -162,7 +208,11 @@ class PropertyFailure:
 
     @property
     def meaning(self) -> str:
-        if self.property == "raised" and self.result.error is not None and self.result.error.failures:
+        if (
+            self.property == "raised"
+            and self.result.error is not None
+            and self.result.error.failures
+        ):
             return f"your code raised on rank {self.result.error.failures[0].rank}"
         return property_info(self.property).meaning
 
@@ -179,11 +229,18 @@ class PropertyFailure:
         if self.without:
             from paracheck.check.features import label
 
-            out.append(f"  found among cases without the feature another failure needs ({label(self.without)[5:]})")
+            out.append(
+                f"  found among cases without the feature another failure needs ({label(self.without)[5:]})"
+            )
         if self.needs is not None:
-            out.append("  needs: " + ("; ".join(self.labels()) if self.needs else "nothing beyond the case below"))
+            out.append(
+                "  needs: "
+                + ("; ".join(self.labels()) if self.needs else "nothing beyond the case below")
+            )
         if not self.fully_shrunk:
-            out.append("  not fully shrunk: the shrinking budget ran out; this is the smallest failing case found")
+            out.append(
+                "  not fully shrunk: the shrinking budget ran out; this is the smallest failing case found"
+            )
         out += [f"  note: {n}" for n in self.notes]
         err = self.result.error
         if err is not None and self.property == "raised" and err.failures:
@@ -227,12 +284,24 @@ class PropertyFailure:
             "found_without": self.without,
             "case": self.case.to_dict(),
             "detail": self.result.describe(self.property),
-            "divergence": None if d is None else {
-                "step": d.step, "what": d.what, "rank": d.rank, "index": d.index, "name": d.name,
-                "max_abs_diff": d.max_abs_diff, "tolerance": d.tolerance, "detail": d.detail},
-            "hang": None if not (self.result.error is not None and self.property == "hang") else {
+            "divergence": None
+            if d is None
+            else {
+                "step": d.step,
+                "what": d.what,
+                "rank": d.rank,
+                "index": d.index,
+                "name": d.name,
+                "max_abs_diff": d.max_abs_diff,
+                "tolerance": d.tolerance,
+                "detail": d.detail,
+            },
+            "hang": None
+            if not (self.result.error is not None and self.property == "hang")
+            else {
                 "disagreement": getattr(self.result.error, "disagreement", ""),
-                "definite": getattr(self.result.error, "definite", False)},
+                "definite": getattr(self.result.error, "definite", False),
+            },
             "outputs": {str(k): v for k, v in self.result.outputs.items()},
             "replay": replay_command(target, self.case, backend, timeout=timeout),
         }
@@ -262,12 +331,18 @@ class CheckReport:
         if self.passed and self.cases_run == 1 and self.examples == 1:
             return f"PASS {self.target.name}: the given case"
         if self.passed:
-            return (f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
-                    f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}")
-        props = ", ".join(f.property + (f" (without {f.without})" if f.without else "") for f in self.failures)
-        return (f"FAIL {self.target.name}: {len(self.failures)} failing propert{'y' if len(self.failures) == 1 else 'ies'} "
-                f"({props}); first found after {self.examples} case(s), {self.cases_run} cases run in "
-                f"{self.seconds:.1f} s")
+            return (
+                f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
+                f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}"
+            )
+        props = ", ".join(
+            f.property + (f" (without {f.without})" if f.without else "") for f in self.failures
+        )
+        return (
+            f"FAIL {self.target.name}: {len(self.failures)} failing propert{'y' if len(self.failures) == 1 else 'ies'} "
+            f"({props}); first found after {self.examples} case(s), {self.cases_run} cases run in "
+            f"{self.seconds:.1f} s"
+        )
 
     def text(self, backend: str = "gloo") -> str:
         out = [self.summary()]
@@ -288,14 +363,28 @@ class CheckReport:
             "world_sizes": list(self.world_sizes),
             "worst_relative_error": self.worst_ratio,
             "failed_properties": [f.property for f in self.failures],
-            "failures": [f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures],
+            "failures": [
+                f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures
+            ],
             "notes": list(self.notes),
         }
 
 
 def case_report(target, result: CaseResult, *, timeout: float | None = None) -> CheckReport:
     """The report of one given case (``paracheck check --case``): every property it breaks, as is."""
-    failures = [PropertyFailure(p, result, None, True, 0, None, [], shrunk=False)
-                for p in order(result.failed_properties)]
-    return CheckReport(target, result.ok, 1, result.seconds, failures, result.worst_ratio,
-                       (result.case.world_size,), [], cases_run=1, timeout=timeout)
+    failures = [
+        PropertyFailure(p, result, None, True, 0, None, [], shrunk=False)
+        for p in order(result.failed_properties)
+    ]
+    return CheckReport(
+        target,
+        result.ok,
+        1,
+        result.seconds,
+        failures,
+        result.worst_ratio,
+        (result.case.world_size,),
+        [],
+        cases_run=1,
+        timeout=timeout,
+    )

@@ -92,8 +92,15 @@ def param_names(case: Case) -> list[str]:
     return [n for n, _ in model.named_parameters()]
 
 
-def run_case(world: World, target: Target, case: Case, *, device: str | None = None,
-             timeout: float | None = None, check_state: bool | None = None) -> CaseResult:
+def run_case(
+    world: World,
+    target: Target,
+    case: Case,
+    *,
+    device: str | None = None,
+    timeout: float | None = None,
+    check_state: bool | None = None,
+) -> CaseResult:
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
     target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
     if target.kind == "zero" and not case.zero_grad_module:
@@ -106,16 +113,25 @@ def run_case(world: World, target: Target, case: Case, *, device: str | None = N
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
-        return CaseResult(case, error=exc, seconds=time.monotonic() - t0,
-                          outputs={f.rank: f.output for f in exc.failures if f.output})
+        return CaseResult(
+            case,
+            error=exc,
+            seconds=time.monotonic() - t0,
+            outputs={f.rank: f.output for f in exc.failures if f.output},
+        )
     seconds = time.monotonic() - t0
     outputs = dict(getattr(world, "last_outputs", {}))
     if "skipped" in ranks[0]:  # a case the target declares out of its interface: not a failure
-        return CaseResult(case, extra={"skipped": ranks[0]["skipped"]}, seconds=seconds, outputs=outputs)
+        return CaseResult(
+            case, extra={"skipped": ranks[0]["skipped"]}, seconds=seconds, outputs=outputs
+        )
     sharding = target.kind in ("sharded", "zero")
     if sharding:  # optimizer-state sharding: selectable properties (paracheck.check._rank_zero)
         from paracheck.check._rank_zero import (
-            DRIVER_PROPERTIES, check_sharding_properties, resolve_properties, sharding_notes,
+            DRIVER_PROPERTIES,
+            check_sharding_properties,
+            resolve_properties,
+            sharding_notes,
         )
 
         notes = sharding_notes(traj, ranks)
@@ -138,8 +154,14 @@ def run_case(world: World, target: Target, case: Case, *, device: str | None = N
         # memory, balance and traffic do not depend on the trajectory: each is checked on its own.
         for prop in sorted(props & DRIVER_PROPERTIES):
             div = check_sharding_properties(case, traj, ranks, target.kind, {prop})
-            divs += [div] if div is not None and all(d.property != div.property for d in divs) else []
-    extra = {k: v for k, v in ranks[0].items() if k not in ("initial_params", "initial_buffers", "steps")}
+            divs += (
+                [div] if div is not None and all(d.property != div.property for d in divs) else []
+            )
+    extra = {
+        k: v for k, v in ranks[0].items() if k not in ("initial_params", "initial_buffers", "steps")
+    }
     if sharding:
         extra.update(notes)
-    return CaseResult(case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs)
+    return CaseResult(
+        case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs
+    )

@@ -43,8 +43,16 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["Target", "BUILTIN_TARGETS", "Construction", "ddp_construction", "resolve_target", "TargetError",
-           "load_object", "plausible_hooks"]
+__all__ = [
+    "Target",
+    "BUILTIN_TARGETS",
+    "Construction",
+    "ddp_construction",
+    "resolve_target",
+    "TargetError",
+    "load_object",
+    "plausible_hooks",
+]
 
 
 class TargetError(ValueError):
@@ -57,7 +65,9 @@ _RANK_FNS = {
     "zero": "paracheck.check._rank_zero:run_zero",
 }
 # The same rank programs inside paracheck.check._cuda_stub.stubbed_cuda_timing().
-_STUBBED_RANK_FNS = {kind: f"paracheck.check._cuda_stub:{fn.rpartition(':')[2]}" for kind, fn in _RANK_FNS.items()}
+_STUBBED_RANK_FNS = {
+    kind: f"paracheck.check._cuda_stub:{fn.rpartition(':')[2]}" for kind, fn in _RANK_FNS.items()
+}
 
 
 @dataclass(frozen=True)
@@ -83,8 +93,12 @@ class Target:
 
     def driver_payload(self) -> dict:
         """The payload keys the rank programs read about the target (``paracheck.check._drive``)."""
-        return {"path": self.path, "takes_bucket": self.takes_bucket, "finish": self.finish,
-                "batch_start": self.batch_start}
+        return {
+            "path": self.path,
+            "takes_bucket": self.takes_bucket,
+            "finish": self.finish,
+            "batch_start": self.batch_start,
+        }
 
     def cli_options(self) -> str:
         """The ``paracheck check`` options, after the target's name, that reproduce this target."""
@@ -98,7 +112,7 @@ class Target:
         return out
 
 
-# name -> (path, kind). Later issues register more (overlapped, bucketed, sharded, zero1, ...).
+# name -> (path, kind).
 BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "naive": ("paracheck.ddp:NaiveDDP", "ddp"),
     "flat": ("paracheck.ddp:FlatDDP", "ddp"),
@@ -119,6 +133,7 @@ BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
 
 # -- importing ----------------------------------------------------------------------------------
 
+
 def _is_file_spec(module: str) -> bool:
     return module.endswith(".py") or "/" in module or os.sep in module
 
@@ -138,7 +153,9 @@ def _import_file(spec: str):
     if root not in sys.path:
         sys.path.insert(0, root)
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # the project it belongs to, run from its root (tests/adapters.py)
+        sys.path.append(
+            os.getcwd()
+        )  # the project it belongs to, run from its root (tests/adapters.py)
     if len(parts) > 1:
         dotted = ".".join(parts)
         try:
@@ -180,20 +197,27 @@ def import_module(module: str):
 def load_object(path: str):
     module, sep, name = path.rpartition(":")
     if not sep or not module or not name:
-        raise TargetError(f"target={path!r} must be a built-in name, 'package.module:Class' or 'file.py:Name'")
+        raise TargetError(
+            f"target={path!r} must be a built-in name, 'package.module:Class' or 'file.py:Name'"
+        )
     try:
         obj = import_module(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to read
-        raise TargetError(f"target={path!r}: module {module!r} does not import: {type(exc).__name__}: {exc}") from exc
+        raise TargetError(
+            f"target={path!r}: module {module!r} does not import: {type(exc).__name__}: {exc}"
+        ) from exc
     for part in name.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise TargetError(f"target={path!r}: module {module!r} has no attribute {part!r}") from None
+            raise TargetError(
+                f"target={path!r}: module {module!r} has no attribute {part!r}"
+            ) from None
     return obj
 
 
 # -- reading a DDP constructor ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Construction:
@@ -206,11 +230,19 @@ class Construction:
 
     @property
     def takes_bucket(self) -> bool:
-        return any(w.startswith("bucket") for w in self.positional + tuple(w for _, w in self.keywords))
+        return any(
+            w.startswith("bucket") for w in self.positional + tuple(w for _, w in self.keywords)
+        )
 
 
-_SUPPLIED = {"rank": "rank", "world_size": "world_size", "process_group": "process_group", "group": "process_group",
-             "pg": "process_group", "device": "device"}
+_SUPPLIED = {
+    "rank": "rank",
+    "world_size": "world_size",
+    "process_group": "process_group",
+    "group": "process_group",
+    "pg": "process_group",
+    "device": "device",
+}
 
 
 def _bucket_role(name: str) -> str | None:
@@ -251,22 +283,31 @@ def ddp_construction(fn) -> Construction:
             continue
         if p.kind == p.POSITIONAL_ONLY:
             if len(positional) != params.index(p):
-                raise TargetError(f"argument {p.name!r} is positional-only after an argument paracheck leaves out")
+                raise TargetError(
+                    f"argument {p.name!r} is positional-only after an argument paracheck leaves out"
+                )
             positional.append(role)
         else:
             keywords.append((p.name, role))
     has_bucket = any(r.startswith("bucket") for r in positional + [r for _, r in keywords])
     # One more required argument whose name speaks of a size, and no bucket argument: the bucket
     # size under another name (DDP(module, size_mb)).
-    if (len(unknown_required) == 1 and not has_bucket
-            and any(s in unknown_required[0].name.lower() for s in ("mb", "size", "cap"))):
+    if (
+        len(unknown_required) == 1
+        and not has_bucket
+        and any(s in unknown_required[0].name.lower() for s in ("mb", "size", "cap"))
+    ):
         p = unknown_required.pop()
-        keywords.append((p.name, "bucket_mb")) if p.kind != p.POSITIONAL_ONLY else positional.append("bucket_mb")
+        keywords.append(
+            (p.name, "bucket_mb")
+        ) if p.kind != p.POSITIONAL_ONLY else positional.append("bucket_mb")
     if unknown_required:
         names = ", ".join(repr(p.name) for p in unknown_required)
-        raise TargetError(f"the constructor's argument(s) {names} have no default, and paracheck supplies only the "
-                          f"module, a bucket size (an argument named bucket_size_mb or similar), rank, world_size, "
-                          f"process_group and device")
+        raise TargetError(
+            f"the constructor's argument(s) {names} have no default, and paracheck supplies only the "
+            f"module, a bucket size (an argument named bucket_size_mb or similar), rank, world_size, "
+            f"process_group and device"
+        )
     return Construction(tuple(positional), tuple(keywords))
 
 
@@ -274,7 +315,15 @@ def ddp_construction(fn) -> Construction:
 
 # Methods that plausibly are the after-backward / batch-start hook under another name.
 _FINISH_WORDS = ("sync", "reduce", "after_backward", "finish", "average_grad", "wait")
-_BATCH_START_WORDS = ("batch_start", "start_batch", "on_batch", "reset", "prepare", "before_forward", "pre_forward")
+_BATCH_START_WORDS = (
+    "batch_start",
+    "start_batch",
+    "on_batch",
+    "reset",
+    "prepare",
+    "before_forward",
+    "pre_forward",
+)
 
 
 def _own_methods(cls) -> list[str]:
@@ -282,7 +331,11 @@ def _own_methods(cls) -> list[str]:
     import torch
 
     base = set(dir(torch.nn.Module)) | set(dir(object))
-    return sorted(n for n in dir(cls) if not n.startswith("_") and n not in base and callable(getattr(cls, n, None)))
+    return sorted(
+        n
+        for n in dir(cls)
+        if not n.startswith("_") and n not in base and callable(getattr(cls, n, None))
+    )
 
 
 def plausible_hooks(cls, which: str) -> list[str]:
@@ -310,23 +363,30 @@ def _resolve_hook(option: str, value: str, obj, module_name: str, path: str) -> 
         return value  # a method of the object the function returns: checked on the ranks
     others = plausible_hooks(obj, "finish" if option == "--finish" else "batch_start")
     hint = f"; it has {', '.join(m + '()' for m in others)}" if others else ""
-    raise TargetError(f"{option}={value!r}: target {path!r} has no method {value}() and its module no function "
-                      f"{value}(){hint}")
+    raise TargetError(
+        f"{option}={value!r}: target {path!r} has no method {value}() and its module no function "
+        f"{value}(){hint}"
+    )
 
 
 def _hook_message(cls, path: str) -> str:
     others = plausible_hooks(cls, "finish")
     if others:
-        return (f"target={path!r} has no finish_gradient_synchronization(); it has {others[0]}(): pass "
-                f"--finish {others[0]} (finish=... in paracheck_check) if that synchronises the gradients after "
-                f"backward" + (f" (other candidates: {', '.join(others[1:])})" if others[1:] else ""))
-    return (f"target={path!r} fits neither interface: a DDP wrapper needs Class(module[, bucket_size_mb]) with "
-            f"finish_gradient_synchronization() (or another method named with --finish NAME); a sharded "
-            f"optimizer needs Class(params, optimizer_cls, **kwargs) (a torch.optim.Optimizer subclass). "
-            f"Pass --kind to say which it is.")
+        return (
+            f"target={path!r} has no finish_gradient_synchronization(); it has {others[0]}(): pass "
+            f"--finish {others[0]} (finish=... in paracheck_check) if that synchronises the gradients after "
+            f"backward" + (f" (other candidates: {', '.join(others[1:])})" if others[1:] else "")
+        )
+    return (
+        f"target={path!r} fits neither interface: a DDP wrapper needs Class(module[, bucket_size_mb]) with "
+        f"finish_gradient_synchronization() (or another method named with --finish NAME); a sharded "
+        f"optimizer needs Class(params, optimizer_cls, **kwargs) (a torch.optim.Optimizer subclass). "
+        f"Pass --kind to say which it is."
+    )
 
 
 # -- kinds --------------------------------------------------------------------------------------
+
 
 def _param_names(obj) -> list[str]:
     try:
@@ -351,11 +411,19 @@ def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
 
     first = names[0].lower() if names else ""
     if len(names) >= 2 and first in ("module", "model") and _is_optimizer_arg(names[1]):
-        return "zero", False  # Class(module, optimizer_cls, ...): a ZeRO wrapper (paracheck.zero.Zero1)
-    if ((inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer))
-            or (len(names) >= 2 and _is_optimizer_arg(names[1]))):
+        return (
+            "zero",
+            False,
+        )  # Class(module, optimizer_cls, ...): a ZeRO wrapper (paracheck.zero.Zero1)
+    if (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)) or (
+        len(names) >= 2 and _is_optimizer_arg(names[1])
+    ):
         return "sharded", False
-    if inspect.isfunction(cls) or finish is not None or hasattr(cls, "finish_gradient_synchronization"):
+    if (
+        inspect.isfunction(cls)
+        or finish is not None
+        or hasattr(cls, "finish_gradient_synchronization")
+    ):
         try:
             return "ddp", ddp_construction(cls).takes_bucket
         except TargetError as exc:
@@ -371,8 +439,14 @@ def _companions(obj, path: str) -> dict:
     return companion_hooks(obj, path)
 
 
-def resolve_target(name: str, kind: str | None = None, *, finish: str | None = None,
-                   batch_start: str | None = None, stub_cuda_timing: bool = False) -> Target:
+def resolve_target(
+    name: str,
+    kind: str | None = None,
+    *,
+    finish: str | None = None,
+    batch_start: str | None = None,
+    stub_cuda_timing: bool = False,
+) -> Target:
     """A built-in name or an import path -> Target (imports it here, to fail early and clearly).
 
     ``finish`` / ``batch_start`` name the DDP hooks (Note [Readings of a DDP interface]).
@@ -381,15 +455,23 @@ def resolve_target(name: str, kind: str | None = None, *, finish: str | None = N
         path, builtin_kind = BUILTIN_TARGETS[name]
         cls = load_object(path)
         module = path.rpartition(":")[0]
-        return Target(name, path, builtin_kind, _infer_kind(cls, path)[1] if builtin_kind == "ddp" else False,
-                      BUILTIN_PROPERTIES.get(name),
-                      finish=None if finish is None else _resolve_hook("--finish", finish, cls, module, name),
-                      batch_start=None if batch_start is None else _resolve_hook("--batch-start", batch_start, cls,
-                                                                                  module, name),
-                      stub_cuda_timing=stub_cuda_timing)
+        return Target(
+            name,
+            path,
+            builtin_kind,
+            _infer_kind(cls, path)[1] if builtin_kind == "ddp" else False,
+            BUILTIN_PROPERTIES.get(name),
+            finish=None if finish is None else _resolve_hook("--finish", finish, cls, module, name),
+            batch_start=None
+            if batch_start is None
+            else _resolve_hook("--batch-start", batch_start, cls, module, name),
+            stub_cuda_timing=stub_cuda_timing,
+        )
     if ":" not in name:
-        raise TargetError(f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
-                          f"nor an import path 'package.module:Class' or 'file.py:Name'")
+        raise TargetError(
+            f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
+            f"nor an import path 'package.module:Class' or 'file.py:Name'"
+        )
     if kind is not None and kind not in ("ddp", "sharded", "zero"):
         raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
     cls = load_object(name)
@@ -399,22 +481,41 @@ def resolve_target(name: str, kind: str | None = None, *, finish: str | None = N
     if finish is not None:
         hooks["finish"] = _resolve_hook("--finish", finish, cls, path.rpartition(":")[0], name)
     if batch_start is not None:
-        hooks["batch_start"] = _resolve_hook("--batch-start", batch_start, cls, path.rpartition(":")[0], name)
-    inferred, bucket = _infer_kind(cls, name, hooks.get("finish")) if kind is None else (kind, False)
+        hooks["batch_start"] = _resolve_hook(
+            "--batch-start", batch_start, cls, path.rpartition(":")[0], name
+        )
+    inferred, bucket = (
+        _infer_kind(cls, name, hooks.get("finish")) if kind is None else (kind, False)
+    )
     if kind == "ddp":
         try:
             bucket = ddp_construction(cls).takes_bucket
         except TargetError as exc:
             raise TargetError(f"target={name!r}: {exc}") from None
     notes = ()
-    if inferred == "ddp" and inspect.isclass(cls) and hooks.get("batch_start") is None \
-            and not hasattr(cls, "on_train_batch_start"):
+    if (
+        inferred == "ddp"
+        and inspect.isclass(cls)
+        and hooks.get("batch_start") is None
+        and not hasattr(cls, "on_train_batch_start")
+    ):
         others = plausible_hooks(cls, "batch_start")
         if others:
-            notes = (f"{name} has no on_train_batch_start(); it has {others[0]}(): if that must run before each "
-                     f"batch, pass --batch-start {others[0]}",)
+            notes = (
+                f"{name} has no on_train_batch_start(); it has {others[0]}(): if that must run before each "
+                f"batch, pass --batch-start {others[0]}",
+            )
     properties = None
     if inferred == "sharded" and inspect.isfunction(cls):
         from paracheck.check.adapters import ADAPTER_SHARDED_PROPERTIES as properties
-    return Target(name, path, inferred, bucket, properties, finish=hooks.get("finish"),
-                  batch_start=hooks.get("batch_start"), stub_cuda_timing=stub_cuda_timing, notes=notes)
+    return Target(
+        name,
+        path,
+        inferred,
+        bucket,
+        properties,
+        finish=hooks.get("finish"),
+        batch_start=hooks.get("batch_start"),
+        stub_cuda_timing=stub_cuda_timing,
+        notes=notes,
+    )

@@ -30,7 +30,7 @@ Note [Where the differences come from]
     passed (tests/property/test_gpu_nccl.py). The parameter margin is thin (2.7x): widen it only
     with a measurement, never to make a failure go away. A gradient scaled by W (the classic bug) is off by
     a relative (W-1)/W >= 0.5 and is caught by the gradient comparison even where Adam hides it in
-    the parameters (DESIGN.md: 4.8e-7 in float32 parameters, inside noise).
+    the parameters (measured: 4.8e-7 in float32 parameters, inside noise).
     bfloat16 (u = 4e-3): rtol = 5e-2 for gradients, 2e-2 for parameters.
 
 Note [Parameters of two dtypes]

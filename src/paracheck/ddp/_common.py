@@ -1,5 +1,5 @@
 """What every DDP variant shares: the protocol, the initial broadcast, and the "who has a
-gradient" rule. One place for world_size == 1 (STYLE 5): ``_Group`` reports ``size == 1`` and the
+gradient" rule. One place for world_size == 1: ``_Group`` reports ``size == 1`` and the
 variants skip every collective.
 
 Note [Gradients that exist on some ranks only]
@@ -28,7 +28,9 @@ def check_bucket_size_mb(bucket_size_mb) -> float:
     try:
         value = float(bucket_size_mb)
     except (TypeError, ValueError):
-        raise TypeError(f"bucket_size_mb={bucket_size_mb!r} must be a number of megabytes") from None
+        raise TypeError(
+            f"bucket_size_mb={bucket_size_mb!r} must be a number of megabytes"
+        ) from None
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be a finite number > 0")
     return value
@@ -83,7 +85,9 @@ class DDPBase(nn.Module):
     # -- helpers for the variants ---------------------------------------------------------
     def _presence(self, params) -> torch.Tensor:
         ref = params[0] if params else torch.empty(0)
-        return torch.tensor([0.0 if p.grad is None else 1.0 for p in params], dtype=ref.dtype, device=ref.device)
+        return torch.tensor(
+            [0.0 if p.grad is None else 1.0 for p in params], dtype=ref.dtype, device=ref.device
+        )
 
     def _local_or_zero(self, p) -> torch.Tensor:
         return p.grad if p.grad is not None else torch.zeros_like(p)

@@ -44,7 +44,10 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import DDPBase, check_bucket_size_mb
-from paracheck.ddp.overlapped import _before_accumulate, _end_of_backward  # the same round boundaries
+from paracheck.ddp.overlapped import (
+    _before_accumulate,
+    _end_of_backward,
+)  # the same round boundaries
 from paracheck.ddp.plan import plan_buckets
 
 __all__ = ["BucketedDDP"]
@@ -72,13 +75,21 @@ class BucketedDDP(DDPBase):
 
     planner = staticmethod(plan_buckets)
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, process_group=None):
+    def __init__(
+        self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, process_group=None
+    ):
         # Refuse a bad cap before the constructor's collective: every rank raises alike.
-        self.bucket_size_mb = None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
+        self.bucket_size_mb = (
+            None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
+        )
         super().__init__(module, process_group=process_group)
         params = self.trainable
-        self.plan = self.planner([p.numel() for p in params], [p.element_size() for p in params],
-                                 bucket_size_mb=self.bucket_size_mb, keys=[(p.dtype, p.device) for p in params])
+        self.plan = self.planner(
+            [p.numel() for p in params],
+            [p.element_size() for p in params],
+            bucket_size_mb=self.bucket_size_mb,
+            keys=[(p.dtype, p.device) for p in params],
+        )
         self._bucket_buffers: list[torch.Tensor] = []
         self._grad_parts: list[torch.Tensor] = []  # each buffer without its presence flags
         self._flags: list[torch.Tensor] = []
@@ -95,15 +106,21 @@ class BucketedDDP(DDPBase):
                 self._bucket_of[i] = k
         self._reset_window()
         ref = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
-                       for i, p in enumerate(params)]
-        self._pre_hooks = [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
+            for i, p in enumerate(params)
+        ]
+        self._pre_hooks = [
+            p.register_hook(functools.partial(_before_accumulate, ref)) for p in params
+        ]
 
     def _reset_window(self) -> None:
         self._ready = [False] * len(self.trainable)
         self._pending = [len(b.params) for b in self.plan.buckets]
         self._works = [None] * len(self.plan.buckets)
-        self._absent: list[list[int]] = [[] for _ in self.plan.buckets]  # positions without a local gradient
+        self._absent: list[list[int]] = [
+            [] for _ in self.plan.buckets
+        ]  # positions without a local gradient
         self._next = 0  # the first bucket not launched yet
         self._open = False  # a synchronised backward has fired hooks and not ended yet
         self._launched = False  # a round ended: every bucket is launched, not settled yet
@@ -129,7 +146,8 @@ class BucketedDDP(DDPBase):
         if not self._open:
             self._open = True
             torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(_end_of_backward, weakref.ref(self)))
+                functools.partial(_end_of_backward, weakref.ref(self))
+            )
         if self._ready[i]:
             return  # counted in this round already
         self._ready[i] = True

@@ -93,9 +93,13 @@ class OverlappedDDP(DDPBase):
         self._order = self.trainable[::-1]
         self._reset_window()
         ref = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
-                       for k, p in enumerate(self._order)]
-        self._pre_hooks = [p.register_hook(functools.partial(_before_accumulate, ref)) for p in self._order]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
+            for k, p in enumerate(self._order)
+        ]
+        self._pre_hooks = [
+            p.register_hook(functools.partial(_before_accumulate, ref)) for p in self._order
+        ]
 
     def _reset_window(self) -> None:
         n = len(self._order)
@@ -118,7 +122,8 @@ class OverlappedDDP(DDPBase):
         if not self._open:
             self._open = True
             torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(_end_of_backward, weakref.ref(self)))
+                functools.partial(_end_of_backward, weakref.ref(self))
+            )
         if self._ready[k]:
             return  # launched in this round already
         self._ready[k] = True

@@ -14,8 +14,8 @@ larger than the cap therefore ends up alone in its own bucket; it is never split
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from paracheck.ddp._common import check_bucket_size_mb
 
@@ -57,8 +57,13 @@ class BucketPlan:
         return {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b.params)}
 
 
-def plan_buckets(numels: Sequence[int], element_sizes: Sequence[int], *, bucket_size_mb: float | None,
-                 keys: Sequence[Hashable] | None = None) -> BucketPlan:
+def plan_buckets(
+    numels: Sequence[int],
+    element_sizes: Sequence[int],
+    *,
+    bucket_size_mb: float | None,
+    keys: Sequence[Hashable] | None = None,
+) -> BucketPlan:
     """Assign parameters ``0..n-1`` (given in registration order) to buckets; see the module
     docstring for the rule. Every index appears in exactly one bucket; a bucket's ``nbytes``
     exceeds ``bucket_size_mb * MB`` only when it holds a single parameter.
@@ -69,7 +74,9 @@ def plan_buckets(numels: Sequence[int], element_sizes: Sequence[int], *, bucket_
     cap = math.inf if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb) * MB
     n = len(numels)
     if len(element_sizes) != n:
-        raise ValueError(f"element_sizes has {len(element_sizes)} entries, numels has {n}: they must match")
+        raise ValueError(
+            f"element_sizes has {len(element_sizes)} entries, numels has {n}: they must match"
+        )
     if keys is not None and len(keys) != n:
         raise ValueError(f"keys has {len(keys)} entries, numels has {n}: they must match")
     for name, seq, floor in (("numels", numels, 0), ("element_sizes", element_sizes, 1)):

@@ -46,12 +46,21 @@ class TorchDDP(nn.Module):
     """
 
     unsupported_case_features = {
-        "double_backward": "torch DDP reduces one backward per forward (see paracheck.ddp.torch_ddp)"}
+        "double_backward": "torch DDP reduces one backward per forward (see paracheck.ddp.torch_ddp)"
+    }
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, process_group=None,
-                 **ddp_options):
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_size_mb: float | None = 25.0,
+        *,
+        process_group=None,
+        **ddp_options,
+    ):
         super().__init__()
-        self.bucket_size_mb = None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
+        self.bucket_size_mb = (
+            None if bucket_size_mb is None else check_bucket_size_mb(bucket_size_mb)
+        )
         # None: one unbounded bucket. torch reads bucket_cap_mb=None as its 25 MB default, so the
         # cap given is one above the module's size instead.
         cap = self.bucket_size_mb

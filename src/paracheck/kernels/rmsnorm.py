@@ -32,11 +32,11 @@ Launches: Note [dependent launch] (the gaps between the three kernels on sm_90+)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -124,8 +124,19 @@ def lazy_jit(fn) -> _LazyJit:
 
 @lazy_jit
 def _rms_norm_fwd_kernel(
-    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, X_EVICT: tl.constexpr, Y_EVICT: tl.constexpr,
+    X,
+    W,
+    Y,
+    RSTD,
+    stride_x,
+    stride_y,
+    n_rows,
+    n_cols,
+    eps,
+    BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,
+    X_EVICT: tl.constexpr,
+    Y_EVICT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # Note [dependent launch]
@@ -138,21 +149,39 @@ def _rms_norm_fwd_kernel(
     ok = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
     # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=X_EVICT).to(tl.float32)
+    x = tl.load(
+        X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0, eviction_policy=X_EVICT
+    ).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=ok,
-             eviction_policy=Y_EVICT)
+    tl.store(
+        Y + rows64[:, None] * stride_y + cols[None, :],
+        y.to(Y.dtype.element_ty),
+        mask=ok,
+        eviction_policy=Y_EVICT,
+    )
 
 
 @lazy_jit
 def _rms_norm_bwd_kernel(
-    X, W, DY, RSTD, DX, DW_PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, LOAD_EVICT: tl.constexpr, PDL: tl.constexpr,
+    X,
+    W,
+    DY,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    n_cols,
+    BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,
+    LOAD_EVICT: tl.constexpr,
+    PDL: tl.constexpr,
     REVERSE: tl.constexpr,
 ):
     # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
@@ -174,10 +203,18 @@ def _rms_norm_bwd_kernel(
     if REVERSE:  # Note [reverse walk]
         rows = n_rows - 1 - rows
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,
-                eviction_policy=LOAD_EVICT)
-    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0,
-                 eviction_policy=LOAD_EVICT)
+    x = tl.load(
+        X + rows64[:, None] * stride_x + cols[None, :],
+        mask=ok,
+        other=0.0,
+        eviction_policy=LOAD_EVICT,
+    )
+    dy = tl.load(
+        DY + rows64[:, None] * stride_dy + cols[None, :],
+        mask=ok,
+        other=0.0,
+        eviction_policy=LOAD_EVICT,
+    )
     rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
     for start in range(pid * ROWS, n_rows, step):
         nrows = start + step + tl.arange(0, ROWS)
@@ -186,10 +223,18 @@ def _rms_norm_bwd_kernel(
         if REVERSE:
             nrows = n_rows - 1 - nrows
         nrows64 = nrows.to(tl.int64)
-        x_next = tl.load(X + nrows64[:, None] * stride_x + cols[None, :], mask=nok, other=0.0,
-                         eviction_policy=LOAD_EVICT)
-        dy_next = tl.load(DY + nrows64[:, None] * stride_dy + cols[None, :], mask=nok, other=0.0,
-                          eviction_policy=LOAD_EVICT)
+        x_next = tl.load(
+            X + nrows64[:, None] * stride_x + cols[None, :],
+            mask=nok,
+            other=0.0,
+            eviction_policy=LOAD_EVICT,
+        )
+        dy_next = tl.load(
+            DY + nrows64[:, None] * stride_dy + cols[None, :],
+            mask=nok,
+            other=0.0,
+            eviction_policy=LOAD_EVICT,
+        )
         rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
         rows = start + tl.arange(0, ROWS)
         ok = (rows < n_rows)[:, None] & col_ok[None, :]
@@ -202,8 +247,9 @@ def _rms_norm_bwd_kernel(
         wdy = dyf * w[None, :]
         c = tl.sum(xhat * wdy, axis=1) / n_cols
         dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                 mask=ok)
+        tl.store(
+            DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok
+        )
         dw_acc += dyf * xhat
         x = x_next
         dy = dy_next
@@ -213,7 +259,12 @@ def _rms_norm_bwd_kernel(
 
 @lazy_jit
 def _rms_norm_dw_kernel(
-    PARTIAL, DW, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PARTIAL,
+    DW,
+    n_partials,
+    n_cols,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # Note [dependent launch]
@@ -268,8 +319,18 @@ def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
-def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps: int,
-              bwd_rows: int, bwd_warps: int, bwd_per_sm: int, **hints: str) -> _Plan:
+def _gpu_plan(
+    n_rows: int,
+    n_cols: int,
+    *,
+    n_sms: int,
+    fwd_rows: int,
+    fwd_warps: int,
+    bwd_rows: int,
+    bwd_warps: int,
+    bwd_per_sm: int,
+    **hints: str,
+) -> _Plan:
     """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
     block_d = triton.next_power_of_2(n_cols)
     n_tiles = -(-n_rows // bwd_rows)
@@ -278,8 +339,17 @@ def _gpu_plan(n_rows: int, n_cols: int, *, n_sms: int, fwd_rows: int, fwd_warps:
     # One pass over the partials when they fit: BLOCK_P x BLOCK_N = 4096 values per program.
     red_block_p = min(triton.next_power_of_2(programs), 1024)
     red_block_n = _clamp(4096 // red_block_p, 1, block_d)
-    return _Plan(block_d, fwd_rows, fwd_warps, bwd_rows, bwd_warps, programs, red_block_p,
-                 red_block_n, **hints)
+    return _Plan(
+        block_d,
+        fwd_rows,
+        fwd_warps,
+        bwd_rows,
+        bwd_warps,
+        programs,
+        red_block_p,
+        red_block_n,
+        **hints,
+    )
 
 
 # Note [reverse walk]: the backward may walk the rows last to first. The forward wrote y and read
@@ -304,8 +374,17 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
         # The GPU's row order for this width (below), so CI runs both orders' code.
-        return _Plan(block_d, rows, 1, rows, 1, programs, triton.next_power_of_2(programs),
-                     block_d, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
+        return _Plan(
+            block_d,
+            rows,
+            1,
+            rows,
+            1,
+            programs,
+            triton.next_power_of_2(programs),
+            block_d,
+            bwd_reverse=block_d <= _REVERSE_MAX_BLOCK,
+        )
     # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
     # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
     # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
@@ -328,13 +407,25 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     # tensors fit in L2 (~60 MB on an H200) it pays to keep x there (evict_last) and to let y
     # and the backward's last-use loads go first; beyond that only evict_last on x helped.
     small = n_rows * n_cols * elem_bytes <= _L2_RESIDENT_BYTES
-    hints = dict(x_evict="evict_last", y_evict="evict_first" if small else "",
-                 bwd_load_evict="evict_first" if small else "")
+    hints = dict(
+        x_evict="evict_last",
+        y_evict="evict_first" if small else "",
+        bwd_load_evict="evict_first" if small else "",
+    )
     # Note [reverse walk]: measured faster up to d = 4096 (4096x4096 3.04 -> 3.12 TB/s,
     # 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved rounds),
     # slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
-    plan = _gpu_plan(n_rows, n_cols, n_sms=n_sms, fwd_rows=rows, fwd_warps=fwd_warps,
-                     bwd_rows=bwd_rows, bwd_warps=bwd_warps, bwd_per_sm=per_sm, **hints)
+    plan = _gpu_plan(
+        n_rows,
+        n_cols,
+        n_sms=n_sms,
+        fwd_rows=rows,
+        fwd_warps=fwd_warps,
+        bwd_rows=bwd_rows,
+        bwd_warps=bwd_warps,
+        bwd_per_sm=per_sm,
+        **hints,
+    )
     return dataclasses.replace(plan, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
 
 
@@ -368,8 +459,10 @@ def _empty(shape, *, dtype, device) -> torch.Tensor:
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError(f"x must be a tensor of shape (..., d), got {type(x).__name__} "
-                         f"with shape {tuple(getattr(x, 'shape', ()))}")
+        raise ValueError(
+            f"x must be a tensor of shape (..., d), got {type(x).__name__} "
+            f"with shape {tuple(getattr(x, 'shape', ()))}"
+        )
     d = x.shape[-1]
     if not 1 <= d <= MAX_WIDTH:
         raise ValueError(f"width d=x.shape[-1]={d} must be in [1, {MAX_WIDTH}]")
@@ -377,13 +470,17 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         raise ValueError(f"weight.shape={tuple(weight.shape)} must be ({d},) to match x.shape[-1]")
     for name, t in (("x", x), ("weight", weight)):
         if t.dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(f"{name}.dtype={t.dtype} is not supported; use one of "
-                             f"torch.float32, torch.bfloat16, torch.float16")
+            raise ValueError(
+                f"{name}.dtype={t.dtype} is not supported; use one of "
+                f"torch.float32, torch.bfloat16, torch.float16"
+            )
     if x.device != weight.device:
         raise ValueError(f"x.device={x.device} and weight.device={weight.device} must be the same")
     if x.device.type != "cuda" and not (triton is not None and _interpreting()):
-        raise ValueError(f"x.device={x.device}: Triton kernels need CUDA tensors, or "
-                         f"TRITON_INTERPRET=1 to interpret them on CPU")
+        raise ValueError(
+            f"x.device={x.device}: Triton kernels need CUDA tensors, or "
+            f"TRITON_INTERPRET=1 to interpret them on CPU"
+        )
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps={eps} must be finite and >= 0")
 
@@ -411,8 +508,11 @@ _USE_PDL = True
 
 @functools.lru_cache(maxsize=16)
 def _pdl_supported(device: torch.device) -> bool:
-    return (device.type == "cuda" and gdc_wait is not None
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (
+        device.type == "cuda"
+        and gdc_wait is not None
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 def _dependent_launch(device: torch.device) -> bool:
@@ -426,8 +526,13 @@ def _pdl_option(pdl: bool) -> dict:
 def _plan_of(x2: torch.Tensor) -> _Plan:
     """The launch plan for a (rows >= 1, d) input, forward and backward alike."""
     n_rows, n_cols = x2.shape
-    return _plan(n_rows, n_cols, interpreted=x2.device.type != "cuda", n_sms=_sm_count(x2.device),
-                 elem_bytes=x2.element_size())
+    return _plan(
+        n_rows,
+        n_cols,
+        interpreted=x2.device.type != "cuda",
+        n_sms=_sm_count(x2.device),
+        elem_bytes=x2.element_size(),
+    )
 
 
 def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
@@ -440,9 +545,22 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     grid = (-(-n_rows // p.fwd_rows),)  # not triton.cdiv: a JIT-callable, ~5 us per call
     pdl = _dependent_launch(x2.device)
     kernels.forward[grid](
-        x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
-        BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl,
-        num_warps=p.fwd_warps, **_pdl_option(pdl),
+        x2,
+        weight,
+        y,
+        rstd,
+        x2.stride(0),
+        y.stride(0),
+        n_rows,
+        n_cols,
+        eps,
+        BLOCK_D=p.block_d,
+        ROWS=p.fwd_rows,
+        X_EVICT=p.x_evict,
+        Y_EVICT=p.y_evict,
+        PDL=pdl,
+        num_warps=p.fwd_warps,
+        **_pdl_option(pdl),
     )
     return y, rstd
 
@@ -457,13 +575,35 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
     pdl = _dependent_launch(x2.device)
     kernels.backward[(p.bwd_programs,)](
-        x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
-        n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
-        REVERSE=p.bwd_reverse, PDL=pdl, num_warps=p.bwd_warps, **_pdl_option(pdl),
+        x2,
+        weight,
+        dy2,
+        rstd,
+        dx,
+        partial,
+        x2.stride(0),
+        dy2.stride(0),
+        dx.stride(0),
+        n_rows,
+        n_cols,
+        BLOCK_D=p.block_d,
+        ROWS=p.bwd_rows,
+        LOAD_EVICT=p.bwd_load_evict,
+        REVERSE=p.bwd_reverse,
+        PDL=pdl,
+        num_warps=p.bwd_warps,
+        **_pdl_option(pdl),
     )
     kernels.reduce_dweight[(-(-n_cols // p.red_block_n),)](
-        partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
-        PDL=pdl, num_warps=4, **_pdl_option(pdl),
+        partial,
+        dw,
+        p.bwd_programs,
+        n_cols,
+        BLOCK_P=p.red_block_p,
+        BLOCK_N=p.red_block_n,
+        PDL=pdl,
+        num_warps=4,
+        **_pdl_option(pdl),
     )
     return dx, dw
 
@@ -502,8 +642,12 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dx, dw = _rms_norm_backward(_as_rows(dy), x2, weight, rstd, ctx.kernels, ctx.plan)
-        return (dx.view(ctx.x_shape) if ctx.needs_input_grad[0] else None,
-                dw if ctx.needs_input_grad[1] else None, None, None)
+        return (
+            dx.view(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+            dw if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+        )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -578,7 +722,7 @@ RMSNORM_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
     torch.float32: RMSNormTolerance(output_rel=0.0, atol=2.0**-126),
     # bfloat16 (8 significant bits): round-to-nearest on the GPU costs half an ulp, 2**-8
     # relative. The Triton INTERPRETER truncates float32 -> bfloat16 instead of rounding
-    # (DESIGN.md), which costs up to one full ulp, 2**-7 relative; the interpreter entry below
+    # (measured on triton 3.x), which costs up to one full ulp, 2**-7 relative; the interpreter entry below
     # allows that. The reference itself is the exact float64 value, not its bf16 rounding.
     torch.bfloat16: RMSNormTolerance(output_rel=2.0**-8, atol=2.0**-126),
     # float16 (11 significant bits): half an ulp is 2**-11 relative above the smallest normal

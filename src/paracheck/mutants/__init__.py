@@ -26,55 +26,139 @@ class Mutant:
 MUTANTS: dict[str, Mutant] = {}
 
 
-def register(name: str, path: str, kind: str, bug: str, expect: str = "diverge", properties=None) -> None:
+def register(
+    name: str, path: str, kind: str, bug: str, expect: str = "diverge", properties=None
+) -> None:
     if name in MUTANTS:
         raise ValueError(f"mutant name={name!r} is registered twice")
-    MUTANTS[name] = Mutant(name, path, kind, bug, expect, None if properties is None else tuple(properties))
+    MUTANTS[name] = Mutant(
+        name, path, kind, bug, expect, None if properties is None else tuple(properties)
+    )
 
 
-register("ddp-no-divide", "paracheck.mutants.ddp:NoDivideDDP", "ddp",
-         "gradients are summed over ranks but never divided by the world size")
-register("ddp-vectors-not-averaged", "paracheck.mutants.ddp:VectorsNotAveragedDDP", "ddp",
-         "1-D parameters (biases) are never all-reduced and keep their local gradients")
-register("ddp-last-bucket-never-reduced", "paracheck.mutants.ddp:LastBucketNeverReducedDDP", "ddp",
-         "a bucket is reduced only when full, so the last, partly filled bucket never is")
-register("ddp-oversized-param-dropped", "paracheck.mutants.ddp:OversizedParamDroppedDDP", "ddp",
-         "the bucket planner skips a parameter larger than the cap, which is then never reduced")
-register("ddp-no-initial-broadcast", "paracheck.mutants.ddp:NoInitialBroadcastDDP", "ddp",
-         "parameters and buffers are not broadcast from rank 0 at construction")
-register("ddp-buffers-not-broadcast", "paracheck.mutants.ddp:BuffersNotBroadcastDDP", "ddp",
-         "parameters are broadcast at construction, buffers are not")
-register("ddp-missing-wait", "paracheck.mutants.ddp:MissingWaitDDP", "ddp",
-         "the async all-reduces launched from backward hooks are never waited for")
-register("ddp-partial-copy-back", "paracheck.mutants.ddp:PartialCopyBackDDP", "ddp",
-         "averaged values are copied back into all but the last parameter of the flat buffer")
-register("ddp-skip-none-grad", "paracheck.mutants.ddp:SkipNoneGradDDP", "ddp",
-         "a parameter whose local gradient is None is skipped: ranks with different branches hang",
-         expect="hang")
-register("ddp-accumulation-reduced-twice", "paracheck.mutants.ddp:StaleAccumulatorDDP", "ddp",
-         "a persistent accumulation buffer is never cleared, so reduced gradients are reduced again")
-register("ddp-hooks-registered-twice", "paracheck.mutants.ddp:HooksRegisteredTwiceDDP", "ddp",
-         "hooks registered per parameter name: a tied parameter is pre-divided twice")
-register("ddp-flags-averaged", "paracheck.mutants.ddp:FlagsAveragedDDP", "ddp",
-         "presence flags are averaged with the gradients, so a partly used parameter loses its gradient")
-register("ddp-presence-from-hooks", "paracheck.mutants.ddp:PresenceFromHooksDDP", "ddp",
-         "presence = 'my hook fired in the last backward': accumulated or zeroed gradients can be dropped")
+register(
+    "ddp-no-divide",
+    "paracheck.mutants.ddp:NoDivideDDP",
+    "ddp",
+    "gradients are summed over ranks but never divided by the world size",
+)
+register(
+    "ddp-vectors-not-averaged",
+    "paracheck.mutants.ddp:VectorsNotAveragedDDP",
+    "ddp",
+    "1-D parameters (biases) are never all-reduced and keep their local gradients",
+)
+register(
+    "ddp-last-bucket-never-reduced",
+    "paracheck.mutants.ddp:LastBucketNeverReducedDDP",
+    "ddp",
+    "a bucket is reduced only when full, so the last, partly filled bucket never is",
+)
+register(
+    "ddp-oversized-param-dropped",
+    "paracheck.mutants.ddp:OversizedParamDroppedDDP",
+    "ddp",
+    "the bucket planner skips a parameter larger than the cap, which is then never reduced",
+)
+register(
+    "ddp-no-initial-broadcast",
+    "paracheck.mutants.ddp:NoInitialBroadcastDDP",
+    "ddp",
+    "parameters and buffers are not broadcast from rank 0 at construction",
+)
+register(
+    "ddp-buffers-not-broadcast",
+    "paracheck.mutants.ddp:BuffersNotBroadcastDDP",
+    "ddp",
+    "parameters are broadcast at construction, buffers are not",
+)
+register(
+    "ddp-missing-wait",
+    "paracheck.mutants.ddp:MissingWaitDDP",
+    "ddp",
+    "the async all-reduces launched from backward hooks are never waited for",
+)
+register(
+    "ddp-partial-copy-back",
+    "paracheck.mutants.ddp:PartialCopyBackDDP",
+    "ddp",
+    "averaged values are copied back into all but the last parameter of the flat buffer",
+)
+register(
+    "ddp-skip-none-grad",
+    "paracheck.mutants.ddp:SkipNoneGradDDP",
+    "ddp",
+    "a parameter whose local gradient is None is skipped: ranks with different branches hang",
+    expect="hang",
+)
+register(
+    "ddp-accumulation-reduced-twice",
+    "paracheck.mutants.ddp:StaleAccumulatorDDP",
+    "ddp",
+    "a persistent accumulation buffer is never cleared, so reduced gradients are reduced again",
+)
+register(
+    "ddp-hooks-registered-twice",
+    "paracheck.mutants.ddp:HooksRegisteredTwiceDDP",
+    "ddp",
+    "hooks registered per parameter name: a tied parameter is pre-divided twice",
+)
+register(
+    "ddp-flags-averaged",
+    "paracheck.mutants.ddp:FlagsAveragedDDP",
+    "ddp",
+    "presence flags are averaged with the gradients, so a partly used parameter loses its gradient",
+)
+register(
+    "ddp-presence-from-hooks",
+    "paracheck.mutants.ddp:PresenceFromHooksDDP",
+    "ddp",
+    "presence = 'my hook fired in the last backward': accumulated or zeroed gradients can be dropped",
+)
 
-register("ddp-readiness-per-step", "paracheck.mutants.ddp:ReadinessPerStepDDP", "ddp",
-         "bucket readiness is reset per step, not per backward: a second backward before finish is never reduced")
-register("ddp-handles-per-step", "paracheck.mutants.ddp:HandlesPerStepDDP", "ddp",
-         "handles are kept per step and only the first backward launches: later backward passes are not reduced")
-register("ddp-round-starts-in-forward", "paracheck.mutants.ddp:RoundStartsInForwardDDP", "ddp",
-         "the previous backward is settled at the next forward: a second backward of one forward is not reduced")
-register("ddp-bucket-cap-ignored", "paracheck.mutants.ddp:BucketCapIgnoredDDP", "ddp",
-         "the planner never receives bucket_size_mb: one bucket per dtype, whatever the cap")
-register("ddp-bucket-cap-in-bytes", "paracheck.mutants.ddp:BucketCapInBytesDDP", "ddp",
-         "bucket_size_mb is compared with byte counts: every parameter alone in its bucket")
-register("ddp-mixed-dtype-bucket", "paracheck.mutants.ddp:MixedDtypeBucketDDP", "ddp",
-         "buckets ignore dtypes: float32 and float64 gradients share one flat buffer of the first's dtype",
-         expect="raise")
-register("ddp-flat-buffer-first-dtype", "paracheck.mutants.ddp:FlatBufferFirstDtypeDDP", "ddp",
-         "the flat buffer takes the first parameter's dtype: float64 gradients truncated to float32")
+register(
+    "ddp-readiness-per-step",
+    "paracheck.mutants.ddp:ReadinessPerStepDDP",
+    "ddp",
+    "bucket readiness is reset per step, not per backward: a second backward before finish is never reduced",
+)
+register(
+    "ddp-handles-per-step",
+    "paracheck.mutants.ddp:HandlesPerStepDDP",
+    "ddp",
+    "handles are kept per step and only the first backward launches: later backward passes are not reduced",
+)
+register(
+    "ddp-round-starts-in-forward",
+    "paracheck.mutants.ddp:RoundStartsInForwardDDP",
+    "ddp",
+    "the previous backward is settled at the next forward: a second backward of one forward is not reduced",
+)
+register(
+    "ddp-bucket-cap-ignored",
+    "paracheck.mutants.ddp:BucketCapIgnoredDDP",
+    "ddp",
+    "the planner never receives bucket_size_mb: one bucket per dtype, whatever the cap",
+)
+register(
+    "ddp-bucket-cap-in-bytes",
+    "paracheck.mutants.ddp:BucketCapInBytesDDP",
+    "ddp",
+    "bucket_size_mb is compared with byte counts: every parameter alone in its bucket",
+)
+register(
+    "ddp-mixed-dtype-bucket",
+    "paracheck.mutants.ddp:MixedDtypeBucketDDP",
+    "ddp",
+    "buckets ignore dtypes: float32 and float64 gradients share one flat buffer of the first's dtype",
+    expect="raise",
+)
+register(
+    "ddp-flat-buffer-first-dtype",
+    "paracheck.mutants.ddp:FlatBufferFirstDtypeDDP",
+    "ddp",
+    "the flat buffer takes the first parameter's dtype: float64 gradients truncated to float32",
+)
 
 # Further catalogues register themselves on import.
 from paracheck.mutants import ddp as _ddp  # noqa: E402,F401

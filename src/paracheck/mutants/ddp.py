@@ -16,11 +16,26 @@ from paracheck.ddp.overlapped import OverlappedDDP
 from paracheck.ddp.plan import MB, Bucket, BucketPlan, plan_buckets
 
 __all__ = [
-    "NoDivideDDP", "VectorsNotAveragedDDP", "LastBucketNeverReducedDDP", "OversizedParamDroppedDDP",
-    "NoInitialBroadcastDDP", "BuffersNotBroadcastDDP", "MissingWaitDDP", "PartialCopyBackDDP",
-    "SkipNoneGradDDP", "StaleAccumulatorDDP", "HooksRegisteredTwiceDDP", "FlagsAveragedDDP",
-    "PresenceFromHooksDDP", "ReadinessPerStepDDP", "HandlesPerStepDDP", "RoundStartsInForwardDDP",
-    "BucketCapIgnoredDDP", "BucketCapInBytesDDP", "MixedDtypeBucketDDP", "FlatBufferFirstDtypeDDP",
+    "NoDivideDDP",
+    "VectorsNotAveragedDDP",
+    "LastBucketNeverReducedDDP",
+    "OversizedParamDroppedDDP",
+    "NoInitialBroadcastDDP",
+    "BuffersNotBroadcastDDP",
+    "MissingWaitDDP",
+    "PartialCopyBackDDP",
+    "SkipNoneGradDDP",
+    "StaleAccumulatorDDP",
+    "HooksRegisteredTwiceDDP",
+    "FlagsAveragedDDP",
+    "PresenceFromHooksDDP",
+    "ReadinessPerStepDDP",
+    "HandlesPerStepDDP",
+    "RoundStartsInForwardDDP",
+    "BucketCapIgnoredDDP",
+    "BucketCapInBytesDDP",
+    "MixedDtypeBucketDDP",
+    "FlatBufferFirstDtypeDDP",
 ]
 
 
@@ -68,10 +83,19 @@ class LastBucketNeverReducedDDP(BucketedDDP):
 
 def _plan_dropping_oversized(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
     cap = bucket_size_mb * MB
-    keep = [i for i in range(len(numels)) if numels[i] * element_sizes[i] <= cap]  # BUG: `continue` on too-big
-    sub = plan_buckets([numels[i] for i in keep], [element_sizes[i] for i in keep], bucket_size_mb=bucket_size_mb,
-                       keys=None if keys is None else [keys[i] for i in keep])
-    buckets = tuple(Bucket(tuple(keep[j] for j in b.params), b.offsets, b.numel, b.nbytes, b.key) for b in sub.buckets)
+    keep = [
+        i for i in range(len(numels)) if numels[i] * element_sizes[i] <= cap
+    ]  # BUG: `continue` on too-big
+    sub = plan_buckets(
+        [numels[i] for i in keep],
+        [element_sizes[i] for i in keep],
+        bucket_size_mb=bucket_size_mb,
+        keys=None if keys is None else [keys[i] for i in keep],
+    )
+    buckets = tuple(
+        Bucket(tuple(keep[j] for j in b.params), b.offsets, b.numel, b.nbytes, b.key)
+        for b in sub.buckets
+    )
     return BucketPlan(buckets, sub.cap_bytes)
 
 
@@ -134,7 +158,9 @@ class PartialCopyBackDDP(FlatDDP):
         dist.all_reduce(flat, group=self.process_group)
         n = flat.numel() - len(params)
         grads = flat[:n].div_(self.world_size)
-        self._scatter_back(params[:-1], grads, flat[n:-1])  # BUG: off by one at the end of the buffer
+        self._scatter_back(
+            params[:-1], grads, flat[n:-1]
+        )  # BUG: off by one at the end of the buffer
 
 
 class SkipNoneGradDDP(NaiveDDP):
@@ -161,7 +187,9 @@ class StaleAccumulatorDDP(FlatDDP):
         if self.world_size == 1 or not self._sync_enabled or not self.trainable:
             return
         params = self.trainable
-        flat = torch.cat([self._local_or_zero(p).reshape(-1) for p in params] + [self._presence(params)])
+        flat = torch.cat(
+            [self._local_or_zero(p).reshape(-1) for p in params] + [self._presence(params)]
+        )
         if getattr(self, "_acc", None) is None:
             self._acc = torch.zeros_like(flat)
         self._acc += flat  # BUG: never zeroed after the all-reduce below
@@ -187,9 +215,13 @@ class HooksRegisteredTwiceDDP(OverlappedDDP):
             h.remove()
         position = {id(p): k for k, p in enumerate(self._order)}
         ref = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_prediv_hook, ref, position[id(p)]))
-                       for _, p in module.named_parameters(remove_duplicate=False)  # BUG: one hook per *name*
-                       if p.requires_grad]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(
+                functools.partial(_prediv_hook, ref, position[id(p)])
+            )
+            for _, p in module.named_parameters(remove_duplicate=False)  # BUG: one hook per *name*
+            if p.requires_grad
+        ]
         self._divided = [False] * len(self._order)
 
     def _prediv_ready(self, k: int) -> None:
@@ -221,7 +253,9 @@ class FlagsAveragedDDP(BucketedDDP):
 
     def _settle_absent(self, k: int) -> None:
         b = self.plan.buckets[k]
-        flags = self._flags[k].div_(self.world_size).tolist()  # BUG: the flags are counts, not gradients
+        flags = (
+            self._flags[k].div_(self.world_size).tolist()
+        )  # BUG: the flags are counts, not gradients
         for j in self._absent[k]:
             i = b.params[j]
             self.trainable[i].grad = self._views[i] if flags[j] >= 1 else None
@@ -267,11 +301,15 @@ class RoundStartsInForwardDDP(BucketedDDP):
         super().__init__(module, bucket_size_mb, process_group=process_group)
         for h in self._pre_hooks:
             h.remove()  # BUG: the round boundary is taken to be the forward
-        self.register_forward_pre_hook(lambda mod, args: mod._start_round() if mod._launched else None)
+        self.register_forward_pre_hook(
+            lambda mod, args: mod._start_round() if mod._launched else None
+        )
 
 
 def _plan_one_bucket(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
-    return plan_buckets(numels, element_sizes, bucket_size_mb=None, keys=keys)  # BUG: the cap is never passed on
+    return plan_buckets(
+        numels, element_sizes, bucket_size_mb=None, keys=keys
+    )  # BUG: the cap is never passed on
 
 
 class BucketCapIgnoredDDP(BucketedDDP):
@@ -295,7 +333,9 @@ class BucketCapInBytesDDP(BucketedDDP):
 
 
 def _plan_ignoring_dtype(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
-    return plan_buckets(numels, element_sizes, bucket_size_mb=bucket_size_mb)  # BUG: keys (dtype, device) dropped
+    return plan_buckets(
+        numels, element_sizes, bucket_size_mb=bucket_size_mb
+    )  # BUG: keys (dtype, device) dropped
 
 
 class MixedDtypeBucketDDP(BucketedDDP):
@@ -315,8 +355,12 @@ class FlatBufferFirstDtypeDDP(FlatDDP):
             return
         params = self.trainable
         flags = self._presence(params)
-        flat = torch.cat([self._local_or_zero(p).reshape(-1).to(params[0].dtype) for p in params]  # BUG: one dtype
-                         + [flags])
+        flat = torch.cat(
+            [
+                self._local_or_zero(p).reshape(-1).to(params[0].dtype) for p in params
+            ]  # BUG: one dtype
+            + [flags]
+        )
         dist.all_reduce(flat, group=self.process_group)
         n = flat.numel() - len(params)
         grads = flat[:n].div_(self.world_size)

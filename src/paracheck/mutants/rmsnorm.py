@@ -37,8 +37,10 @@ def _mutated(kernel: _LazyJit, name: str, *edits: tuple[str, str]) -> _LazyJit:
     source = source.replace(f"def {kernel.fn.__name__}(", f"def {name}(", 1)
     for old, new in edits:
         if source.count(old) != 1:
-            raise ValueError(f"{name}: {old.strip()!r} occurs {source.count(old)} times in "
-                             f"{kernel.fn.__name__}, not once: the mutant is out of date")
+            raise ValueError(
+                f"{name}: {old.strip()!r} occurs {source.count(old)} times in "
+                f"{kernel.fn.__name__}, not once: the mutant is out of date"
+            )
         source = source.replace(old, new)
     filename = f"<paracheck.mutants.rmsnorm:{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -48,37 +50,61 @@ def _mutated(kernel: _LazyJit, name: str, *edits: tuple[str, str]) -> _LazyJit:
     return lazy_jit(namespace[name])
 
 
-_fwd_eps_outside_sqrt = _mutated(_KERNELS.forward, "_fwd_eps_outside_sqrt", (
-    "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
-    "    rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt\n",
-))
-_fwd_unmasked_tail = _mutated(_KERNELS.forward, "_fwd_unmasked_tail", (
-    "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,\n",
-    # BUG: rows masked only: the padded tail of the block (cols >= n_cols) reads whatever
-    # follows the row (the next row, padding, or a guard buffer) into the sum.
-    "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=row_ok[:, None], other=0.0,\n",
-))
-_bwd_dx_without_mean_term = _mutated(_KERNELS.backward, "_bwd_dx_without_mean_term", (
-    "        dx = (wdy - xhat * c[:, None]) * rstd[:, None]\n",
-    "        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * c)\n",
-))
-_bwd_partials_overwrite = _mutated(_KERNELS.backward, "_bwd_partials_overwrite", (
-    "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
-    "    tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)  # BUG: no pid * n_cols\n",
-))
+_fwd_eps_outside_sqrt = _mutated(
+    _KERNELS.forward,
+    "_fwd_eps_outside_sqrt",
+    (
+        "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
+        "    rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=1) / n_cols) + eps)  # BUG: eps outside the sqrt\n",
+    ),
+)
+_fwd_unmasked_tail = _mutated(
+    _KERNELS.forward,
+    "_fwd_unmasked_tail",
+    (
+        "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,\n",
+        # BUG: rows masked only: the padded tail of the block (cols >= n_cols) reads whatever
+        # follows the row (the next row, padding, or a guard buffer) into the sum.
+        "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=row_ok[:, None], other=0.0,\n",
+    ),
+)
+_bwd_dx_without_mean_term = _mutated(
+    _KERNELS.backward,
+    "_bwd_dx_without_mean_term",
+    (
+        "        dx = (wdy - xhat * c[:, None]) * rstd[:, None]\n",
+        "        dx = wdy * rstd[:, None]  # BUG: treats rstd as a constant (drops -xhat * c)\n",
+    ),
+)
+_bwd_partials_overwrite = _mutated(
+    _KERNELS.backward,
+    "_bwd_partials_overwrite",
+    (
+        "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
+        "    tl.store(DW_PARTIAL + cols, tl.sum(dw_acc, axis=0), mask=col_ok)  # BUG: no pid * n_cols\n",
+    ),
+)
 _bwd_reverse_walk_rstd_forward_order = _mutated(
-    _KERNELS.backward, "_bwd_reverse_walk_rstd_forward_order",
+    _KERNELS.backward,
+    "_bwd_reverse_walk_rstd_forward_order",
     # BUG: the saved rstd is read at the forward-order row, not at the reversed one.
-    ("    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)\n",
-     "    rstd = tl.load(RSTD + pid * ROWS + tl.arange(0, ROWS), mask=row_ok, other=0.0)\n"),
-    ("        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)\n",
-     "        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)\n"),
+    (
+        "    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)\n",
+        "    rstd = tl.load(RSTD + pid * ROWS + tl.arange(0, ROWS), mask=row_ok, other=0.0)\n",
+    ),
+    (
+        "        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)\n",
+        "        rstd_next = tl.load(RSTD + start + step + tl.arange(0, ROWS), mask=nrow_ok, other=0.0)\n",
+    ),
 )
 
 
 def _with(**swap) -> RMSNormKernels:
-    kernels = {"forward": _KERNELS.forward, "backward": _KERNELS.backward,
-               "reduce_dweight": _KERNELS.reduce_dweight}
+    kernels = {
+        "forward": _KERNELS.forward,
+        "backward": _KERNELS.backward,
+        "reduce_dweight": _KERNELS.reduce_dweight,
+    }
     kernels.update(swap)
     return RMSNormKernels(**kernels)
 

@@ -48,7 +48,9 @@ class StepRecord:
     grads: list[torch.Tensor | None]  # synchronised gradients, before the step
     grad_absum: list[torch.Tensor | None]  # sum over ranks and micro-steps of |local grad|
     params: list[torch.Tensor]  # after the step
-    state: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # optimizer state after step
+    state: dict[int, dict[str, torch.Tensor]] = field(
+        default_factory=dict
+    )  # optimizer state after step
 
 
 @dataclass
@@ -102,9 +104,14 @@ def train(case: Case) -> Trajectory:
     for step in range(case.steps):
         add_late_groups(case, optimizer, params, step)
         inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        held = [h if (id(p) not in inside and not case.zero_grad_module) or h is None
-                else None if case.set_to_none else torch.zeros_like(h)
-                for p, h in zip(params, held)]
+        held = [
+            h
+            if (id(p) not in inside and not case.zero_grad_module) or h is None
+            else None
+            if case.set_to_none
+            else torch.zeros_like(h)
+            for p, h in zip(params, held)
+        ]
         per_rank = []
         losses = []
         for rank in range(W):

@@ -20,4 +20,12 @@ from paracheck.strategies._core import (
 )
 from paracheck.strategies._sharding import sharding_cases
 
-__all__ = ["bucket_sizes_mb", "cases", "mlp_specs", "model_specs", "optimizer_specs", "sharding_cases", "world_sizes"]
+__all__ = [
+    "bucket_sizes_mb",
+    "cases",
+    "mlp_specs",
+    "model_specs",
+    "optimizer_specs",
+    "sharding_cases",
+    "world_sizes",
+]

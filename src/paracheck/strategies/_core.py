@@ -40,8 +40,14 @@ def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[in
 
 
 @st.composite
-def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool = True,
-              mixed_dtypes: bool = True) -> MLPSpec:
+def mlp_specs(
+    draw,
+    *,
+    max_layers: int = 3,
+    max_width: int = 7,
+    features: bool = True,
+    mixed_dtypes: bool = True,
+) -> MLPSpec:
     """MLP specs from 1 layer of width 1 upward; with ``features``, also frozen parameters,
     tied blocks, unused and data-dependent branches and buffers, and with ``mixed_dtypes`` one
     layer kept in float32 (each shrinks to "off")."""
@@ -65,17 +71,33 @@ def mlp_specs(draw, *, max_layers: int = 3, max_width: int = 7, features: bool =
     # derandomised examples at world sizes 1..4.
     buffer = draw(st.integers(0, 3)) > 0
     # The last layer's weight stays trainable so that every loss requires grad.
-    names = [f"layers.{i}.weight" for i in range(n - 1)] + ([f"layers.{i}.bias" for i in range(n)] if bias else [])
-    frozen = tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2)))) if names and draw(st.booleans()) else ()
+    names = [f"layers.{i}.weight" for i in range(n - 1)] + (
+        [f"layers.{i}.bias" for i in range(n)] if bias else []
+    )
+    frozen = (
+        tuple(sorted(draw(st.sets(st.sampled_from(names), max_size=2))))
+        if names and draw(st.booleans())
+        else ()
+    )
     # One layer in float32 in a float64 model: parameters of two dtypes, next to each other in
     # registration order (where a bucket planner may put them in one buffer).
     f32 = draw(st.integers(0, n - 1)) if mixed_dtypes and draw(st.booleans()) else None
-    return MLPSpec(in_features=in_features, widths=widths, bias=bias, frozen=frozen, tied=tied,
-                   unused=unused, buffer=buffer, float32_layer=f32)
+    return MLPSpec(
+        in_features=in_features,
+        widths=widths,
+        bias=bias,
+        frozen=frozen,
+        tied=tied,
+        unused=unused,
+        buffer=buffer,
+        float32_layer=f32,
+    )
 
 
 @st.composite
-def model_specs(draw, *, max_layers: int = 3, max_width: int = 7, mixed_dtypes: bool = True) -> MLPSpec | ToySpec:
+def model_specs(
+    draw, *, max_layers: int = 3, max_width: int = 7, mixed_dtypes: bool = True
+) -> MLPSpec | ToySpec:
     """MLP specs (three draws in four; they carry every feature) and the CS336 toy models,
     shrinking toward the smallest MLP."""
     mlp = draw(mlp_specs(max_layers=max_layers, max_width=max_width, mixed_dtypes=mixed_dtypes))
@@ -87,8 +109,14 @@ def model_specs(draw, *, max_layers: int = 3, max_width: int = 7, mixed_dtypes: 
 
 
 @st.composite
-def optimizer_specs(draw, *, n_params: int, names=("sgd", "adam", "adamw"), max_groups: int = 3,
-                    late_groups: bool = True) -> OptimizerSpec:
+def optimizer_specs(
+    draw,
+    *,
+    n_params: int,
+    names=("sgd", "adam", "adamw"),
+    max_groups: int = 3,
+    late_groups: bool = True,
+) -> OptimizerSpec:
     """An optimizer over ``n_params`` parameters split into 1..max_groups groups with their own
     lr / weight decay / momentum / betas; optionally a group added mid-training."""
     if n_params < 1:
@@ -107,14 +135,19 @@ def optimizer_specs(draw, *, n_params: int, names=("sgd", "adam", "adamw"), max_
         mom = draw(st.sampled_from([0.0, 0.9])) if name == "sgd" else 0.0
         betas = draw(st.sampled_from([(0.9, 0.999), (0.8, 0.99)]))
         late = draw(st.sampled_from([None, 1])) if (late_groups and groups) else None
-        groups.append(GroupSpec(params=idx, lr=lr, weight_decay=wd, momentum=mom, betas=betas, add_at_step=late))
+        groups.append(
+            GroupSpec(
+                params=idx, lr=lr, weight_decay=wd, momentum=mom, betas=betas, add_at_step=late
+            )
+        )
     decay = draw(st.sampled_from([1.0, 0.5]))
     as_gen = len(groups) == 1 and draw(st.booleans())
     return OptimizerSpec(name=name, groups=tuple(groups), lr_decay=decay, as_generator=as_gen)
 
 
-def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=(),
-                    unbounded: bool = False) -> st.SearchStrategy[float | None]:
+def bucket_sizes_mb(
+    *, model_bytes: int, min_bytes: int = 1, param_bytes=(), unbounded: bool = False
+) -> st.SearchStrategy[float | None]:
     """Bucket caps in MB (2**20 bytes) from ``min_bytes`` (below the smallest parameter) to twice
     ``model_bytes`` (above the whole model); with ``unbounded``, also None (one unbounded bucket).
 
@@ -131,7 +164,9 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=(),
     if not isinstance(model_bytes, int) or model_bytes < 1:
         raise ValueError(f"model_bytes={model_bytes!r} must be an int >= 1")
     if not isinstance(min_bytes, int) or not 1 <= min_bytes <= 2 * model_bytes:
-        raise ValueError(f"min_bytes={min_bytes!r} must be an int in 1..2*model_bytes={2 * model_bytes}")
+        raise ValueError(
+            f"min_bytes={min_bytes!r} must be an int in 1..2*model_bytes={2 * model_bytes}"
+        )
     param_bytes = tuple(param_bytes)
     if any(not isinstance(b, int) or b < 1 for b in param_bytes):
         raise ValueError(f"param_bytes={param_bytes!r} must be ints >= 1")
@@ -144,9 +179,14 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=(),
     uniform = st.integers(min_bytes - realistic, hi - realistic).map(lambda d: realistic + d)
     # A greedy bucket is a contiguous run of parameters, so the caps at which some bucket of some
     # plan is exactly full are the sums of contiguous runs (single parameters included).
-    edges = {sum(param_bytes[a:b]) for a in range(len(param_bytes)) for b in range(a + 1, len(param_bytes) + 1)}
+    edges = {
+        sum(param_bytes[a:b])
+        for a in range(len(param_bytes))
+        for b in range(a + 1, len(param_bytes) + 1)
+    }
     near = st.tuples(st.sampled_from(sorted(edges)), st.sampled_from([0, -1, 1])).map(
-        lambda t: max(min_bytes, t[0] + t[1]))
+        lambda t: max(min_bytes, t[0] + t[1])
+    )
     # A cap that holds every gradient (shrinking to exactly all of them): one bucket is right there,
     # and a design that sends one parameter per call is wrong however right its gradients are.
     total = sum(param_bytes)
@@ -157,10 +197,23 @@ def bucket_sizes_mb(*, model_bytes: int, min_bytes: int = 1, param_bytes=(),
 
 
 @st.composite
-def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes=None, max_steps: int = 4,
-          max_accumulation: int = 3, dtype: str = "float64", models=None, optimizers=("sgd", "adam", "adamw"),
-          rank_dependent_init: bool | None = None, finish_once: bool = True, double_backward: bool = True,
-          mixed_dtypes: bool = True, unbounded_buckets: bool = True) -> Case:
+def cases(
+    draw,
+    *,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    world_sizes=None,
+    max_steps: int = 4,
+    max_accumulation: int = 3,
+    dtype: str = "float64",
+    models=None,
+    optimizers=("sgd", "adam", "adamw"),
+    rank_dependent_init: bool | None = None,
+    finish_once: bool = True,
+    double_backward: bool = True,
+    mixed_dtypes: bool = True,
+    unbounded_buckets: bool = True,
+) -> Case:
     """Complete cases: world, model, per-rank batches (1..3 each), optimizer groups, 1..max_steps
     steps, 1..max_accumulation micro-steps with ``finish_gradient_synchronization()`` after each,
     with ``no_sync()`` or (``finish_once``) with one finish after the last, ``zero_grad`` to None or
@@ -178,14 +231,20 @@ def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes
     if world_sizes is not None:
         sizes = sorted(set(world_sizes))
         if not sizes or any(not isinstance(v, int) or v < 1 for v in sizes):
-            raise ValueError(f"world_sizes={world_sizes!r} must be a non-empty collection of ints >= 1")
+            raise ValueError(
+                f"world_sizes={world_sizes!r} must be a non-empty collection of ints >= 1"
+            )
     else:
         _check_bounds("world_size", min_world_size, max_world_size)
     _check_bounds("steps", 1, max_steps)
     _check_bounds("accumulation", 1, max_accumulation)
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
-    w = draw(st.sampled_from(sizes) if world_sizes is not None else st.integers(min_world_size, max_world_size))
+    w = draw(
+        st.sampled_from(sizes)
+        if world_sizes is not None
+        else st.integers(min_world_size, max_world_size)
+    )
     spec = draw(models if models is not None else model_specs(mixed_dtypes=mixed_dtypes))
     params = list(build_model(spec, seed=0, dtype=DTYPES[dtype]).parameters())
     opt = draw(optimizer_specs(n_params=len(params), names=optimizers))
@@ -195,17 +254,33 @@ def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes
     acc = draw(st.integers(1, max_accumulation))
     batch = tuple(draw(st.lists(st.integers(1, 3), min_size=w, max_size=w)))
     trainable = [p.numel() * p.element_size() for p in params if p.requires_grad]
-    bucket = draw(bucket_sizes_mb(model_bytes=sum(p.numel() * p.element_size() for p in params),
-                                  param_bytes=trainable, unbounded=unbounded_buckets))
+    bucket = draw(
+        bucket_sizes_mb(
+            model_bytes=sum(p.numel() * p.element_size() for p in params),
+            param_bytes=trainable,
+            unbounded=unbounded_buckets,
+        )
+    )
     rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
     # One draw for the accumulation protocol: 0 finish after every backward, 1 no_sync(),
     # 2 finish once after the last backward (two booleans left finish_once in 1 of 40 examples).
     protocol = draw(st.integers(0, 2 if finish_once and max_accumulation >= 2 else 1))
     no_sync = protocol == 1
-    case = Case(model=spec, world_size=w, batch_sizes=batch, steps=steps, accumulation=acc,
-                no_sync=no_sync, optimizer=opt, bucket_size_mb=bucket,
-                seed=draw(st.integers(0, 2**16)), rank_dependent_init=rdi,
-                set_to_none=draw(st.booleans()), dtype=dtype, unbounded_bucket=bucket is None)
+    case = Case(
+        model=spec,
+        world_size=w,
+        batch_sizes=batch,
+        steps=steps,
+        accumulation=acc,
+        no_sync=no_sync,
+        optimizer=opt,
+        bucket_size_mb=bucket,
+        seed=draw(st.integers(0, 2**16)),
+        rank_dependent_init=rdi,
+        set_to_none=draw(st.booleans()),
+        dtype=dtype,
+        unbounded_bucket=bucket is None,
+    )
     if protocol == 2:  # one finish after several synchronised backward passes needs two of them
         case = replace(case, finish_once=True, accumulation=max(2, acc))
     if double_backward and draw(st.integers(0, 2)) == 2:
@@ -214,7 +289,9 @@ def cases(draw, *, min_world_size: int = 1, max_world_size: int = 4, world_sizes
         # From the seed, not a draw of its own: see the note.
         pattern = _BRANCH_PATTERNS[case.seed % len(_BRANCH_PATTERNS)]
         if case.finish_once and pattern in ("any", "only-inside-no-sync"):
-            pattern = "only-before-the-last"  # one finish after several backward passes: see the note
+            pattern = (
+                "only-before-the-last"  # one finish after several backward passes: see the note
+            )
         elif pattern == "only-inside-no-sync" and max_accumulation >= 2:
             case = replace(case, accumulation=max(2, case.accumulation), no_sync=True)
         case = replace(case, seed=_seed_for_branch_pattern(case, pattern))
@@ -254,8 +331,11 @@ def _pattern_holds(case: Case, seed: int, pattern: str) -> bool:
     if pattern == "mixed":
         return _branch_used(case, seed, 0, 0) and (w == 1 or not _branch_used(case, seed, 0, w - 1))
     if pattern in ("only-inside-no-sync", "only-before-the-last"):
-        return (_branch_used(case, seed, 0, 0) and last > 0
-                and not any(_branch_used(case, seed, last, r) for r in range(w)))
+        return (
+            _branch_used(case, seed, 0, 0)
+            and last > 0
+            and not any(_branch_used(case, seed, last, r) for r in range(w))
+        )
     return not any(_branch_used(case, seed, m, 0) for m in range(last + 1))  # rank-0-never
 
 

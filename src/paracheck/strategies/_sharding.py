@@ -46,17 +46,38 @@ def _n_params(spec) -> int:
 
 
 @st.composite
-def sharding_cases(draw, *, world_sizes=None, min_world_size: int = 1, max_world_size: int = 6, max_steps: int = 4,
-                   dtype: str = "float64"):
+def sharding_cases(
+    draw,
+    *,
+    world_sizes=None,
+    min_world_size: int = 1,
+    max_world_size: int = 6,
+    max_steps: int = 4,
+    dtype: str = "float64",
+):
     """Cases with more parameter groups and late ``add_param_group`` calls than ``cases``."""
     if not isinstance(max_steps, int) or max_steps < 2:
-        raise ValueError(f"max_steps={max_steps!r} must be an int >= 2 (a late group needs a step before it)")
-    kw = {"world_sizes": world_sizes} if world_sizes is not None else {
-        "min_world_size": min_world_size, "max_world_size": max_world_size}
+        raise ValueError(
+            f"max_steps={max_steps!r} must be an int >= 2 (a late group needs a step before it)"
+        )
+    kw = (
+        {"world_sizes": world_sizes}
+        if world_sizes is not None
+        else {"min_world_size": min_world_size, "max_world_size": max_world_size}
+    )
     # Not drawn here: finish once after several backward passes, double backward, float32 layers in
     # float64 models and unbounded buckets (the DDP protocol's corners; Zero1 takes one dtype).
-    case = draw(cases(max_steps=max_steps, dtype=dtype, finish_once=False, double_backward=False,
-                      mixed_dtypes=False, unbounded_buckets=False, **kw))
+    case = draw(
+        cases(
+            max_steps=max_steps,
+            dtype=dtype,
+            finish_once=False,
+            double_backward=False,
+            mixed_dtypes=False,
+            unbounded_buckets=False,
+            **kw,
+        )
+    )
     opt = case.optimizer
     groups = list(opt.groups)
     n = _n_params(case.model)
@@ -74,17 +95,28 @@ def sharding_cases(draw, *, world_sizes=None, min_world_size: int = 1, max_world
             )
             groups = [replace(groups[0], params=idx[:cut]), second]
     steps = case.steps
-    if len(groups) > 1 and draw(st.integers(0, 2)) > 0:  # two in three: late groups are where sharding breaks
+    if (
+        len(groups) > 1 and draw(st.integers(0, 2)) > 0
+    ):  # two in three: late groups are where sharding breaks
         steps = max(steps, 2)
-        groups = [groups[0]] + [replace(g, add_at_step=draw(st.integers(1, steps - 1))) for g in groups[1:]]
+        groups = [groups[0]] + [
+            replace(g, add_at_step=draw(st.integers(1, steps - 1))) for g in groups[1:]
+        ]
     elif any(g.add_at_step is not None for g in groups):
         steps = max(steps, 2)
     opt = replace(opt, groups=tuple(groups), as_generator=opt.as_generator and len(groups) == 1)
     # Drawn after the groups, so that the draws before are those of the plain sharding cases.
     if draw(st.integers(0, 3)) == 3:
         # One layer, one or two parameters: more ranks than parameters once W >= 2 or 3.
-        tiny = MLPSpec(in_features=draw(st.integers(1, 3)), widths=(draw(st.integers(1, 3)),), bias=draw(st.booleans()))
-        case, opt = replace(case, model=tiny), draw(optimizer_specs(n_params=_n_params(tiny), late_groups=False))
+        tiny = MLPSpec(
+            in_features=draw(st.integers(1, 3)),
+            widths=(draw(st.integers(1, 3)),),
+            bias=draw(st.booleans()),
+        )
+        case, opt = (
+            replace(case, model=tiny),
+            draw(optimizer_specs(n_params=_n_params(tiny), late_groups=False)),
+        )
         groups = list(opt.groups)
     late = any(g.add_at_step is not None for g in groups)
     scheduler = draw(st.sampled_from([None, "step"] if late else [None, "step", "lambda"]))
@@ -108,6 +140,9 @@ def _with_idle_parameters(case):
     added = tuple(range(n, _n_params(model)))
     opt = case.optimizer
     first, *rest = opt.groups
-    first = replace(first, params=first.params + added if first.params else (),
-                    weight_decay=first.weight_decay or 0.1)
+    first = replace(
+        first,
+        params=first.params + added if first.params else (),
+        weight_decay=first.weight_decay or 0.1,
+    )
     return replace(case, model=model, optimizer=replace(opt, groups=(first, *rest)))

@@ -10,8 +10,18 @@ from paracheck.workloads.mlp import MLP, MLPSpec
 from paracheck.workloads.toy import ToyModel, ToyModelWithTiedWeights, ToySpec
 
 __all__ = [
-    "LM_SIZES", "LMSpec", "MLP", "MLPSpec", "ToyModel", "ToyModelWithTiedWeights", "ToySpec",
-    "TransformerLM", "build_model", "lm_parameter_count", "model_spec_from_dict", "model_spec_to_dict",
+    "LM_SIZES",
+    "LMSpec",
+    "MLP",
+    "MLPSpec",
+    "ToyModel",
+    "ToyModelWithTiedWeights",
+    "ToySpec",
+    "TransformerLM",
+    "build_model",
+    "lm_parameter_count",
+    "model_spec_from_dict",
+    "model_spec_to_dict",
 ]
 
 _KINDS = {"mlp": MLPSpec, "toy": ToySpec, "lm": LMSpec}
@@ -30,7 +40,11 @@ def build_model(spec, *, seed: int, dtype: torch.dtype = torch.float64, device="
             model = TransformerLM(spec)
         return model.to(device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
-        model = MLP(spec) if spec.kind == "mlp" else (ToyModelWithTiedWeights() if spec.tied else ToyModel())
+        model = (
+            MLP(spec)
+            if spec.kind == "mlp"
+            else (ToyModelWithTiedWeights() if spec.tied else ToyModel())
+        )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in model.named_parameters():

@@ -40,7 +40,7 @@ class LMSpec:
     kind = "lm"
 
     @classmethod
-    def size(cls, name: str, **overrides) -> "LMSpec":
+    def size(cls, name: str, **overrides) -> LMSpec:
         if name not in LM_SIZES:
             raise ValueError(f"size={name!r} must be one of {sorted(LM_SIZES)}")
         d, dff, layers, heads = LM_SIZES[name]
@@ -48,14 +48,21 @@ class LMSpec:
 
     def __post_init__(self):
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
+            )
         if self.norm not in ("torch", "triton"):
             raise ValueError(f"norm={self.norm!r} must be 'torch' or 'triton'")
 
 
 def lm_parameter_count(spec: LMSpec) -> int:
     d, dff, L = spec.d_model, spec.d_ff, spec.num_layers
-    return 2 * spec.vocab_size * d + spec.context_length * d + L * (4 * d * d + 2 * d * dff + 2 * d) + d
+    return (
+        2 * spec.vocab_size * d
+        + spec.context_length * d
+        + L * (4 * d * d + 2 * d * dff + 2 * d)
+        + d
+    )
 
 
 class RMSNorm(nn.Module):
@@ -91,7 +98,9 @@ class Block(nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.num_heads, d // self.num_heads).transpose(1, 2) for z in (q, k, v))
+        q, k, v = (
+            z.view(b, t, self.num_heads, d // self.num_heads).transpose(1, 2) for z in (q, k, v)
+        )
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.w2(F.gelu(self.w1(self.ln2(x))))

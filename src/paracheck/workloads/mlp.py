@@ -49,8 +49,10 @@ class MLPSpec:
             raise ValueError(f"unused={self.unused!r} must be 'none', 'always' or 'data'")
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
         if self.float32_layer is not None and not 0 <= self.float32_layer < len(self.widths):
-            raise ValueError(f"float32_layer={self.float32_layer!r} must be None or a layer index in "
-                             f"0..{len(self.widths) - 1}")
+            raise ValueError(
+                f"float32_layer={self.float32_layer!r} must be None or a layer index in "
+                f"0..{len(self.widths) - 1}"
+            )
         object.__setattr__(self, "frozen", tuple(self.frozen))
 
     @property

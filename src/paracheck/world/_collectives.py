@@ -22,13 +22,33 @@ import os
 __all__ = ["CollectiveCounter", "install", "read_status", "COUNTED"]
 
 COUNTED = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "broadcast", "reduce", "barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
-    "send", "recv", "isend", "irecv", "monitored_barrier", "all_gather_object", "broadcast_object_list",
-    "gather_object", "scatter_object_list", "batch_isend_irecv",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "monitored_barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "batch_isend_irecv",
 )
 
-_RECORD = 2048  # bytes of one status record (fixed, so a reader never sees the tail of an older one)
+_RECORD = (
+    2048  # bytes of one status record (fixed, so a reader never sees the tail of an older one)
+)
 
 
 class CollectiveCounter:
@@ -82,8 +102,15 @@ class CollectiveCounter:
     def _write(self, state: str) -> None:
         if self._fd is None:
             return
-        rec = {"job": self.job, "state": state, "inside": self.inside, "inside_index": self.inside_index,
-               "total": self.total, "world_total": self.world_total, "counts": self.counts}
+        rec = {
+            "job": self.job,
+            "state": state,
+            "inside": self.inside,
+            "inside_index": self.inside_index,
+            "total": self.total,
+            "world_total": self.world_total,
+            "counts": self.counts,
+        }
         data = json.dumps(rec, separators=(",", ":")).encode()
         os.pwrite(self._fd, data.ljust(_RECORD)[:_RECORD], 0)
 

@@ -14,4 +14,6 @@ if __name__ == "__main__" and sys.argv[1] == "zygote":
     zygote_main(sys.argv[2])
 elif __name__ == "__main__":
     _rank, _host, _port, _driver, _stacks, _backend, _device, _timeout = sys.argv[1:9]
-    rank_main(int(_rank), _host, int(_port), _driver, _stacks, _backend, _device or None, float(_timeout))
+    rank_main(
+        int(_rank), _host, int(_port), _driver, _stacks, _backend, _device or None, float(_timeout)
+    )

@@ -43,7 +43,9 @@ _HEAD_LINES, _TAIL_LINES, _LINE_CHARS = 15, 15, 300
 
 
 def _clip(text: str) -> str:
-    lines = [ln if len(ln) <= _LINE_CHARS else ln[:_LINE_CHARS] + " ..." for ln in text.splitlines()]
+    lines = [
+        ln if len(ln) <= _LINE_CHARS else ln[:_LINE_CHARS] + " ..." for ln in text.splitlines()
+    ]
     if len(lines) > _HEAD_LINES + _TAIL_LINES:
         dropped = len(lines) - _HEAD_LINES - _TAIL_LINES
         lines = lines[:_HEAD_LINES] + [f"... ({dropped} more lines) ..."] + lines[-_TAIL_LINES:]
@@ -104,8 +106,16 @@ def _resolve(path: str):
     return obj
 
 
-def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, backend: str,
-              device: str | None, pg_timeout: float) -> None:
+def rank_main(
+    rank: int,
+    host: str,
+    port: int,
+    driver: str,
+    stack_dir: str,
+    backend: str,
+    device: str | None,
+    pg_timeout: float,
+) -> None:
     """Serve jobs as rank ``rank`` until told to stop (a process of its own, or forked by
     ``zygote_main``)."""
     from multiprocessing.connection import Client
@@ -118,12 +128,12 @@ def rank_main(rank: int, host: str, port: int, driver: str, stack_dir: str, back
     # start one after another (measured: one rank every ~4 s, 26 s for six, over the 120 s
     # start timeout on a busy machine); imported first, they import in parallel.
     import torch
-    import torch.distributed as dist
 
     # Constructing the first torch.optim optimizer imports torch._dynamo (3 s on an idle core,
     # over 10 s with six ranks on two busy cores): paid here, at start, not inside the first
     # job's hang timeout, where it made a correct target "hang" on its first case.
     import torch._dynamo  # noqa: F401
+    import torch.distributed as dist
 
     install(counter)  # before any target is imported: see paracheck.world._collectives
 
@@ -234,8 +244,14 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 if rank < world_size:
                     prefix = dist.PrefixStore(f"pg/{generation}", store)
                     kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
-                    dist.init_process_group(backend, store=prefix, rank=rank, world_size=world_size,
-                                            timeout=timedelta(seconds=pg_timeout), **kwargs)
+                    dist.init_process_group(
+                        backend,
+                        store=prefix,
+                        rank=rank,
+                        world_size=world_size,
+                        timeout=timedelta(seconds=pg_timeout),
+                        **kwargs,
+                    )
                 current = (world_size, generation)
             if rank >= world_size:
                 _send(conn, (job_id, "idle", None))
@@ -263,7 +279,6 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 _send(conn, (job_id, "error", text, capture.text()))
             except Exception:
                 return
-
 
 
 # Plain pickle over the connection: multiprocessing's ForkingPickler would hand torch tensors over

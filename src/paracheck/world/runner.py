@@ -22,11 +22,11 @@ so pools in several pytest-xdist workers never collide.
 from __future__ import annotations
 
 import json
-import subprocess
 import os
 import re
 import select
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,9 +40,24 @@ from paracheck.world._rank import _recv, _send, read_output
 __all__ = ["World", "WorldError", "RankError", "RankHang", "RankDied", "RankFailure"]
 
 _COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "broadcast", "reduce", "barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
-    "send", "recv", "wait", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "wait",
+    "monitored_barrier",
+    "all_gather_object",
+    "broadcast_object_list",
 )
 
 
@@ -83,8 +98,15 @@ class RankError(WorldError):
 class RankHang(WorldError):
     kind = "hung"
 
-    def __init__(self, message: str, failures: list[RankFailure], *, disagreement: str = "",
-                 definite: bool = False, seconds: float = 0.0):
+    def __init__(
+        self,
+        message: str,
+        failures: list[RankFailure],
+        *,
+        disagreement: str = "",
+        definite: bool = False,
+        seconds: float = 0.0,
+    ):
         super().__init__(message, failures)
         self.disagreement = disagreement
         self.definite = definite  # a deadlock by the collective counts, not only a timeout
@@ -99,7 +121,11 @@ def _collective_of(stack: str) -> str | None:
     """The innermost torch.distributed collective in a faulthandler stack dump (most recent first)."""
     for line in stack.splitlines():
         m = re.search(r'File "([^"]+)", line \d+ in (\w+)', line)
-        if m and "torch/distributed" in m.group(1).replace("\\", "/") and m.group(2) in _COLLECTIVES:
+        if (
+            m
+            and "torch/distributed" in m.group(1).replace("\\", "/")
+            and m.group(2) in _COLLECTIVES
+        ):
             return m.group(2)
     return None
 
@@ -124,8 +150,15 @@ class World:
     stacks, and the ranks then recover by themselves when their collectives time out.
     """
 
-    def __init__(self, size: int, *, backend: str = "gloo", timeout: float = 30.0,
-                 devices: list[str] | None = None, start_timeout: float = 120.0):
+    def __init__(
+        self,
+        size: int,
+        *,
+        backend: str = "gloo",
+        timeout: float = 30.0,
+        devices: list[str] | None = None,
+        start_timeout: float = 120.0,
+    ):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"size={size!r} must be an int >= 1")
         if backend not in ("gloo", "nccl"):
@@ -138,7 +171,9 @@ class World:
             available = torch.cuda.device_count()
             if devices is None:
                 if size > available:
-                    raise ValueError(f"size={size} exceeds the {available} CUDA device(s) present (backend='nccl')")
+                    raise ValueError(
+                        f"size={size} exceeds the {available} CUDA device(s) present (backend='nccl')"
+                    )
                 devices = [f"cuda:{i}" for i in range(size)]
             if len(devices) < size:
                 raise ValueError(f"devices={devices} has fewer than size={size} entries")
@@ -170,8 +205,9 @@ class World:
         import torch.distributed as dist
 
         t0 = time.monotonic()
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=60))
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
         self._procs, self._conns = [None] * self.size, [None] * self.size
         try:
             self._spawn(list(range(self.size)))
@@ -193,15 +229,34 @@ class World:
         for rank in ranks:
             device = self.devices[rank] if self.devices else ""
             if fork:
-                line = [rank, "127.0.0.1", self._store.port, f"{listener.address[0]}:{listener.address[1]}",
-                        self._stack_dir, self.backend, device or None, self._pg_timeout, authkey.hex()]
+                line = [
+                    rank,
+                    "127.0.0.1",
+                    self._store.port,
+                    f"{listener.address[0]}:{listener.address[1]}",
+                    self._stack_dir,
+                    self.backend,
+                    device or None,
+                    self._pg_timeout,
+                    authkey.hex(),
+                ]
                 self._zygote.stdin.write((json.dumps(line) + "\n").encode())
                 self._zygote.stdin.flush()
                 self._procs[rank] = None
                 continue
-            args = [sys.executable, "-m", "paracheck.world._entry", str(rank), "127.0.0.1",
-                    str(self._store.port), f"{listener.address[0]}:{listener.address[1]}",
-                    self._stack_dir, self.backend, device, repr(self._pg_timeout)]
+            args = [
+                sys.executable,
+                "-m",
+                "paracheck.world._entry",
+                str(rank),
+                "127.0.0.1",
+                str(self._store.port),
+                f"{listener.address[0]}:{listener.address[1]}",
+                self._stack_dir,
+                self.backend,
+                device,
+                repr(self._pg_timeout),
+            ]
             self._procs[rank] = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL)
         # Wait for pending connections with select() and never put a timeout on the listening
         # socket: a timeout there can also cut the authentication handshake of an accepted
@@ -212,19 +267,26 @@ class World:
         try:
             connected = 0
             while connected < len(ranks):
-                dead = {r: _describe_exit(self._procs[r].poll()) for r in ranks
-                        if self._procs[r] is not None and self._procs[r].poll() is not None}
+                dead = {
+                    r: _describe_exit(self._procs[r].poll())
+                    for r in ranks
+                    if self._procs[r] is not None and self._procs[r].poll() is not None
+                }
                 if fork and self._zygote.poll() is not None:
                     raise RuntimeError("the zygote that forks replacement ranks exited")
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"ranks failed to start: {dead}" if dead else f"ranks did not start within {self.start_timeout} s"
+                        f"ranks failed to start: {dead}"
+                        if dead
+                        else f"ranks did not start within {self.start_timeout} s"
                     )
                 if not select.select([sock], [], [], 0.5)[0]:
                     continue
                 conn = listener.accept()
                 if not conn.poll(max(0.0, deadline - time.monotonic())):
-                    raise RuntimeError(f"a rank connected but did not report within {self.start_timeout} s")
+                    raise RuntimeError(
+                        f"a rank connected but did not report within {self.start_timeout} s"
+                    )
                 hello = _recv(conn)
                 self._conns[hello[1]] = conn
                 if fork:
@@ -235,7 +297,9 @@ class World:
 
     def _env(self, authkey: bytes) -> dict:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+        )
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PARACHECK_AUTHKEY"] = authkey.hex()
         return env
@@ -252,12 +316,18 @@ class World:
         # by a parent that might have touched them; NCCL worlds start new processes.
         if self.backend == "gloo" and (self._zygote is None or self._zygote.poll() is not None):
             env = self._env(b"")
-            self._zygote = subprocess.Popen([sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
-                                            env=env, stdin=subprocess.PIPE)
+            self._zygote = subprocess.Popen(
+                [sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
+                env=env,
+                stdin=subprocess.PIPE,
+            )
 
     def _zygote_ready(self) -> bool:
-        return (self._zygote is not None and self._zygote.poll() is None
-                and os.path.exists(os.path.join(self._stack_dir, "zygote.ready")))
+        return (
+            self._zygote is not None
+            and self._zygote.poll() is None
+            and os.path.exists(os.path.join(self._stack_dir, "zygote.ready"))
+        )
 
     def _stop_zygote(self) -> None:
         if self._zygote is not None:
@@ -355,7 +425,7 @@ class World:
         self._kill()
         self._stop_zygote()  # last: it reaps (and reports) the ranks it forked
 
-    def __enter__(self) -> "World":
+    def __enter__(self) -> World:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -373,21 +443,29 @@ class World:
         return [p.pid for p in self._procs]
 
     # -- jobs -----------------------------------------------------------------------------
-    def run(self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None) -> list:
+    def run(
+        self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None
+    ) -> list:
         """Call ``fn(payload)`` on ranks 0..world_size-1; return their results in rank order."""
         return self.collect(self.submit(fn, payload, world_size=world_size, timeout=timeout))
 
-    def submit(self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None):
+    def submit(
+        self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None
+    ):
         """Start a job and return a ticket for ``collect``; the driver is free meanwhile (the
         check computes the oracle while the ranks train). One job at a time."""
         w = self.size if world_size is None else world_size
         if not isinstance(w, int) or not 1 <= w <= self.size:
-            raise ValueError(f"world_size={w!r} must be an int in 1..{self.size} (this World's size)")
+            raise ValueError(
+                f"world_size={w!r} must be an int in 1..{self.size} (this World's size)"
+            )
         timeout = self.timeout if timeout is None else timeout
         if not 0 < timeout <= self.timeout:
             # The ranks' process-group timeout was fixed from World.timeout at start; a longer job
             # timeout would let collectives time out first and read as "raised", not "hung".
-            raise ValueError(f"timeout={timeout!r} must be in (0, {self.timeout:g}] (this World's timeout)")
+            raise ValueError(
+                f"timeout={timeout!r} must be in (0, {self.timeout:g}] (this World's timeout)"
+            )
         if any(p.poll() is not None for p in self._procs):
             self.restart()
         if w != self._last_world_size:
@@ -410,7 +488,9 @@ class World:
         ``self.last_outputs`` then holds what each rank of the job printed (clipped)."""
         job, fn, w, deadline = ticket
         if job != self._job:
-            raise RuntimeError(f"ticket for job {job} is stale (job {self._job} was submitted since)")
+            raise RuntimeError(
+                f"ticket for job {job} is stale (job {self._job} was submitted since)"
+            )
         started = self._submitted_at
         hard = started + self.timeout  # a late case that still makes progress waits up to this
         results: dict[int, object] = {}
@@ -430,13 +510,18 @@ class World:
             # Poll the ranks' collective counts while some have answered and others not (where a
             # deadlock shows), and in the last second before the deadline.
             polling = (results and any(r < w for r in pending)) or deadline - now < 1.5
-            ready = wait(list(pending.values()), timeout=min(deadline - now, 0.1) if polling else deadline - now)
+            ready = wait(
+                list(pending.values()),
+                timeout=min(deadline - now, 0.1) if polling else deadline - now,
+            )
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
                     msg = _recv(conn)
                 except (EOFError, OSError):
-                    failures.append(RankFailure(rank, "died", _describe_exit(_wait_code(self._procs[rank]))))
+                    failures.append(
+                        RankFailure(rank, "died", _describe_exit(_wait_code(self._procs[rank])))
+                    )
                     del pending[rank]
                     continue
                 if msg[0] != job:
@@ -448,12 +533,16 @@ class World:
                 if msg[1] == "ok":
                     results[rank] = msg[2]
                 elif msg[1] == "error":
-                    failures.append(RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output))
+                    failures.append(
+                        RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output)
+                    )
             if any(f.kind == "died" for f in failures):
                 break
             if polling:
                 watch.poll(sorted(r for r in pending if r < w))
-                if not failures and watch.deadlocked(sorted(results), sorted(r for r in pending if r < w)):
+                if not failures and watch.deadlocked(
+                    sorted(results), sorted(r for r in pending if r < w)
+                ):
                     break  # Note [Definite deadlock]
         if any(f.kind == "died" for f in failures):
             dead = [f for f in failures if f.kind == "died"]
@@ -461,24 +550,32 @@ class World:
             # Replacing only the dead ranks costs one process start instead of the pool's.
             known = set(ranks)
             replaced = self._replace_dead(ranks, pending)
-            dead += [RankFailure(r, "died", self._exits.pop(r, "died")) for r in ranks if r not in known]
+            dead += [
+                RankFailure(r, "died", self._exits.pop(r, "died")) for r in ranks if r not in known
+            ]
             if replaced:
                 action = f"rank(s) {sorted(ranks)} were restarted"
             else:
                 self.restart()
                 action = "the pool was restarted"
-            raise RankDied(f"{len(dead)} rank(s) died during {fn} (world size {w}); {action}",
-                           sorted(dead, key=lambda f: f.rank))
+            raise RankDied(
+                f"{len(dead)} rank(s) died during {fn} (world size {w}); {action}",
+                sorted(dead, key=lambda f: f.rank),
+            )
         stuck = sorted(r for r in pending if r < w)
         if stuck:
             self._handle_hang(fn, w, stuck, results, failures, watch)
         if failures:
-            self._generation += 1  # ranks that finished still hold the old group: re-create everywhere
-            raise RankError(f"{len(failures)} rank(s) raised during {fn} (world size {w})",
-                            _order_failures(failures))
+            self._generation += (
+                1  # ranks that finished still hold the old group: re-create everywhere
+            )
+            raise RankError(
+                f"{len(failures)} rank(s) raised during {fn} (world size {w})",
+                _order_failures(failures),
+            )
         return [results[r] for r in range(w)]
 
-    def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: "_Watch") -> None:
+    def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: _Watch) -> None:
         started = self._submitted_at
         definite = watch.deadlocked(sorted(results), stuck)
         for rank in stuck:
@@ -498,9 +595,20 @@ class World:
         for r in stuck:
             stack = _read(os.path.join(self._stack_dir, f"rank{r}.stack")) or "(no stack)"
             output = read_output(os.path.join(self._stack_dir, f"rank{r}.out"))
-            hung.append(RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r)))
-        done = [RankFailure(r, "finished", "returned normally", None, self.last_outputs.get(r, ""), statuses.get(r))
-                for r in sorted(results)]
+            hung.append(
+                RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r))
+            )
+        done = [
+            RankFailure(
+                r,
+                "finished",
+                "returned normally",
+                None,
+                self.last_outputs.get(r, ""),
+                statuses.get(r),
+            )
+            for r in sorted(results)
+        ]
         disagreement = describe_disagreement(statuses, stuck, sorted(results))
         # Recovery, fastest first: ranks that finished drop their process group, which closes their
         # connections, so a peer stuck in a collective with them fails out of it at once (measured
@@ -528,12 +636,23 @@ class World:
             self.restart()
             action = "the pool was killed and restarted"
         if definite:
-            head = (f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
-                    f"{action}")
+            head = (
+                f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
+                f"{action}"
+            )
         else:
-            head = (f"{fn} (world size {w}) did not finish within {seconds:.1f} s on rank(s) {stuck}"
-                    + (f": {disagreement}" if disagreement else "") + f"; {action}")
-        raise RankHang(head, hung + failures + done, disagreement=disagreement, definite=definite, seconds=seconds)
+            head = (
+                f"{fn} (world size {w}) did not finish within {seconds:.1f} s on rank(s) {stuck}"
+                + (f": {disagreement}" if disagreement else "")
+                + f"; {action}"
+            )
+        raise RankHang(
+            head,
+            hung + failures + done,
+            disagreement=disagreement,
+            definite=definite,
+            seconds=seconds,
+        )
 
     def _await_stuck(self, stuck: list[int], deadline: float) -> bool:
         pending = {r: self._conns[r] for r in stuck}
@@ -562,7 +681,7 @@ class World:
 class _Watch:
     """The ranks' collective counts while one job is late (see Note [Definite deadlock])."""
 
-    def __init__(self, world: "World", job: int, w: int):
+    def __init__(self, world: World, job: int, w: int):
         self._dir = world._stack_dir
         self.job = job
         self.w = w
@@ -596,7 +715,9 @@ class _Watch:
         ok = bool(lows)
         for r in running:
             st = self.status(r)
-            ok = ok and st is not None and st["inside"] is not None and st["world_total"] > min(lows)
+            ok = (
+                ok and st is not None and st["inside"] is not None and st["world_total"] > min(lows)
+            )
         self._suspect = self._suspect + 1 if ok else 0
         return self._suspect >= 2
 
@@ -610,7 +731,9 @@ def _ranks(rs: list[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
 
 
-def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], finished: list[int]) -> str:
+def describe_disagreement(
+    statuses: dict[int, dict | None], stuck: list[int], finished: list[int]
+) -> str:
     """One sentence: which collective the stuck ranks are in and how many each rank issued, e.g.
     "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"."""
     parts = []
@@ -624,8 +747,10 @@ def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], fi
             parts.append(f"rank {r} is outside any collective after {st['total']} collective(s)")
             continue
         op = op or st["inside"]
-        parts.append(f"rank {r} is in its {_ordinal(st['inside_index'])} {st['inside']}"
-                     + (f" ({st['total']} collectives in all)" if st["total"] != st["inside_index"] else ""))
+        parts.append(
+            f"rank {r} is in its {_ordinal(st['inside_index'])} {st['inside']}"
+            + (f" ({st['total']} collectives in all)" if st["total"] != st["inside_index"] else "")
+        )
     groups: dict[tuple, list[int]] = {}
     for r in finished:
         st = statuses.get(r)
@@ -634,8 +759,11 @@ def describe_disagreement(statuses: dict[int, dict | None], stuck: list[int], fi
         key = (st["counts"].get(op, 0) if op and op != "wait" else None, st["total"])
         groups.setdefault(key, []).append(r)
     for (n_op, total), rs in sorted(groups.items(), key=lambda kv: kv[1]):
-        what = f"{n_op} {op}" + (f" ({total} collectives in all)" if total != n_op else "") if n_op is not None \
+        what = (
+            f"{n_op} {op}" + (f" ({total} collectives in all)" if total != n_op else "")
+            if n_op is not None
             else f"{total} collective(s)"
+        )
         parts.append(f"{_ranks(rs)} finished after {what}")
     return "; ".join(parts)
 
@@ -660,8 +788,11 @@ class _Forked:
                 until = time.monotonic() + 2.0
                 while not os.path.exists(self._exit) and time.monotonic() < until:
                     time.sleep(0.01)
-                self.returncode = int(_read(self._exit) or -signal.SIGKILL) if os.path.exists(self._exit) \
+                self.returncode = (
+                    int(_read(self._exit) or -signal.SIGKILL)
+                    if os.path.exists(self._exit)
                     else -signal.SIGKILL
+                )
         return self.returncode
 
     def kill(self):
@@ -706,8 +837,17 @@ def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     # The rank whose own code raised comes first; peers that merely lost their connection after.
     def secondary(f: RankFailure) -> bool:
         t = f.detail.lower()
-        return any(s in t for s in ("connection closed", "connection reset", "timed out", "timeout", "gloo",
-                                    "raised on another rank"))
+        return any(
+            s in t
+            for s in (
+                "connection closed",
+                "connection reset",
+                "timed out",
+                "timeout",
+                "gloo",
+                "raised on another rank",
+            )
+        )
 
     return sorted(failures, key=lambda f: (secondary(f), f.rank))
 

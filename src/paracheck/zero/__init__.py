@@ -14,8 +14,16 @@ from paracheck.zero.sharded import ShardedOptimizer
 from paracheck.zero.zero1 import Zero1, Zero1Optimizer
 
 __all__ = [
-    "Bucket", "FlatLayout", "ParamPartition", "Piece", "ShardedOptimizer", "TorchZero", "Zero1", "Zero1Optimizer",
-    "flat_layout", "partition_by_size",
+    "Bucket",
+    "FlatLayout",
+    "ParamPartition",
+    "Piece",
+    "ShardedOptimizer",
+    "TorchZero",
+    "Zero1",
+    "Zero1Optimizer",
+    "flat_layout",
+    "partition_by_size",
 ]
 
 

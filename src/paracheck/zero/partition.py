@@ -1,7 +1,7 @@
 """Pure partitioning for optimizer-state sharding: who owns which parameter, or which elements.
 
 No torch here: plans are computed from sizes alone, identically on every rank, and tested without
-processes (STYLE 4). Two plans, one per design:
+processes. Two plans, one per design:
 
 * ``ParamPartition`` (``partition_by_size``): whole parameters to ranks, for the owner-broadcast
   ``ShardedOptimizer``. Greedy largest-first, see Note [Balance bound].
@@ -20,7 +20,7 @@ Note [Balance bound]
     smallest load, at most the mean of the loads so far, which is <= (total - size_p) / W; R gets
     nothing after p, so load_R <= (total - size_p) / W + size_p = total / W + (W - 1) / W * size_p.
     Sorting largest-first within a call only tightens it in practice (LPT is within 4/3 of
-    optimal). A partition by *count* (round-robin, the CS336 seeds' choice) has no such bound:
+    optimal). A partition by *count* (round-robin, a common CS336 choice) has no such bound:
     CS336's toy model on two ranks puts 750 of 850 trainable elements on rank 0 (bound 675). The
     check states the bound in integers: ``W * max_r load_r <= total + (W - 1) * largest``.
 
@@ -39,8 +39,8 @@ Note [Flat layout]
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["Bucket", "FlatLayout", "ParamPartition", "Piece", "flat_layout", "partition_by_size"]
 
@@ -76,7 +76,9 @@ class ParamPartition:
         object.__setattr__(self, "sizes", _check_sizes("sizes", self.sizes))
         object.__setattr__(self, "owners", tuple(self.owners))
         if len(self.owners) != len(self.sizes):
-            raise ValueError(f"owners has {len(self.owners)} entries, sizes has {len(self.sizes)}: they must match")
+            raise ValueError(
+                f"owners has {len(self.owners)} entries, sizes has {len(self.sizes)}: they must match"
+            )
         for i, o in enumerate(self.owners):
             if not isinstance(o, int) or not 0 <= o < self.world_size:
                 raise ValueError(f"owners[{i}]={o!r} must be a rank in 0..{self.world_size - 1}")
@@ -102,10 +104,14 @@ class ParamPartition:
 
     def within_bound(self) -> bool:
         """Note [Balance bound], in integers: ``W * max load <= total + (W - 1) * largest``."""
-        return self.world_size * max(self.loads) <= self.total + (self.world_size - 1) * self.largest
+        return (
+            self.world_size * max(self.loads) <= self.total + (self.world_size - 1) * self.largest
+        )
 
 
-def partition_by_size(sizes: Sequence[int], world_size: int, *, previous: ParamPartition | None = None) -> ParamPartition:
+def partition_by_size(
+    sizes: Sequence[int], world_size: int, *, previous: ParamPartition | None = None
+) -> ParamPartition:
     """Partition ``sizes`` greedily, largest first, onto the least loaded rank (Note [Balance bound]).
 
     With ``previous``, the new parameters extend it (their indices follow ``previous``'s) and the
@@ -115,7 +121,9 @@ def partition_by_size(sizes: Sequence[int], world_size: int, *, previous: ParamP
     _check_world_size(world_size)
     new = _check_sizes("sizes", sizes)
     if previous is not None and previous.world_size != world_size:
-        raise ValueError(f"previous.world_size={previous.world_size} must equal world_size={world_size}")
+        raise ValueError(
+            f"previous.world_size={previous.world_size} must equal world_size={world_size}"
+        )
     loads = list(previous.loads) if previous is not None else [0] * world_size
     owners = [0] * len(new)
     for i in sorted(range(len(new)), key=lambda j: (-new[j], j)):
@@ -207,7 +215,9 @@ def flat_layout(numels: Sequence[int], world_size: int, *, bucket_numel: int) ->
         raise ValueError(f"bucket_numel={bucket_numel!r} must be an int >= 1")
     for i, n in enumerate(sizes):
         if n == 0:
-            raise ValueError(f"numels[{i}]=0: a parameter without elements has no place in a flat layout")
+            raise ValueError(
+                f"numels[{i}]=0: a parameter without elements has no place in a flat layout"
+            )
     buckets, current, offsets, filled = [], [], [], 0
 
     def close():

@@ -20,9 +20,14 @@ __all__ = ["ShardedOptimizer"]
 def check_optimizer_cls(optimizer_cls) -> type[torch.optim.Optimizer]:
     if isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer):
         return optimizer_cls
-    what = (f"an {type(optimizer_cls).__name__} instance" if isinstance(optimizer_cls, torch.optim.Optimizer)
-            else repr(optimizer_cls))
-    raise TypeError(f"optimizer_cls={what} must be a torch.optim.Optimizer subclass (the class, not an instance)")
+    what = (
+        f"an {type(optimizer_cls).__name__} instance"
+        if isinstance(optimizer_cls, torch.optim.Optimizer)
+        else repr(optimizer_cls)
+    )
+    raise TypeError(
+        f"optimizer_cls={what} must be a torch.optim.Optimizer subclass (the class, not an instance)"
+    )
 
 
 def _param_weight(p: torch.Tensor) -> int:
@@ -58,7 +63,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``load_state_dict`` and ``zero_grad`` are local: the partition is a pure function of sizes.
     """
 
-    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
+    def __init__(
+        self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs
+    ):
         check_optimizer_cls(optimizer_cls)
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group) if dist.is_initialized() else 1
@@ -86,7 +93,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _extend_partition(self, params: list[torch.Tensor]) -> ParamPartition:
         """The partition with ``params`` appended (the policy: Note [Balance bound])."""
-        return partition_by_size([_param_weight(p) for p in params], self.world_size, previous=self._partition)
+        return partition_by_size(
+            [_param_weight(p) for p in params], self.world_size, previous=self._partition
+        )
 
     def add_param_group(self, param_group: dict) -> None:
         """Add a group: partition its parameters (extending the current partition) and give this
@@ -96,10 +105,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         params = group["params"]
         self._partition = self._extend_partition(params)
         self._params.extend(params)
-        owners = self._partition.owners[len(self._partition.owners) - len(params):]
+        owners = self._partition.owners[len(self._partition.owners) - len(params) :]
         names = group.get("param_names")
-        add_local_group(self, group, [p for p, o in zip(params, owners) if o == self.rank],
-                        None if names is None else [n for n, o in zip(names, owners) if o == self.rank])
+        add_local_group(
+            self,
+            group,
+            [p for p, o in zip(params, owners) if o == self.rank],
+            None if names is None else [n for n, o in zip(names, owners) if o == self.rank],
+        )
 
     def _sync_hyperparameters(self) -> None:
         sync_hyperparameters(self)
@@ -125,8 +138,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for p, owner in zip(self._params, self._partition.owners):
             if not p.requires_grad:
                 continue  # a frozen parameter is never changed by the optimizer
-            handles.append(dist.broadcast(p.detach(), src=self._source(owner), group=self.process_group,
-                                          async_op=True))
+            handles.append(
+                dist.broadcast(
+                    p.detach(), src=self._source(owner), group=self.process_group, async_op=True
+                )
+            )
         for h in handles:
             h.wait()
 
@@ -144,7 +160,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         nothing (hyper-parameters are read from ``self.param_groups``, synced only by ``step()``)."""
         index = {id(p): i for i, p in enumerate(self._params)}
         local = {
-            index[id(p)]: {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in st.items()}
+            index[id(p)]: {
+                k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v)
+                for k, v in st.items()
+            }
             for p, st in self.local_optimizer.state.items()
         }
         state = {}
@@ -162,17 +181,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
         this rank keeps the state of the parameters it owns now."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
-                             f"{len(self.param_groups)}: they must match")
+            raise ValueError(
+                f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}: they must match"
+            )
         for k, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
-                                 f"has {len(group['params'])}: they must match")
+                raise ValueError(
+                    f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
+                    f"has {len(group['params'])}: they must match"
+                )
         by_saved_index = {}
         for saved, group in zip(saved_groups, self.param_groups):
             by_saved_index.update(zip(saved["params"], group["params"]))
             group.update({k: v for k, v in saved.items() if k != "params"})
-        local_index = {id(p): i for i, p in enumerate(p for g in self.local_optimizer.param_groups for p in g["params"])}
+        local_index = {
+            id(p): i
+            for i, p in enumerate(p for g in self.local_optimizer.param_groups for p in g["params"])
+        }
         local_groups = []
         for group, lg in zip(self.param_groups, self.local_optimizer.param_groups):
             packed = {k: v for k, v in group.items() if k not in ("params", "param_names")}
@@ -180,8 +206,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if "param_names" in lg:
                 packed["param_names"] = list(lg["param_names"])
             local_groups.append(packed)
-        local_state = {local_index[id(p)]: st for i, st in state_dict["state"].items()
-                       if id(p := by_saved_index[i]) in local_index}
+        local_state = {
+            local_index[id(p)]: st
+            for i, st in state_dict["state"].items()
+            if id(p := by_saved_index[i]) in local_index
+        }
         self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
         # torch's load_state_dict replaces the state mapping: keep self.state pointing at it.
         self.state = self.local_optimizer.state
@@ -190,7 +219,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 _NOT_HYPER = ("params", "param_names")
 
 
-def add_local_group(wrapper, group: dict, local_params: list, local_names: list | None = None) -> None:
+def add_local_group(
+    wrapper, group: dict, local_params: list, local_names: list | None = None
+) -> None:
     """Give ``wrapper.local_optimizer`` this rank's share of ``group`` (a group of the wrapper's
     ``param_groups``) with every hyper-parameter of the group, creating the local optimizer on the
     first call. The wrapped class's own defaults fill what neither the group nor the wrapper's

@@ -27,7 +27,9 @@ class TorchZero(ZeroRedundancyOptimizer):
     Collectives every rank must call: ``step()`` and ``state_dict()``.
     """
 
-    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs):
+    def __init__(
+        self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs
+    ):
         # torch reads each group's "params" before it hands the same dicts to torch.optim.Optimizer:
         # a group whose params is a generator arrives there empty, and its parameters are never
         # trained, silently (a finding of paracheck's groups-of-generators cases). Lists go in.
@@ -55,6 +57,8 @@ class TorchZero(ZeroRedundancyOptimizer):
         sd = super().state_dict() if self.rank == 0 else None
         if self.world_size > 1:
             box = [sd]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
+            dist.broadcast_object_list(
+                box, src=dist.get_global_rank(self.process_group, 0), group=self.process_group
+            )
             sd = box[0]
         return sd

@@ -116,8 +116,16 @@ class Zero1:
     ``full_gradients()``. World size 1 runs the same code with the collectives replaced by copies.
     """
 
-    def __init__(self, module: nn.Module, optimizer_cls: type[torch.optim.Optimizer], *, params=None,
-                 bucket_size_mb: float = 25.0, process_group=None, **kwargs):
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer_cls: type[torch.optim.Optimizer],
+        *,
+        params=None,
+        bucket_size_mb: float = 25.0,
+        process_group=None,
+        **kwargs,
+    ):
         if not isinstance(module, nn.Module):
             raise TypeError(f"module={module!r} must be a torch.nn.Module")
         check_optimizer_cls(optimizer_cls)
@@ -133,26 +141,35 @@ class Zero1:
         names = {id(p): n for n, p in module.named_parameters()}
         for p in self.trainable:
             if p.dtype != ref.dtype or p.device != ref.device:
-                raise ValueError(f"parameter {names[id(p)]!r} is {p.dtype} on {p.device}, the first trainable one "
-                                 f"{ref.dtype} on {ref.device}: Zero1 needs one dtype and device")
+                raise ValueError(
+                    f"parameter {names[id(p)]!r} is {p.dtype} on {p.device}, the first trainable one "
+                    f"{ref.dtype} on {ref.device}: Zero1 needs one dtype and device"
+                )
             if p.dim() == 0 or p.numel() == 0:
                 # A 0-dim parameter's per-element state could not be told from a per-tensor value
                 # like Adam's 0-dim "step" when a state dict is sliced into pieces.
-                raise ValueError(f"parameter {names[id(p)]!r} has shape {tuple(p.shape)}: Zero1 needs at least one "
-                                 f"dimension and one element (reshape a scalar parameter to (1,))")
+                raise ValueError(
+                    f"parameter {names[id(p)]!r} has shape {tuple(p.shape)}: Zero1 needs at least one "
+                    f"dimension and one element (reshape a scalar parameter to (1,))"
+                )
         self._index = {id(p): i for i, p in enumerate(self.trainable)}
         bucket_numel = max(1, int(cap_mb * 2**20) // ref.element_size())
-        self.layout: FlatLayout = flat_layout([p.numel() for p in self.trainable], self.world_size,
-                                              bucket_numel=bucket_numel)
+        self.layout: FlatLayout = flat_layout(
+            [p.numel() for p in self.trainable], self.world_size, bucket_numel=bucket_numel
+        )
         self._broadcast_module()
         self._build_buffers()
         self._sync_enabled = True
         self._reset_round()
         self._fresh = [True] * len(self.layout.buckets)
         self._has_grad = [False] * len(self.trainable)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.trainable)]
-        self.optimizer = Zero1Optimizer(self, module.parameters() if params is None else params, optimizer_cls,
-                                        **kwargs)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            for i, p in enumerate(self.trainable)
+        ]
+        self.optimizer = Zero1Optimizer(
+            self, module.parameters() if params is None else params, optimizer_cls, **kwargs
+        )
 
     # -- construction --------------------------------------------------------------------------
     def _broadcast_module(self) -> None:
@@ -175,7 +192,7 @@ class Zero1:
                 flat = torch.zeros(bucket.padded, **kw)
                 for i, off in zip(bucket.params, bucket.offsets):
                     p = self.trainable[i]
-                    view = flat[off: off + p.numel()]
+                    view = flat[off : off + p.numel()]
                     view.copy_(p.detach().reshape(-1))
                     p.data = view.view_as(p)
                     self._where[i] = (b, off)
@@ -191,7 +208,9 @@ class Zero1:
         for pc in self.pieces:
             s = self.layout.shard_numel(pc.bucket)
             self._piece_params.append(self._param_flat[pc.bucket].narrow(0, pc.offset, pc.length))
-            self._piece_grads.append(self._grad_shard[pc.bucket].narrow(0, pc.offset - self.rank * s, pc.length))
+            self._piece_grads.append(
+                self._grad_shard[pc.bucket].narrow(0, pc.offset - self.rank * s, pc.length)
+            )
         self._pieces_of = [[] for _ in self.trainable]
         for k, pc in enumerate(self.pieces):
             self._pieces_of[pc.param].append(k)
@@ -202,8 +221,10 @@ class Zero1:
         i = self._index.get(id(p))
         if i is None:
             if p.requires_grad:
-                raise ValueError(f"parameter of shape {tuple(p.shape)} requires grad but is not a trainable "
-                                 f"parameter of the wrapped module at construction: Zero1 cannot synchronise it")
+                raise ValueError(
+                    f"parameter of shape {tuple(p.shape)} requires grad but is not a trainable "
+                    f"parameter of the wrapped module at construction: Zero1 cannot synchronise it"
+                )
             return []
         return [self._piece_params[k] for k in self._pieces_of[i]]
 
@@ -240,16 +261,18 @@ class Zero1:
             if self._sync_enabled:
                 self._take_grad(i, p)
                 self._launch_ready()
+
         return hook
 
     def _take_grad(self, i: int, p) -> None:
         if self._fired[i]:
             raise RuntimeError(
                 f"trainable parameter #{i} received a second gradient before finish_gradient_synchronization(): "
-                f"call it after every backward outside no_sync()")
+                f"call it after every backward outside no_sync()"
+            )
         b, off = self._where[i]
         self._start_bucket(b)
-        self._grad_flat[b][off: off + p.numel()].copy_(p.grad.reshape(-1))
+        self._grad_flat[b][off : off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None
         self._fired[i] = True
         self._present[i] = 1
@@ -273,12 +296,14 @@ class Zero1:
         self._start_bucket(b)
         for i, off in zip(bucket.params, bucket.offsets):
             if not self._fired[i]:  # unused on this rank: contributes zeros
-                self._grad_flat[b][off: off + self.trainable[i].numel()].zero_()
+                self._grad_flat[b][off : off + self.trainable[i].numel()].zero_()
         # In place: the output is this rank's chunk of the input (Note [Zero1 in-place reduce-scatter]).
         # One rank: the chunk is the whole buffer, already holding the "sum".
         handle = None
         if self.world_size > 1:
-            handle = _reduce_scatter(self._grad_shard[b], self._grad_flat[b], self.process_group, True)
+            handle = _reduce_scatter(
+                self._grad_shard[b], self._grad_flat[b], self.process_group, True
+            )
         self._fresh[b] = False
         self._inflight.append((b, handle))
         self._next = b + 1
@@ -334,7 +359,9 @@ class Zero1:
         handles = []
         for b, flat in enumerate(self._param_flat):
             s = self.layout.shard_numel(b)
-            handles.append(_all_gather(flat, flat.narrow(0, self.rank * s, s), self.process_group, True))
+            handles.append(
+                _all_gather(flat, flat.narrow(0, self.rank * s, s), self.process_group, True)
+            )
         for h in handles:
             h.wait()
 
@@ -343,7 +370,9 @@ class Zero1:
         gathered from the shards: for checks, not for training (a collective; allocates the model)."""
         fulls = []
         for b, shard in enumerate(self._grad_shard):
-            full = torch.empty(self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device)
+            full = torch.empty(
+                self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device
+            )
             if self.world_size == 1:
                 full.copy_(shard)
             else:
@@ -352,7 +381,9 @@ class Zero1:
         out = []
         for i, p in enumerate(self.trainable):
             b, off = self._where[i]
-            out.append(fulls[b][off: off + p.numel()].view_as(p).clone() if self._has_grad[i] else None)
+            out.append(
+                fulls[b][off : off + p.numel()].view_as(p).clone() if self._has_grad[i] else None
+            )
         return out
 
     def _gather_object(self, obj) -> list:
@@ -400,7 +431,9 @@ class Zero1Optimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        add_local_group(self, group, [piece for p in group["params"] for piece in self._zero.pieces_of(p)])
+        add_local_group(
+            self, group, [piece for p in group["params"] for piece in self._zero.pieces_of(p)]
+        )
 
     def _sync_hyperparameters(self) -> None:
         sync_hyperparameters(self)
@@ -429,8 +462,13 @@ class Zero1Optimizer(torch.optim.Optimizer):
         for t, st in self.local_optimizer.state.items():
             pc = zero.pieces[piece_of[id(t)]]
             p = zero.trainable[pc.param]
-            local[(index[id(p)], pc.start)] = (pc.length, {
-                k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in st.items()})
+            local[(index[id(p)], pc.start)] = (
+                pc.length,
+                {
+                    k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v)
+                    for k, v in st.items()
+                },
+            )
         parts = {}
         for chunk in zero._gather_object(local):
             parts.update(chunk)
@@ -450,13 +488,17 @@ class Zero1Optimizer(torch.optim.Optimizer):
         zero = self._zero
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
-                             f"{len(self.param_groups)}: they must match")
+            raise ValueError(
+                f"state_dict has {len(saved_groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}: they must match"
+            )
         by_saved_index = {}
         for k, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
-                                 f"has {len(group['params'])}: they must match")
+                raise ValueError(
+                    f"state_dict group {k} has {len(saved['params'])} parameters, this optimizer's "
+                    f"has {len(group['params'])}: they must match"
+                )
             by_saved_index.update(zip(saved["params"], group["params"]))
             group.update({key: v for key, v in saved.items() if key != "params"})
         local_params = [t for g in self.local_optimizer.param_groups for t in g["params"]]
@@ -468,9 +510,13 @@ class Zero1Optimizer(torch.optim.Optimizer):
             for t in zero.pieces_of(p):
                 pc = zero.pieces[piece_of[id(t)]]
                 local_state[local_index[id(t)]] = {
-                    key: (v.reshape(-1)[pc.start: pc.start + pc.length].clone()
-                          if torch.is_tensor(v) and v.shape == p.shape else v)
-                    for key, v in st.items()}
+                    key: (
+                        v.reshape(-1)[pc.start : pc.start + pc.length].clone()
+                        if torch.is_tensor(v) and v.shape == p.shape
+                        else v
+                    )
+                    for key, v in st.items()
+                }
         local_groups = []
         for group, lg in zip(self.param_groups, self.local_optimizer.param_groups):
             packed = {k: v for k, v in group.items() if k not in ("params", "param_names")}
@@ -486,18 +532,24 @@ def _merge_pieces(i: int, p: torch.Tensor, pieces: list) -> dict:
     parameter); anything else is per tensor and must be equal in every piece."""
     covered = sum(n for n, _ in pieces)
     if covered != p.numel():
-        raise RuntimeError(f"the pieces of parameter #{i} with optimizer state cover {covered} of its {p.numel()} "
-                           f"elements: every rank owning a piece must contribute its state")
+        raise RuntimeError(
+            f"the pieces of parameter #{i} with optimizer state cover {covered} of its {p.numel()} "
+            f"elements: every rank owning a piece must contribute its state"
+        )
     merged = {}
     for key in pieces[0][1]:
         values = [st[key] for _, st in pieces]
-        per_element = all(torch.is_tensor(v) and v.shape == (n,) for (n, _), v in zip(pieces, values))
+        per_element = all(
+            torch.is_tensor(v) and v.shape == (n,) for (n, _), v in zip(pieces, values)
+        )
         if per_element:
             merged[key] = torch.cat(values).view(p.shape)
             continue
         first = values[0]
         for v in values[1:]:
             if not (torch.equal(v, first) if torch.is_tensor(v) else v == first):
-                raise RuntimeError(f"the pieces of parameter #{i} disagree on per-tensor state {key!r}")
+                raise RuntimeError(
+                    f"the pieces of parameter #{i} disagree on per-tensor state {key!r}"
+                )
         merged[key] = first
     return merged
