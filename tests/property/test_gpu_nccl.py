@@ -1,7 +1,7 @@
 """On GPUs: every built-in target equals the oracle over NCCL, in float64 and in float32.
 
 Skipped (and counted by the plugin's end-of-session line) where fewer than W CUDA devices exist.
-float32 uses the documented tolerance table (paracheck.check.tolerance.TOLERANCES).
+float32 uses the documented tolerance table (paracheck.oracle.tolerance.TOLERANCES).
 W is ``PARACHECK_NCCL_WORLD`` (default 2, checked at world sizes 1 and 2); with W > 2 the
 checked sizes are 3..W (1 and 2 are the default run's), e.g. ``PARACHECK_NCCL_WORLD=4``: 3, 4.
 """

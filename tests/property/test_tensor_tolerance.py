@@ -1,10 +1,10 @@
 """Per-tensor tolerances for models with parameters of two dtypes follow Note [Parameters of two
-dtypes] in ``paracheck.check.tolerance``, without processes."""
+dtypes] in ``paracheck.oracle.tolerance``, without processes."""
 
 from __future__ import annotations
 
 from paracheck.cases import Case
-from paracheck.check.tolerance import tensor_tolerance, tolerance_for
+from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
 from paracheck.workloads import MLPSpec
 
 _MIXED = ["float32", "float32", "float64", "float64"]

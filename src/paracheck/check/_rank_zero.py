@@ -585,7 +585,7 @@ def _names(case: Case) -> list[str]:
 def _check_state(case: Case, traj, ranks: list[dict], props) -> Divergence | None:
     """``state`` (the union over ranks, Note [State dict conventions]) and ``state-consolidated``."""
     names = _names(case)
-    from paracheck.check.tolerance import tolerance_for
+    from paracheck.oracle.tolerance import tolerance_for
 
     rtol = tolerance_for(case.dtype).state
     if any(len(rec.get("steps", ())) != len(traj.steps) for rec in ranks):

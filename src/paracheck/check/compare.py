@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paracheck.check.tolerance import tensor_tolerance, tolerance_for
 from paracheck.oracle import Trajectory
+from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
 
 __all__ = ["Divergence", "compare", "compare_state_union", "state_convention"]
 

@@ -6,7 +6,7 @@
 * bucket-size independence: a bucketed target's result must not depend on ``bucket_size_mb``.
 
 Both compare rank 0's synchronised gradients and parameters after every step under the same
-tolerance policy as the oracle check (``paracheck.check.tolerance``): the runs differ only in
+tolerance policy as the oracle check (``paracheck.oracle.tolerance``): the runs differ only in
 summation order.
 """
 
@@ -18,7 +18,7 @@ from paracheck.cases import Case
 from paracheck.check.compare import Divergence, _close
 from paracheck.check.run import param_names
 from paracheck.check.targets import Target
-from paracheck.check.tolerance import tolerance_for
+from paracheck.oracle.tolerance import tolerance_for
 from paracheck.world import World
 
 __all__ = ["merged_world_case", "compare_runs", "world_size_relation", "bucket_size_independence"]

@@ -72,7 +72,7 @@ class CheckFailure(AssertionError):
 @contextlib.contextmanager
 def _single_thread():
     # The ranks run single-threaded; so does the oracle, so that each rank's local gradient is
-    # computed by the same kernels with the same blocking (see paracheck.check.tolerance).
+    # computed by the same kernels with the same blocking (see paracheck.oracle.tolerance).
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

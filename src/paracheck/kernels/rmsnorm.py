@@ -2,8 +2,8 @@
 
 kernels (``@triton.jit``) -> launchers (plan, checks, allocation) -> ``RMSNormFunction``
 (``torch.autograd.Function``) -> ``TritonRMSNorm`` (``nn.Module``). The specification is
-``paracheck.oracle.rmsnorm.rms_norm_reference``; ``RMSNORM_TOLERANCES`` says how close these
-kernels are to it.
+``paracheck.oracle.rmsnorm.rms_norm_reference``; ``RMSNORM_TOLERANCES``
+(``paracheck.oracle.tolerance``) says how close these kernels are to it.
 
 Note [interpreter mode]: triton decides between compiling and interpreting a kernel when
 ``triton.jit`` runs, reading ``TRITON_INTERPRET`` at that moment. The kernels here are therefore
@@ -40,6 +40,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from paracheck.oracle.tolerance import (
+    RMSNORM_INTERPRETER_TOLERANCES,
+    RMSNORM_TOLERANCES,
+    RMSNormTolerance,
+    rms_norm_tolerance,
+    rounding_depth,
+)
 
 try:
     import triton
@@ -679,65 +687,3 @@ class TritonRMSNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
-
-
-# --------------------------------------------------------------------------------------------
-# Tolerances against the float64 oracle.
-
-
-@dataclass(frozen=True)
-class RMSNormTolerance:
-    """How far an output of storage dtype ``dtype`` may be from the float64 reference.
-
-    For an output element with reference ``r`` and error scale ``s`` (the sum of the absolute
-    values of the terms that make it, so cancellation is accounted for; ``s = |r|`` for the
-    forward), the bound is ``output_rel * |r| + 2 * k * u * s + atol`` where ``u = 2**-24`` is
-    float32's unit roundoff (all arithmetic is float32), ``k`` counts the roundings on the
-    longest path (see ``rounding_depth``) and the factor 2 is slack for second-order terms.
-    """
-
-    output_rel: float  # rounding of the float32 result into the storage dtype
-    atol: float  # below the dtype's smallest normal number, relative accuracy is lost
-
-
-_U32 = 2.0**-24
-
-
-def rounding_depth(n: int) -> int:
-    """Roundings on the longest path of a length-``n`` float32 sum, plus the pointwise ops.
-
-    Triton's ``tl.sum`` adds each thread's own values in sequence (at most 32 per thread for
-    the launch plans used with n <= 16384, 128 up to MAX_WIDTH) and then combines threads in a
-    tree; numpy (the interpreter) sums pairwise in blocks of 8. A sum of non-negative-scale terms
-    computed by any tree of depth t has relative error <= t*u, so t <= 128 + log2(n), capped by
-    the n-1 of plain recursive summation. The +8 covers sqrt, division and the 3-4 products and
-    subtraction around the sums.
-    """
-    return min(n - 1, 128 + max(1, n - 1).bit_length()) + 8
-
-
-RMSNORM_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
-    # float32 storage: the result is already float32; nothing is added by storing it. atol is
-    # float32's smallest normal (the GPU may flush subnormal intermediates to zero).
-    torch.float32: RMSNormTolerance(output_rel=0.0, atol=2.0**-126),
-    # bfloat16 (8 significant bits): round-to-nearest on the GPU costs half an ulp, 2**-8
-    # relative. The Triton INTERPRETER truncates float32 -> bfloat16 instead of rounding
-    # (measured on triton 3.x), which costs up to one full ulp, 2**-7 relative; the interpreter entry below
-    # allows that. The reference itself is the exact float64 value, not its bf16 rounding.
-    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-8, atol=2.0**-126),
-    # float16 (11 significant bits): half an ulp is 2**-11 relative above the smallest normal
-    # 2**-14; below it the spacing is the fixed 2**-24, so atol is that spacing.
-    torch.float16: RMSNormTolerance(output_rel=2.0**-11, atol=2.0**-24),
-}
-
-# Under TRITON_INTERPRET=1 (CPU), float32 -> bfloat16 truncates: one ulp instead of half.
-RMSNORM_INTERPRETER_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
-    **RMSNORM_TOLERANCES,
-    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-7, atol=2.0**-126),
-}
-
-
-def rms_norm_tolerance(dtype: torch.dtype, *, interpreted: bool) -> RMSNormTolerance:
-    """The tolerance for outputs stored in ``dtype``, on the GPU or in the interpreter."""
-    table = RMSNORM_INTERPRETER_TOLERANCES if interpreted else RMSNORM_TOLERANCES
-    return table[dtype]

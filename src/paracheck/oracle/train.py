@@ -19,7 +19,7 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
 
 Besides parameters, gradients and optimizer state after every step, the trajectory keeps, per
 gradient element, ``sum_r |g_r|`` (``grad_absum``): the scale that bounds any reordering of the
-rank sum, from which ``paracheck.check.tolerance`` derives its tolerances.
+rank sum, from which ``paracheck.oracle.tolerance`` derives its tolerances.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The tolerance policy: how far a correct target may differ from the oracle, per dtype.
+"""Every tolerance in one place: how far a correct target may differ from the oracle, per dtype
+(``tolerance_for``, ``tensor_tolerance``), and how far the RMSNorm kernels may differ from
+their float64 reference (``rms_norm_tolerance``).
 
 Note [Where the differences come from]
     Rank r's local gradient is computed by the same operations, on the same inputs, in the target
@@ -62,7 +64,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Tolerance", "TOLERANCES", "tensor_tolerance", "tolerance_for"]
+import torch
+
+__all__ = [
+    "RMSNORM_INTERPRETER_TOLERANCES",
+    "RMSNORM_TOLERANCES",
+    "RMSNormTolerance",
+    "TOLERANCES",
+    "Tolerance",
+    "rms_norm_tolerance",
+    "rounding_depth",
+    "tensor_tolerance",
+    "tolerance_for",
+]
 
 
 @dataclass(frozen=True)
@@ -101,3 +115,64 @@ def tensor_tolerance(case, step: int, dtype: str, param_dtypes) -> Tolerance:
     backwards = case.accumulation * (2 if getattr(case, "double_backward", False) else 1)
     sums_can_differ = case.world_size >= 3 or (case.world_size == 2 and backwards > 1)
     return tolerance_for(coarsest) if sums_can_differ else tolerance_for(dtype)
+
+
+# -- the RMSNorm kernels against the float64 reference (paracheck.oracle.rmsnorm) ----------------
+
+
+@dataclass(frozen=True)
+class RMSNormTolerance:
+    """How far an output of storage dtype ``dtype`` may be from the float64 reference.
+
+    For an output element with reference ``r`` and error scale ``s`` (the sum of the absolute
+    values of the terms that make it, so cancellation is accounted for; ``s = |r|`` for the
+    forward), the bound is ``output_rel * |r| + 2 * k * u * s + atol`` where ``u = 2**-24`` is
+    float32's unit roundoff (all arithmetic is float32), ``k`` counts the roundings on the
+    longest path (see ``rounding_depth``) and the factor 2 is slack for second-order terms.
+    """
+
+    output_rel: float  # rounding of the float32 result into the storage dtype
+    atol: float  # below the dtype's smallest normal number, relative accuracy is lost
+
+
+_U32 = 2.0**-24
+
+
+def rounding_depth(n: int) -> int:
+    """Roundings on the longest path of a length-``n`` float32 sum, plus the pointwise ops.
+
+    Triton's ``tl.sum`` adds each thread's own values in sequence (at most 32 per thread for
+    the launch plans used with n <= 16384, 128 up to MAX_WIDTH) and then combines threads in a
+    tree; numpy (the interpreter) sums pairwise in blocks of 8. A sum of non-negative-scale terms
+    computed by any tree of depth t has relative error <= t*u, so t <= 128 + log2(n), capped by
+    the n-1 of plain recursive summation. The +8 covers sqrt, division and the 3-4 products and
+    subtraction around the sums.
+    """
+    return min(n - 1, 128 + max(1, n - 1).bit_length()) + 8
+
+
+RMSNORM_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
+    # float32 storage: the result is already float32; nothing is added by storing it. atol is
+    # float32's smallest normal (the GPU may flush subnormal intermediates to zero).
+    torch.float32: RMSNormTolerance(output_rel=0.0, atol=2.0**-126),
+    # bfloat16 (8 significant bits): round-to-nearest on the GPU costs half an ulp, 2**-8
+    # relative. The Triton INTERPRETER truncates float32 -> bfloat16 instead of rounding
+    # (measured on triton 3.x), which costs up to one full ulp, 2**-7 relative; the interpreter entry below
+    # allows that. The reference itself is the exact float64 value, not its bf16 rounding.
+    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-8, atol=2.0**-126),
+    # float16 (11 significant bits): half an ulp is 2**-11 relative above the smallest normal
+    # 2**-14; below it the spacing is the fixed 2**-24, so atol is that spacing.
+    torch.float16: RMSNormTolerance(output_rel=2.0**-11, atol=2.0**-24),
+}
+
+# Under TRITON_INTERPRET=1 (CPU), float32 -> bfloat16 truncates: one ulp instead of half.
+RMSNORM_INTERPRETER_TOLERANCES: dict[torch.dtype, RMSNormTolerance] = {
+    **RMSNORM_TOLERANCES,
+    torch.bfloat16: RMSNormTolerance(output_rel=2.0**-7, atol=2.0**-126),
+}
+
+
+def rms_norm_tolerance(dtype: torch.dtype, *, interpreted: bool) -> RMSNormTolerance:
+    """The tolerance for outputs stored in ``dtype``, on the GPU or in the interpreter."""
+    table = RMSNORM_INTERPRETER_TOLERANCES if interpreted else RMSNORM_TOLERANCES
+    return table[dtype]
