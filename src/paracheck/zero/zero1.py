@@ -89,7 +89,7 @@ class Zero1:
     ``finish_gradient_synchronization()`` (after each backward outside ``no_sync()``) /
     ``step()``, every rank holds bitwise identical parameters, equal to single-process training of
     ``optimizer_cls`` on the rank-averaged gradient (the oracle) up to summation order (float64:
-    relative 1e-10, ``paracheck.check.tolerance``). Preconditions: identical modules and
+    relative 1e-10, ``paracheck.oracle.tolerance``). Preconditions: identical modules and
     registration order on every rank; all trainable parameters share one dtype and device;
     ``optimizer_cls`` is *elementwise* (SGD, Adam, AdamW: a parameter's update element depends
     only on the same element of its gradient and state, so stepping a piece equals stepping the
