@@ -6,7 +6,7 @@ Run on a machine with >= 2 CUDA GPUs (torch >= 2.4; no install needed)::
 
 Targets naive, flat, overlapped, bucketed and torch-ddp are checked at world sizes 1 and 2 in each
 dtype (the oracle always runs in float64 on the CPU; float32 uses the tolerance table of
-``paracheck.check.tolerance``); every DDP mutant that does not hang is checked in float32 and
+``paracheck.oracle.tolerance``); every DDP mutant that does not hang is checked in float32 and
 must be killed. Writes ``gpu_ddp_check.json`` to ``$OUT`` when set. Prints a markdown table last.
 """
 
