@@ -1,4 +1,4 @@
-"""Triton RMSNorm, forward and backward, in four layers (STYLE rule 11).
+"""Triton RMSNorm, forward and backward, in four layers.
 
 kernels (``@triton.jit``) -> launchers (plan, checks, allocation) -> ``RMSNormFunction``
 (``torch.autograd.Function``) -> ``TritonRMSNorm`` (``nn.Module``). The specification is
@@ -420,9 +420,9 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         y_evict="evict_first" if small else "",
         bwd_load_evict="evict_first" if small else "",
     )
-    # Note [reverse walk]: measured faster up to d = 4096 (4096x4096 3.04 -> 3.12 TB/s,
-    # 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved rounds),
-    # slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
+    # The reverse walk (Note [reverse walk]) measured faster up to d = 4096 (4096x4096 3.04 ->
+    # 3.12 TB/s, 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved
+    # rounds), slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
     plan = _gpu_plan(
         n_rows,
         n_cols,
