@@ -162,7 +162,8 @@ def main(argv=None) -> int:
             cmd = [
                 sys.executable,
                 "-m",
-                "paracheck.bench.gate",
+                "paracheck.cli",
+                "gate",
                 "--repo",
                 repo,
                 "--base",

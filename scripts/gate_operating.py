@@ -123,7 +123,8 @@ def _gate(repo: str, base: str, head: str, gate_args, log) -> dict:
         [
             sys.executable,
             "-m",
-            "paracheck.bench.gate",
+            "paracheck.cli",
+            "gate",
             "--repo",
             repo,
             "--base",

@@ -44,7 +44,8 @@ class _Tee(io.TextIOBase):
 
 def main(argv=None) -> int:
     from paracheck.bench import suites
-    from paracheck.bench.cli import WHAT, _machine, run_bench
+    from paracheck.bench.machine import machine_info
+    from paracheck.cli.bench import WHAT, run_bench
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     out = os.environ.get("OUT")
     log = io.StringIO()
     record = {
-        "machine": _machine(device),
+        "machine": machine_info(device),
         "argv": sys.argv[1:],
         "step": [],
         "bucket": [],
@@ -125,9 +126,9 @@ def main(argv=None) -> int:
 
     with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
         if "lm" in ns.what:
-            from paracheck.bench.cli import _run_lm
+            from paracheck.cli.bench import run_lm
 
-            _run_lm(ns, record)
+            run_lm(ns, record)
         with World(
             args.world_size, backend="gloo" if args.smoke else "nccl", timeout=600.0
         ) as world:

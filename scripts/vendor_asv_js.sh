@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Re-creates src/paracheck/bench/_www/ (the JavaScript and CSS that asv's history pages load from
+# Re-creates src/paracheck/report/_www/ (the JavaScript and CSS that asv's history pages load from
 # CDNs) from the npm registry with `npm pack`, and checks every file against MANIFEST.json.
 # Run it after upgrading asv if `paracheck report` names a script it does not vendor.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-www="$root/src/paracheck/bench/_www"
+www="$root/src/paracheck/report/_www"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"

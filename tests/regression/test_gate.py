@@ -1,4 +1,4 @@
-"""The merge gate's rule (Note [The gate rule] in paracheck.bench.gate) and one real gate run
+"""The merge gate's rule (Note [The gate rule] in paracheck.gate) and one real gate run
 that must catch a planted memory regression."""
 
 import importlib.util
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from paracheck.bench.gate import PassTiming, exact_verdict, format_rows, timing_verdict
+from paracheck.gate import PassTiming, exact_verdict, format_rows, timing_verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -108,7 +108,7 @@ def test_exact_side_disagreeing_with_itself_is_unstable_not_gated():
 
 def test_table_shows_timings_and_changes_and_counts_the_rest():
     """The default table lists every timing and every changed exact quantity, and counts the unchanged."""
-    from paracheck.bench.gate import GateRow
+    from paracheck.gate import GateRow
 
     rows = [
         GateRow(
@@ -142,7 +142,8 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
         [
             sys.executable,
             "-m",
-            "paracheck.bench.gate",
+            "paracheck.cli",
+            "gate",
             "--repo",
             repo,
             "--base",

@@ -140,7 +140,7 @@ def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
     repo = _user_repo(tmp_path, None)
     out = tmp_path / "gate.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "--json", str(out)],
+        [sys.executable, "-m", "paracheck.cli", "gate", "--base", "HEAD", "--json", str(out)],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -154,7 +154,7 @@ def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
 def test_gate_target_must_be_an_import_path(tmp_path):
     """A TARGET without ':Class' is refused with exit 2, naming the argument and its value."""
     proc = subprocess.run(
-        [sys.executable, "-m", "paracheck.bench.gate", "--base", "HEAD", "mypkg.ddp"],
+        [sys.executable, "-m", "paracheck.cli", "gate", "--base", "HEAD", "mypkg.ddp"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -176,7 +176,8 @@ def test_gate_target_broken_at_head_cannot_decide(tmp_path, request):
         [
             sys.executable,
             "-m",
-            "paracheck.bench.gate",
+            "paracheck.cli",
+            "gate",
             "--base",
             "main",
             "--json",

@@ -83,9 +83,9 @@ def pages(tmp_path_factory):
             f"asv {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     shutil.copytree(tmp / "html", tmp / "raw")
-    from paracheck.bench.report import main
+    from paracheck.cli import main
 
-    assert main(["--config", str(tmp / "asv.conf.json"), "--no-publish"]) == 0
+    assert main(["report", "--config", str(tmp / "asv.conf.json"), "--no-publish"]) == 0
     return tmp
 
 
@@ -130,7 +130,7 @@ def _render(directory, tmp, name):
 
 def test_unknown_cdn_script_is_an_error(tmp_path):
     """A page loading a script paracheck does not vendor (a newer asv) fails loudly, naming the URL."""
-    from paracheck.bench.report import VendorError, vendorize
+    from paracheck.report import VendorError, vendorize
 
     (tmp_path / "index.html").write_text(
         '<html><script src="https://cdn.example/new.js"></script></html>'
@@ -300,7 +300,8 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from paracheck.bench.report import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from paracheck.cli import main; sys.exit(main(sys.argv[1:]))",
+            "report",
             "--config",
             str(tmp_path / "asv.conf.json"),
             "--no-publish",

@@ -18,52 +18,44 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paracheck.cli import check
+from paracheck.cli import bench, check, gate, report
 from paracheck.cli._common import UsageError
 
 __all__ = ["main"]
 
+# bench, memory, gate and report parse their arguments with their own subparser, called
+# directly, rather than through the top-level parser: their usage errors name the subcommand
+# (``paracheck gate: error: ...``) and gate takes TARGETs between options
+# (``parse_intermixed_args``), as they did when each was a program of its own.
+_OWN_SUBPARSER = ("bench", "memory", "gate", "report")
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The whole command line: the top-level parser and its subparsers by name."""
     p = argparse.ArgumentParser(prog="paracheck", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command")
     check.add_parsers(sub)
-    for name in ("bench", "memory", "gate", "report"):
-        sp = sub.add_parser(name, help=f"speed and memory tracking: {name}", add_help=False)
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
-    return p
-
-
-def _delegate(name: str, rest: list[str]) -> int:
-    try:
-        import paracheck.bench as bench
-    except ImportError as exc:
-        raise UsageError(f"paracheck {name} needs the benchmark extras: {exc}") from None
-    fn = getattr(bench, f"{name}_main", None)
-    if fn is None:
-        raise UsageError(f"paracheck {name} is not available in this version")
-    return int(fn(rest) or 0)
+    bench.add_parsers(sub)
+    gate.add_parser(sub)
+    report.add_parser(sub)
+    return p, sub.choices
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("bench", "memory", "gate", "report"):
-        # These parse their own options (paracheck.bench); argparse's REMAINDER would reject
-        # an option that comes first.
-        try:
-            return _delegate(argv[0], argv[1:])
-        except UsageError as exc:
-            print(f"paracheck: error: {exc}", file=sys.stderr)
+    parser, commands = _parser()
+    if argv and argv[0] in _OWN_SUBPARSER:
+        own = commands[argv[0]]
+        parse = own.parse_intermixed_args if argv[0] == "gate" else own.parse_args
+        args = parse(argv[1:])
+        args.argv = argv[1:]
+    else:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
             return 2
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
-        if args.command in ("check", "selftest"):
-            return args.run(args)
-        return _delegate(args.command, args.rest)
+        return args.run(args)
     except UsageError as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
         return 2

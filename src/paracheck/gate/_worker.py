@@ -1,4 +1,4 @@
-"""``python -m paracheck.bench._worker``: one commit's measuring process for ``paracheck gate``.
+"""``python -m paracheck.gate._worker``: one commit's measuring process for ``paracheck gate``.
 
 The gate starts one worker per commit with ``PYTHONPATH=<that commit's tree>/src``, so every line
 of paracheck it measures (components and measuring code alike) is that commit's. The worker keeps

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 
-__all__ = ["bench_main", "memory_main", "run_bench"]
+__all__ = ["WHAT", "add_parsers", "cmd_bench", "cmd_memory", "run_bench", "run_lm"]
 
 WHAT = ("step", "allreduce", "bucket", "lm", "overlap")
 
@@ -201,7 +199,9 @@ def run_bench(args, world, record: dict) -> None:
             _say("\n" + _table(["variant", "comm ms/step", "hidden ms/step", "hidden share"], rows))
 
 
-def _run_lm(args, record: dict) -> None:
+def run_lm(args, record: dict) -> None:
+    """Time forward / backward / step of one process per ``args.sizes``, print a table, fill
+    ``record["lm"]``."""
     from paracheck.bench.lm import time_lm
     from paracheck.bench.suites import model_for
 
@@ -233,8 +233,7 @@ def _run_lm(args, record: dict) -> None:
     _say("\n" + _table(["model", "autocast", "forward ms", "backward ms", "step ms"], rows))
 
 
-def _parser(prog: str, what_default) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument(
@@ -282,54 +281,21 @@ def _parser(prog: str, what_default) -> argparse.ArgumentParser:
             action="store_false",
             help="skip the exact traffic/memory accounting of the step table",
         )
-    return p
 
 
-def _commit() -> str | None:
-    """The git commit of the paracheck that measures (None outside a git checkout); ``-dirty``
-    appended when its working tree has changes."""
-    import subprocess
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(
-            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha.stdout.strip() + ("-dirty" if dirty else "")
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and ``memory`` to the subcommands ``sub``."""
+    description = __doc__.split("\n\n")[0]
+    for name, what_default, run in (("bench", WHAT, cmd_bench), ("memory", None, cmd_memory)):
+        p = sub.add_parser(name, help=f"speed and memory tracking: {name}", description=description)
+        _add_arguments(p, what_default)
+        p.set_defaults(run=run)
 
 
-def _machine(device: str) -> dict:
-    import torch
-
-    info = {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "device": device,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "commit": _commit(),
-    }
-    if device == "cuda" and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpus"] = torch.cuda.device_count()
-    return info
-
-
-def bench_main(argv=None) -> int:
+def cmd_bench(args) -> int:
     """``paracheck bench``: 0 after printing the tables, 2 on a usage error."""
-    p = _parser("paracheck bench", WHAT)
-    args = p.parse_args(argv)
+    from paracheck.bench.machine import machine_info
+
     d = _defaults(args.device)
     args.what = _csv(args.what)
     bad = [w for w in args.what if w not in WHAT]
@@ -355,8 +321,8 @@ def bench_main(argv=None) -> int:
         print(f"paracheck bench: {exc}", file=sys.stderr)
         return 2
     record = {
-        "machine": _machine(args.device),
-        "argv": list(argv or sys.argv[1:]),
+        "machine": machine_info(args.device),
+        "argv": list(args.argv or sys.argv[1:]),
         "step": [],
         "bucket": [],
         "allreduce": [],
@@ -365,7 +331,7 @@ def bench_main(argv=None) -> int:
     }
     try:
         if "lm" in args.what:
-            _run_lm(args, record)
+            run_lm(args, record)
         if set(args.what) - {"lm"}:
             from paracheck.world import World
 
@@ -381,11 +347,10 @@ def bench_main(argv=None) -> int:
     return 0
 
 
-def memory_main(argv=None) -> int:
+def cmd_memory(args) -> int:
     """``paracheck memory``: exact memory breakdown and traffic per variant (Note [Exact
     quantities]); on CUDA also the allocator's peaks at init / before / after the step."""
-    p = _parser("paracheck memory", None)
-    args = p.parse_args(argv)
+    from paracheck.bench.machine import machine_info
     from paracheck.bench.step import StepSpec, account_step, time_step
     from paracheck.bench.suites import model_for
     from paracheck.bench.variants import available_variants
@@ -399,7 +364,7 @@ def memory_main(argv=None) -> int:
         return 2
     variants = available_variants(_csv(args.variants) or None, include_local=True)
     cuda = args.device == "cuda"
-    record = {"machine": _machine(args.device), "memory": []}
+    record = {"machine": machine_info(args.device), "memory": []}
     with World(args.world_size, backend="nccl" if cuda else "gloo", timeout=args.timeout) as world:
         for size, model in models:
             rows = []

@@ -1,0 +1,108 @@
+"""``paracheck report``: its options, then the history pages and plots written (and served)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+__all__ = ["add_parser", "cmd_report"]
+
+
+def _load_conf(path: str) -> dict:
+    from asv.util import load_json
+
+    return load_json(path, js_comments=True)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``report`` to the subcommands ``sub``."""
+    import paracheck.report
+
+    p = sub.add_parser(
+        "report",
+        help="speed and memory tracking: report",
+        description=paracheck.report.__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)"
+    )
+    p.add_argument(
+        "--html-dir",
+        default=None,
+        help="override the configuration's html_dir (default: its html_dir)",
+    )
+    p.add_argument("--out", default=None, help="where the plots go (default <html_dir>/paracheck)")
+    p.add_argument(
+        "--from-json",
+        action="append",
+        default=[],
+        help="a paracheck bench --json file (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="do not run asv publish (vendor and plot only; default off)",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="then serve the pages on 127.0.0.1 and print their URL until Ctrl-C (default off); opened "
+        "as files the history pages stay blank: browsers refuse their data requests on file://",
+    )
+    p.add_argument(
+        "--port", type=int, default=8080, help="port of --serve; 0 picks a free one (default 8080)"
+    )
+    p.set_defaults(run=cmd_report)
+
+
+def cmd_report(args) -> int:
+    """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
+    vendoring fails, 2 on a usage error."""
+    from paracheck.report import VendorError, collect, plot_all, serve, vendorize
+
+    if not 0 <= args.port <= 65535:
+        print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
+        return 2
+    if not os.path.exists(args.config):
+        print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
+        return 2
+    for path in args.from_json:
+        if not os.path.exists(path):
+            print(f"paracheck report: --from-json={path!r} does not exist", file=sys.stderr)
+            return 2
+    conf = _load_conf(args.config)
+    base = os.path.dirname(os.path.abspath(args.config))
+    html_dir = os.path.join(base, args.html_dir or conf.get("html_dir", "html"))
+    results_dir = os.path.join(base, conf.get("results_dir", "results"))
+    if not args.no_publish:
+        cmd = [sys.executable, "-m", "asv", "publish", "--config", os.path.abspath(args.config)]
+        if args.html_dir:
+            cmd += ["--html-dir", html_dir]
+        proc = subprocess.run(cmd, cwd=base, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(
+                f"paracheck report: asv publish failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}",
+                file=sys.stderr,
+            )
+            return 1
+    if os.path.exists(os.path.join(html_dir, "index.html")):
+        try:
+            replaced = vendorize(html_dir)
+        except VendorError as exc:
+            print(f"paracheck report: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/); "
+            f"view them with `paracheck report --no-publish --serve` (or any static HTTP server): opened as a "
+            f"file the page stays blank, as browsers refuse its data requests on file:// URLs"
+        )
+    else:
+        print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
+    out = args.out or os.path.join(html_dir, "paracheck")
+    written = plot_all(collect(results_dir, args.from_json), out)
+    print(f"plots: {', '.join(written) or 'none (no measurements)'} in {out}")
+    if args.serve:
+        return serve(html_dir, args.port, plots=os.path.relpath(out, html_dir))
+    return 0

@@ -1,0 +1,108 @@
+"""asv's history pages made to work offline (vendored scripts and styles) and served over HTTP;
+see ``paracheck.report``."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import http.server
+import json
+import os
+import re
+import shutil
+import sys
+
+__all__ = ["VendorError", "serve", "vendorize"]
+
+_WWW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_www")
+_EXTERNAL = re.compile(
+    r'<(script|link)\b[^>]*?\b(src|href)="(https?://[^"]+)"[^>]*>', re.IGNORECASE
+)
+
+
+class VendorError(RuntimeError):
+    """asv's pages reference something from the network that paracheck does not vendor."""
+
+
+def _manifest() -> dict:
+    if not os.path.exists(os.path.join(_WWW, "MANIFEST.json")):
+        raise VendorError(
+            f"{_WWW}/MANIFEST.json is missing: paracheck was installed without its package data "
+            f'(pyproject: [tool.setuptools.package-data] "paracheck.report" = ["_www/*"])'
+        )
+    with open(os.path.join(_WWW, "MANIFEST.json")) as f:
+        return {e["url"]: e for e in json.load(f)["files"]}
+
+
+def vendorize(html_dir: str) -> list[str]:
+    """Rewrite every ``.html`` file under ``html_dir`` to load its scripts and styles from
+    ``vendor/`` (copied there); returns the URLs replaced. Raises VendorError for a URL of a
+    ``<script src>`` or ``<link href>`` that the manifest does not know."""
+    manifest = _manifest()
+    vendor = os.path.join(html_dir, "vendor")
+    os.makedirs(vendor, exist_ok=True)
+    replaced: list[str] = []
+    for page in glob.glob(os.path.join(html_dir, "**", "*.html"), recursive=True):
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        prefix = os.path.relpath(vendor, os.path.dirname(page)).replace(os.sep, "/")
+
+        def local(match):
+            tag, url = match.group(0), match.group(3)
+            if match.group(1).lower() == "link" and "stylesheet" not in tag.lower():
+                return tag  # a plain hyperlink-like <link>, nothing is loaded from it
+            if url not in manifest:
+                raise VendorError(
+                    f"{os.path.relpath(page, html_dir)} loads {url}, which paracheck does not vendor "
+                    f"(a newer asv?): add it to {_WWW}/MANIFEST.json and run scripts/vendor_asv_js.sh"
+                )
+            entry = manifest[url]
+            shutil.copyfile(os.path.join(_WWW, entry["file"]), os.path.join(vendor, entry["file"]))
+            replaced.append(url)
+            # The page's integrity hash is the CDN file's; a local copy may be the npm package's
+            # unminified build of the same version, so the attribute goes, with crossorigin.
+            tag = tag.replace(url, f"{prefix}/{entry['file']}")
+            tag = re.sub(r'\s(integrity|crossorigin|referrerpolicy)="[^"]*"', "", tag)
+            return tag
+
+        new = _EXTERNAL.sub(local, text)
+        if new != text:
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(new)
+    shutil.copyfile(os.path.join(_WWW, "LICENSES.txt"), os.path.join(vendor, "LICENSES.txt"))
+    return replaced
+
+
+# -- data ---------------------------------------------------------------------------------------
+def serve(directory: str, port: int = 0, *, plots: str | None = None, ready=None) -> int:
+    """Serve ``directory`` on 127.0.0.1:``port`` (0: a free port) until interrupted, after
+    printing the URL; ``ready(server)`` is called once listening (tests stop it with
+    ``server.shutdown()``). 0 when stopped, 2 when the port cannot be bound."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, fmt, *args):  # one line per request would drown the URL
+            pass
+
+    try:
+        server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", port), functools.partial(Quiet, directory=directory)
+        )
+    except OSError as exc:
+        print(f"paracheck report: --port={port} cannot be used: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    print(
+        f"serving {directory} at {url} (history pages)"
+        + (f", plots at {url}{plots}/" if plots and not plots.startswith("..") else "")
+        + "; Ctrl-C stops",
+        flush=True,
+    )
+    if ready is not None:
+        ready(server)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
