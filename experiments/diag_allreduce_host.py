@@ -6,7 +6,7 @@ itself (no synchronisation inside the loop) through ``dist.all_reduce`` and thro
 group's own ``allreduce``, with torch's defaults and with the NCCL flight recorder off
 (``TORCH_NCCL_TRACE_BUFFER_SIZE=0``), each in fresh processes.
 
-    PYTHONPATH=src python scripts/diag_allreduce_host.py
+    PYTHONPATH=src python experiments/diag_allreduce_host.py
 """
 
 import json

@@ -1,6 +1,6 @@
 """Where does a DDP variant's step time go on GPUs? Per-phase times and the top profiler ops.
 
-PYTHONPATH=src python scripts/diag_phases.py --variants bucketed,torch-ddp --size large
+PYTHONPATH=src python experiments/diag_phases.py --variants bucketed,torch-ddp --size large
 """
 
 import argparse

@@ -11,7 +11,7 @@ side in one call so the device lease is spent once:
   and for a variant whose loop is pipelined by triton (``tl.range(num_stages=...)``) instead of
   by hand.
 
-    PYTHONPATH=src python scripts/rmsnorm_experiments.py [--what host,bwd,ab,pdl,reverse,atomics]
+    PYTHONPATH=src python experiments/rmsnorm_experiments.py [--what host,bwd,ab,pdl,reverse,atomics]
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+)
 from bench_rmsnorm import EPS, SHAPES, events_ms, inputs, tbps  # noqa: E402
 
 from paracheck.kernels import rmsnorm as K  # noqa: E402

@@ -5,7 +5,7 @@ A step that the host takes longer to enqueue than the GPU takes to run is host-b
 stream then idles between kernels while Python runs (hooks run on autograd's thread, between the
 launches of backward kernels).
 
-    PYTHONPATH=src python scripts/diag_trace.py --variants naive,bucketed,torch-ddp --size xl
+    PYTHONPATH=src python experiments/diag_trace.py --variants naive,bucketed,torch-ddp --size xl
 """
 
 import argparse
