@@ -19,10 +19,10 @@ tile, and write one float32 partial row each; a second small kernel sums the ``P
 programs to finish waiting for each other, then reducing a column chunk each -- was measured
 slower on an H200 at every shape than this second launch (4096x1024: the backward grew from
 10.5 to 17.9 us, against 2.6 us for the extra kernel and ~1 us of gap), so it is not used
-(``scripts/rmsnorm_experiments.py`` times the alternatives). The backward loop loads the next
+(``experiments/rmsnorm_experiments.py`` times the alternatives). The backward loop loads the next
 tile before it works on the current one (software pipelining by hand: two tiles in flight per
 program). Block sizes, warps and programs per SM come from sweeps on an H200
-(``scripts/bench_rmsnorm.py --sweep``, ``scripts/rmsnorm_experiments.py --what ab``). In the
+(``scripts/bench_rmsnorm.py --sweep``, ``experiments/rmsnorm_experiments.py --what ab``). In the
 interpreter each program instance costs about 1.6 ms whatever its size, so the plan uses few
 programs with many rows there.
 
@@ -363,7 +363,7 @@ def _gpu_plan(
 # Note [reverse walk]: the backward may walk the rows last to first. The forward wrote y and read
 # x first to last, so the rows it touched last are the likeliest to still be in the L2 when the
 # backward starts; in training, the dy a preceding backward kernel wrote last is too. Which order
-# is faster is measured per width (``scripts/rmsnorm_experiments.py --what reverse``); the
+# is faster is measured per width (``experiments/rmsnorm_experiments.py --what reverse``); the
 # results do not depend on it except through the order of the dweight partial sums.
 
 _REVERSE_MAX_BLOCK = 4096  # Note [reverse walk]: the widest (padded) rows walked last to first
