@@ -4,8 +4,9 @@
   ``src/``. A definition is a line whose text, without a leading ``#``, is ``Note [Name]`` alone
   (the note's body follows on the next lines) or starts with ``Note [Name]:`` (the body follows
   on the same line).
-* Every double-backquoted dotted name ``paracheck.x.y`` in ``src/`` (and every backquoted one in
-  the documents) imports: the longest importable module prefix, then attributes.
+* Every double-backquoted dotted name ``paracheck.x.y`` in ``src/`` (and every backquoted one, and
+  every ``from paracheck.x import y`` of a code block, in the documents) imports: the longest
+  importable module prefix, then attributes.
 * Every backquoted repository path (``scripts/x.py``, ``docs/x.md``, ``ddp/bucketed.py`` below
   ``src/paracheck``) exists.
 * The index of notes in ``docs/architecture.md`` lists exactly the notes defined in ``src/``,
@@ -33,6 +34,7 @@ _NOTE = re.compile(r"Note \[([^\]]+)\]")
 _DEFINITION = re.compile(r"^Note \[([^\]]+)\](:.*)?$")
 _DOTTED_CODE = re.compile(r"``(paracheck(?:\.\w+)+)")  # ``paracheck.x.y`` or ``paracheck.x.f()``
 _DOTTED_DOC = re.compile(r"`(paracheck(?:\.\w+)+)")
+_FROM_IMPORT = re.compile(r"^\s*from (paracheck[\w.]*) import ([\w, ()]+)$")
 _PATH = re.compile(r"`+([\w./-]+\.(?:py|md|sh|json|yml|yaml|toml|txt))\b")
 # Paths in a user's repository, shown as examples.
 _EXAMPLE_PATHS = re.compile(r"^(path/to/|tests/adapters\.py$)")
@@ -141,6 +143,12 @@ def dotted_names() -> list[Hit]:
         text, starts = _prose(path)
         for m in pattern.finditer(text):
             hits.append(Hit(path, _line_of(starts, m.start()), m.group(1)))
+        if path.suffix == ".md":  # the imports of code blocks: ``from paracheck.x import a, b``
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                m = _FROM_IMPORT.match(line)
+                for name in m.group(2).split(",") if m else ():
+                    name = name.split(" as ")[0].strip(" ()")
+                    hits += [Hit(path, number, f"{m.group(1)}.{name}")] if name else []
     return hits
 
 
