@@ -63,7 +63,7 @@ def _code_files() -> list[Path]:
 
 
 def _document_files() -> list[Path]:
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
     docs += sorted(ROOT.glob("*/README.md"))
     return [p for p in docs if p.is_file()]
 
