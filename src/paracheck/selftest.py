@@ -14,17 +14,6 @@ import time
 __all__ = ["run_selftest", "selftest_rows"]
 
 
-def _one_line(case) -> str:
-    m = case.model
-    model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
-    groups = len(case.optimizer.groups)
-    return (
-        f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
-        f"acc={case.accumulation} bucket="
-        + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
-    )
-
-
 def selftest_rows(
     *,
     profile: str = "ci",
@@ -36,7 +25,9 @@ def selftest_rows(
     dtype: str = "float64",
 ):
     """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
+    from paracheck.check.kinds import KINDS
     from paracheck.check.property import PROFILES, check_target
+    from paracheck.check.report import case_line
     from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
     from paracheck.mutants import MUTANTS
     from paracheck.world import World
@@ -59,7 +50,7 @@ def selftest_rows(
                 ),
             )
             for m in MUTANTS.values()
-            if m.kind in ("ddp", "sharded", "zero")
+            if m.kind in KINDS
         ]
         for role, name, target in items:
             if only and name not in only:
@@ -92,7 +83,7 @@ def selftest_rows(
                 "verdict": verdict,
                 "examples": report.examples,
                 "seconds": seconds,
-                "case": _one_line(report.failure.case) if report.failure is not None else "",
+                "case": case_line(report.failure.case) if report.failure is not None else "",
                 "detail": report.failures[0].header(name) if report.failures else "",
                 "properties": [f.property for f in report.failures],
             }

@@ -1,4 +1,4 @@
-"""The bucket-structure rules (``paracheck.check.bucket_structure``) accept every reasonable
+"""The bucket-structure rules (``paracheck.check.properties.bucket_structure``) accept every reasonable
 correct bucketing and reject the cap ignored or read in bytes, without processes.
 
 The payloads are what a design would all-reduce in one window, computed from its plan: greedy in
@@ -13,7 +13,7 @@ import math
 
 from hypothesis import HealthCheck, find, given, settings
 
-from paracheck.check.bucket_structure import METADATA_BYTES_PER_PARAM, window_violation
+from paracheck.check.properties.bucket_structure import METADATA_BYTES_PER_PARAM, window_violation
 from paracheck.ddp.plan import MB, plan_buckets
 from tests.property.test_bucket_plan import plan_inputs
 

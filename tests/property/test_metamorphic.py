@@ -4,7 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paracheck.check.metamorphic import bucket_size_independence, world_size_relation
+from paracheck.check.properties.bucket_size_independence import bucket_size_independence
+from paracheck.check.properties.world_size_relation import world_size_relation
 from paracheck.check.targets import resolve_target
 from paracheck.strategies import cases, mlp_specs
 

@@ -147,10 +147,10 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
     ranks = world.run(
         target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=a
     )
-    sd = ranks[0]["final_state_dict"]
-    held = [set(rec["steps"][-1]["state"]) for rec in ranks]
+    sd = ranks[0].final_state_dict
+    held = [set(rec.steps[-1].state) for rec in ranks]
     assert all(h == held[0] for h in held) and len(held[0]) == len(sd["state"]), "not consolidated"
-    params_now = ranks[0]["steps"][-1]["params"]
+    params_now = ranks[0].steps[-1].params
     grads = _deterministic_grads(params_now)
     payload = {
         "case": case.with_world_size(b),
@@ -161,20 +161,20 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
         "params": params_now,
         "grads": grads,
     }
-    reloaded = world.run("paracheck.check._rank_zero:run_reload", payload, world_size=b)
-    saved = ranks[0]["steps"][-1]["state"]
+    reloaded = world.run("paracheck.check.ranks.reload:run_reload", payload, world_size=b)
+    saved = ranks[0].steps[-1].state
     expected_params, expected_state = _reference_after_reload(case, sd, params_now, grads)
     # Zero1 averages the (identical) gradient over b ranks: (g + ... + g) / b may differ from g in the
     # last bit when b is not a power of two, hence a 1e-12 tolerance there; ShardedOptimizer is exact.
     exact = kind == "sharded"
     for r, out in enumerate(reloaded):
-        _assert_state_equal(out["loaded"], saved, exact=True)
-        for got, ref in zip(out["params"], expected_params):
+        _assert_state_equal(out.loaded, saved, exact=True)
+        for got, ref in zip(out.params, expected_params):
             if exact:
                 assert torch.equal(got, ref), f"rank {r}"
             else:
                 torch.testing.assert_close(got, ref, rtol=1e-12, atol=0)
-        _assert_state_equal(out["state"], expected_state, exact)
+        _assert_state_equal(out.state, expected_state, exact)
 
 
 # -- single-process contract ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from paracheck.cases import (
     build_case_model,
     build_optimizer,
 )
-from paracheck.check.compare import compare_state_union, state_convention
+from paracheck.check.properties.state import compare_state_union, state_convention
 from paracheck.check.property import check_target
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target

@@ -7,9 +7,9 @@ import traceback
 import pytest
 import torch
 
-from paracheck.check._cuda_stub import STUBBED, stubbed_cuda_timing
 from paracheck.check.adapters import discover_adapters, not_implemented
 from paracheck.check.diagnose import cuda_only_call
+from paracheck.check.ranks._cuda_stub import STUBBED, stubbed_cuda_timing
 from paracheck.check.targets import TargetError, ddp_construction, import_module, resolve_target
 
 SIZES = (1, 2, 3)

@@ -37,14 +37,14 @@ def test_state_dict_bug_on_some_ranks_raises_on_every_rank():
     }
     with World(4, timeout=20.0) as world:
         with pytest.raises(RankError) as info:
-            world.run("paracheck.check._rank_zero:run_zero", payload, world_size=4)
+            world.run("paracheck.check.ranks.zero:run_zero", payload, world_size=4)
         failures = info.value.failures
         assert sorted(f.rank for f in failures) == [0, 1, 2, 3]
         assert all(f.kind == "raised" for f in failures)
         assert "another rank" not in failures[0].detail  # a rank with the real error first
         # The same world runs the correct class afterwards: nobody was left in a collective.
         ok = world.run(
-            "paracheck.check._rank_zero:run_zero",
+            "paracheck.check.ranks.zero:run_zero",
             {**payload, "path": "paracheck.zero:Zero1"},
             world_size=4,
         )

@@ -11,7 +11,7 @@ The CS336 handouts ask for functions rather than classes:
 
 ``discover_adapters`` finds which designs a module implements and makes one ``Target`` per
 design; the ranks import the functions by path (``paracheck.check.targets.load_object``, which
-also imports a .py file by location) and call them through ``paracheck.check._drive``.
+also imports a .py file by location) and call them through ``paracheck.check.ranks._drive``.
 
 Note [Not implemented]
   The handout's stubs are ``raise NotImplementedError``. A function counts as not implemented
@@ -80,7 +80,7 @@ DESIGNS: tuple[AdapterDesign, ...] = (
 
 # A student's sharded optimizer is judged on its parameters (what the handout's test checks):
 # its state_dict() is commonly the local shard's, and its communication pattern is its own.
-# memory and balance apply only where it declares its partition (paracheck.check._rank_zero).
+# memory and balance apply only where it declares its partition (paracheck.check.properties.memory, .balance).
 ADAPTER_SHARDED_PROPERTIES = frozenset({"equivalence", "memory", "balance"})
 
 

@@ -33,9 +33,10 @@ from hypothesis.errors import Flaky
 
 from paracheck.cases import Case
 from paracheck.check.features import FEATURES, essential, feature, without
+from paracheck.check.kinds import KINDS
 from paracheck.check.report import CheckReport, PropertyFailure, order, replay_command
 from paracheck.check.run import CaseResult, CheckFailure, run_case
-from paracheck.check.targets import Target
+from paracheck.check.targets import Target, load_object
 from paracheck.world import World
 
 __all__ = [
@@ -268,17 +269,13 @@ def check_target(
     ``seed`` not None derandomises Hypothesis (the ci profile). ``timeout`` caps every case's hang
     timeout (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
-    from paracheck.strategies import cases
-
     sizes = tuple(sorted(set(world_sizes)))
     if strategy is None:
-        # cases() draws the world size first, from `sizes`: spread over the sizes, shrinking first
-        # toward the fewest ranks, and no overridden draws (which made duplicate examples).
-        default = cases
-        if target.kind in ("sharded", "zero"):
-            # More parameter groups and late add_param_group calls (paracheck.strategies._sharding).
-            from paracheck.strategies._sharding import sharding_cases as default
-        strategy = default(world_sizes=sizes, dtype=dtype)
+        # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
+        # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
+        # (which made duplicate examples). The sharding kinds draw more parameter groups and late
+        # add_param_group calls (paracheck.strategies._sharding).
+        strategy = load_object(KINDS[target.kind].strategy)(world_sizes=sizes, dtype=dtype)
     else:
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.

@@ -18,6 +18,7 @@ __all__ = [
     "Property",
     "PropertyFailure",
     "CheckReport",
+    "case_line",
     "case_report",
     "replay_command",
     "target_frame",
@@ -31,7 +32,7 @@ class Property:
 
 
 # The properties a check reports, in the order a case that breaks several reports them. The keys
-# are ``Divergence.property`` (``paracheck.check.compare.property_of``) and, for rank failures,
+# are ``Divergence.property`` (``paracheck.check.properties.property_of``) and, for rank failures,
 # "hang", "raised" and "died".
 PROPERTIES: dict[str, Property] = {
     "raised": Property(
@@ -102,6 +103,16 @@ PROPERTIES: dict[str, Property] = {
         "a step's collectives differ from the analytic communication model",
         "communicate only trainable parameters, once per step, with the collectives the "
         "design calls for",
+    ),
+    "world-size-relation": Property(
+        "W ranks fed equal batches do not train like one rank fed all of them",
+        "average the summed gradients over the world size, and reduce every trainable "
+        "parameter's gradient",
+    ),
+    "bucket-size-independence": Property(
+        "the result depends on bucket_size_mb",
+        "every bucket, the last partly filled one included, must be reduced and copied back "
+        "whatever the cap",
     ),
 }
 
@@ -180,13 +191,25 @@ def replay_command(target, case, backend: str = "gloo", *, timeout: float | None
     parts = [f"paracheck check {target.name}", f"--backend {backend}"]
     if target.name not in BUILTIN_TARGETS and ":" in target.name:
         parts.append(f"--kind {target.kind}")
-    if target.properties is not None and target.kind != "ddp":
+    if target.properties is not None:
         parts.append("--properties " + ",".join(sorted(target.properties)))
     if timeout is not None:
         parts.append(f"--timeout {timeout:g}")
     options = getattr(target, "cli_options", None)
     extra = options() if callable(options) else ""
     return " ".join(parts) + extra + f" --case '{case.to_json()}'"
+
+
+def case_line(case) -> str:
+    """``case`` in one line: world size, model, optimizer and groups, steps, accumulation, bucket."""
+    m = case.model
+    model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
+    groups = len(case.optimizer.groups)
+    return (
+        f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
+        f"acc={case.accumulation} bucket="
+        + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
+    )
 
 
 @dataclass

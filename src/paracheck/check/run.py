@@ -8,13 +8,20 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from paracheck.cases import Case, build_case_model
-from paracheck.check.compare import Divergence, compare
+from paracheck.cases import Case
+from paracheck.check.kinds import KINDS, PROPERTY_CHECKS, Evidence, resolve_properties
+from paracheck.check.properties import Divergence
+from paracheck.check.properties._case import param_names
+from paracheck.check.properties.equivalence import compare
+from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.oracle import train
 from paracheck.world import World, WorldError
 
-__all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for"]
+__all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
+
+# The properties that run the target again (paracheck.check.kinds): checked after the others.
+_RERUNS = frozenset({"world-size-relation", "bucket-size-independence"})
 
 
 @dataclass
@@ -86,12 +93,6 @@ def oracle_for(case: Case):
         return train(case)
 
 
-def param_names(case: Case) -> list[str]:
-    with torch.random.fork_rng(devices=[]):
-        model = build_case_model(case, 0)
-    return [n for n, _ in model.named_parameters()]
-
-
 def run_case(
     world: World,
     target: Target,
@@ -121,47 +122,42 @@ def run_case(
         )
     seconds = time.monotonic() - t0
     outputs = dict(getattr(world, "last_outputs", {}))
-    if "skipped" in ranks[0]:  # a case the target declares out of its interface: not a failure
+    if ranks[0].skipped is not None:  # a case the target declares out of its interface
         return CaseResult(
-            case, extra={"skipped": ranks[0]["skipped"]}, seconds=seconds, outputs=outputs
+            case, extra={"skipped": ranks[0].skipped}, seconds=seconds, outputs=outputs
         )
-    sharding = target.kind in ("sharded", "zero")
-    if sharding:  # optimizer-state sharding: selectable properties (paracheck.check._rank_zero)
-        from paracheck.check._rank_zero import (
-            DRIVER_PROPERTIES,
-            check_sharding_properties,
-            resolve_properties,
-            sharding_notes,
-        )
-
+    row = KINDS[target.kind]
+    notes = {}
+    if row.compares_state:
         notes = sharding_notes(traj, ranks)
         if "skipped" in notes:  # a protocol the target does not offer: no verdict, never a failure
             return CaseResult(case, extra=notes, seconds=seconds, outputs=outputs)
-
-        props = resolve_properties(target.properties)
+    props = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
     if check_state is None:
-        check_state = sharding and "state" in props
+        check_state = row.compares_state and "state" in props
     divs, worst = [], 0.0
-    if not sharding or props & {"equivalence", "state"}:
+    if "equivalence" in props or (row.compares_state and "state" in props):
         div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
         divs += [div] if div is not None else []
-    if target.kind == "ddp" and target.takes_bucket:  # Note [Bucket-structure rules]
-        from paracheck.check.bucket_structure import check_bucket_structure
-
-        div = check_bucket_structure(case, ranks)
-        divs += [div] if div is not None else []
-    if sharding:
-        # memory, balance and traffic do not depend on the trajectory: each is checked on its own.
-        for prop in sorted(props & DRIVER_PROPERTIES):
-            div = check_sharding_properties(case, traj, ranks, target.kind, {prop})
-            divs += (
-                [div] if div is not None and all(d.property != div.property for d in divs) else []
+    evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)
+    # Each property is checked on its own (they do not depend on each other's verdicts); one
+    # divergence per property. The properties compared with the oracle come first, in name order,
+    # then those that run the target again.
+    others = sorted(props - {"equivalence"}, key=lambda p: (p in _RERUNS, p))
+    for prop in others:
+        try:
+            div = PROPERTY_CHECKS[prop](evidence)
+        except WorldError as exc:
+            return CaseResult(
+                case,
+                error=exc,
+                seconds=time.monotonic() - t0,
+                outputs={f.rank: f.output for f in exc.failures if f.output},
             )
-    extra = {
-        k: v for k, v in ranks[0].items() if k not in ("initial_params", "initial_buffers", "steps")
-    }
-    if sharding:
-        extra.update(notes)
+        if div is not None and all(d.property != div.property for d in divs):
+            divs.append(div)
+    extra = ranks[0].notes()
+    extra.update(notes)
     return CaseResult(
         case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs
     )

@@ -29,8 +29,8 @@ Note [Readings of a DDP interface]
   ``f(ddp_model, optimizer)``); a method that takes a required argument is given the optimizer.
   The wrapper need not be an ``nn.Module``: it is called, or its ``forward`` is.
 
-The sharding kinds' properties, and how a target selects a subset (``Target.properties``), are in
-``paracheck.check._rank_zero``.
+Each kind's rank program and properties, and how a target selects a subset
+(``Target.properties``), are in ``paracheck.check.kinds``.
 """
 
 from __future__ import annotations
@@ -59,40 +59,33 @@ class TargetError(ValueError):
     """A target that cannot be used: unknown name, import failure, or unusable interface."""
 
 
-_RANK_FNS = {
-    "ddp": "paracheck.check._rank:run_ddp",
-    "sharded": "paracheck.check._rank_zero:run_sharded",
-    "zero": "paracheck.check._rank_zero:run_zero",
-}
-# The same rank programs inside paracheck.check._cuda_stub.stubbed_cuda_timing().
-_STUBBED_RANK_FNS = {
-    kind: f"paracheck.check._cuda_stub:{fn.rpartition(':')[2]}" for kind, fn in _RANK_FNS.items()
-}
-
-
 @dataclass(frozen=True)
 class Target:
     name: str
     path: str  # "package.module:Class" or "/abs/file.py:function"
     kind: str  # "ddp" | "sharded" | "zero"
     takes_bucket: bool = False
-    # Which properties a check runs (None: all of the kind's; see paracheck.check._rank_zero.PROPERTIES).
+    # Which properties a check runs (None: the kind's defaults; paracheck.check.kinds).
     properties: frozenset[str] | None = None
     # DDP hooks (Note [Readings of a DDP interface]): a method name, or "module:function" called as
     # f(ddp_model, optimizer); None: finish_gradient_synchronization() / on_train_batch_start().
     finish: str | None = None
     batch_start: str | None = None
-    # Replace CUDA timing/instrumentation calls by no-ops on the ranks (paracheck.check._cuda_stub).
+    # Replace CUDA timing/instrumentation calls by no-ops on the ranks (paracheck.check.ranks._cuda_stub).
     stub_cuda_timing: bool = False
     # What resolving the target found worth saying (a plausible hook not used, ...); not checked.
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def rank_fn(self) -> str:
-        return (_STUBBED_RANK_FNS if self.stub_cuda_timing else _RANK_FNS)[self.kind]
+        """The rank program of the target's kind (``paracheck.check.kinds.KINDS``)."""
+        from paracheck.check.kinds import KINDS
+
+        row = KINDS[self.kind]
+        return row.stubbed_rank_fn if self.stub_cuda_timing else row.rank_fn
 
     def driver_payload(self) -> dict:
-        """The payload keys the rank programs read about the target (``paracheck.check._drive``)."""
+        """The payload keys the rank programs read about the target (``paracheck.check.ranks._drive``)."""
         return {
             "path": self.path,
             "takes_bucket": self.takes_bucket,
@@ -472,7 +465,9 @@ def resolve_target(
             f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
             f"nor an import path 'package.module:Class' or 'file.py:Name'"
         )
-    if kind is not None and kind not in ("ddp", "sharded", "zero"):
+    from paracheck.check.kinds import KINDS
+
+    if kind is not None and kind not in KINDS:
         raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
     cls = load_object(name)
     module_part, _, attr = name.rpartition(":")

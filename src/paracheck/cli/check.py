@@ -113,8 +113,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--properties",
         default=None,
-        help="sharding targets: comma-separated subset of equivalence,state,state-consolidated,memory,balance,"
-        "traffic (default: every one but the opt-in state-consolidated)",
+        help="comma-separated properties to check, each applied to the targets whose kind has it: "
+        "sharding targets equivalence,state,state-consolidated,memory,balance,traffic (default: "
+        "every one but the opt-in state-consolidated); DDP targets equivalence,bucket-structure "
+        "(the default) and the opt-in world-size-relation and bucket-size-independence (the "
+        "bucket ones for targets that take a bucket size)",
     )
     c.add_argument(
         "--database",
@@ -190,23 +193,15 @@ def cmd_check(args) -> int:
     if not targets:
         return 0  # --adapters with no design implemented: nothing to check (listed above)
     if args.properties is not None:
-        import dataclasses
+        from paracheck.check.kinds import select_properties
 
-        from paracheck.check._rank_zero import resolve_properties
-
-        chosen = frozenset(p.strip() for p in args.properties.split(",") if p.strip())
+        chosen = [p.strip() for p in args.properties.split(",") if p.strip()]
         try:
-            resolve_properties(chosen)
+            targets, warnings = select_properties(targets, chosen)
         except ValueError as exc:
             raise UsageError(f"--properties={args.properties!r}: {exc}") from None
-        if any(t.kind == "ddp" for t in targets):
-            print(
-                "paracheck: warning: --properties applies to sharding targets only; DDP targets run every property",
-                file=sys.stderr,
-            )
-        targets = [
-            dataclasses.replace(t, properties=chosen) if t.kind != "ddp" else t for t in targets
-        ]
+        for warning in warnings:
+            print(f"paracheck: warning: {warning}", file=sys.stderr)
     case = None
     if args.case:
         from paracheck.cases import Case

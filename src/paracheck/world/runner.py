@@ -37,7 +37,15 @@ from multiprocessing.connection import Listener, wait
 from paracheck.world._collectives import read_status
 from paracheck.world._rank import _recv, _send, read_output
 
-__all__ = ["World", "WorldError", "RankError", "RankHang", "RankDied", "RankFailure"]
+__all__ = [
+    "World",
+    "WorldError",
+    "RankError",
+    "RankHang",
+    "RankDied",
+    "RankFailure",
+    "PeerFailed",
+]
 
 _COLLECTIVES = (
     "all_reduce",
@@ -115,6 +123,11 @@ class RankHang(WorldError):
 
 class RankDied(WorldError):
     kind = "died"
+
+
+class PeerFailed(RuntimeError):
+    """Raised by rank code that stops because another rank failed (the other rank reports its own
+    error). The runner lists such ranks after the rank whose own code failed."""
 
 
 def _collective_of(stack: str) -> str | None:
@@ -836,17 +849,12 @@ def _collective_of_tb(text: str) -> str | None:
 def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     # The rank whose own code raised comes first; peers that merely lost their connection after.
     def secondary(f: RankFailure) -> bool:
+        if f"{PeerFailed.__name__}:" in f.detail:  # the exception's line of the traceback
+            return True
         t = f.detail.lower()
         return any(
             s in t
-            for s in (
-                "connection closed",
-                "connection reset",
-                "timed out",
-                "timeout",
-                "gloo",
-                "raised on another rank",
-            )
+            for s in ("connection closed", "connection reset", "timed out", "timeout", "gloo")
         )
 
     return sorted(failures, key=lambda f: (secondary(f), f.rank))

@@ -1,7 +1,11 @@
-"""The bucket-structure property: a target that takes ``bucket_size_mb`` reduces its gradients in
-buckets that respect the cap. Judged from the all-reduce calls each rank issued during each
-synchronisation window (``paracheck.accounting.record_collectives``: one payload size per call),
-recorded by ``paracheck.check._rank.train_micro_steps``.
+"""The ``bucket-structure`` property (DDP targets that take ``bucket_size_mb``): a target reduces
+its gradients in buckets that respect the cap.
+
+Reads from each ``RankRecord``, per ``RankStep``, the synchronisation ``windows``: the all-reduce
+calls the rank issued in each (``paracheck.accounting.record_collectives``: one payload size per
+call, recorded by ``paracheck.check.ranks._common.train_micro_steps``), its synchronised backward
+passes and whether every gradient was present. Compares with bounds computed from the case alone
+(the cap, the trainable parameters' bytes; Note [Bucket-structure rules]), not with the oracle.
 
 The equivalence check already proves that the gradients come out right; this property catches
 the designs whose gradients are right but whose buckets are not: the cap ignored (one bucket
@@ -59,7 +63,8 @@ from __future__ import annotations
 import math
 
 from paracheck.cases import Case, build_case_model
-from paracheck.check.compare import Divergence
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.ranks.record import RankRecord
 
 __all__ = ["METADATA_BYTES_PER_PARAM", "check_bucket_structure", "window_violation"]
 
@@ -163,13 +168,13 @@ def window_violation(
     return None
 
 
-def check_bucket_structure(case: Case, ranks: list[dict]) -> Divergence | None:
+def check_bucket_structure(case: Case, ranks: list[RankRecord]) -> Divergence | None:
     """The first window on any rank that breaks Note [Bucket-structure rules], as a Divergence
     with ``what="bucket-structure"``, or None."""
     if case.world_size < 2:
         return None
     params = _trainable(case)
-    # What the rank program passed (paracheck.check._drive): None, the case's cap, or the 25 MB default.
+    # What the rank program passed (paracheck.check.ranks._drive): None, the case's cap, or the 25 MB default.
     cap = (
         math.inf
         if case.unbounded_bucket
@@ -177,15 +182,15 @@ def check_bucket_structure(case: Case, ranks: list[dict]) -> Divergence | None:
     )
     cap_text = "None (unbounded)" if math.isinf(cap) else f"{cap:.0f} bytes"
     for r, rec in enumerate(ranks):
-        for k, step in enumerate(rec.get("steps", [])):
-            for window in step.get("windows", []):
-                payloads = [b for name, b in window["calls"] if name == "all_reduce"]
+        for k, step in enumerate(rec.steps):
+            for window in step.windows:
+                payloads = [b for name, b in window.calls if name == "all_reduce"]
                 found = window_violation(
                     payloads,
                     params,
                     cap,
-                    backwards=window["backwards"],
-                    all_present=window.get("all_present", False),
+                    backwards=window.backwards,
+                    all_present=window.all_present,
                 )
                 if found is not None:
                     value, bound, why = found

@@ -1,62 +1,27 @@
-"""Compare every rank's recorded trajectory with the oracle's, and ranks with each other."""
+"""The equivalence family of properties: every rank's recorded trajectory equals the oracle's, and
+ranks agree with each other.
+
+Reads from each ``RankRecord``: ``initial_params`` and ``initial_buffers`` (equal to the
+oracle's, bitwise: ``initial-state``), and per ``RankStep`` the synchronised ``grads`` (where the
+kind records them: ``gradients``), the ``params`` after the step (``parameters``, and bitwise
+across ranks: ``rank-agreement``) and, for the sharding kinds, each rank's ``state``
+(``optimizer-state``; the union over ranks is ``paracheck.check.properties.state``'s). Compares
+with the oracle's ``Trajectory`` under the tolerance policy (``paracheck.oracle.tolerance``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
 
-__all__ = ["Divergence", "compare", "compare_state_union", "state_convention"]
+__all__ = ["close", "compare"]
 
 
-@dataclass
-class Divergence:
-    """The first place a target left the oracle (or ranks disagreed)."""
-
-    step: int  # -1: initial state after construction
-    what: str  # "param" | "grad" | "state" | "buffer" | "rank-agreement" | "structure", or a
-    #            sharding property ("memory", "balance", "traffic", ...)
-    rank: int
-    index: int | None
-    name: str | None
-    max_abs_diff: float
-    tolerance: float
-    detail: str = ""
-    worst_ratio: float = float("inf")
-
-    @property
-    def property(self) -> str:
-        """The property this divergence breaks (a key of ``paracheck.check.report.PROPERTIES``)."""
-        return property_of(self.what, self.step)
-
-    def describe(self) -> str:
-        where = "after construction" if self.step < 0 else f"at step {self.step}"
-        tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
-        return (
-            f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
-            f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}"
-        ).rstrip()
-
-
-# Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.
-_WHAT_TO_PROPERTY = {
-    "grad": "gradients",
-    "param": "parameters",
-    "state": "optimizer-state",
-    "buffer": "initial-state",
-}
-
-
-def property_of(what: str, step: int) -> str:
-    if step < 0 and what in ("param", "buffer"):
-        return "initial-state"
-    return _WHAT_TO_PROPERTY.get(what, what)
-
-
-def _close(got, ref, rtol: float, scale_src=None):
+def close(got, ref, rtol: float, scale_src=None):
     """(ok, max_abs_diff, allowed_at_worst, worst_ratio) under |got-ref| <= rtol*(|ref|+scale)."""
     if got is None or ref is None:
         both = got is None and ref is None
@@ -85,7 +50,7 @@ def _close(got, ref, rtol: float, scale_src=None):
 
 
 def compare(
-    traj: Trajectory, ranks: list[dict], names: list[str], *, check_state: bool = False
+    traj: Trajectory, ranks: list[RankRecord], names: list[str], *, check_state: bool = False
 ) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
     reports). Only the first is meaningful: everything the ranks compute after it starts from a
@@ -99,7 +64,7 @@ def compare(
 
     def check(step, what, rank, i, got, ref, rtol, scale_src=None):
         nonlocal worst
-        ok, diff, allowed, ratio = _close(got, ref, rtol, scale_src)
+        ok, diff, allowed, ratio = close(got, ref, rtol, scale_src)
         if ok:
             worst = max(worst, ratio)
             return None
@@ -121,9 +86,7 @@ def compare(
         )
 
     for r, rec in enumerate(ranks):
-        if len(rec["steps"]) != len(traj.steps) or len(rec["initial_params"]) != len(
-            traj.initial_params
-        ):
+        if len(rec.steps) != len(traj.steps) or len(rec.initial_params) != len(traj.initial_params):
             return Divergence(
                 -1,
                 "structure",
@@ -132,10 +95,10 @@ def compare(
                 None,
                 float("inf"),
                 0.0,
-                f"rank returned {len(rec['steps'])} steps / {len(rec['initial_params'])} parameters, "
+                f"rank returned {len(rec.steps)} steps / {len(rec.initial_params)} parameters, "
                 f"expected {len(traj.steps)} / {len(traj.initial_params)}",
             ), worst
-        for i, (got, ref) in enumerate(zip(rec["initial_params"], traj.initial_params)):
+        for i, (got, ref) in enumerate(zip(rec.initial_params, traj.initial_params)):
             if not torch.equal(got.double(), ref.double()):
                 return Divergence(
                     -1,
@@ -147,7 +110,7 @@ def compare(
                     0.0,
                     "initial parameters must equal rank 0's exactly (missing broadcast?)",
                 ), worst
-        for j, (got, ref) in enumerate(zip(rec.get("initial_buffers", []), traj.initial_buffers)):
+        for j, (got, ref) in enumerate(zip(rec.initial_buffers, traj.initial_buffers)):
             if not torch.equal(got.double(), ref.double()):
                 return Divergence(
                     -1,
@@ -161,9 +124,9 @@ def compare(
                 ), worst
     for k, oref in enumerate(traj.steps):
         for r, rec in enumerate(ranks):
-            step = rec["steps"][k]
-            if "grads" in step:
-                for i, (got, ref) in enumerate(zip(step["grads"], oref.grads)):
+            step = rec.steps[k]
+            if step.grads is not None:
+                for i, (got, ref) in enumerate(zip(step.grads, oref.grads)):
                     d = check(
                         k,
                         "grad",
@@ -176,7 +139,7 @@ def compare(
                     )
                     if d:
                         return d, worst
-            for i, (got, ref) in enumerate(zip(step["params"], oref.params)):
+            for i, (got, ref) in enumerate(zip(step.params, oref.params)):
                 d = check(
                     k,
                     "param",
@@ -188,14 +151,14 @@ def compare(
                 )
                 if d:
                     return d, worst
-            if check_state and "state" in step:
-                d = _compare_state(k, r, step["state"], oref.state, tol.state, names, check)
+            if check_state:
+                d = _compare_state(k, r, step.state, oref.state, tol.state, names, check)
                 if d:
                     return d, worst
         # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).
-        base = ranks[0]["steps"][k]["params"]
+        base = ranks[0].steps[k].params
         for r in range(1, len(ranks)):
-            for i, (a, b) in enumerate(zip(base, ranks[r]["steps"][k]["params"])):
+            for i, (a, b) in enumerate(zip(base, ranks[r].steps[k].params)):
                 if not torch.equal(a, b):
                     return Divergence(
                         k,
@@ -248,94 +211,4 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check):
             if d:
                 d.detail = f"state {key!r}. " + d.detail
                 return d
-    return None
-
-
-STATE_CONSOLIDATED = "consolidated"
-STATE_SHARDS = "per-rank shards"
-
-
-def state_convention(states: list[dict], ref_state: dict) -> str | None:
-    """How ranks returned the optimizer state of one step: ``"consolidated"`` (every rank holds every
-    parameter's state), ``"per-rank shards"`` (some rank holds only part), None when the oracle has
-    no state to tell them apart (or one rank: both at once)."""
-    ref = {i for i, st in ref_state.items() if st}
-    if not ref or len(states) == 1:
-        return None
-    return (
-        STATE_CONSOLIDATED
-        if all({i for i, st in s.items() if st} >= ref for s in states)
-        else STATE_SHARDS
-    )
-
-
-def compare_state_union(
-    k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]
-) -> Divergence | None:
-    """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
-    ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
-    that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
-    (each parameter's state on its owner, or identically on several ranks) and consolidated state.
-    An empty state entry (a touched ``defaultdict``) counts as no state, on either side."""
-    ref_state = {i: st for i, st in ref_state.items() if st}
-    states = [{i: st for i, st in s.items() if st} for s in states]
-    holders: dict[int, list[int]] = {}
-    for r, st in enumerate(states):
-        for i in st:
-            holders.setdefault(i, []).append(r)
-    missing = sorted(set(ref_state) - set(holders))
-    extra = sorted(set(holders) - set(ref_state))
-    if missing or extra:
-        i = (missing or extra)[0]
-        return Divergence(
-            k,
-            "state",
-            (holders.get(i) or [0])[0],
-            i,
-            names[i] if i < len(names) else None,
-            float("inf"),
-            0.0,
-            f"optimizer state for parameters {missing} is on no rank "
-            f"(union of every rank's state_dict()), for {extra} on some rank but not in the oracle",
-        )
-    for i, rs in sorted(holders.items()):
-        first = states[rs[0]][i]
-        for r in rs[1:]:
-            other = states[r][i]
-            if set(other) != set(first) or any(
-                not torch.equal(other[key], first[key]) for key in first
-            ):
-                diff = max(
-                    (
-                        float((other[key].double() - first[key].double()).abs().max())
-                        for key in first
-                        if key in other and other[key].shape == first[key].shape
-                    ),
-                    default=float("inf"),
-                )
-                return Divergence(
-                    k,
-                    "state",
-                    r,
-                    i,
-                    names[i] if i < len(names) else None,
-                    diff,
-                    0.0,
-                    f"ranks {rs[0]} and {r} return different optimizer state for this parameter "
-                    f"(keys {sorted(first)} / {sorted(other)}): ranks that return a parameter's "
-                    f"state must return the same",
-                )
-    for i, rs in sorted(holders.items()):
-        for key, ref in ref_state[i].items():
-            got = states[rs[0]][i].get(key)
-            if got is None:
-                return Divergence(
-                    k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing"
-                )
-            got = got.reshape(ref.shape) if got.numel() == ref.numel() else got
-            ok, diff, allowed, ratio = _close(got, ref, rtol)
-            if not ok:
-                return Divergence(
-                    k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio
-                )
     return None

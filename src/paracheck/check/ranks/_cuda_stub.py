@@ -122,22 +122,22 @@ def stubbed_cuda_timing():
                 setattr(module, attr, original)
 
 
-def run_ddp(payload: dict) -> dict:
-    from paracheck.check import _rank
+def run_ddp(payload: dict):
+    from paracheck.check.ranks import ddp
 
     with stubbed_cuda_timing():
-        return _rank.run_ddp(payload)
+        return ddp.run_ddp(payload)
 
 
-def run_sharded(payload: dict) -> dict:
-    from paracheck.check import _rank_zero
-
-    with stubbed_cuda_timing():
-        return _rank_zero.run_sharded(payload)
-
-
-def run_zero(payload: dict) -> dict:
-    from paracheck.check import _rank_zero
+def run_sharded(payload: dict):
+    from paracheck.check.ranks import sharded
 
     with stubbed_cuda_timing():
-        return _rank_zero.run_zero(payload)
+        return sharded.run_sharded(payload)
+
+
+def run_zero(payload: dict):
+    from paracheck.check.ranks import zero
+
+    with stubbed_cuda_timing():
+        return zero.run_zero(payload)

@@ -1,7 +1,6 @@
 """How a rank program drives a DDP target: construct it, start a batch, synchronise, skip sync.
 
-Runs inside the rank processes. The training loops (``paracheck.check._rank`` and
-``paracheck.check._rank_zero``) never call a target's methods directly: they call a
+Runs inside the rank processes. The training loops (``paracheck.check.ranks``) never call a target's methods directly: they call a
 ``DDPDriver``, so that one loop serves every way people write the CS336 interface (a class with
 ``finish_gradient_synchronization()``, or the handout's functions ``get_ddp(module)`` and
 ``ddp_on_after_backward(ddp_model, optimizer)``, ...; Note [Readings of a DDP interface] in

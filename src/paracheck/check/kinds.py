@@ -1,0 +1,207 @@
+"""The kinds of target, one row each: which rank program trains a case, which strategy draws the
+cases, which properties judge what the ranks returned (checked by default, or opt-in), and how
+the trajectory is compared. Adding a kind is adding a row here and its rank program under
+``paracheck.check.ranks``.
+
+A property name is one of ``PROPERTY_CHECKS`` (``equivalence`` stands for its family:
+``initial-state``, ``gradients``, ``parameters``, ``optimizer-state``, ``rank-agreement``,
+``structure``; see ``paracheck.check.properties``). ``resolve_properties`` turns the names a user
+selects (``paracheck check --properties``, ``Target.properties``) into the set a check runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "KINDS",
+    "Evidence",
+    "Kind",
+    "PROPERTY_CHECKS",
+    "default_properties",
+    "resolve_properties",
+    "select_properties",
+]
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    rank_fn: str  # "module:function" the World runs on every rank (returns a RankRecord)
+    strategy: str  # "module:function" drawing the cases: strategy(world_sizes=..., dtype=...)
+    default: tuple[str, ...]  # properties checked unless others are selected, in check order
+    opt_in: tuple[str, ...] = ()  # checked only when selected
+    # Properties that apply only to a target that takes a bucket size (Target.takes_bucket).
+    bucket_only: frozenset[str] = frozenset()
+    # Whether the equivalence comparison reads each rank's optimizer state along the trajectory
+    # (when "state" is selected), and runs whenever "state" is selected.
+    compares_state: bool = False
+
+    @property
+    def properties(self) -> tuple[str, ...]:
+        return self.default + self.opt_in
+
+    @property
+    def stubbed_rank_fn(self) -> str:
+        """The same rank program inside ``stubbed_cuda_timing()`` (``--stub-cuda-timing``)."""
+        return f"paracheck.check.ranks._cuda_stub:{self.rank_fn.rpartition(':')[2]}"
+
+
+_SHARDING_PROPERTIES = ("equivalence", "state", "memory", "balance", "traffic")
+
+KINDS: dict[str, Kind] = {
+    "ddp": Kind(
+        "ddp",
+        "paracheck.check.ranks.ddp:run_ddp",
+        "paracheck.strategies:cases",
+        default=("equivalence", "bucket-structure"),
+        opt_in=("world-size-relation", "bucket-size-independence"),
+        bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
+    ),
+    "sharded": Kind(
+        "sharded",
+        "paracheck.check.ranks.sharded:run_sharded",
+        "paracheck.strategies._sharding:sharding_cases",
+        default=_SHARDING_PROPERTIES,
+        opt_in=("state-consolidated",),
+        compares_state=True,
+    ),
+    "zero": Kind(
+        "zero",
+        "paracheck.check.ranks.zero:run_zero",
+        "paracheck.strategies._sharding:sharding_cases",
+        default=_SHARDING_PROPERTIES,
+        opt_in=("state-consolidated",),
+        compares_state=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a property may read: the case, the oracle's trajectory, every rank's ``RankRecord``,
+    the kind, and (for the properties that run the target again) the World, target and timeout."""
+
+    case: object
+    traj: object
+    ranks: list
+    kind: str
+    world: object = None
+    target: object = None
+    timeout: float | None = None
+
+
+def _state(props):
+    def check(e: Evidence):
+        from paracheck.check.properties.state import check_state
+
+        return check_state(e.case, e.traj, e.ranks, props)
+
+    return check
+
+
+def _driver(module: str, fn: str):
+    def check(e: Evidence):
+        import importlib
+
+        return getattr(importlib.import_module(module), fn)(e.case, e.traj, e.ranks, e.kind)
+
+    return check
+
+
+def _bucket_structure(e: Evidence):
+    from paracheck.check.properties.bucket_structure import check_bucket_structure
+
+    return check_bucket_structure(e.case, e.ranks)
+
+
+def _rerun(module: str, fn: str):
+    def check(e: Evidence):
+        import importlib
+
+        run = getattr(importlib.import_module(module), fn)
+        return run(e.world, e.target, e.case, e.ranks, timeout=e.timeout)
+
+    return check
+
+
+# Every property but "equivalence" (compared by paracheck.check.properties.equivalence.compare,
+# which also reports the worst relative error), by name; each returns a Divergence or None.
+PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
+    "bucket-structure": _bucket_structure,
+    "balance": _driver("paracheck.check.properties.balance", "check_balance"),
+    "memory": _driver("paracheck.check.properties.memory", "check_memory"),
+    "state": _state(frozenset({"state"})),
+    "state-consolidated": _state(frozenset({"state-consolidated"})),
+    "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
+    "world-size-relation": _rerun(
+        "paracheck.check.properties.world_size_relation", "check_world_size_relation"
+    ),
+    "bucket-size-independence": _rerun(
+        "paracheck.check.properties.bucket_size_independence", "check_bucket_size_independence"
+    ),
+}
+
+
+def default_properties(kind: str, takes_bucket: bool = False) -> frozenset[str]:
+    """The properties a check of a ``kind`` target runs when none are selected."""
+    row = KINDS[kind]
+    return frozenset(p for p in row.default if takes_bucket or p not in row.bucket_only)
+
+
+def resolve_properties(kind: str, names, *, takes_bucket: bool = False) -> frozenset[str]:
+    """None -> ``default_properties``; otherwise ``names`` as a set, each one a property of
+    ``kind`` (a bucket-only one needs ``takes_bucket``): ValueError naming the rest."""
+    if names is None:
+        return default_properties(kind, takes_bucket)
+    row, chosen = KINDS[kind], frozenset(names)
+    unknown = sorted(chosen - set(row.properties))
+    if unknown:
+        raise ValueError(
+            f"properties={sorted(chosen)!r}: {unknown} not properties of a {kind} target; choose "
+            f"from {list(row.properties)}"
+        )
+    bucketless = sorted(chosen & row.bucket_only) if not takes_bucket else []
+    if bucketless:
+        raise ValueError(
+            f"properties={sorted(chosen)!r}: {bucketless} apply only to a target that takes a "
+            f"bucket size"
+        )
+    return chosen
+
+
+def select_properties(targets, names) -> tuple[list, list[str]]:
+    """The ``targets`` with ``Target.properties`` set to what ``names`` select of each one's
+    properties, and warnings. ValueError for a name no kind has. A target of which ``names``
+    select nothing keeps its own properties (a warning says so)."""
+    import dataclasses
+
+    chosen = frozenset(names)
+    every = {p for row in KINDS.values() for p in row.properties}
+    unknown = sorted(chosen - every)
+    if unknown:
+        raise ValueError(f"unknown {unknown}; choose from {sorted(every)}")
+    out, warnings, used = [], [], set()
+    for t in targets:
+        row = KINDS[t.kind]
+        mine = {
+            p for p in chosen & set(row.properties) if t.takes_bucket or p not in row.bucket_only
+        }
+        if not mine:
+            warnings.append(
+                f"--properties selects none of {t.name}'s properties ({', '.join(row.properties)}"
+                f"{'' if t.takes_bucket else '; it takes no bucket size'}): it runs its default ones"
+            )
+            out.append(t)
+            continue
+        used |= mine
+        out.append(
+            dataclasses.replace(
+                t, properties=resolve_properties(t.kind, mine, takes_bucket=t.takes_bucket)
+            )
+        )
+    unused = sorted(chosen - used)
+    if unused and used:
+        warnings.append(f"--properties {', '.join(unused)}: no target given has them")
+    return out, warnings

@@ -1,0 +1,55 @@
+"""``Divergence``: the first place a target broke a property, as every property reports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Divergence", "diverge", "property_of"]
+
+
+@dataclass
+class Divergence:
+    """The first place a target left the oracle (or ranks disagreed)."""
+
+    step: int  # -1: initial state after construction
+    what: str  # "param" | "grad" | "state" | "buffer" | "rank-agreement" | "structure", or a
+    #            sharding property ("memory", "balance", "traffic", ...)
+    rank: int
+    index: int | None
+    name: str | None
+    max_abs_diff: float
+    tolerance: float
+    detail: str = ""
+    worst_ratio: float = float("inf")
+
+    @property
+    def property(self) -> str:
+        """The property this divergence breaks (a key of ``paracheck.check.report.PROPERTIES``)."""
+        return property_of(self.what, self.step)
+
+    def describe(self) -> str:
+        where = "after construction" if self.step < 0 else f"at step {self.step}"
+        tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
+        return (
+            f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
+            f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}"
+        ).rstrip()
+
+
+# Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.
+_WHAT_TO_PROPERTY = {
+    "grad": "gradients",
+    "param": "parameters",
+    "state": "optimizer-state",
+    "buffer": "initial-state",
+}
+
+
+def property_of(what: str, step: int) -> str:
+    if step < 0 and what in ("param", "buffer"):
+        return "initial-state"
+    return _WHAT_TO_PROPERTY.get(what, what)
+
+
+def diverge(step, what, rank, detail, got=0.0, expected=0.0, index=None, name=None) -> Divergence:
+    return Divergence(step, what, rank, index, name, abs(float(got) - float(expected)), 0.0, detail)

@@ -1,0 +1,56 @@
+"""The ``traffic`` property (sharding kinds): each rank's collectives per step equal the analytic
+communication model exactly (``paracheck.accounting.traffic``).
+
+Reads from each ``RankRecord``, per ``RankStep``, ``traffic`` (the collectives the step issued, as
+``StepTraffic.entries``: for ``sharded`` the optimizer's ``step()`` only, for ``zero`` its gradient
+synchronisation too). Compares with the owner-broadcast model over the trainable parameters in
+the optimizer at that step (``sharded``), or the ZeRO-1 model of the case's flat layout, with one
+synchronisation per micro-step (one with ``no_sync``) (``zero``).
+"""
+
+from __future__ import annotations
+
+from paracheck.accounting.traffic import StepTraffic, owner_broadcast_traffic, zero1_traffic
+from paracheck.cases import Case
+from paracheck.check.properties._divergence import Divergence, diverge
+from paracheck.check.properties._sharding import CaseFacts
+from paracheck.check.ranks.record import RankRecord
+from paracheck.zero.partition import flat_layout
+
+__all__ = ["check_traffic"]
+
+
+def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Divergence | None:
+    """The first step and rank whose collectives differ from the model, or None."""
+    facts = CaseFacts.of(case)
+    W = case.world_size
+    for k in range(len(traj.steps)):
+        if kind == "zero":
+            params, e = facts.params, facts.params[facts.trainable[0]].element_size()
+            bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+            layout = flat_layout(
+                [params[i].numel() for i in facts.trainable],
+                W,
+                bucket_numel=max(1, int(bucket * 2**20) // e),
+            )
+            expected = zero1_traffic(layout, e, syncs=1 if case.no_sync else case.accumulation)
+            model = "the ZeRO-1 model"
+        else:
+            in_opt = facts.in_optimizer(k)
+            expected = owner_broadcast_traffic(
+                [facts.nbytes[i] for i in in_opt if facts.params[i].requires_grad], W
+            )
+            model = "the owner-broadcast model"
+        for r, rec in enumerate(ranks):
+            got = StepTraffic(tuple(tuple(e) for e in rec.steps[k].traffic))
+            if got != expected:
+                return diverge(
+                    k,
+                    "traffic",
+                    r,
+                    f"rank {r}'s step issued {got.as_dict()}; {model} gives "
+                    f"{expected.as_dict()} (name: (calls, payload bytes))",
+                    got.payload_bytes,
+                    expected.payload_bytes,
+                )
+    return None

@@ -1,0 +1,200 @@
+"""Rank-side helpers of the optimizer-sharding kinds (``sharded``, ``zero``, reload): reading a
+target's optimizer state (Note [State dict conventions]), its declared owners, the LR scheduler
+a target can carry, the closure for ``step(closure)``, and building a ZeRO wrapper."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from paracheck.accounting.memory import measured_state_bytes
+from paracheck.accounting.traffic import StepTraffic, record_collectives
+from paracheck.cases import Case, batch_for, build_optimizer, build_scheduler, loss_fn
+from paracheck.check.ranks._common import on_every_rank, train_micro_steps
+from paracheck.check.ranks._drive import DDPDriver
+
+__all__ = [
+    "Closure",
+    "build_zero",
+    "declared_owners",
+    "minus",
+    "read_state",
+    "scheduler_or_skip",
+    "state_by_param",
+    "state_bytes",
+]
+
+
+def inner_optimizers(opt):
+    """``opt`` and the optimizers it wraps, outermost first: ``local_optimizer`` / ``optim`` /
+    ``optimizer`` attributes followed down (at most four levels)."""
+    chain = [opt]
+    for _ in range(4):
+        nxt = None
+        for name in ("local_optimizer", "optim", "optimizer"):
+            cand = getattr(chain[-1], name, None)
+            if isinstance(cand, torch.optim.Optimizer) and all(cand is not o for o in chain):
+                nxt = cand
+                break
+        if nxt is None:
+            break
+        chain.append(nxt)
+    return chain
+
+
+def local_state(opt):
+    """The state mapping of this rank's innermost wrapped optimizer (``opt.state`` if none; None
+    for a target without either: the interface does not require one)."""
+    return getattr(inner_optimizers(opt)[-1], "state", None)
+
+
+def state_bytes(opt) -> int | None:
+    state = local_state(opt)
+    return None if state is None else measured_state_bytes(state)
+
+
+def group_sizes(groups) -> list[int]:
+    return [len(g["params"]) for g in groups]
+
+
+def state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict | None, str]:
+    """The state in ``state_dict`` keyed by index into the model's parameters, and how its indices
+    were read (Note [State dict conventions]); (None, why) when they name no optimizer's groups.
+    Never raises on a state dict in torch's format."""
+    saved = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if not isinstance(saved, (list, tuple)) or not isinstance(state, dict):
+        return None, (
+            f"state_dict() returned {type(state_dict).__name__} without 'state' (dict) and "
+            f"'param_groups' (list): torch's format is required"
+        )
+    sizes = [len(g.get("params", ())) for g in saved]
+    to_model, how = None, ""
+    for depth, o in enumerate(inner_optimizers(opt)):
+        groups = getattr(o, "param_groups", None)
+        if groups is not None and group_sizes(groups) == sizes:
+            to_model = {}
+            for sg, g in zip(saved, groups):
+                for j, p in zip(sg["params"], g["params"]):
+                    to_model[j] = index.get(id(p))
+            how = (
+                "the optimizer's param_groups"
+                if depth == 0
+                else "the wrapped optimizer's param_groups"
+            )
+            break
+    if to_model is None:
+        return None, (
+            f"state_dict()['param_groups'] has groups of {sizes} parameters; neither the optimizer's "
+            f"param_groups ({group_sizes(getattr(opt, 'param_groups', []))}) nor a wrapped "
+            f"optimizer's match"
+        )
+    out = {}
+    for j, st in state.items():
+        if st is None:
+            continue
+        i = to_model.get(j)
+        if i is None:
+            return None, f"state_dict()['state'] has index {j!r}, which names no parameter of {how}"
+        entry = {}
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                entry[k] = v.detach().to("cpu", copy=True)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                entry[k] = torch.tensor(float(v))
+        out[i] = entry
+    return out, how
+
+
+def read_state(opt, index: dict[int, int]):
+    """(state_dict(), its state by parameter or None, how it was read): one call of the target's
+    ``state_dict()``, a collective for a consolidating target."""
+    sd = opt.state_dict()
+    state, how = state_by_param(sd, opt, index)
+    return sd, state, how
+
+
+def declared_owners(opt, index: dict[int, int], n: int):
+    owners = getattr(getattr(opt, "partition", None), "owners", None)
+    if owners is None:
+        return None
+    out = [None] * n
+    for p, o in zip((p for g in opt.param_groups for p in g["params"]), owners):
+        out[index[id(p)]] = int(o)
+    return tuple(out)
+
+
+def minus(a: StepTraffic, b: StepTraffic) -> StepTraffic:
+    d = a.as_dict()
+    for k, c, n in b.entries:
+        c0, n0 = d[k]
+        d[k] = (c0 - c, n0 - n)
+    return StepTraffic.from_dict(d)
+
+
+def scheduler_or_skip(case: Case, opt, device):
+    """(the case's LR scheduler on ``opt`` or None, None) or (None, note) when ``opt`` cannot carry
+    a torch scheduler (torch raises TypeError for anything not a ``torch.optim.Optimizer``): such a
+    target does not offer the protocol, so the case is skipped, never failed. Ranks agree."""
+
+    def build():
+        try:
+            return build_scheduler(case, opt), None
+        except TypeError as exc:
+            return None, (
+                f"skipped: an LR scheduler ({case.optimizer.scheduler!r}) cannot be built on "
+                f"{type(opt).__name__}: {exc}"
+            )
+
+    return on_every_rank(build, device, "building the LR scheduler")
+
+
+class Closure:
+    """The step's work as a closure for ``step(closure)``: zero_grad, forward, backward and the
+    gradient synchronisation; returns the loss of the last micro-step. Counts its calls and the
+    collectives it issued (the synchronisation is not the optimizer's traffic)."""
+
+    def __init__(self, case: Case, drv: DDPDriver, opt, rank: int, device, step: int):
+        self.case, self.drv, self.opt, self.rank, self.device, self.step = (
+            case,
+            drv,
+            opt,
+            rank,
+            device,
+            step,
+        )
+        self.calls = 0
+        self.traffic = StepTraffic()
+
+    def __call__(self):
+        case, outputs = self.case, []
+
+        def forward(x):
+            outputs.append(self.drv.forward(x))
+            return outputs[-1]
+
+        with record_collectives() as rec:
+            self.opt.zero_grad(set_to_none=case.set_to_none)
+            train_micro_steps(
+                case,
+                replace(self.drv, forward=forward),
+                self.opt,
+                self.rank,
+                self.device,
+                self.step,
+            )
+        self.calls += 1
+        self.traffic = self.traffic + rec.traffic()
+        _, y = batch_for(case, self.step, case.accumulation - 1, self.rank, device=self.device)
+        return loss_fn(case, outputs[-1], y).detach()
+
+
+def build_zero(case: Case, model, cls):
+    params = list(model.parameters())
+    bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+
+    def make(groups, optimizer_cls, **kwargs):
+        return cls(model, optimizer_cls, params=groups, bucket_size_mb=bucket, **kwargs)
+
+    return params, build_optimizer(case, params, optimizer_cls=make)

@@ -1,0 +1,112 @@
+"""The ``zero`` kind's rank program: a ZeRO wrapper ``Class(module, optimizer_cls, *, params,
+bucket_size_mb, **kwargs)`` with ``forward``, ``finish_gradient_synchronization()``,
+``no_sync()``, ``step()``, ``zero_grad()`` (of every parameter of the module:
+``Case.zero_grad_module``), ``param_groups``, ``add_param_group``, ``state_dict()``; optional
+``full_gradients()`` (then gradients are compared too), ``layout`` and ``pieces``
+(``paracheck.zero.Zero1``), ``optimizer`` (the ``torch.optim.Optimizer`` an LR scheduler is built
+on). It synchronises gradients itself; its traffic includes that synchronisation.
+
+As for ``sharded`` (``paracheck.check.ranks.sharded``), the rank program calls only what the
+interface offers and records, per step, parameters, the optimizer state, its bytes and the
+collectives; the declared pieces once.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from paracheck.accounting.traffic import record_collectives
+from paracheck.cases import Case, add_late_groups, apply_lr_schedule, build_case_model
+from paracheck.check.ranks._common import (
+    on_every_rank,
+    rank_device,
+    snapshot,
+    target_object,
+    train_micro_steps,
+)
+from paracheck.check.ranks._drive import DDPDriver
+from paracheck.check.ranks._optimizer import (
+    Closure,
+    build_zero,
+    read_state,
+    scheduler_or_skip,
+    state_bytes,
+)
+from paracheck.check.ranks.record import RankRecord, RankStep
+
+__all__ = ["run_zero"]
+
+
+def run_zero(payload: dict) -> RankRecord:
+    """Train ``case`` with the ZeRO wrapper at ``payload['path']`` (gradient sync included). The
+    LR scheduler is built on its ``optimizer`` (itself if it has none); ``reload_at_step`` is not
+    exercised here (a second wrapper over the same module would hook it twice)."""
+    case: Case = payload["case"]
+    rank = dist.get_rank()
+    device = rank_device(payload.get("device"))
+    model = build_case_model(case, rank, device=device)
+    params, zero = on_every_rank(
+        lambda: build_zero(case, model, target_object(payload["path"])),
+        device,
+        "constructing the optimizer",
+    )
+    index = {id(p): i for i, p in enumerate(params)}
+    trainable = getattr(zero, "trainable", [p for p in params if p.requires_grad])
+    scheduler, skipped = scheduler_or_skip(case, getattr(zero, "optimizer", zero), device)
+    if skipped:
+        return RankRecord.skip(skipped)
+    initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
+    full_gradients = getattr(zero, "full_gradients", None)
+    drv = DDPDriver(
+        wrapper=zero,
+        forward=zero,
+        finish=lambda optimizer: zero.finish_gradient_synchronization(),
+        no_sync=getattr(zero, "no_sync", None),
+    )
+    for step in range(case.steps):
+        add_late_groups(case, zero, params, step)
+        if case.closure:
+            with record_collectives() as rec:
+                zero.step(Closure(case, drv, zero, rank, device, step))
+            traffic = rec.traffic()  # the synchronisation is ZeRO's own traffic
+        else:
+            zero.zero_grad(set_to_none=case.set_to_none)
+            with record_collectives() as rec:
+                train_micro_steps(case, drv, zero, rank, device, step)
+        grads = None
+        if full_gradients is not None:
+            grads = [None] * len(params)
+            for p, g in zip(trainable, full_gradients()):
+                grads[index[id(p)]] = g
+            grads = snapshot(grads)
+        if not case.closure:
+            with record_collectives() as rec_step:
+                zero.step()
+            traffic = rec.traffic() + rec_step.traffic()
+        apply_lr_schedule(case, zero)
+        if scheduler is not None:
+            scheduler.step()
+        sd, state, how = on_every_rank(lambda: read_state(zero, index), device, "state_dict()")
+        steps.append(
+            RankStep(
+                snapshot(params),
+                grads,
+                state=state,
+                state_read=how,
+                state_bytes=state_bytes(zero),
+                traffic=traffic.entries,
+            )
+        )
+    pieces = getattr(zero, "pieces", None)
+    declared, bucket_numels = None, None
+    if pieces is not None:
+        declared = tuple((index[id(trainable[pc.param])], pc.start, pc.length) for pc in pieces)
+        bucket_numels = tuple(b.numel for b in zero.layout.buckets)
+    return RankRecord(
+        initial_params,
+        initial_buffers,
+        tuple(steps),
+        pieces=declared,
+        bucket_numels=bucket_numels,
+        final_state_dict=sd,
+    )
