@@ -117,7 +117,7 @@ class Case:
     (k >= 1: before step k the optimizer is saved with ``state_dict()``, a fresh one is built over
     the same parameters and groups, and it loads that dict).
 
-    Protocol of one step (``paracheck.check._rank.train_micro_steps``): by default
+    Protocol of one step (``paracheck.check.ranks._common.train_micro_steps``): by default
     ``finish_gradient_synchronization()`` follows every backward; with ``no_sync`` the backward
     passes before the last run inside ``no_sync()``; with ``finish_once`` every micro-step's
     backward runs synchronised and ``finish_gradient_synchronization()`` is called once, after
@@ -246,7 +246,7 @@ def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
     With ``merged_ranks = m`` rank r receives the concatenation of the batches that ranks
     r*m .. r*m+m-1 of an m-times larger world would have received: the metamorphic relation
     "W ranks with equal local batches equal one rank fed all of them" is then a comparison of two
-    cases (``paracheck.check.metamorphic``).
+    cases (``paracheck.check.properties.world_size_relation``).
     """
     if case.merged_ranks > 1:
         parts = [
