@@ -2,7 +2,7 @@
 
 import pytest
 
-from paracheck.bench._record import bus_factor
+from paracheck.accounting.cost import bus_bytes, bus_factor
 from paracheck.bench.asvtools import require
 from paracheck.bench.comm import bus_bandwidth
 from paracheck.bench.overlap import hidden_time
@@ -30,6 +30,28 @@ def test_ring_factors_make_reduce_scatter_plus_all_gather_one_all_reduce():
             bus_factor("all_reduce", w)
         )
     assert bus_factor("broadcast", 4) == 1.0 and bus_factor("barrier", 4) == 0.0
+
+
+def test_broadcast_costs_its_whole_message_on_more_than_one_rank():
+    """Note [Bus bytes]: one broadcast of S bytes costs 0 at W = 1 and S at W = 2 and W = 4 (its
+    chain's busiest link carries the whole message), nccl-tests' bus factor 1."""
+    assert [bus_bytes("broadcast", 1000, w) for w in (1, 2, 4)] == [0.0, 1000.0, 1000.0]
+
+
+def test_cost_model_refuses_unknown_kinds_and_world_sizes():
+    """A kind without a cost and a world size below 1 are refused, naming the argument."""
+    with pytest.raises(ValueError, match="kind='all_gather_object'"):
+        bus_factor("all_gather_object", 2)
+    with pytest.raises(ValueError, match="world_size=0"):
+        bus_bytes("broadcast", 8, 0)
+
+
+def test_every_recorded_kind_has_a_cost():
+    """The recorder's collective kinds are all costed by the one cost model."""
+    from paracheck.accounting.record import COLLECTIVE_KINDS
+
+    for kind in COLLECTIVE_KINDS:
+        assert bus_factor(kind, 3) >= 0.0
 
 
 def test_hidden_time_counts_only_covered_communication():

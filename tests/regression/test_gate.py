@@ -1,7 +1,6 @@
 """The merge gate's rule (Note [The gate rule] in paracheck.gate) and one real gate run
 that must catch a planted memory regression."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import sys
 import pytest
 
 from paracheck.gate import PassTiming, exact_verdict, format_rows, timing_verdict
+from tests.regression._gate_repos import FAT_PATCH, commit_patch, paracheck_clone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,22 +122,13 @@ def test_table_shows_timings_and_changes_and_counts_the_rest():
     assert "1 exact quantities unchanged" in text
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location(
-        "gate_demo", os.path.join(ROOT, "scripts", "gate_demo.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.skipif(
     not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository"
 )
 def test_gate_catches_extra_gradient_buffer(tmp_path):
     """paracheck gate exits 1 and names the peaks when head adds a full-size gradient buffer to FlatDDP."""
-    demo = _demo()
-    repo, shas = demo.build_repo(str(tmp_path), ("flat", "paracheck.ddp.flat", "FlatDDP"))
+    repo, base = paracheck_clone(str(tmp_path))
+    fatter = commit_patch(repo, base, "paracheck.ddp.flat", FAT_PATCH.format(cls="FlatDDP"))
     proc = subprocess.run(
         [
             sys.executable,
@@ -147,9 +138,9 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
             "--repo",
             repo,
             "--base",
-            shas["base"],
+            base,
             "--head",
-            shas["fatter"],
+            fatter,
             "--variants",
             "flat",
             "--rounds",

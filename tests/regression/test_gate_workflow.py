@@ -1,6 +1,8 @@
 """``paracheck gate`` in a user's repository: the gate command of ``examples/paracheck-gate.yml``,
 run as the workflow runs it on a two-commit repository holding ``examples/gate_user_package``,
-fails the merge on a planted 100 ms sleep per step and says so in its JSON."""
+fails the merge on a planted 100 ms sleep per step and says so in its JSON; and in paracheck's own
+repository, each commit is measured by its own worker, also a commit from before the gate had
+its own package."""
 
 import json
 import os
@@ -10,6 +12,9 @@ import subprocess
 import sys
 
 import pytest
+
+from paracheck.gate.run import _worker_module
+from tests.regression._gate_repos import has_commit, paracheck_clone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKFLOW = os.path.join(ROOT, "examples", "paracheck-gate.yml")
@@ -192,3 +197,68 @@ def test_gate_target_broken_at_head_cannot_decide(tmp_path, request):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"TARGET={TARGET!r}" in proc.stderr and "broken at head" in proc.stderr
     assert json.load(open(out))["verdict"] == "ERROR"
+
+
+# The last commit whose gate worker is paracheck.bench._worker (the gate's own package came after).
+OLD_LAYOUT = "c5421af"
+
+
+def test_each_tree_runs_its_own_worker_module(tmp_path):
+    """In paracheck's own repository a tree runs the worker it has, the new path first; a tree
+    with neither is not paracheck's; measuring TARGETs, the installed paracheck's worker runs."""
+    layouts = {"new": "gate", "old": "bench", "both": None}
+    for name, package in layouts.items():
+        for pkg in [package] if package else ["gate", "bench"]:
+            path = tmp_path / name / "src" / "paracheck" / pkg
+            path.mkdir(parents=True)
+            (path / "_worker.py").write_text("")
+    (tmp_path / "user" / "src" / "mypkg").mkdir(parents=True)
+    assert _worker_module(str(tmp_path / "new"), True) == "paracheck.gate._worker"
+    assert _worker_module(str(tmp_path / "old"), True) == "paracheck.bench._worker"
+    assert _worker_module(str(tmp_path / "both"), True) == "paracheck.gate._worker"
+    assert _worker_module(str(tmp_path / "user"), True) is None
+    assert _worker_module(str(tmp_path / "user"), False) == "paracheck.gate._worker"
+
+
+@pytest.mark.skipif(
+    not os.path.isdir(os.path.join(ROOT, ".git")) or not has_commit(OLD_LAYOUT),
+    reason=f"needs the git repository with commit {OLD_LAYOUT}",
+)
+def test_gate_measures_a_base_from_before_the_gate_package(tmp_path):
+    """Base: a paracheck commit whose worker is paracheck.bench._worker; head: this working
+    tree, whose worker is paracheck.gate._worker. Both sides start and measure flat (the verdict
+    itself depends on what changed in between: not asserted)."""
+    repo, head = paracheck_clone(str(tmp_path))
+    out = tmp_path / "gate.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paracheck.cli",
+            "gate",
+            "--repo",
+            repo,
+            "--base",
+            OLD_LAYOUT,
+            "--head",
+            head,
+            "--variants",
+            "flat",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--threshold",
+            "100",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    record = json.load(open(out))
+    assert record["paracheck"] == "each commit's own", record
+    assert record["base"]["sha"].startswith(OLD_LAYOUT) and record["head"]["sha"] == head
+    assert set(record["first_pass"]) == {"flat"}, record["first_pass"]
