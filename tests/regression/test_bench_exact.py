@@ -1,4 +1,4 @@
-"""The exact quantities behind the merge gate (paracheck.bench._record) equal what the code
+"""The exact quantities behind the merge gate (paracheck.accounting.record) equal what the code
 does, to the byte, and move when a planted regression moves them."""
 
 import pytest

@@ -13,12 +13,12 @@ import torch.distributed as dist
 
 from paracheck.accounting import (
     StepTraffic,
+    bus_bytes,
     flat_state_bytes,
     owner_broadcast_traffic,
     record_collectives,
     sharded_state_bytes,
     state_model,
-    wire_bytes,
     zero1_traffic,
 )
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
@@ -49,10 +49,10 @@ def test_sharded_state_bytes_and_broadcasts_are_exact(world):
     case = Case(model=MODEL, world_size=2, batch_sizes=(2, 1), steps=2, optimizer=ADAM)
     ranks = _run(world, "sharded", case)
     for rec, state_bytes in zip(ranks, (280, 248)):
-        for step in rec["steps"]:
-            assert step["owners"] == (0, 1, 1, 0)
-            assert step["state_bytes"] == state_bytes
-            assert StepTraffic(step["traffic"]).as_dict() == {"broadcast": (4, 256)}
+        for step in rec.steps:
+            assert step.owners == (0, 1, 1, 0)
+            assert step.state_bytes == state_bytes
+            assert StepTraffic(step.traffic).as_dict() == {"broadcast": (4, 256)}
     models = [state_model("adam")] * 4
     part = partition_by_size([n * 8 for n in NUMELS], 2)
     assert part.owners == (0, 1, 1, 0)
@@ -78,10 +78,10 @@ def test_sharded_frozen_parameter_is_neither_weighed_nor_sent(world):
     )
     ranks = _run(world, "sharded", case)
     for rec, state_bytes in zip(ranks, (80, 56)):
-        for step in rec["steps"]:
-            assert step["owners"] == (1, 1, 0, 1)
-            assert step["state_bytes"] == state_bytes
-            assert StepTraffic(step["traffic"]).as_dict() == {"broadcast": (3, 136)}
+        for step in rec.steps:
+            assert step.owners == (1, 1, 0, 1)
+            assert step.state_bytes == state_bytes
+            assert StepTraffic(step.traffic).as_dict() == {"broadcast": (3, 136)}
 
 
 def test_zero1_state_bytes_and_collectives_are_exact_one_bucket(world):
@@ -93,10 +93,10 @@ def test_zero1_state_bytes_and_collectives_are_exact_one_bucket(world):
     ranks = _run(world, "zero1", case)
     expected_pieces = [((3, 0, 2), (2, 0, 9)), ((2, 9, 1), (1, 0, 5), (0, 0, 5)), ((0, 5, 10),)]
     for rec, state_bytes, pieces in zip(ranks, (184, 188, 164), expected_pieces):
-        assert rec["pieces"] == pieces and rec["bucket_numels"] == (32,)
-        for step in rec["steps"]:
-            assert step["state_bytes"] == state_bytes
-            assert StepTraffic(step["traffic"]).as_dict() == {
+        assert rec.pieces == pieces and rec.bucket_numels == (32,)
+        for step in rec.steps:
+            assert step.state_bytes == state_bytes
+            assert StepTraffic(step.traffic).as_dict() == {
                 "reduce_scatter": (1, 264),
                 "all_reduce": (1, 32),
                 "all_gather": (1, 264),
@@ -125,9 +125,9 @@ def test_zero1_collectives_are_exact_with_small_buckets_and_accumulation(world):
     )
     ranks = _run(world, "zero1", case)
     for rec, state_bytes in zip(ranks, (192, 188, 172)):
-        assert rec["bucket_numels"] == (12, 5, 15)
-        assert rec["steps"][0]["state_bytes"] == state_bytes
-        assert StepTraffic(rec["steps"][0]["traffic"]).as_dict() == {
+        assert rec.bucket_numels == (12, 5, 15)
+        assert rec.steps[0].state_bytes == state_bytes
+        assert StepTraffic(rec.steps[0].traffic).as_dict() == {
             "reduce_scatter": (6, 528),
             "all_reduce": (2, 64),
             "all_gather": (3, 264),
@@ -145,16 +145,22 @@ def test_world_size_one_communicates_nothing(world):
     case = Case(model=MODEL, world_size=1, batch_sizes=(2,), steps=1, optimizer=ADAM)
     for name, state_bytes in (("sharded", 528), ("zero1", 2 * 8 * 32 + 4 * 4)):
         (rec,) = _run(world, name, case)
-        assert rec["steps"][0]["traffic"] == () and rec["steps"][0]["state_bytes"] == state_bytes
+        assert rec.steps[0].traffic == () and rec.steps[0].state_bytes == state_bytes
 
 
-def test_wire_model_owner_broadcast_is_one_and_a_half_zero1():
-    """Note [Owner broadcast versus ZeRO-1]: per rank, all-reduce + broadcast = 3(W-1)/W Psi against
-    reduce-scatter + all-gather = 2(W-1)/W Psi (Psi = 1 GiB, W = 4: 2.25 GiB against 1.5 GiB)."""
-    psi, w = 2**30, 4
-    owner = wire_bytes("all_reduce", psi, w) + wire_bytes("broadcast", psi, w)
-    zero1 = wire_bytes("reduce_scatter", psi, w) + wire_bytes("all_gather", psi, w)
-    assert owner == 2.25 * 2**30 and zero1 == 1.5 * 2**30 and owner / zero1 == 1.5
+def test_bus_model_owner_broadcast_costs_more_than_zero1():
+    """Note [Owner broadcast versus ZeRO-1]: per rank, all-reduce + broadcast = (3W-2)/W Psi bus
+    bytes against reduce-scatter + all-gather = 2(W-1)/W Psi (Psi = 1 GiB, W = 4: 2.5 GiB against
+    1.5 GiB, 5/3; W = 2: 2x); received per rank, (W-1)/W Psi of broadcasts, 1.5x at every W."""
+    psi = 2**30
+    for w, ratio in ((2, 2.0), (4, 5 / 3), (8, 11 / 7)):
+        owner = bus_bytes("all_reduce", psi, w) + bus_bytes("broadcast", psi, w)
+        zero1 = bus_bytes("reduce_scatter", psi, w) + bus_bytes("all_gather", psi, w)
+        assert owner == (3 * w - 2) / w * psi and zero1 == 2 * (w - 1) / w * psi
+        assert owner / zero1 >= 1.5 and abs(owner / zero1 - ratio) < 1e-12
+        received = bus_bytes("all_reduce", psi, w) + (w - 1) / w * psi
+        assert received / zero1 == 1.5
+    assert bus_bytes("all_reduce", psi, 4) + bus_bytes("broadcast", psi, 4) == 2.5 * 2**30
 
 
 def overlap_job(_):
@@ -206,6 +212,50 @@ def test_recorder_counts_each_call_once_with_its_payload(world):
                 "reduce_scatter": (1, 24),
                 "all_gather": (1, 24),
             }
+
+
+# Bound when this module is imported, long before any recording starts.
+from torch.distributed import all_reduce as _all_reduce_bound_early  # noqa: E402
+
+
+def unpatched_calls_job(_):
+    """Rank job: all-reduces the namespace never sees at call time (a function reference bound at
+    import, async_op=True work, a view of a larger tensor, two calls coalesced into one message),
+    a barrier, and torch DDP's reducer (C++) reducing one gradient bucket."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    x = torch.ones(6, dtype=torch.float64)
+    with record_collectives() as rec:
+        _all_reduce_bound_early(x)
+        dist.all_reduce(x, async_op=True).wait()
+        dist.all_reduce(x[1:4])
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.all_reduce(x[:2])
+            dist.all_reduce(x[2:])
+        cm.wait()
+        dist.barrier()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2).double())
+    for _ in range(2):  # the buckets are rebuilt (two broadcasts) in the second step
+        model(torch.ones(1, 3, dtype=torch.float64)).sum().backward()
+    with record_collectives() as rec_ddp:
+        model(torch.ones(1, 3, dtype=torch.float64)).sum().backward()
+    return rec.calls, rec_ddp.calls
+
+
+def test_recorder_sees_calls_that_bypass_the_namespace(world):
+    """One dispatch-mode recorder sees an all-reduce through a function bound before recording,
+    async and view calls with their own sizes, a coalesced pair as the one message it is (48 B),
+    no barrier (no data), and torch DDP's C++ reducer (8 x (6 + 2) = 64 B)."""
+    for w in (1, 2):
+        for calls, ddp_calls in world.run(f"{__name__}:unpatched_calls_job", None, world_size=w):
+            assert calls == [
+                ("all_reduce", 48),
+                ("all_reduce", 48),
+                ("all_reduce", 24),
+                ("all_reduce", 48),
+            ]
+            assert ddp_calls == [("all_reduce", 64)]
 
 
 def gradient_memory_job(_):

@@ -1,9 +1,18 @@
-"""Analytic memory and communication models, and a recorder that counts what was actually sent.
+"""Analytic memory and communication models, their one cost model, and the one recorder that
+measures what ranks actually send and hold.
 
-Exact quantities (optimizer-state bytes per rank, payload bytes per collective per step) are
-noise-free: properties and benchmarks compare them with what ranks measure, bit for bit.
+Exact quantities (optimizer-state bytes per rank, payload bytes per collective per step, live and
+peak tensor bytes) are noise-free: properties and benchmarks compare them with what ranks measure,
+bit for bit.
+
+* ``memory``: optimizer state and training-step memory per rank, analytic;
+* ``traffic``: payload bytes per step per design, analytic, and ``record_collectives``, the
+  per-call payload records the check reads;
+* ``cost``: Note [Bus bytes], what one collective costs on the wire;
+* ``record``: ``Recorder``, the dispatch mode behind every measured quantity.
 """
 
+from paracheck.accounting.cost import bus_bytes, bus_factor
 from paracheck.accounting.memory import (
     MemoryBreakdown,
     StateModel,
@@ -13,21 +22,26 @@ from paracheck.accounting.memory import (
     state_model,
     training_memory,
 )
+from paracheck.accounting.record import COLLECTIVE_KINDS, CollectiveCall, Recorder
 from paracheck.accounting.traffic import (
-    CollectiveRecorder,
+    RecordedCollectives,
     StepTraffic,
     flat_ddp_traffic,
     owner_broadcast_traffic,
     record_collectives,
-    wire_bytes,
     zero1_traffic,
 )
 
 __all__ = [
-    "CollectiveRecorder",
+    "COLLECTIVE_KINDS",
+    "CollectiveCall",
     "MemoryBreakdown",
+    "RecordedCollectives",
+    "Recorder",
     "StateModel",
     "StepTraffic",
+    "bus_bytes",
+    "bus_factor",
     "flat_ddp_traffic",
     "flat_state_bytes",
     "measured_state_bytes",
@@ -36,6 +50,5 @@ __all__ = [
     "sharded_state_bytes",
     "state_model",
     "training_memory",
-    "wire_bytes",
     "zero1_traffic",
 ]

@@ -1,45 +1,51 @@
-"""Bytes communicated per step: analytic models per design, and a layer that records what was sent.
+"""Bytes communicated per step: analytic models per design, and the per-call records of what was
+sent.
 
 Two measures, both per rank and per step:
 
 * **payload bytes**: the size of the tensor each collective call is given, the quantity
   ``record_collectives`` counts exactly. Convention: ``all_reduce`` / ``broadcast``: the tensor;
   ``reduce_scatter``: the full input (``W`` chunks); ``all_gather``: the full output.
-* **wire bytes** (``wire_bytes``): what a bandwidth-optimal ring moves per rank for that payload,
-  the usual model for comparing designs (Note [Owner broadcast versus ZeRO-1]).
+* **bus bytes** (``StepTraffic.bus_bytes``): the payloads costed by Note [Bus bytes] in
+  ``paracheck.accounting.cost``, what the busiest link carries with ring algorithms, the usual
+  model for comparing designs (Note [Owner broadcast versus ZeRO-1]).
 
 Note [Owner broadcast versus ZeRO-1]
     Let Psi be the bytes of the trainable parameters and W > 1 the world size. Per rank and step,
-    in a ring: all-reduce 2(W-1)/W Psi, reduce-scatter (W-1)/W Psi, all-gather (W-1)/W Psi, and a
-    broadcast of Psi, averaged over ranks, (W-1)/W Psi (each of the W-1 receivers gets Psi once).
+    in bus bytes (Note [Bus bytes]): all-reduce 2(W-1)/W Psi, reduce-scatter (W-1)/W Psi,
+    all-gather (W-1)/W Psi, and a broadcast of every parameter from its owner Psi (each broadcast
+    is a chain whose busiest link carries the whole message, whichever rank is the root).
 
     * DDP:             all-reduce                    = 2(W-1)/W Psi
     * ZeRO-1:          reduce-scatter + all-gather   = 2(W-1)/W Psi' (Psi' = Psi plus padding to
                        a multiple of W per bucket: at most (W-1) elements per bucket)
-    * owner broadcast: all-reduce + broadcast        = 3(W-1)/W Psi
+    * owner broadcast: all-reduce + broadcast        = (3W-2)/W Psi
 
-    The owner-broadcast ``ShardedOptimizer`` therefore sends (W-1)/W Psi more than ZeRO-1 per
-    rank, 1.5x as much; the payload bytes, by contrast, are 2 Psi for both designs, which is why a
-    count of "tensor bytes handed to NCCL" alone does not show the difference. Both paracheck
-    designs also reduce one presence flag per trainable parameter (Note [Gradients that exist on
-    some ranks only] in ``paracheck.ddp._common``): n * element_size bytes, counted exactly below.
+    The owner-broadcast ``ShardedOptimizer`` therefore costs W/(2(W-1)) + 1 times what ZeRO-1 costs
+    (2x at W = 2, 5/3 at W = 4, tending to 1.5x); in bytes *received* per rank the broadcasts of a
+    balanced partition are (W-1)/W Psi (a rank receives every parameter it does not own), and the
+    ratio is 1.5x at every W. Either way the owner broadcast sends more than ZeRO-1, at least 1.5x
+    as much; the payload bytes, by contrast, are 2 Psi for both designs, which is why a count of
+    "tensor bytes handed to NCCL" alone does not show the difference. Both paracheck designs also
+    reduce one presence flag per trainable parameter (Note [Gradients that exist on some ranks
+    only] in ``paracheck.ddp._common``): n * element_size bytes, counted exactly below.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from paracheck.accounting.cost import bus_bytes
+from paracheck.accounting.record import Recorder
+
 __all__ = [
-    "CollectiveRecorder",
+    "RecordedCollectives",
     "StepTraffic",
     "flat_ddp_traffic",
     "owner_broadcast_traffic",
     "record_collectives",
-    "wire_bytes",
     "zero1_traffic",
 ]
 
@@ -68,19 +74,9 @@ class StepTraffic:
     def payload_bytes(self) -> int:
         return sum(b for _, _, b in self.entries)
 
-    def wire_bytes(self, world_size: int) -> float:
-        return sum(wire_bytes(k, b, world_size) for k, _, b in self.entries)
-
-
-def wire_bytes(collective: str, payload: int, world_size: int) -> float:
-    """Bytes one rank sends (= receives) in a ring for ``payload`` (Note [Owner broadcast versus ZeRO-1])."""
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be >= 1")
-    f = (world_size - 1) / world_size
-    factors = {"all_reduce": 2 * f, "reduce_scatter": f, "all_gather": f, "broadcast": f}
-    if collective not in factors:
-        raise ValueError(f"collective={collective!r} has no wire model; known: {sorted(factors)}")
-    return factors[collective] * payload
+    def bus_bytes(self, world_size: int) -> float:
+        """Bus bytes of every call (Note [Bus bytes] in ``paracheck.accounting.cost``)."""
+        return sum(bus_bytes(k, b, world_size) for k, _, b in self.entries)
 
 
 # -- analytic models ------------------------------------------------------------------------
@@ -123,44 +119,30 @@ def zero1_traffic(layout, element_size: int, *, syncs: int = 1) -> StepTraffic:
 
 # -- recording ------------------------------------------------------------------------------
 
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-def _list_bytes(ts) -> int:
-    return sum(_nbytes(t) for t in ts)
+# Kinds that carry no data: not traffic, and not recorded by the check (a barrier in a step would
+# otherwise break the traffic property of a design that sends exactly its model's bytes).
+_NOT_TRAFFIC = frozenset({"barrier"})
 
 
-# torch.distributed name -> (canonical name, argument holding the payload, how to size it)
-_WRAPPED = {
-    "all_reduce": ("all_reduce", "tensor", _nbytes),
-    "broadcast": ("broadcast", "tensor", _nbytes),
-    "reduce": ("reduce", "tensor", _nbytes),
-    "reduce_scatter_tensor": ("reduce_scatter", "input", _nbytes),
-    "reduce_scatter_single": ("reduce_scatter", "input", _nbytes),
-    "reduce_scatter": (
-        "reduce_scatter",
-        "input_list",
-        lambda ls: sum(_list_bytes(x) if isinstance(x, list) else _nbytes(x) for x in ls),
-    ),
-    "all_gather_into_tensor": ("all_gather", "output_tensor", _nbytes),
-    "all_gather_single": ("all_gather", "output_tensor", _nbytes),
-    "all_gather": ("all_gather", "tensor_list", _list_bytes),
-    "all_to_all_single": ("all_to_all", "input", _nbytes),
-    # Pickled objects: the payload is not known before pickling; counted as calls of 0 bytes.
-    "all_gather_object": ("all_gather_object", None, None),
-    "broadcast_object_list": ("broadcast_object_list", None, None),
-}
+class RecordedCollectives:
+    """What ``record_collectives`` saw: ``calls`` lists (kind, payload bytes) per collective call,
+    in call order (Note [Exact quantities] in ``paracheck.accounting.record`` for the sizes)."""
 
-
-class CollectiveRecorder:
-    """What ``record_collectives`` saw: ``calls`` is a list of (canonical name, payload bytes)."""
-
-    def __init__(self, group=None):
+    def __init__(self, recorder: Recorder, group=None):
+        self._recorder = recorder
         self.group = group
-        self.calls: list[tuple[str, int]] = []
-        self._depth = threading.local()
+
+    def _matches(self, call) -> bool:
+        # call.group is None only on a torch that cannot unbox the group: kept, as unknown.
+        return self.group is None or call.group is None or call.group is self.group
+
+    @property
+    def calls(self) -> list[tuple[str, int]]:
+        return [
+            (c.kind, c.payload_bytes)
+            for c in self._recorder.calls
+            if c.kind not in _NOT_TRAFFIC and self._matches(c)
+        ]
 
     def traffic(self) -> StepTraffic:
         d: dict[str, tuple[int, int]] = {}
@@ -169,63 +151,16 @@ class CollectiveRecorder:
             d[name] = (c0 + 1, b0 + b)
         return StepTraffic.from_dict(d)
 
-    def _matches(self, group) -> bool:
-        if self.group is None:
-            return True
-        import torch.distributed as dist
-
-        if group is None:
-            group = dist.group.WORLD
-        return group is self.group
-
-    def _wrap(self, name: str, original):
-        canonical, arg, size = _WRAPPED[name]
-        try:
-            sig = inspect.signature(original)
-        except (TypeError, ValueError):
-            sig = None
-
-        def wrapper(*args, **kwargs):
-            depth = getattr(self._depth, "n", 0)
-            if depth == 0 and sig is not None:
-                # A collective that calls another public one (a deprecated alias forwarding to its
-                # replacement) is counted once, at the outermost call.
-                bound = sig.bind_partial(*args, **kwargs)
-                if self._matches(bound.arguments.get("group")):
-                    b = 0 if arg is None else size(bound.arguments[arg])
-                    self.calls.append((canonical, b))
-            self._depth.n = depth + 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._depth.n = depth
-
-        wrapper.__wrapped__ = original
-        return wrapper
-
 
 @contextlib.contextmanager
-def record_collectives(*, group=None) -> Iterator[CollectiveRecorder]:
-    """Count every collective called through ``torch.distributed.<name>`` inside the block.
+def record_collectives(*, group=None) -> Iterator[RecordedCollectives]:
+    """Record every collective operator dispatched inside the block, one payload size per call.
 
-    ``group`` restricts the count to one process group (None: all groups). The public functions of
-    the ``torch.distributed`` namespace are wrapped for the duration and restored on exit (even on
-    error); code that bound a function before entering (``from torch.distributed import
-    all_reduce``) bypasses the recorder, as do torch-internal calls between c10d functions, which
-    is what makes a forwarding alias count once. Blocks nest.
+    ``group`` restricts the records to one process group (None: all groups). A thin view of a
+    ``paracheck.accounting.record.Recorder`` that tracks no memory: it sees every call however it
+    was made (through a function bound before the block, from C++ as torch DDP's reducer does,
+    asynchronously, on a view), a forwarding alias once, and a coalesced call
+    (``_coalescing_manager``, ``all_reduce_coalesced``) as the one message it is. Blocks nest.
     """
-    import torch.distributed as dist
-
-    rec = CollectiveRecorder(group)
-    saved = {}
-    try:
-        for name in _WRAPPED:
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-            saved[name] = original
-            setattr(dist, name, rec._wrap(name, original))
-        yield rec
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
+    with Recorder(track_memory=False) as rec:
+        yield RecordedCollectives(rec, group)

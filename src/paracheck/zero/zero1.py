@@ -2,9 +2,9 @@
 backward; each rank steps only its shard; parameters all-gathered.
 
 Diff with ``ShardedOptimizer``: there a DDP wrapper all-reduces every gradient and owners
-broadcast whole parameters (3(W-1)/W Psi per rank and step); here the gradient all-reduce is cut
-in its two halves and the optimizer step runs between them, on 1/W of every bucket
-(2(W-1)/W Psi, an all-reduce's worth; Note [Owner broadcast versus ZeRO-1]).
+broadcast whole parameters ((3W-2)/W Psi bus bytes per rank and step); here the gradient
+all-reduce is cut in its two halves and the optimizer step runs between them, on 1/W of every
+bucket (2(W-1)/W Psi, an all-reduce's worth; Note [Owner broadcast versus ZeRO-1]).
 
 Note [Zero1 data flow]
     Construction packs the module's trainable parameters into per-bucket flat buffers
@@ -70,16 +70,11 @@ from paracheck.zero.sharded import add_local_group, check_optimizer_cls, sync_hy
 __all__ = ["Zero1", "Zero1Optimizer"]
 
 
-def _reduce_scatter(output, input, group, async_op):
-    # torch >= 2.13 renames reduce_scatter_tensor (which then forwards and warns); look the name up
-    # on the namespace at call time so that paracheck.accounting's recorder sees the call.
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, group=group, async_op=async_op)
-
-
-def _all_gather(output, input, group, async_op):
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, group=group, async_op=async_op)
+# torch 2.13 renames reduce_scatter_tensor / all_gather_into_tensor to reduce_scatter_single /
+# all_gather_single (same arguments) and makes the old names forward with a FutureWarning; older
+# torch has the old names only. Picked once: the new name wherever it exists.
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class Zero1:
@@ -301,8 +296,8 @@ class Zero1:
         # One rank: the chunk is the whole buffer, already holding the "sum".
         handle = None
         if self.world_size > 1:
-            handle = _reduce_scatter(
-                self._grad_shard[b], self._grad_flat[b], self.process_group, True
+            handle = _reduce_scatter_tensor(
+                self._grad_shard[b], self._grad_flat[b], group=self.process_group, async_op=True
             )
         self._fresh[b] = False
         self._inflight.append((b, handle))
@@ -360,7 +355,9 @@ class Zero1:
         for b, flat in enumerate(self._param_flat):
             s = self.layout.shard_numel(b)
             handles.append(
-                _all_gather(flat, flat.narrow(0, self.rank * s, s), self.process_group, True)
+                _all_gather_into_tensor(
+                    flat, flat.narrow(0, self.rank * s, s), group=self.process_group, async_op=True
+                )
             )
         for h in handles:
             h.wait()
@@ -376,7 +373,7 @@ class Zero1:
             if self.world_size == 1:
                 full.copy_(shard)
             else:
-                _all_gather(full, shard, self.process_group, False)
+                _all_gather_into_tensor(full, shard, group=self.process_group)
             fulls.append(full)
         out = []
         for i, p in enumerate(self.trainable):

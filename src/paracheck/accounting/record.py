@@ -4,7 +4,18 @@
 active passes through it, whoever calls it (paracheck's variants, torch DDP's C++ reducer,
 ``ZeroRedundancyOptimizer``, a user's class, even code that did ``from torch.distributed import
 all_reduce`` long before). So it needs no cooperation from the code it measures and no patched
-``torch.distributed`` functions.
+``torch.distributed`` functions. It is the one recorder: the benchmarks read its calls and memory
+(``paracheck.bench.step``), the check reads one payload size per call through
+``paracheck.accounting.traffic.record_collectives``.
+
+Note [Two ways of watching collectives]
+    ``paracheck.world`` also wraps the ``torch.distributed`` namespace in every rank, but for
+    liveness, not accounting: it must say which collective a rank is *inside* while it hangs, and
+    a dispatch mode only sees an operator once the Python-level call has reached the dispatcher
+    (and sees nothing of ``Work.wait``). It wraps once, at rank start, so it sees calls through
+    names bound later, but it cannot see collectives issued from C++ (torch DDP's reducer). The
+    recorder here sees exactly those operators and their tensors, and is entered and left per
+    measured block, nested as deep as needed. Neither needs the other.
 
 Note [Exact quantities]
     Timings on a shared 2-core machine move by tens of percent between identical runs; these do
@@ -13,9 +24,10 @@ Note [Exact quantities]
     * collectives per step, by kind (all_reduce, broadcast, all_gather, reduce_scatter, ...);
     * payload bytes per step: the message size of each collective (the buffer of an all-reduce or
       broadcast, the full gathered output of an all-gather, the full input of a reduce-scatter);
-    * bus bytes per step: what each rank sends with ring algorithms, the nccl-tests convention:
-      all-reduce 2(W-1)/W x size, all-gather and reduce-scatter (W-1)/W x size, broadcast and reduce
-      1 x size. With it ZeRO-1's reduce-scatter + all-gather costs exactly one all-reduce;
+    * bus bytes per step: the payloads costed by Note [Bus bytes] in
+      ``paracheck.accounting.cost`` (nccl-tests' convention: all-reduce 2(W-1)/W x size,
+      all-gather and reduce-scatter (W-1)/W x size, broadcast 1 x size). With it ZeRO-1's
+      reduce-scatter + all-gather costs exactly one all-reduce;
     * live and peak tensor bytes: the sum of the sizes of the tensor storages allocated under the
       recorder that are still referenced. Frees are seen the moment the last reference goes
       (a finaliser on the storage's Python object, which torch keeps for the storage's whole
@@ -24,8 +36,9 @@ Note [Exact quantities]
       are buffers that gloo/NCCL allocate outside torch's dispatcher.
 
     Python's cyclic garbage collector frees cycles at moments that depend on the process's
-    history; ``Recorder`` therefore collects before it starts and disables the collector while it
-    is active (restored on exit), so the same code gives the same peak in any process.
+    history; a ``Recorder`` that tracks memory therefore collects before it starts and disables
+    the collector while it is active (restored on exit), so the same code gives the same peak in
+    any process.
 
 Note [Late frees after a collective]
     A tensor given to a gloo collective is also referenced by the collective's work object, and
@@ -50,7 +63,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["Recorder", "CollectiveCall", "COLLECTIVE_KINDS", "bus_factor"]
+from paracheck.accounting.cost import bus_bytes
+
+__all__ = ["COLLECTIVE_KINDS", "CollectiveCall", "Recorder"]
 
 # c10d (torch.distributed) and _c10d_functional operator names -> kind.
 _C10D_KINDS = {
@@ -89,28 +104,21 @@ COLLECTIVE_KINDS = tuple(sorted(set(_C10D_KINDS.values())))
 _SHARDED_KINDS = {"all_gather", "reduce_scatter", "gather", "scatter"}
 
 
-def bus_factor(kind: str, world_size: int) -> float:
-    """Bytes each rank sends per byte of message with ring algorithms (nccl-tests' bus factor)."""
-    w = max(int(world_size), 1)
-    if kind == "all_reduce":
-        return 2.0 * (w - 1) / w
-    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (w - 1) / w
-    if kind == "barrier":
-        return 0.0
-    return 1.0 if w > 1 else 0.0
-
-
 @dataclass(frozen=True)
 class CollectiveCall:
+    """One collective operator as dispatched: its kind, the operator, its message size in bytes
+    (Note [Exact quantities]), the size of its process group, and the group itself (None where
+    this torch cannot say which)."""
+
     kind: str
     op: str
     payload_bytes: int
     world_size: int
+    group: object = field(default=None, compare=False, repr=False)
 
     @property
     def bus_bytes(self) -> float:
-        return self.payload_bytes * bus_factor(self.kind, self.world_size)
+        return bus_bytes(self.kind, self.payload_bytes, self.world_size)
 
 
 def _tensors(obj):
@@ -125,20 +133,32 @@ def _nbytes(obj) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(obj))
 
 
-def _group_size(args, kwargs) -> int:
-    for a in list(args) + list((kwargs or {}).values()):
-        size = getattr(a, "size", None)
-        if (
-            callable(size)
-            and not isinstance(a, torch.Tensor)
-            and type(a).__name__ in ("ProcessGroup", "ScriptObject")
-        ):
-            try:
-                return int(size())
-            except Exception:  # noqa: BLE001 - not a process group after all
-                continue
+def _process_group(args, kwargs):
+    """The process group a c10d operator was given, or None. The dispatcher passes it boxed as a
+    ``torch.ScriptObject`` (no methods of its own); ``ProcessGroup.unbox`` gives back the very
+    object ``torch.distributed`` handed out (``dist.group.WORLD``, ``new_group()``'s result)."""
     import torch.distributed as dist
 
+    pg_type = getattr(dist, "ProcessGroup", None)
+    if pg_type is None:
+        return None
+    unbox = getattr(pg_type, "unbox", None)
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, pg_type):
+            return a
+        if unbox is not None and isinstance(a, torch.ScriptObject):
+            try:
+                return unbox(a)
+            except (RuntimeError, TypeError):  # another boxed class (a ReduceOp)
+                continue
+    return None
+
+
+def _group_size(group) -> int:
+    import torch.distributed as dist
+
+    if group is not None:
+        return int(group.size())
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -152,11 +172,6 @@ def _storage_key(t: torch.Tensor):
         return None
 
 
-@dataclass
-class _Counters:
-    calls: list = field(default_factory=list)
-
-
 class Recorder(TorchDispatchMode):
     """Records every collective and tracks live/peak tensor bytes while active (a context manager).
 
@@ -164,6 +179,10 @@ class Recorder(TorchDispatchMode):
     ``peak_bytes`` are the storage bytes allocated under the recorder and still referenced, and
     their maximum since the last ``reset_peak()``. See Note [Exact quantities]. Not thread-safe
     beyond what autograd's own threads need (finalisers only subtract).
+
+    ``track_memory=False`` records the collectives only: no per-operator storage bookkeeping, no
+    garbage collection on entry, no settling after a collective (what the check's per-call
+    payload records need, at a fraction of the cost).
     """
 
     def __init__(self, *, track_memory: bool = True):
@@ -179,9 +198,10 @@ class Recorder(TorchDispatchMode):
 
     # -- context --------------------------------------------------------------------------
     def __enter__(self):
-        gc.collect()
-        self._gc_was_enabled = gc.isenabled()
-        gc.disable()
+        if self.track_memory:
+            gc.collect()
+            self._gc_was_enabled = gc.isenabled()
+            gc.disable()
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -235,8 +255,9 @@ class Recorder(TorchDispatchMode):
                 payload = max(_nbytes(args[0]), _nbytes(args[1]))
             else:
                 payload = _nbytes(args[0]) if args else 0
+            group = _process_group(args, kwargs)
             self.calls.append(
-                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(args, kwargs))
+                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(group), group)
             )
         if not self.track_memory:
             return func(*args, **kwargs)
