@@ -336,7 +336,7 @@ def rank_account(payload: dict) -> dict:
     """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
     import torch.distributed as dist
 
-    from paracheck.bench._record import Recorder
+    from paracheck.accounting.record import Recorder
     from paracheck.bench.variants import build_setup
 
     spec = StepSpec.from_dict(payload)
