@@ -6,8 +6,8 @@
 * ``reload.run_reload``: a consolidated state dict loaded into a fresh sharding target;
 * ``_cuda_stub``: the same programs with CUDA timing calls made no-ops (``--stub-cuda-timing``).
 
-The World calls them by ``"module:function"`` path (``paracheck.check.kinds``). They import no
-driver-side code: what they return is judged by ``paracheck.check.properties``.
+The World calls them by ``"module:function"`` path (``paracheck.check.kinds``). They judge
+nothing: what they return is judged in the driver by ``paracheck.check.properties``.
 """
 
 from paracheck.check.ranks.record import RankRecord, RankStep, ReloadRecord, Window
