@@ -221,7 +221,7 @@ def test_architecture_index_lists_every_note():
     assert listed == defined, (
         f"index out of date: not listed {sorted(defined - listed)}, "
         f"listed but not defined there {sorted(listed - defined)}; "
-        "regenerate it with `python tests/unit/test_references.py`"
+        "regenerate it with `python tests/unit/test_references.py --write`"
     )
 
 
