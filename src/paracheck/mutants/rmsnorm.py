@@ -10,10 +10,6 @@ says what is broken and which inputs expose it.
 
 from __future__ import annotations
 
-import inspect
-import linecache
-import textwrap
-
 import torch
 
 from paracheck.kernels.rmsnorm import (
@@ -23,31 +19,15 @@ from paracheck.kernels.rmsnorm import (
     _LazyJit,
     lazy_jit,
 )
+from paracheck.mutants._edit import edited
 
 __all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
 
 
 def _mutated(kernel: _LazyJit, name: str, *edits: tuple[str, str]) -> _LazyJit:
-    """``kernel`` with each ``(line, replacement)`` of ``edits`` applied to its source: the
-    production kernel plus the bug and nothing else, so the two cannot drift apart. Each line
-    must occur exactly once. The source is registered with ``linecache`` under a name of its
-    own, because ``triton.jit`` reads a kernel's source through ``inspect``."""
-    lines = textwrap.dedent(inspect.getsource(kernel.fn)).splitlines(keepends=True)
-    source = "".join(line for line in lines if not line.startswith("@"))  # drop @lazy_jit
-    source = source.replace(f"def {kernel.fn.__name__}(", f"def {name}(", 1)
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise ValueError(
-                f"{name}: {old.strip()!r} occurs {source.count(old)} times in "
-                f"{kernel.fn.__name__}, not once: the mutant is out of date"
-            )
-        source = source.replace(old, new)
-    filename = f"<paracheck.mutants.rmsnorm:{name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace: dict = {}
-    # The kernel module's globals: tl, gdc_wait and the rest resolve as in the original.
-    exec(compile(source, filename, "exec"), kernel.fn.__globals__, namespace)
-    return lazy_jit(namespace[name])
+    """``kernel`` with each ``(line, replacement)`` of ``edits`` applied to its source (see
+    ``edited``), under a name of its own, jitted lazily like the production kernels."""
+    return lazy_jit(edited(kernel.fn, *edits, name=name))
 
 
 _fwd_eps_outside_sqrt = _mutated(
@@ -62,10 +42,11 @@ _fwd_unmasked_tail = _mutated(
     _KERNELS.forward,
     "_fwd_unmasked_tail",
     (
-        "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0,\n",
+        "        X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0, eviction_policy",
         # BUG: rows masked only: the padded tail of the block (cols >= n_cols) reads whatever
         # follows the row (the next row, padding, or a guard buffer) into the sum.
-        "    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=row_ok[:, None], other=0.0,\n",
+        "        X + rows64[:, None] * stride_x + cols[None, :], mask=row_ok[:, None], other=0.0, "
+        "eviction_policy",
     ),
 )
 _bwd_dx_without_mean_term = _mutated(
