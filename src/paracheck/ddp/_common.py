@@ -62,8 +62,12 @@ class DDPBase(nn.Module):
             return
         src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
         with torch.no_grad():
-            for t in [*self.module.parameters(), *self.module.buffers()]:
+            for t in self._state_tensors():
                 dist.broadcast(t.data, src=src, group=self.process_group)
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """What ranks must agree on before training: every parameter and every buffer."""
+        return [*self.module.parameters(), *self.module.buffers()]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -110,9 +110,14 @@ class BucketedDDP(DDPBase):
             p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
             for i, p in enumerate(params)
         ]
-        self._pre_hooks = [
-            p.register_hook(functools.partial(_before_accumulate, ref)) for p in params
-        ]
+        self._pre_hooks = self._register_round_boundary(params)
+
+    def _register_round_boundary(self, params) -> list:
+        """A hook on each parameter that runs before its gradient is accumulated: the round
+        boundary, where the previous round is settled (Note [Several backward passes in one
+        window] in ``paracheck.ddp.overlapped``)."""
+        ref = weakref.ref(self)
+        return [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
 
     def _reset_window(self) -> None:
         self._ready = [False] * len(self.trainable)

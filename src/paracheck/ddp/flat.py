@@ -22,9 +22,18 @@ class FlatDDP(DDPBase):
         if self.world_size == 1 or not self._sync_enabled or not self.trainable:
             return
         params = self.trainable
-        flags = self._presence(params)
-        flat = torch.cat([self._local_or_zero(p).reshape(-1) for p in params] + [flags])
+        flat = self._flatten(params)
         dist.all_reduce(flat, group=self.process_group)
         n = flat.numel() - len(params)
-        grads = flat[:n].div_(self.world_size)
-        self._scatter_back(params, grads, flat[n:])
+        self._scatter_back(params, self._average(flat[:n]), flat[n:])
+
+    def _flatten(self, params) -> torch.Tensor:
+        """One buffer: every local gradient (zeros where there is none), then the presence flags.
+        ``torch.cat`` promotes to the widest dtype, so a float32 layer in a float64 model loses
+        nothing."""
+        return torch.cat(
+            [self._local_or_zero(p).reshape(-1) for p in params] + [self._presence(params)]
+        )
+
+    def _average(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed.div_(self.world_size)

@@ -22,13 +22,15 @@ class NaiveDDP(DDPBase):
     def finish_gradient_synchronization(self) -> None:
         if self.world_size == 1 or not self._sync_enabled:
             return
-        params = self.trainable
-        flags = self._presence(params)
-        dist.all_reduce(flags, group=self.process_group)
-        for p, flag in zip(params, flags.tolist()):
-            if flag == 0:
-                continue
+        for p in self._params_to_reduce():
             if p.grad is None:
                 p.grad = self._local_or_zero(p)
             dist.all_reduce(p.grad, group=self.process_group)
             p.grad.div_(self.world_size)
+
+    def _params_to_reduce(self) -> list:
+        """The trainable parameters some rank has a gradient for: the same list on every rank,
+        whatever this rank's own gradients (Note [Gradients that exist on some ranks only])."""
+        flags = self._presence(self.trainable)
+        dist.all_reduce(flags, group=self.process_group)
+        return [p for p, flag in zip(self.trainable, flags.tolist()) if flag != 0]

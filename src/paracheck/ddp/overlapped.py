@@ -97,9 +97,14 @@ class OverlappedDDP(DDPBase):
             p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
             for k, p in enumerate(self._order)
         ]
-        self._pre_hooks = [
-            p.register_hook(functools.partial(_before_accumulate, ref)) for p in self._order
-        ]
+        self._pre_hooks = self._register_round_boundary(self._order)
+
+    def _register_round_boundary(self, params) -> list:
+        """A hook on each parameter that runs before its gradient is accumulated: the round
+        boundary, where the previous round is settled (Note [Several backward passes in one
+        window])."""
+        ref = weakref.ref(self)
+        return [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
 
     def _reset_window(self) -> None:
         n = len(self._order)

@@ -1,5 +1,7 @@
 """Broken DDP variants. Each differs from a correct one by one realistic bug, named in its
-docstring's first line; everything else is inherited from the correct variant."""
+docstring's first line: a subclass that overrides one small step of the correct variant (marked
+``BUG``), or a step rebuilt from the correct variant's source with the bug's line edited
+(``edited``); everything else is inherited from the correct variant."""
 
 from __future__ import annotations
 
@@ -7,13 +9,13 @@ import functools
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from paracheck.ddp.bucketed import BucketedDDP
 from paracheck.ddp.flat import FlatDDP
 from paracheck.ddp.naive import NaiveDDP
 from paracheck.ddp.overlapped import OverlappedDDP
 from paracheck.ddp.plan import MB, Bucket, BucketPlan, plan_buckets
+from paracheck.mutants._edit import edited
 
 __all__ = [
     "NoDivideDDP",
@@ -42,32 +44,16 @@ __all__ = [
 class NoDivideDDP(FlatDDP):
     """FlatDDP that forgets to divide the summed gradients by the world size."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
-            return
-        params = self.trainable
-        flags = self._presence(params)
-        flat = torch.cat([self._local_or_zero(p).reshape(-1) for p in params] + [flags])
-        dist.all_reduce(flat, group=self.process_group)
-        n = flat.numel() - len(params)
-        self._scatter_back(params, flat[:n], flat[n:])  # BUG: no .div_(world_size)
+    def _average(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed  # BUG: no .div_(world_size)
 
 
 class VectorsNotAveragedDDP(NaiveDDP):
     """NaiveDDP that only reduces matrices: 1-D parameters (biases) keep their local gradients."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled:
-            return
-        flags = self._presence(self.trainable)
-        dist.all_reduce(flags, group=self.process_group)
-        for p, flag in zip(self.trainable, flags.tolist()):
-            if flag == 0 or p.dim() < 2:  # BUG: meant to skip scalars, skips every bias
-                continue
-            if p.grad is None:
-                p.grad = self._local_or_zero(p)
-            dist.all_reduce(p.grad, group=self.process_group)
-            p.grad.div_(self.world_size)
+    def _params_to_reduce(self) -> list:
+        # BUG: meant to skip scalars, skips every bias
+        return [p for p in super()._params_to_reduce() if p.dim() >= 2]
 
 
 class LastBucketNeverReducedDDP(BucketedDDP):
@@ -120,47 +106,25 @@ class NoInitialBroadcastDDP(FlatDDP):
 class BuffersNotBroadcastDDP(FlatDDP):
     """FlatDDP that broadcasts parameters but not buffers at construction."""
 
-    def _broadcast_state(self) -> None:
-        if self.world_size == 1:
-            return
-        with torch.no_grad():
-            for t in self.module.parameters():  # BUG: self.module.buffers() forgotten
-                dist.broadcast(t.data, src=0, group=self.process_group)
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return list(self.module.parameters())  # BUG: self.module.buffers() forgotten
 
 
 class MissingWaitDDP(BucketedDDP):
-    """BucketedDDP whose ``finish_gradient_synchronization()`` waits only for the buckets it
-    launches itself: the all-reduces launched during backward (by its hooks, and at its end) are
-    never waited for, so the division and the optimizer race with communication still in flight."""
-
-    _launched_in_backward = 0
-
-    def finish_gradient_synchronization(self) -> None:
-        self._launched_in_backward = self._next
-        super().finish_gradient_synchronization()
+    """BucketedDDP that never waits for its all-reduces (they were launched during backward, "so
+    they are done by now"): the division and the optimizer race with communication still in
+    flight."""
 
     def _wait(self, k: int) -> None:
-        if k < self._launched_in_backward:
-            return  # BUG: the handle is never waited for
-        super()._wait(k)
+        pass  # BUG: the handle is never waited for
 
 
 class PartialCopyBackDDP(FlatDDP):
     """FlatDDP whose copy-back loop stops one parameter short: the last parameter of the flat
     buffer keeps its local, unaveraged gradient."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
-            return
-        params = self.trainable
-        flags = self._presence(params)
-        flat = torch.cat([self._local_or_zero(p).reshape(-1) for p in params] + [flags])
-        dist.all_reduce(flat, group=self.process_group)
-        n = flat.numel() - len(params)
-        grads = flat[:n].div_(self.world_size)
-        self._scatter_back(
-            params[:-1], grads, flat[n:-1]
-        )  # BUG: off by one at the end of the buffer
+    def _scatter_back(self, params, flat: torch.Tensor, flags: torch.Tensor) -> None:
+        super()._scatter_back(params[:-1], flat, flags[:-1])  # BUG: off by one at the end
 
 
 class SkipNoneGradDDP(NaiveDDP):
@@ -168,14 +132,9 @@ class SkipNoneGradDDP(NaiveDDP):
     a data-dependent branch is used on some ranks only, ranks issue different numbers of
     all-reduces and the job hangs (or pairs collectives of different tensors)."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled:
-            return
-        for p in self.trainable:
-            if p.grad is None:  # BUG: a local decision about a collective
-                continue
-            dist.all_reduce(p.grad, group=self.process_group)
-            p.grad.div_(self.world_size)
+    def _params_to_reduce(self) -> list:
+        # BUG: a local decision about a collective
+        return [p for p in self.trainable if p.grad is not None]
 
 
 class StaleAccumulatorDDP(FlatDDP):
@@ -183,19 +142,14 @@ class StaleAccumulatorDDP(FlatDDP):
     clears it: ``.grad`` already holds the earlier micro-steps (and steps), so gradients that were
     reduced once are added and reduced again."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
-            return
-        params = self.trainable
-        flat = torch.cat(
-            [self._local_or_zero(p).reshape(-1) for p in params] + [self._presence(params)]
-        )
-        if getattr(self, "_acc", None) is None:
+    _acc = None
+
+    def _flatten(self, params) -> torch.Tensor:
+        flat = super()._flatten(params)
+        if self._acc is None:
             self._acc = torch.zeros_like(flat)
-        self._acc += flat  # BUG: never zeroed after the all-reduce below
-        dist.all_reduce(self._acc, group=self.process_group)
-        n = flat.numel() - len(params)
-        self._scatter_back(params, self._acc[:n] / self.world_size, self._acc[n:])
+        self._acc += flat  # BUG: never zeroed after the all-reduce
+        return self._acc
 
 
 def _prediv_hook(ref, k: int, param: torch.Tensor) -> None:
@@ -207,7 +161,14 @@ def _prediv_hook(ref, k: int, param: torch.Tensor) -> None:
 class HooksRegisteredTwiceDDP(OverlappedDDP):
     """OverlappedDDP that pre-divides each gradient by the world size in its hook (as torch DDP
     does) and registers hooks by walking ``named_parameters(remove_duplicate=False)``: a tied
-    parameter gets two hooks and is divided twice."""
+    parameter gets two hooks and is divided twice.
+
+    More than one override: OverlappedDDP divides after the all-reduce, where a second hook on a
+    parameter is harmless (its hook only marks the parameter ready), so the bug exists only in
+    the pre-dividing design, which this class adds (``_prediv_ready``, ``_launch``, ``_average``,
+    ``finish_gradient_synchronization``) before the one buggy line, the hook registration in
+    ``__init__``. Putting pre-division into OverlappedDDP for the mutant's sake would cost the
+    correct variant a division per parameter in its hooks."""
 
     def __init__(self, module, *, process_group=None):
         super().__init__(module, process_group=process_group)
@@ -251,14 +212,14 @@ class FlagsAveragedDDP(BucketedDDP):
     then drops gradients whose flag is below 1: a parameter used on some ranks only loses its
     gradient on the ranks that did not use it."""
 
-    def _settle_absent(self, k: int) -> None:
-        b = self.plan.buckets[k]
-        flags = (
-            self._flags[k].div_(self.world_size).tolist()
-        )  # BUG: the flags are counts, not gradients
-        for j in self._absent[k]:
-            i = b.params[j]
-            self.trainable[i].grad = self._views[i] if flags[j] >= 1 else None
+    _settle_absent = edited(
+        BucketedDDP._settle_absent,
+        (
+            "counts = self._flags[k].tolist()",
+            "counts = self._flags[k].div_(self.world_size).tolist()  # BUG: counts, not gradients",
+        ),
+        ("if counts[j] > 0 else None", "if counts[j] >= 1 else None"),
+    )
 
 
 class PresenceFromHooksDDP(BucketedDDP):
@@ -297,13 +258,13 @@ class RoundStartsInForwardDDP(BucketedDDP):
     torch DDP prepares its reducer) instead of before the next backward accumulates: two backward
     passes of one forward (``retain_graph=True``) leave the second one unreduced."""
 
-    def __init__(self, module, bucket_size_mb=25.0, *, process_group=None):
-        super().__init__(module, bucket_size_mb, process_group=process_group)
-        for h in self._pre_hooks:
-            h.remove()  # BUG: the round boundary is taken to be the forward
-        self.register_forward_pre_hook(
-            lambda mod, args: mod._start_round() if mod._launched else None
-        )
+    def _register_round_boundary(self, params) -> list:
+        # BUG: the round boundary is taken to be the forward
+        return [
+            self.register_forward_pre_hook(
+                lambda mod, args: mod._start_round() if mod._launched else None
+            )
+        ]
 
 
 def _plan_one_bucket(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
@@ -350,18 +311,11 @@ class FlatBufferFirstDtypeDDP(FlatDDP):
     """FlatDDP that flattens every gradient into a buffer of the first parameter's dtype: with a
     float32 first layer, float64 gradients are truncated to float32 before the all-reduce."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
-            return
-        params = self.trainable
-        flags = self._presence(params)
-        flat = torch.cat(
-            [
-                self._local_or_zero(p).reshape(-1).to(params[0].dtype) for p in params
-            ]  # BUG: one dtype
-            + [flags]
-        )
-        dist.all_reduce(flat, group=self.process_group)
-        n = flat.numel() - len(params)
-        grads = flat[:n].div_(self.world_size)
-        self._scatter_back(params, grads, flat[n:])
+    # BUG: every gradient cast to the first parameter's dtype before the concatenation
+    _flatten = edited(
+        FlatDDP._flatten,
+        (
+            "[self._local_or_zero(p).reshape(-1) for p in params]",
+            "[self._local_or_zero(p).reshape(-1).to(params[0].dtype) for p in params]",
+        ),
+    )
