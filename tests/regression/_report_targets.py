@@ -11,7 +11,7 @@ from paracheck.mutants.ddp import BuffersNotBroadcastDDP, NoDivideDDP
 class TwoBugsDDP(NoDivideDDP):
     """NoDivideDDP that also forgets to broadcast buffers: two bugs, two failing properties."""
 
-    _broadcast_state = BuffersNotBroadcastDDP._broadcast_state
+    _state_tensors = BuffersNotBroadcastDDP._state_tensors
 
 
 class RaisesOnRank1DDP(NoDivideDDP):
