@@ -1,19 +1,21 @@
-"""Broken optimizer-state sharding. Each class differs from ``ShardedOptimizer`` or ``Zero1`` by one
-realistic bug (marked ``BUG``); the default check must kill every one (``tests/property/
-test_sharding_mutants.py``), except ``sharded-state-dict-local``, whose per-rank ``state_dict()`` the
-interface allows: only the opt-in ``state-consolidated`` property refuses it. Several are invisible to
-equivalence alone: ``sharded-no-shard`` trains correctly while sharding nothing,
-``sharded-count-partition`` trains correctly while piling state on one rank; the ``memory`` and
-``balance`` properties exist for them. The last six each need one protocol of the generated cases
-(``paracheck.strategies._sharding``): zero_grad between steps, an LR scheduler, groups of generators,
-a rank that owns nothing, ``step(closure)``, ``load_state_dict`` into a fresh instance.
+"""Broken optimizer-state sharding. Each class differs from ``ShardedOptimizer`` or ``Zero1`` by
+one realistic bug (marked ``BUG``): it overrides one small step, or rebuilds one from the
+production source with the bug's line edited (``edited``). The default check must kill every one
+(``tests/property/test_sharding_mutants.py``), except ``sharded-state-dict-local``, whose per-rank
+``state_dict()`` the interface allows: only the opt-in ``state-consolidated`` property refuses it.
+Several are invisible to equivalence alone: ``sharded-no-shard`` trains correctly while sharding
+nothing, ``sharded-count-partition`` trains correctly while piling state on one rank; the
+``memory`` and ``balance`` properties exist for them. The last six each need one protocol of the
+generated cases (``paracheck.strategies._sharding``): zero_grad between steps, an LR scheduler,
+groups of generators, a rank that owns nothing, ``step(closure)``, ``load_state_dict`` into a
+fresh instance.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from paracheck.mutants._edit import edited
 from paracheck.zero.partition import ParamPartition
 from paracheck.zero.sharded import ShardedOptimizer, _param_weight
 from paracheck.zero.zero1 import Zero1
@@ -47,23 +49,9 @@ __all__ = [
 class BroadcastFromRankZero(ShardedOptimizer):
     """Every parameter is broadcast from rank 0 instead of from its owner."""
 
-    def _broadcast_parameters(self) -> None:
-        if self.world_size == 1:
-            return
-        handles = []
-        for p, _owner in zip(self._params, self._partition.owners):
-            if not p.requires_grad:
-                continue
-            handles.append(
-                dist.broadcast(
-                    p.detach(),
-                    src=self._source(0),  # BUG: src should be the owner
-                    group=self.process_group,
-                    async_op=True,
-                )
-            )
-        for h in handles:
-            h.wait()
+    def _broadcast_sources(self) -> list[tuple[torch.Tensor, int]]:
+        # BUG: the source should be the owner
+        return [(p, self._source(0)) for p in self._params if p.requires_grad]
 
 
 class LateGroupNotStepped(ShardedOptimizer):
@@ -74,33 +62,16 @@ class LateGroupNotStepped(ShardedOptimizer):
         super().__init__(params, optimizer_cls, **kwargs)
         self._constructed = True
 
-    def add_param_group(self, param_group: dict) -> None:
-        if not self._constructed:
-            return super().add_param_group(param_group)
-        torch.optim.Optimizer.add_param_group(self, param_group)
-        params = self.param_groups[-1]["params"]
-        self._partition = self._extend_partition(params)
-        self._params.extend(params)
-        # BUG: self.local_optimizer.add_param_group(...) is only reached from the constructor
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        if not self._constructed:  # BUG: the wrapped optimizer is only told from the constructor
+            super()._add_local_group(group, mine, names)
 
 
 class HyperparametersDropped(ShardedOptimizer):
     """The wrapped optimizer gets this rank's parameters without their group's hyper-parameters."""
 
-    def add_param_group(self, param_group: dict) -> None:
-        torch.optim.Optimizer.add_param_group(self, param_group)
-        group = self.param_groups[-1]
-        params = group["params"]
-        self._partition = self._extend_partition(params)
-        self._params.extend(params)
-        owners = self._partition.owners[len(self._partition.owners) - len(params) :]
-        local = {
-            "params": [p for p, o in zip(params, owners) if o == self.rank]
-        }  # BUG: options not copied
-        if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
-        else:
-            self.local_optimizer.add_param_group(local)
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        super()._add_local_group({}, mine, names)  # BUG: the group's options not passed on
 
     def _sync_hyperparameters(self) -> None:
         pass  # consistent with the bug: the wrapped groups are never told about the options
@@ -109,25 +80,11 @@ class HyperparametersDropped(ShardedOptimizer):
 class FirstGroupHyperparameters(ShardedOptimizer):
     """All of this rank's parameters go into one wrapped group with the first group's options."""
 
-    def add_param_group(self, param_group: dict) -> None:
-        torch.optim.Optimizer.add_param_group(self, param_group)
-        group = self.param_groups[-1]
-        params = group["params"]
-        self._partition = self._extend_partition(params)
-        self._params.extend(params)
-        owners = self._partition.owners[len(self._partition.owners) - len(params) :]
-        mine = [p for p, o in zip(params, owners) if o == self.rank]
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
         if self.local_optimizer is None:
-            local = {k: v for k, v in group.items() if k != "params"}
-            local["params"] = mine
-            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
+            super()._add_local_group(group, mine, names)
         else:
-            self.local_optimizer.param_groups[0]["params"].extend(
-                mine
-            )  # BUG: later groups' options lost
-        for k, v in self.local_optimizer.param_groups[0].items():
-            if k != "params":
-                group.setdefault(k, v)
+            self.local_optimizer.param_groups[0]["params"].extend(mine)  # BUG: options lost
 
 
 class CountPartition(ShardedOptimizer):
@@ -158,15 +115,8 @@ class LocalStateDict(ShardedOptimizer):
 class LrNotSynced(ShardedOptimizer):
     """Learning rates changed through ``param_groups`` (an LR scheduler) never reach the wrapped optimizer."""
 
-    def step(self, closure=None, **kwargs):
-        # BUG: no self._sync_hyperparameters()
-        loss = (
-            self.local_optimizer.step(**kwargs)
-            if closure is None
-            else self.local_optimizer.step(closure, **kwargs)
-        )
-        self._broadcast_parameters()
-        return loss
+    def _sync_hyperparameters(self) -> None:
+        pass  # BUG: step() never copies param_groups' hyper-parameters to the wrapped optimizer
 
 
 class ZeroGradLocalShard(ShardedOptimizer):
@@ -208,14 +158,11 @@ class EmptyShardRaises(ShardedOptimizer):
     """The wrapped optimizer is built from the flat list of this rank's parameters: on a rank that
     owns none of the first group, torch raises "optimizer got an empty parameter list"."""
 
-    def add_param_group(self, param_group: dict) -> None:
-        options = {**self._kwargs, **{k: v for k, v in param_group.items() if k != "params"}}
-        super().add_param_group(param_group)
-        if len(self.param_groups) == 1:
-            mine = self.local_optimizer.param_groups[0]["params"]
-            self.local_optimizer = self.optimizer_cls(
-                mine, **options
-            )  # BUG: a bare list, empty on some ranks
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        if self.local_optimizer is not None:
+            return super()._add_local_group(group, mine, names)
+        options = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        self.local_optimizer = self.optimizer_cls(mine, **options)  # BUG: a bare list
 
 
 class ClosureIgnored(ShardedOptimizer):
@@ -238,20 +185,9 @@ class NoShard(ShardedOptimizer):
     """Every rank builds the wrapped optimizer over *all* parameters (then broadcasts its own):
     trains correctly, shards nothing."""
 
-    def add_param_group(self, param_group: dict) -> None:
-        torch.optim.Optimizer.add_param_group(self, param_group)
-        group = self.param_groups[-1]
-        self._partition = self._extend_partition(group["params"])
-        self._params.extend(group["params"])
-        local = {k: v for k, v in group.items() if k != "params"}
-        local["params"] = list(group["params"])  # BUG: not only the owned ones
-        if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local], **self._kwargs)
-        else:
-            self.local_optimizer.add_param_group(local)
-        for k, v in self.local_optimizer.param_groups[-1].items():
-            if k != "params":
-                group.setdefault(k, v)
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        # BUG: every parameter of the group, not only the owned ones
+        super()._add_local_group(group, list(group["params"]), group.get("param_names"))
 
 
 # -- Zero1 --------------------------------------------------------------------------------------
@@ -260,29 +196,13 @@ class NoShard(ShardedOptimizer):
 class Zero1NoAverage(Zero1):
     """The reduce-scattered gradient chunks are sums over ranks, never divided by the world size."""
 
-    def finish_gradient_synchronization(self) -> None:
-        if not self._sync_enabled:
-            return
-        for i, p in enumerate(self.trainable):
-            if not self._fired[i] and p.grad is not None:
-                self._take_grad(i, p)
-        for b in range(self._next, len(self.layout.buckets)):
-            self._launch(b)
-        if self.world_size > 1:
-            dist.all_reduce(self._present, group=self.process_group)
-        for b, handle in self._inflight:
-            if handle is not None:
-                handle.wait()
-            shard = self._grad_shard[
-                b
-            ]  # BUG: no .div_(self.world_size): the chunk stays a sum over ranks
-            if self._saved[b] is not None:
-                shard.add_(self._saved[b])
-        for i, flag in enumerate(self._present.tolist()):
-            if flag:
-                self._has_grad[i] = True
-        self._attach_piece_grads()
-        self._reset_round()
+    finish_gradient_synchronization = edited(
+        Zero1.finish_gradient_synchronization,
+        (
+            "shard = self._grad_shard[b].div_(self.world_size)",
+            "shard = self._grad_shard[b]  # BUG: no .div_(self.world_size): a sum over ranks",
+        ),
+    )
 
 
 class Zero1StepsUnused(Zero1):
@@ -306,10 +226,13 @@ class Zero1AccumulationOverwrites(Zero1):
     chunk instead of adding to it: the in-place reduce-scatter's chunk lives inside the gradient
     buffer, and the accumulated chunk is not saved before the next round's hooks write over it."""
 
-    def _start_bucket(self, b: int) -> None:
-        self._started[b] = (
-            True  # BUG: no self._saved[b] = self._grad_shard[b].clone() when not fresh
-        )
+    _start_bucket = edited(
+        Zero1._start_bucket,
+        (
+            "self._saved[b] = self._grad_shard[b].clone()",
+            "pass  # BUG: the accumulated chunk is not kept aside",
+        ),
+    )
 
 
 class Zero1LocalStateDict(Zero1):

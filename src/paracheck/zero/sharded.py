@@ -107,12 +107,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._params.extend(params)
         owners = self._partition.owners[len(self._partition.owners) - len(params) :]
         names = group.get("param_names")
-        add_local_group(
-            self,
+        self._add_local_group(
             group,
             [p for p, o in zip(params, owners) if o == self.rank],
             None if names is None else [n for n, o in zip(names, owners) if o == self.rank],
         )
+
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        """Give the wrapped optimizer this rank's parameters of ``group``, with its options."""
+        add_local_group(self, group, mine, names)
 
     def _sync_hyperparameters(self) -> None:
         sync_hyperparameters(self)
@@ -134,17 +137,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
             return
         # Asynchronous, one per parameter: no flat staging copy (so no extra memory), and the
         # backend pipelines them; all are waited for before step() returns.
-        handles = []
-        for p, owner in zip(self._params, self._partition.owners):
-            if not p.requires_grad:
-                continue  # a frozen parameter is never changed by the optimizer
-            handles.append(
-                dist.broadcast(
-                    p.detach(), src=self._source(owner), group=self.process_group, async_op=True
-                )
-            )
+        handles = [
+            dist.broadcast(p.detach(), src=src, group=self.process_group, async_op=True)
+            for p, src in self._broadcast_sources()
+        ]
         for h in handles:
             h.wait()
+
+    def _broadcast_sources(self) -> list[tuple[torch.Tensor, int]]:
+        """Every trainable parameter with the global rank of its owner, which holds its new value
+        (a frozen parameter is never changed by the optimizer)."""
+        return [
+            (p, self._source(owner))
+            for p, owner in zip(self._params, self._partition.owners)
+            if p.requires_grad
+        ]
 
     # -- state ---------------------------------------------------------------------------------
     def _gather(self, obj) -> list:
