@@ -87,7 +87,10 @@ def _plan_dropping_oversized(numels, element_sizes, *, bucket_size_mb, keys=None
 
 class OversizedParamDroppedDDP(BucketedDDP):
     """BucketedDDP whose planner skips a parameter larger than the cap instead of giving it a
-    bucket of its own: that parameter is never reduced and keeps its local gradient."""
+    bucket of its own: that parameter is never reduced and keeps its local gradient. The planner
+    is the bug; the hook override is not: a parameter without a slot has nothing for the hook to
+    do, where BucketedDDP's hook would raise on the missing view instead of letting the wrong
+    gradient through."""
 
     planner = staticmethod(_plan_dropping_oversized)
 
