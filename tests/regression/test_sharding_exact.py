@@ -258,6 +258,24 @@ def test_recorder_sees_calls_that_bypass_the_namespace(world):
             assert ddp_calls == [("all_reduce", 64)]
 
 
+def group_filter_job(_):
+    """Rank job: one all-reduce on a subgroup of every rank and one on the default group, recorded
+    for the subgroup only and for every group."""
+    sub = dist.new_group(list(range(dist.get_world_size())))
+    x = torch.ones(3, dtype=torch.float64)
+    with record_collectives() as every, record_collectives(group=sub) as only_sub:
+        dist.all_reduce(x, group=sub)
+        dist.all_reduce(x[:1])
+    return every.calls, only_sub.calls
+
+
+def test_recorder_restricted_to_a_group_sees_only_its_calls(world):
+    """record_collectives(group=g) keeps the calls made on g (24 B), not those on the default group."""
+    for every, only_sub in world.run(f"{__name__}:group_filter_job", None, world_size=2):
+        assert every == [("all_reduce", 24), ("all_reduce", 8)]
+        assert only_sub == [("all_reduce", 24)]
+
+
 def gradient_memory_job(_):
     """Rank job: Zero1 over the MLP with a 100-byte cap (buckets padded to 12, 6, 15 at W = 3):
     the distinct gradient storage it holds, and the bytes kept aside during a second

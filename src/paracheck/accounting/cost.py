@@ -29,6 +29,8 @@ Note [Bus bytes]
 
 from __future__ import annotations
 
+import numbers
+
 __all__ = ["bus_bytes", "bus_factor"]
 
 _ALL_REDUCE = frozenset({"all_reduce"})
@@ -41,9 +43,13 @@ KINDS = tuple(sorted(_ALL_REDUCE | _SHARDED | _WHOLE | _FREE))
 def bus_factor(kind: str, world_size: int) -> float:
     """Bus bytes per byte of message of one ``kind`` collective on ``world_size`` ranks
     (Note [Bus bytes])."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, numbers.Integral)
+        or world_size < 1
+    ):
         raise ValueError(f"world_size={world_size!r} must be an int >= 1")
-    w = world_size
+    w = int(world_size)
     if kind in _ALL_REDUCE:
         return 2 * (w - 1) / w
     if kind in _SHARDED:

@@ -9,13 +9,14 @@ all_reduce`` long before). So it needs no cooperation from the code it measures 
 ``paracheck.accounting.traffic.record_collectives``.
 
 Note [Two ways of watching collectives]
-    ``paracheck.world`` also wraps the ``torch.distributed`` namespace in every rank, but for
-    liveness, not accounting: it must say which collective a rank is *inside* while it hangs, and
-    a dispatch mode only sees an operator once the Python-level call has reached the dispatcher
-    (and sees nothing of ``Work.wait``). It wraps once, at rank start, so it sees calls through
-    names bound later, but it cannot see collectives issued from C++ (torch DDP's reducer). The
-    recorder here sees exactly those operators and their tensors, and is entered and left per
-    measured block, nested as deep as needed. Neither needs the other.
+    ``paracheck.world`` also wraps the ``torch.distributed`` namespace in every rank, for liveness,
+    not accounting: for the whole of every job it says which collective a rank is *inside* (the
+    wait of a synchronous call included) while it hangs, which a dispatch mode cannot (it sees an
+    operator as it is issued and nothing of ``Work.wait``), and it costs nothing per tensor
+    operator. It wraps once, at rank start, so names bound later go through it too, but it cannot
+    see collectives issued from C++ (torch DDP's reducer) or merged by torch (a coalesced group).
+    The recorder here sees every dispatched operator with its tensors, but only inside the blocks
+    it measures. Neither needs the other.
 
 Note [Exact quantities]
     Timings on a shared 2-core machine move by tens of percent between identical runs; these do
