@@ -13,10 +13,10 @@ __all__ = ["compare_runs", "one_dtype"]
 
 
 def one_dtype(case: Case) -> bool:
-    """Whether every parameter of ``case``'s model has one dtype: the relations compare whole
-    trajectories at the case's tolerance, and a float32 layer in a float64 model computes
-    differently once the runs group their sums differently."""
-    return len({p.dtype for p in case_params(case)}) == 1
+    """Whether every parameter of ``case``'s model has the case's dtype: the relations compare
+    whole trajectories at the case's tolerance, and a float32 layer computes differently once
+    the runs group their sums differently."""
+    return {str(p.dtype).removeprefix("torch.") for p in case_params(case)} == {case.dtype}
 
 
 def compare_runs(

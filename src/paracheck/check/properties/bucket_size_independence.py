@@ -5,8 +5,8 @@ Reads rank 0's ``RankRecord`` of the case and of the same case with ``bucket_siz
 ``OTHER_BUCKET_MB`` (one big bucket for every model the cases draw). Compares the synchronised
 ``grads`` and the ``params`` of every ``RankStep`` under the tolerance policy
 (``paracheck.oracle.tolerance``): the runs differ only in how the sums are grouped. Cases with an
-unbounded bucket (``bucket_size_mb=None``) or parameters of two dtypes (float32 sums grouped by
-other buckets round differently, beyond the float64 tolerance) are not judged.
+unbounded bucket (``bucket_size_mb=None``) or parameters not all of the case's dtype (float32 sums
+grouped by other buckets round differently, beyond the float64 tolerance) are not judged.
 """
 
 from __future__ import annotations

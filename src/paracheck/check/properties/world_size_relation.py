@@ -7,8 +7,8 @@ Reads rank 0's ``RankRecord`` of two runs of the target: the case with every ran
 set to rank 0's, and the world-size-1 case fed all of its ranks' batches (``merged_world_case``).
 Compares the synchronised ``grads`` and the ``params`` of every ``RankStep`` under the tolerance
 policy (``paracheck.oracle.tolerance``): the runs differ only in summation order. Cases with a
-data-dependent branch (whose use depends on which batch comes first), with parameters of two
-dtypes, or at world size 1 are not judged.
+data-dependent branch (whose use depends on which batch comes first), with parameters not all of
+the case's dtype, or at world size 1 are not judged.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def merged_world_case(case: Case) -> Case:
 
 def relation_case(case: Case) -> Case | None:
     """``case`` with every rank's batch size set to rank 0's, or None where the relation does not
-    apply to it (world size 1, a data-dependent branch, parameters of two dtypes)."""
+    apply to it (world size 1, a data-dependent branch, parameters not all of the case's dtype)."""
     if case.world_size < 2 or getattr(case.model, "unused", "none") == "data":
         return None
     if not one_dtype(case):
