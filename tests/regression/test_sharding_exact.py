@@ -258,6 +258,27 @@ def test_recorder_sees_calls_that_bypass_the_namespace(world):
             assert ddp_calls == [("all_reduce", 64)]
 
 
+def functional_job(_):
+    """Rank job: functional collectives (the ones torch.compile and DTensor issue), which are given
+    a shard and a group size, not the full tensor."""
+    import torch.distributed._functional_collectives as fc
+
+    w = dist.get_world_size()
+    with record_collectives() as rec:
+        fc.all_gather_tensor(torch.ones(2, dtype=torch.float64), 0, dist.group.WORLD)
+        fc.reduce_scatter_tensor(torch.ones(2 * w, dtype=torch.float64), "sum", 0, dist.group.WORLD)
+        fc.all_reduce(torch.ones(3, dtype=torch.float64), "sum", dist.group.WORLD)
+    return rec.calls
+
+
+def test_recorder_sizes_functional_collectives_by_the_full_tensor(world):
+    """A functional all-gather of 2 float64 per rank is a message of 16 W bytes, like its c10d
+    form; a reduce-scatter of 2 W elements 16 W bytes; an all-reduce its 24-byte tensor."""
+    for w in (1, 2):
+        for calls in world.run(f"{__name__}:functional_job", None, world_size=w):
+            assert calls == [("all_gather", 16 * w), ("reduce_scatter", 16 * w), ("all_reduce", 24)]
+
+
 def group_filter_job(_):
     """Rank job: one all-reduce on a subgroup of every rank and one on the default group, recorded
     for the subgroup only and for every group."""

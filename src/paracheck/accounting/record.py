@@ -73,7 +73,9 @@ _C10D_KINDS = {
     "allreduce_": "all_reduce",
     "allreduce_coalesced_": "all_reduce",
     "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
     "broadcast_": "broadcast",
     "broadcast": "broadcast",
     "allgather_": "all_gather",
@@ -88,6 +90,7 @@ _C10D_KINDS = {
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
     "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_tensor_out": "reduce_scatter",
     "reduce_": "reduce",
     "gather_": "gather",
     "scatter_": "scatter",
@@ -95,7 +98,9 @@ _C10D_KINDS = {
     "alltoall_base_": "all_to_all",
     "all_to_all_single": "all_to_all",
     "send": "send",
+    "isend": "send",
     "recv_": "recv",
+    "irecv": "recv",
     "recv_any_source_": "recv",
     "barrier": "barrier",
     "monitored_barrier_": "barrier",
@@ -249,17 +254,25 @@ class Recorder(TorchDispatchMode):
         packet = getattr(func, "overloadpacket", None)
         ns = getattr(func, "namespace", "")
         name = getattr(packet, "__name__", str(func)).split(".")[-1]
+        kind = None
         if ns in ("c10d", "_c10d_functional", "c10d_functional") and name in _C10D_KINDS:
             self._after_collective = True
             kind = _C10D_KINDS[name]
-            if kind in _SHARDED_KINDS and len(args) > 1:
-                payload = max(_nbytes(args[0]), _nbytes(args[1]))
+        out = self._run(func, args, kwargs)
+        if kind is not None:
+            if kind in _SHARDED_KINDS:
+                # The full tensor is whichever side is largest: an argument of the c10d
+                # operators, the result of the functional ones (given the shard and the size).
+                payload = max(_nbytes(a) for a in (*args, *kwargs.values(), out))
             else:
                 payload = _nbytes(args[0]) if args else 0
             group = _process_group(args, kwargs)
             self.calls.append(
                 CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(group), group)
             )
+        return out
+
+    def _run(self, func, args, kwargs):
         if not self.track_memory:
             return func(*args, **kwargs)
         inputs = {
