@@ -37,7 +37,7 @@ _ALL_REDUCE = frozenset({"all_reduce"})
 _SHARDED = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 _WHOLE = frozenset({"broadcast", "reduce", "send", "recv"})
 _FREE = frozenset({"barrier"})
-KINDS = tuple(sorted(_ALL_REDUCE | _SHARDED | _WHOLE | _FREE))
+_KINDS = tuple(sorted(_ALL_REDUCE | _SHARDED | _WHOLE | _FREE))
 
 
 def bus_factor(kind: str, world_size: int) -> float:
@@ -58,7 +58,7 @@ def bus_factor(kind: str, world_size: int) -> float:
         return 1.0 if w > 1 else 0.0
     if kind in _FREE:
         return 0.0
-    raise ValueError(f"kind={kind!r} has no cost model; known: {', '.join(KINDS)}")
+    raise ValueError(f"kind={kind!r} has no cost model; known: {', '.join(_KINDS)}")
 
 
 def bus_bytes(kind: str, payload: int, world_size: int) -> float:
