@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from paracheck.accounting.cost import bus_bytes
 from paracheck.bench.suites import MB
 
 __all__ = ["AllReduceResult", "all_reduce_time", "bus_bandwidth", "rank_all_reduce"]
@@ -26,7 +27,7 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
         raise ValueError(f"seconds={seconds!r} must be > 0")
     if world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be >= 1")
-    return 2 * (world_size - 1) / world_size * nbytes / seconds
+    return bus_bytes("all_reduce", nbytes, world_size) / seconds
 
 
 @dataclass(frozen=True)

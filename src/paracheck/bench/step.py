@@ -5,7 +5,7 @@ Two jobs per ``StepSpec``, run on a ``paracheck.world.World``:
 * ``time_step``: median step time (per step, the slowest rank; forward + backward +
   synchronisation + optimizer step, each step started together after a barrier), CUDA peak memory
   at the CS336 points, and each rank's peak RSS (noisy: other processes and the allocator move it);
-* ``account_step``: the exact quantities of Note [Exact quantities] (``paracheck.bench._record``)
+* ``account_step``: the exact quantities of Note [Exact quantities] (``paracheck.accounting.record``)
   for one steady-state step (the third; see ``rank_account``), plus the
   memory breakdown (parameters, gradients, optimizer state, the rest) at the point just before
   ``optimizer.step()``.

@@ -3,8 +3,9 @@
 The CS336 design. Every rank holds every parameter and (from a DDP wrapper) every averaged
 gradient; each parameter is *owned* by one rank (``partition_by_size``), which alone keeps its
 optimizer state and updates it, then broadcasts the new value. Saves optimizer-state memory, not
-gradient memory, and communicates 1.5x as much as ZeRO-1 (Note [Owner broadcast versus ZeRO-1]
-in ``paracheck.accounting.traffic``); ``Zero1`` is the real thing.
+gradient memory, and communicates more than ZeRO-1: (3W-2)/(2W-2) times its bus bytes (2x at
+W = 2), 1.5x the bytes each rank receives (Note [Owner broadcast versus ZeRO-1] in
+``paracheck.accounting.traffic``); ``Zero1`` is the real thing.
 """
 
 from __future__ import annotations

@@ -49,10 +49,12 @@ Note [Bucket-structure rules]
        pairs), or after a first bucket capped smaller on purpose (torch DDP's 1 MB first bucket):
        r + 2 in all. Every parameter alone under a cap that holds several gives n - 1 such pairs.
 
-    Every rule reads only what the recorder saw. Collectives it cannot see (issued from C++, as
-    torch DDP's reducer does, or through a function bound before recording, ``from
-    torch.distributed import all_reduce``) only lower P and m: rules 1, 2 and 4 cannot fail
-    because of them, and rule 3 is gated on P >= T. Windows with several synchronised backward
+    Every rule reads only what the recorder saw. The recorder is a dispatch mode, so it sees calls
+    issued from C++ (torch DDP's reducer) and through functions bound before recording (``from
+    torch.distributed import all_reduce``); a coalesced group (``_coalescing_manager``) is one
+    message, as the backend receives it. Collectives it could still miss (a backend called
+    outside torch's dispatcher) only lower P and m: rules 1, 2 and 4 cannot fail because of
+    them, and rule 3 is gated on P >= T. Windows with several synchronised backward
     passes (``finish_once``, ``double_backward``) are judged by rule 1 only: a correct design may
     reduce once per backward or once per window. World size 1 is not judged (nothing needs to be
     sent).
