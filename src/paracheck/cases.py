@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -259,7 +261,7 @@ def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
 
 def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
     g = torch.Generator().manual_seed(_mix(case.seed, 2, step, micro, rank))
-    spec = case.model
+    spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
     if spec.kind == "lm":
         x = torch.randint(0, spec.vocab_size, (n, spec.context_length + 1), generator=g)
         return x[:, :-1].to(device), x[:, 1:].to(device)
@@ -270,7 +272,8 @@ def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
 
 def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The per-rank loss: a mean over the local batch (MSE, or cross-entropy for the LM)."""
-    if case.model.kind == "lm":
+    spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
+    if spec.kind == "lm":
         return torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), target.flatten())
     return torch.nn.functional.mse_loss(output, target)
 
@@ -305,7 +308,7 @@ def build_optimizer(case: Case, params: list, optimizer_cls=None, **extra):
         groups = [{**g, "params": (p for p in g["params"])} for g in groups]
     if opt.as_generator and len(groups) == 1:
         first = groups[0]
-        params_arg = (p for p in first.pop("params"))
+        params_arg: Iterable[Any] = (p for p in first.pop("params"))
         kwargs = first
     else:
         params_arg, kwargs = groups, {}

@@ -132,10 +132,11 @@ def train(case: Case) -> Trajectory:
                     total += g
                     mag += g.abs()
             total /= W
-            if held[i] is not None:
+            h = held[i]
+            if h is not None:
                 # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
-                total += held[i]
-                mag += W * held[i].abs()
+                total += h
+                mag += W * h.abs()
             synced.append(total)
             absum.append(mag)
         for p, g in zip(params, synced):

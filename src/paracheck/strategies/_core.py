@@ -125,7 +125,7 @@ def optimizer_specs(
     k = draw(st.integers(1, max(1, min(max_groups, n_params))))
     # Assign each parameter a group label; group 0 is the constructor's first group.
     labels = draw(st.lists(st.integers(0, k - 1), min_size=n_params, max_size=n_params))
-    groups = []
+    groups: list[GroupSpec] = []
     for g in range(k):
         idx = tuple(i for i, lab in enumerate(labels) if lab == g)
         if not idx:

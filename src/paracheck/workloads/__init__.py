@@ -37,7 +37,7 @@ def build_model(spec, *, seed: int, dtype: torch.dtype = torch.float64, device="
     if spec.kind == "lm":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = TransformerLM(spec)
+            model: nn.Module = TransformerLM(spec)
         return model.to(device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
         model = (

@@ -72,6 +72,8 @@ class _Float32Linear(nn.Linear):
 
 
 class MLP(nn.Module):
+    scale: torch.Tensor  # the buffer registered when spec.buffer
+
     def __init__(self, spec: MLPSpec):
         super().__init__()
         self.spec = spec

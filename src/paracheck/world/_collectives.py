@@ -57,7 +57,7 @@ class CollectiveCounter:
     """This rank's collective counts for the running job, mirrored to its status file."""
 
     def __init__(self, path: str | None = None):
-        self._fd = None
+        self._fd: int | None = None
         if path is not None:
             self.attach(path)
         self.active = False
@@ -152,7 +152,7 @@ def install(counter: CollectiveCounter) -> None:
             finally:
                 counter.leave()
 
-        Work.wait = wait
+        Work.wait = wait  # type: ignore[method-assign]  # patching a method of a C++ class
     except (ImportError, AttributeError, TypeError):  # a torch without c10d's Work: counts only
         pass
 
@@ -183,5 +183,5 @@ def _wrap(counter: CollectiveCounter, name: str, fn):
         finally:
             counter.leave()
 
-    counted._paracheck_counted = True
+    counted._paracheck_counted = True  # type: ignore[attr-defined]  # a marker on the wrapper
     return counted

@@ -24,6 +24,7 @@ import signal
 import sys
 import traceback
 from datetime import timedelta
+from typing import Any
 
 # Note [One default group per world size]
 #   CS336-style targets call collectives on the default group and read dist.get_world_size(), so a
@@ -243,7 +244,9 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 current = None
                 if rank < world_size:
                     prefix = dist.PrefixStore(f"pg/{generation}", store)
-                    kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
+                    kwargs: dict[str, Any] = (
+                        {"device_id": torch.device(device)} if backend == "nccl" else {}
+                    )
                     dist.init_process_group(
                         backend,
                         store=prefix,

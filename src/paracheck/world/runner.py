@@ -33,9 +33,13 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
+from typing import TYPE_CHECKING
 
 from paracheck.world._collectives import read_status
 from paracheck.world._rank import _recv, _send, read_output
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 __all__ = [
     "World",
@@ -196,18 +200,19 @@ class World:
         self.devices = devices
         self.start_timeout = start_timeout
         self._generation = 0
-        self._last_world_size = None
+        self._last_world_size: int | None = None
         self._job = 0
         self._procs: list = []
         self._conns: list = []
-        self._store = None
+        self._store: TCPStore | None = None
         self._stack_dir = tempfile.mkdtemp(prefix="paracheck-world-")
         self.restarts = 0
         self.start_seconds = 0.0  # how long the last (re)start of the pool took
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
-        self._zygote = None  # forks replacement ranks (Note [Forked ranks])
+        # Forks replacement ranks (Note [Forked ranks]).
+        self._zygote: subprocess.Popen[bytes] | None = None
         self._exits: dict[int, str] = {}  # how the ranks found dead by _replace_dead ended
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
         self._start()
@@ -236,6 +241,10 @@ class World:
         # Ranks are plain subprocesses (``python -m paracheck.world._rank``), not multiprocessing
         # children: nothing of the driver's __main__ is re-imported, so a World works from a
         # script, a REPL, stdin, pytest and pytest-xdist alike.
+        store = self._store
+        assert store is not None  # set by _start before any rank is spawned
+        zygote = self._zygote
+        assert not fork or zygote is not None  # fork is only asked for when _zygote_ready()
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         env = self._env(authkey)
@@ -245,7 +254,7 @@ class World:
                 line = [
                     rank,
                     "127.0.0.1",
-                    self._store.port,
+                    store.port,
                     f"{listener.address[0]}:{listener.address[1]}",
                     self._stack_dir,
                     self.backend,
@@ -253,8 +262,9 @@ class World:
                     self._pg_timeout,
                     authkey.hex(),
                 ]
-                self._zygote.stdin.write((json.dumps(line) + "\n").encode())
-                self._zygote.stdin.flush()
+                assert zygote is not None and zygote.stdin is not None  # started with stdin=PIPE
+                zygote.stdin.write((json.dumps(line) + "\n").encode())
+                zygote.stdin.flush()
                 self._procs[rank] = None
                 continue
             args = [
@@ -263,7 +273,7 @@ class World:
                 "paracheck.world._entry",
                 str(rank),
                 "127.0.0.1",
-                str(self._store.port),
+                str(store.port),
                 f"{listener.address[0]}:{listener.address[1]}",
                 self._stack_dir,
                 self.backend,
@@ -275,7 +285,8 @@ class World:
         # socket: a timeout there can also cut the authentication handshake of an accepted
         # connection short under load, leaving that rank blocked forever (seen under pytest on a
         # loaded 2-core machine: the driver's socket in CLOSE-WAIT, the rank waiting).
-        sock = listener._listener._socket
+        # Listener's private socket is not in typeshed's stubs.
+        sock = listener._listener._socket  # type: ignore[attr-defined]
         deadline = time.monotonic() + self.start_timeout
         try:
             connected = 0
@@ -285,7 +296,7 @@ class World:
                     for r in ranks
                     if self._procs[r] is not None and self._procs[r].poll() is not None
                 }
-                if fork and self._zygote.poll() is not None:
+                if fork and zygote is not None and zygote.poll() is not None:
                     raise RuntimeError("the zygote that forks replacement ranks exited")
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
@@ -698,7 +709,7 @@ class _Watch:
         self._dir = world._stack_dir
         self.job = job
         self.w = w
-        self._last: dict[int, tuple] = {}
+        self._last: dict[int, tuple | None] = {}
         self._changed: dict[int, float] = {}
         self._suspect = 0
 
