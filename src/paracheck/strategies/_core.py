@@ -80,8 +80,13 @@ def mlp_specs(
         else ()
     )
     # One layer in float32 in a float64 model: parameters of two dtypes, next to each other in
-    # registration order (where a bucket planner may put them in one buffer).
-    f32 = draw(st.integers(0, n - 1)) if mixed_dtypes and draw(st.booleans()) else None
+    # registration order (where a bucket planner may put them in one buffer). The first layer in
+    # at least half of those: a flat buffer built in the first parameter's dtype truncates every
+    # other gradient only then, and with the index drawn uniformly a DDP doing that survived 38
+    # derandomised examples at world sizes 1..4.
+    f32 = None
+    if mixed_dtypes and draw(st.booleans()):
+        f32 = 0 if draw(st.booleans()) else draw(st.integers(0, n - 1))
     return MLPSpec(
         in_features=in_features,
         widths=widths,
