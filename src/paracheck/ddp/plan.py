@@ -1,7 +1,7 @@
 """Bucket planning for BucketedDDP: a pure function from parameter sizes to a frozen plan.
 
 No torch, no processes: the plan is a value, property-tested on its own
-(``tests/property/test_bucket_plan.py``); ``paracheck.ddp.bucketed`` only consumes it.
+(``tests/unit/test_bucket_plan.py``); ``paracheck.ddp.bucketed`` only consumes it.
 
 The rule (torch DDP's, without its special 1 MB first bucket): walk the trainable parameters in
 *reverse* registration order, the order in which backward usually produces their gradients, and

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from paracheck.gate.run import _worker_module
-from tests.regression._gate_repos import has_commit, paracheck_clone
+from tests.integration._gate_repos import has_commit, paracheck_clone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKFLOW = os.path.join(ROOT, "examples", "paracheck-gate.yml")

@@ -15,9 +15,9 @@ from paracheck.check.run import run_case
 from paracheck.check.targets import Target
 from paracheck.strategies import cases
 
-TWO_BUGS = Target("two-bugs", "tests.regression._report_targets:TwoBugsDDP", "ddp")
-RAISES = Target("raises", "tests.regression._report_targets:RaisesOnRank1DDP", "ddp")
-CHATTY = Target("chatty", "tests.regression._report_targets:ChattyDDP", "ddp")
+TWO_BUGS = Target("two-bugs", "tests.integration._report_targets:TwoBugsDDP", "ddp")
+RAISES = Target("raises", "tests.integration._report_targets:RaisesOnRank1DDP", "ddp")
+CHATTY = Target("chatty", "tests.integration._report_targets:ChattyDDP", "ddp")
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

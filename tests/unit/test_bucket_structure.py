@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, find, given, settings
 
 from paracheck.check.properties.bucket_structure import METADATA_BYTES_PER_PARAM, window_violation
 from paracheck.ddp.plan import MB, plan_buckets
-from tests.property.test_bucket_plan import plan_inputs
+from tests.unit.test_bucket_plan import plan_inputs
 
 _SETTINGS = settings(
     max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)

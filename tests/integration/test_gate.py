@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from paracheck.gate import PassTiming, exact_verdict, format_rows, timing_verdict
-from tests.regression._gate_repos import FAT_PATCH, commit_patch, paracheck_clone
+from tests.integration._gate_repos import FAT_PATCH, commit_patch, paracheck_clone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
