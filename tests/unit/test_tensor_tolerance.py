@@ -45,3 +45,15 @@ def test_sums_that_cannot_differ_keep_float64_tolerance():
         _case(world_size=2, batch_sizes=(1, 1), double_backward=True),
     ):
         assert tensor_tolerance(case, 2, "float64", _MIXED) == tolerance_for("float32")
+
+
+def test_ranks_off_the_cpu_compare_mixed_models_at_the_coarsest_dtype_from_step_zero():
+    """Ranks on a GPU run other float32 kernels than the CPU oracle: even at one rank (nothing
+    reduced) every tensor of a mixed model gets float32's tolerance, at every step; a model of one
+    dtype keeps its own."""
+    for case in (_case(world_size=1, batch_sizes=(1,)), _case()):
+        for step in range(3):
+            got = tensor_tolerance(case, step, "float64", _MIXED, same_operations=False)
+            assert got == tolerance_for("float32")
+    one = tensor_tolerance(_case(), 0, "float64", ["float64"] * 4, same_operations=False)
+    assert one == tolerance_for("float64")

@@ -137,7 +137,11 @@ def run_case(
         check_state = row.compares_state and "state" in props
     divs, worst = [], 0.0
     if "equivalence" in props or (row.compares_state and "state" in props):
-        div, worst = compare(traj, ranks, param_names(case), check_state=check_state)
+        # Where the ranks compute: the case's device, else the backend's (nccl: each rank's GPU).
+        ranks_on = device or ("cuda" if getattr(world, "backend", "gloo") == "nccl" else "cpu")
+        div, worst = compare(
+            traj, ranks, param_names(case), check_state=check_state, device=ranks_on
+        )
         divs += [div] if div is not None else []
     evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)
     # Each property is checked on its own (they do not depend on each other's verdicts); one

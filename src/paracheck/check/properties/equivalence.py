@@ -50,7 +50,12 @@ def close(got, ref, rtol: float, scale_src=None):
 
 
 def compare(
-    traj: Trajectory, ranks: list[RankRecord], names: list[str], *, check_state: bool = False
+    traj: Trajectory,
+    ranks: list[RankRecord],
+    names: list[str],
+    *,
+    check_state: bool = False,
+    device: str | None = None,
 ) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
     reports). Only the first is meaningful: everything the ranks compute after it starts from a
@@ -60,6 +65,9 @@ def compare(
     ``paracheck.check.property`` searches for property by property."""
     tol = tolerance_for(traj.case.dtype)
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
+    # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
+    # dtypes]).
+    same_operations = device is None or torch.device(device).type == "cpu"
     worst = 0.0
 
     def check(step, what, rank, i, got, ref, rtol, scale_src=None):
@@ -134,7 +142,9 @@ def compare(
                         i,
                         got,
                         ref,
-                        tensor_tolerance(traj.case, k, dtypes[i], dtypes).grads,
+                        tensor_tolerance(
+                            traj.case, k, dtypes[i], dtypes, same_operations=same_operations
+                        ).grads,
                         oref.grad_absum[i],
                     )
                     if d:
@@ -147,7 +157,9 @@ def compare(
                     i,
                     got,
                     ref,
-                    tensor_tolerance(traj.case, k, dtypes[i], dtypes).params,
+                    tensor_tolerance(
+                        traj.case, k, dtypes[i], dtypes, same_operations=same_operations
+                    ).params,
                 )
                 if d:
                     return d, worst
