@@ -63,9 +63,12 @@ def mlp_specs(
     if not features:
         return MLPSpec(in_features=in_features, widths=widths, bias=bias)
     tied = draw(st.booleans())
-    # Two draws, not sampled_from(["none", "data", "always"]): that one came out "none" in 28 of
-    # the first 40 derandomised draws, starving the property of the branch that breaks DDPs most.
-    unused = draw(st.sampled_from(["data", "always"])) if draw(st.booleans()) else "none"
+    # Not sampled_from(["none", "data", "always"]): that one came out "none" in 28 of the first 40
+    # derandomised draws, starving the property of the branch that breaks DDPs most. The
+    # data-dependent branch (a parameter used on some ranks only) in half of the models: at one in
+    # four, a DDP that reads "present" as "my hook fired in the last backward" (killed only where
+    # that branch meets accumulation) survived 40 derandomised examples at world sizes 1,2,3,4,6.
+    unused = ("none", "none", "data", "data", "data", "always")[draw(st.integers(0, 5))]
     # Three buffers in four: a buffer only matters on ranks that start apart (rank-dependent
     # initial values, a third of cases), and at one in two the pair came up in none of the 40
     # derandomised examples at world sizes 1..4.
@@ -250,6 +253,10 @@ def cases(
         if world_sizes is not None
         else st.integers(min_world_size, max_world_size)
     )
+    # Drawn next to the world size, not after the model and optimizer: drawn late it stayed False
+    # in 33 of 36 cases of one derandomised sharding search (Hypothesis mutates a case's later
+    # choices least), and a ZeRO-1 that skips the initial broadcast survived.
+    rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
     spec = draw(models if models is not None else model_specs(mixed_dtypes=mixed_dtypes))
     params = list(build_model(spec, seed=0, dtype=DTYPES[dtype]).parameters())
     opt = draw(optimizer_specs(n_params=len(params), names=optimizers))
@@ -266,7 +273,6 @@ def cases(
             unbounded=unbounded_buckets,
         )
     )
-    rdi = draw(st.booleans()) if rank_dependent_init is None else rank_dependent_init
     # One draw for the accumulation protocol: 0 finish after every backward, 1 no_sync(),
     # 2 finish once after the last backward (two booleans left finish_once in 1 of 40 examples).
     protocol = draw(st.integers(0, 2 if finish_once and max_accumulation >= 2 else 1))
