@@ -170,6 +170,12 @@ def _worker(rank, world_size, port, args, queue):
         dist.all_gather_object(gathered, rows)
         if rank == 0:
             queue.put(gathered)
+        # Teardown in lockstep, with nothing left holding the group: a wrapper kept alive by a
+        # reference cycle is otherwise destroyed at interpreter exit, with gloo's worker threads
+        # still running, and one such rank died of SIGABRT ("terminate called without an active
+        # exception") after its results were delivered.
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
