@@ -22,7 +22,9 @@ measure (exit 2) and the median ratios the gate saw. At the default threshold of
     python scripts/gate_operating.py [--n 10] [--kinds sleep-10,...] [--json out.json] [-- gate args]
 
 Takes about 2 x (N + N x kinds) gate runs of ~1 min each on a quiet 2-core machine: run it when
-the machine is not shared.
+the machine is not shared. On a machine of many cores, ``--jobs J`` runs J gates at once, each
+pinned to its own ``--cores-per-job`` CPUs with its own copy of the repository (``--deadline``
+bounds a run's time; ``--merge`` tabulates several runs' ``--json`` files together).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,11 +117,12 @@ def build_repo(tmp: str, kinds) -> tuple[str, dict]:
     return repo, shas
 
 
-def _gate(repo: str, base: str, head: str, gate_args, log) -> dict:
+def _gate(repo: str, base: str, head: str, gate_args, log, cpus=None) -> dict:
     out = os.path.join(repo, "..", "gate.json")
     if os.path.exists(out):
         os.remove(out)
     t0 = time.monotonic()
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     proc = subprocess.run(
         [
             sys.executable,
@@ -138,6 +142,7 @@ def _gate(repo: str, base: str, head: str, gate_args, log) -> dict:
         ],
         capture_output=True,
         text=True,
+        preexec_fn=pin,
     )
     log.write(
         f"\n## gate --base {base[:10]} --head {head[:10]}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
@@ -154,11 +159,55 @@ def _gate(repo: str, base: str, head: str, gate_args, log) -> dict:
         "median_ratio_2": second.get("median_ratio"),
         "min_ratio_2": second.get("min_ratio"),
         "error": rec.get("error"),
+        "cpus": None if cpus is None else sorted(cpus),
     }
 
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _table(runs: dict[str, list[dict]]) -> str:
+    lines = [
+        "| comparison | runs | exit 1 (regression) | rate | exit 2 (could not measure) "
+        "| median of pass-1 median ratios | median of pass-1 ratios of minima |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, rs in runs.items():
+        if not rs:
+            continue
+        hits = sum(r["exit"] == 1 for r in rs)
+        errors = sum(r["exit"] not in (0, 1) for r in rs)
+        med = [r["median_ratio_1"] for r in rs if r["median_ratio_1"] is not None]
+        mins = [r["min_ratio_1"] for r in rs if r["min_ratio_1"] is not None]
+        name = "identical (false alarms)" if label == "identical" else label + "% slower"
+        lines.append(
+            f"| {name} | {len(rs)} | {hits} | {hits / len(rs):.0%} | {errors} "
+            f"| {_fmt(statistics.median(med) if med else None)} "
+            f"| {_fmt(statistics.median(mins) if mins else None)} |"
+        )
+    return "\n".join(lines)
+
+
+def _job(j, reps, labels, cpus, tmp, kinds, gate_args, log_path, deadline, lock, runs) -> None:
+    """Job ``j``: its own copy of the repository, its repetitions interleaved over ``labels``."""
+    repo, shas = build_repo(os.path.join(tmp, f"job{j}"), kinds)
+    with open(f"{log_path}.{j}" if cpus is not None else log_path, "w") as log:
+        for i in reps:
+            for label in labels:
+                if time.monotonic() > deadline:
+                    return
+                head = shas["base" if label == "identical" else label]
+                r = _gate(repo, shas["base"], head, gate_args, log, cpus)
+                with lock:
+                    runs[label].append(r)
+                    print(
+                        f"  {i + 1} {label}: exit {r['exit']}, pass 1 x{_fmt(r['median_ratio_1'])}"
+                        f" / x{_fmt(r['min_ratio_1'])}, pass 2 x{_fmt(r['median_ratio_2'])} / "
+                        f"x{_fmt(r['min_ratio_2'])} (median ratio / ratio of minima; "
+                        f"{r['seconds']:.0f} s{'' if cpus is None else f', cpus {sorted(cpus)}'})",
+                        flush=True,
+                    )
 
 
 def main(argv=None) -> int:
@@ -167,70 +216,107 @@ def main(argv=None) -> int:
     p.add_argument(
         "--kinds", default=",".join(KINDS), help=f"planted slowdowns (default {','.join(KINDS)})"
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="gate runs at once, each pinned to its own --cores-per-job CPUs and its own copy of "
+        "the repository: a many-core machine measured as that many small machines (default 1: "
+        "one run at a time, not pinned)",
+    )
+    p.add_argument(
+        "--cores-per-job", type=int, default=2, help="CPUs per job with --jobs > 1 (default 2)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="start no gate run after this many seconds; runs started still finish (default: none)",
+    )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="print the table of the runs in these --json files together, and measure nothing",
+    )
     p.add_argument(
         "--log",
         default=os.path.join(tempfile.gettempdir(), "paracheck-gate-operating.log"),
-        help="write the gates' own output here (default: paracheck-gate-operating.log in the temp dir)",
+        help="write the gates' own output here (default: paracheck-gate-operating.log in the temp "
+        "dir; with --jobs, one file per job, suffixed .J)",
     )
     p.add_argument("gate_args", nargs="*", help="extra arguments for paracheck gate (after --)")
     args = p.parse_args(argv)
+    if args.merge:
+        merged: dict[str, list[dict]] = {}
+        for path in args.merge:
+            with open(path) as f:
+                for label, rs in json.load(f)["runs"].items():
+                    merged.setdefault(label, []).extend(rs)
+        print(_table(merged))
+        return 0
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad or args.n < 1:
         print(
-            f"gate_operating: --kinds={args.kinds!r} must be among {','.join(KINDS)} and --n={args.n} >= 1",
+            f"gate_operating: --kinds={args.kinds!r} must be among {','.join(KINDS)} and "
+            f"--n={args.n} >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    available = sorted(os.sched_getaffinity(0))
+    if args.jobs < 1 or args.cores_per_job < 1 or args.jobs * args.cores_per_job > len(available):
+        print(
+            f"gate_operating: --jobs={args.jobs} x --cores-per-job={args.cores_per_job} must be "
+            f">= 1 and fit in the {len(available)} CPUs available",
             file=sys.stderr,
         )
         return 2
     tmp = tempfile.mkdtemp(prefix="paracheck-gate-operating-")
-    log_path = args.log
     runs: dict[str, list[dict]] = {"identical": [], **{k: [] for k in kinds}}
+    deadline = time.monotonic() + (args.deadline if args.deadline is not None else float("inf"))
+    lock = threading.Lock()
+    print(
+        f"gate operating point: {args.n} runs each of {', '.join(runs)}, {args.jobs} at a time; "
+        f"gate output in {args.log}",
+        flush=True,
+    )
     try:
-        repo, shas = build_repo(tmp, kinds)
-        print(
-            f"gate operating point: {args.n} runs each of {', '.join(runs)}; gate output in {log_path}",
-            flush=True,
-        )
-        with open(log_path, "w") as log:
-            # Interleaved: one run of every comparison per repetition, so a machine that gets
-            # busier affects the false-alarm and detection rates alike.
-            for i in range(args.n):
-                for label in runs:
-                    r = _gate(
-                        repo,
-                        shas["base"],
-                        shas["base" if label == "identical" else label],
-                        args.gate_args,
-                        log,
-                    )
-                    runs[label].append(r)
-                    print(
-                        f"  {i + 1}/{args.n} {label}: exit {r['exit']}, pass 1 x{_fmt(r['median_ratio_1'])} / "
-                        f"x{_fmt(r['min_ratio_1'])}, pass 2 x{_fmt(r['median_ratio_2'])} / x{_fmt(r['min_ratio_2'])} "
-                        f"(median ratio / ratio of minima; {r['seconds']:.0f} s)",
-                        flush=True,
-                    )
+        # Interleaved: one run of every comparison per repetition, so a machine that gets busier
+        # affects the false-alarm and detection rates alike. Job j takes repetitions j, j+J, ...,
+        # and starts its rotation of the comparisons at a different one.
+        threads = []
+        for j in range(args.jobs):
+            cpus = (
+                None
+                if args.jobs == 1
+                else set(available[j * args.cores_per_job : (j + 1) * args.cores_per_job])
+            )
+            labels = list(runs)
+            labels = labels[j % len(labels) :] + labels[: j % len(labels)]
+            reps = range(j, args.n, args.jobs)
+            t = threading.Thread(
+                target=_job,
+                args=(j, reps, labels, cpus, tmp, kinds, args.gate_args, args.log, deadline, lock),
+                kwargs={"runs": runs},
+            )
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        "\n| comparison | runs | exit 1 (regression) | rate | exit 2 (could not measure) "
-        "| median of pass-1 median ratios | median of pass-1 ratios of minima |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label, rs in runs.items():
-        hits = sum(r["exit"] == 1 for r in rs)
-        errors = sum(r["exit"] not in (0, 1) for r in rs)
-        med = [r["median_ratio_1"] for r in rs if r["median_ratio_1"] is not None]
-        mins = [r["min_ratio_1"] for r in rs if r["min_ratio_1"] is not None]
-        print(
-            f"| {'identical (false alarms)' if label == 'identical' else label + '% slower'} | {len(rs)} | {hits} "
-            f"| {hits / len(rs):.0%} | {errors} | {_fmt(statistics.median(med) if med else None)} "
-            f"| {_fmt(statistics.median(mins) if mins else None)} |"
-        )
+    print()
+    print(_table(runs))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"n": args.n, "gate_args": args.gate_args, "runs": runs}, f, indent=1)
+            json.dump(
+                {"n": args.n, "jobs": args.jobs, "gate_args": args.gate_args, "runs": runs},
+                f,
+                indent=1,
+            )
     return 0
 
 
