@@ -5,8 +5,9 @@ Builds, in a temporary directory, a user repository from ``examples/gate_user_pa
 DDP class ``mypkg.ddp:MyDDP``) with one commit per planted slowdown on top of the base:
 
 * ``sleep-10``, ``sleep-25``: after each gradient synchronisation, sleep for 10% / 25% of the
-  fastest step seen so far (forward to forward, the extra itself excluded): a blocking slowdown,
-  like a wait on a lock or I/O;
+  fastest step seen so far (forward to forward, the extra itself excluded; in a wrapper's first
+  step, of that step up to its synchronisation): a blocking slowdown, like a wait on a lock or
+  I/O;
 * ``spin-10``, ``spin-25``: the same duration spent computing (a busy loop): a CPU-bound
   slowdown, like a needless copy.
 
@@ -76,7 +77,12 @@ def _planted_slow_forward(self, *args, **kwargs):
 
 def _planted_slow_finish(self):
     _planted_finish(self)
-    extra = {fraction} * getattr(self, "_planted_period", 0.0)
+    # Until a whole step has been seen (the first step of each timed job), the part of this step
+    # seen so far stands in for it: every step, the first too, is slowed.
+    period = getattr(self, "_planted_period", None)
+    if period is None:
+        period = _planted_time.perf_counter() - self._planted_start
+    extra = {fraction} * period
     start = _planted_time.perf_counter()
     if {spin}:
         while _planted_time.perf_counter() < start + extra:

@@ -30,7 +30,7 @@ def test_timing_suspect_not_confirmed_passes():
 
 
 def test_timing_confirmed_slowdown_fails():
-    """Both passes' median ratios and ratios of minima above 1 + threshold: a regression."""
+    """Both passes' median ratios above 1 + threshold: a regression."""
     first = _pass([1.26, 1.24, 1.31, 1.19, 1.25, 1.22])
     assert first.says(0.10) == "slower"
     assert timing_verdict(first, _pass([1.22, 1.27, 1.25, 1.3, 1.24, 1.2]), 0.10) == "REGRESSION"
@@ -43,19 +43,30 @@ def test_timing_median_ignores_one_outlier_round():
 
 def test_timing_one_lucky_base_job_is_not_a_suspect():
     """Base's fastest job far below its others (one quiet moment) moves the ratio of minima, not
-    the median of the paired ratios: the two statistics disagree, so the pass says nothing."""
+    the median of the paired ratios, which alone decides: the pass says nothing."""
     base = [0.010, 0.010, 0.006, 0.010, 0.010, 0.010]
     p = PassTiming(tuple(base), (0.0101,) * 6)
     assert p.min_ratio > 1.6 and abs(p.median_ratio - 1.01) < 1e-9
     assert p.says(0.10) == "same" and timing_verdict(p, None, 0.10) == "ok"
 
 
-def test_timing_side_unlucky_in_most_rounds_is_not_a_suspect():
-    """Head disturbed in most rounds but with one undisturbed job: the median ratio is high, the
-    ratio of minima is not: no suspect."""
+def test_timing_slowdown_with_a_lucky_head_job_is_caught():
+    """Measured on 2-core slices of a shared machine: planted 25% slowdowns whose median ratios
+    read x1.2-x1.4 had head's fastest job within a few percent of base's, or faster (ratios of
+    minima x0.84-x1.08). The ratio of minima is not judged: such passes say "slower"."""
+    for ratios in ([1.25, 1.4, 1.32, 1.03, 1.35, 1.3], [1.3, 1.22, 0.9, 1.35, 1.28, 1.31]):
+        p = _pass(ratios)
+        assert p.median_ratio > 1.25 and p.min_ratio < 1.1
+        assert p.says(0.10) == "slower"
+        assert timing_verdict(p, _pass(ratios[::-1]), 0.10) == "REGRESSION"
+
+
+def test_timing_side_unlucky_in_one_pass_is_not_a_regression():
+    """Head disturbed in most rounds of the first pass: a suspect, which the second pass, run by
+    fresh processes, clears."""
     p = _pass([1.4, 1.5, 1.0, 1.45, 1.35, 1.5])
-    assert p.median_ratio > 1.1 and p.min_ratio == 1.0
-    assert p.says(0.10) == "same"
+    assert p.says(0.10) == "slower"
+    assert timing_verdict(p, _pass([1.02, 0.97, 1.05, 0.99, 1.01, 1.0]), 0.10) == "ok"
 
 
 def test_timing_confirmed_speedup_is_reported_not_failed():
