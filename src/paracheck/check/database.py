@@ -95,7 +95,6 @@ class CaseDatabase:
         """Save ``case`` as breaking ``prop`` of target ``key`` (checked for ``properties``)."""
         text = case.to_json()
         folder = self._dir(key)
-        folder.mkdir(parents=True, exist_ok=True)
         file = folder / f"{_digest(prop + chr(10) + text)}.json"
         data = {
             "target": key,
@@ -103,7 +102,14 @@ class CaseDatabase:
             "properties": None if properties is None else sorted(properties),
             "case": case.to_dict(),
         }
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        for attempt in range(3):
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+                break
+            except FileNotFoundError:  # another process removed the emptied folder meanwhile
+                if attempt == 2:
+                    raise
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(data, indent=1) + "\n")
