@@ -3,9 +3,22 @@
 Options:
     --paracheck-backend gloo|nccl      backend of the shared runner (default gloo)
     --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
-    --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised)
+    --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised;
+                                       the default, unless --hypothesis-profile names a profile)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
     --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
+    --paracheck-properties NAME,...    the properties ``paracheck_check`` checks (as ``paracheck check
+                                       --properties``)
+    --paracheck-contract full|cs336    the case features drawn (as ``paracheck check --contract``)
+    --paracheck-features=-name,+name   features never drawn / drawn again (as ``--features``; give
+                                       it with ``=``: pytest reads a value starting with - as an option)
+    --paracheck-database PATH          failing cases saved and replayed first (default
+                                       .paracheck/examples under the rootdir)
+    --paracheck-no-database            save and replay nothing
+
+Hypothesis's own ``--hypothesis-profile`` (its max_examples and derandomize, where no
+``--paracheck-profile`` is given) and ``--hypothesis-seed`` (the cases' sequence) apply to
+``paracheck_check`` too.
 
 Markers: ``world_size(n)`` (skipped when n exceeds what the backend can run), ``gpu`` (skipped
 without CUDA). Every skip of either kind is counted and reported at the end of the session:
@@ -13,8 +26,8 @@ silent skips hide bugs.
 
 Fixtures: ``paracheck_world`` (one persistent ``World`` per session and xdist worker; on GPU
 machines each xdist worker gets disjoint devices), ``paracheck_world_sizes``,
-``paracheck_settings`` (the profile's Hypothesis settings), ``paracheck_check`` (checks a target
-and fails the test with the full report).
+``paracheck_max_examples``, ``paracheck_check`` (checks a target and fails the test with the full
+report).
 """
 
 from __future__ import annotations
@@ -41,7 +54,11 @@ def pytest_addoption(parser):
         help="comma-separated world sizes (default 1,2,3,4)",
     )
     g.addoption(
-        "--paracheck-profile", default="ci", choices=sorted(_PROFILES), help="Hypothesis profile"
+        "--paracheck-profile",
+        default=None,
+        choices=sorted(_PROFILES),
+        help="Hypothesis settings of paracheck_check: ci (40 derandomised examples, the default "
+        "unless --hypothesis-profile is given), dev (100), nightly (1000)",
     )
     g.addoption(
         "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
@@ -50,6 +67,38 @@ def pytest_addoption(parser):
         "--paracheck-stub-cuda-timing",
         action="store_true",
         help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
+    )
+    g.addoption(
+        "--paracheck-properties",
+        default=None,
+        metavar="NAME,...",
+        help="properties paracheck_check checks, each applied to the targets whose kind has it "
+        "(as paracheck check --properties)",
+    )
+    g.addoption(
+        "--paracheck-contract",
+        default=None,
+        choices=["full", "cs336"],
+        help="case features drawn: full (default) or cs336 (what the CS336 interfaces promise)",
+    )
+    g.addoption(
+        "--paracheck-features",
+        default=None,
+        metavar="SPEC",
+        help="comma-separated features, -name (never draw it) or +name (draw it again); give it "
+        "as --paracheck-features=-name",
+    )
+    g.addoption(
+        "--paracheck-database",
+        default=None,
+        metavar="PATH",
+        help="directory of saved failing cases, replayed first (default .paracheck/examples "
+        "under the rootdir)",
+    )
+    g.addoption(
+        "--paracheck-no-database",
+        action="store_true",
+        help="do not save or replay failing cases",
     )
 
 
@@ -68,6 +117,61 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
             )
+    # Checked here, at once, rather than in every test that checks a target; only when given, as
+    # the features table imports torch.
+    contract, features = (
+        config.getoption("--paracheck-contract"),
+        config.getoption("--paracheck-features"),
+    )
+    if contract is not None or features is not None:
+        from paracheck.check.features import FeatureError, features_off
+
+        try:
+            features_off(contract or "full", features)
+        except FeatureError as exc:
+            raise pytest.UsageError(f"--paracheck-{exc.argument}={exc.value}: {exc.rule}") from None
+    names = _properties(config)
+    if names is not None:
+        from paracheck.check.kinds import KINDS
+
+        every = {p for row in KINDS.values() for p in row.properties}
+        unknown = sorted(set(names) - every)
+        if unknown or not names:
+            raise pytest.UsageError(
+                f"--paracheck-properties={config.getoption('--paracheck-properties')}: "
+                f"{'unknown ' + str(unknown) if unknown else 'names no property'}; choose from "
+                f"{sorted(every)}"
+            )
+
+
+def _properties(config) -> list[str] | None:
+    text = config.getoption("--paracheck-properties")
+    if text is None:
+        return None
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _search_settings(config) -> tuple[int, object]:
+    """(max_examples, seed) of ``paracheck_check``: ``--paracheck-profile`` when given, else the
+    Hypothesis profile named by ``--hypothesis-profile``, else ci; ``--hypothesis-seed`` when
+    given fixes the sequence (``check_target``'s ``seed``: 0 is the derandomised one)."""
+    profile = config.getoption("--paracheck-profile")
+    hypothesis_profile = config.getoption("--hypothesis-profile", None)
+    if profile is None and hypothesis_profile:
+        from hypothesis import settings
+
+        chosen = settings.get_profile(hypothesis_profile)
+        max_examples, seed = chosen.max_examples, 0 if chosen.derandomize else None
+    else:
+        name = profile or "ci"
+        max_examples, seed = _PROFILES[name], 0 if name == "ci" else None
+    given = config.getoption("--hypothesis-seed", None)
+    if given is not None:
+        try:
+            seed = int(given)
+        except ValueError:
+            seed = given  # Hypothesis takes any hashable seed
+    return max_examples, seed
 
 
 def _world_sizes(config) -> tuple[int, ...]:
@@ -162,16 +266,27 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
 
 @pytest.fixture(scope="session")
 def paracheck_max_examples(pytestconfig) -> int:
-    return _PROFILES[pytestconfig.getoption("--paracheck-profile")]
+    return _search_settings(pytestconfig)[0]
+
+
+def _database(config):
+    if config.getoption("--paracheck-no-database"):
+        return None
+    path = config.getoption("--paracheck-database")
+    return path if path is not None else str(config.rootpath / ".paracheck" / "examples")
 
 
 @pytest.fixture
 def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
-    """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report."""
+    """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report.
+
+    ``properties`` (names, or "a,b"), ``contract`` and ``features`` default to the
+    ``--paracheck-*`` options (``features`` applies after the option's); other keywords go to
+    ``check_target`` (``database=None`` saves nothing)."""
     from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
 
-    derandomise = pytestconfig.getoption("--paracheck-profile") == "ci"
+    seed = _search_settings(pytestconfig)[1]
 
     # The stub is for machines without CUDA; on nccl it would hide real synchronisation.
     stub_default = (
@@ -188,6 +303,9 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         finish=None,
         batch_start=None,
         stub_cuda_timing=None,
+        properties=None,
+        contract=None,
+        features=None,
         **kwargs,
     ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
@@ -197,14 +315,26 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             )
         else:
             t = target
+        t = _with_properties(t, properties, pytestconfig)
+        spec = [
+            *_items(pytestconfig.getoption("--paracheck-features")),
+            *_items(features),
+        ]
         # Every failing property, each labelled with the features it needs (override with kwargs).
-        kwargs = {"first_failure": False, "labels": True, **kwargs}
+        kwargs = {
+            "first_failure": False,
+            "labels": True,
+            "seed": seed,
+            "database": _database(pytestconfig),
+            **kwargs,
+        }
         report = check_target(
             t,
             paracheck_world,
             world_sizes=tuple(world_sizes or paracheck_world_sizes),
             max_examples=max_examples or paracheck_max_examples,
-            seed=0 if derandomise else None,
+            contract=contract or pytestconfig.getoption("--paracheck-contract") or "full",
+            features=spec or None,
             **kwargs,
         )
         if not report.passed:
@@ -214,3 +344,30 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         return report
 
     return check
+
+
+def _items(spec) -> list[str]:
+    if spec is None:
+        return []
+    return [x for x in (spec.split(",") if isinstance(spec, str) else list(spec)) if x.strip()]
+
+
+def _with_properties(target, properties, config):
+    """``target`` checking ``properties`` (every name must be one of its kind's), or else the
+    ``--paracheck-properties`` of its kind (a warning where they name none of them)."""
+    import dataclasses
+    import warnings
+
+    from paracheck.check.kinds import resolve_properties, select_properties
+
+    if properties is not None:
+        names = _items(properties)
+        chosen = resolve_properties(target.kind, names, takes_bucket=target.takes_bucket)
+        return dataclasses.replace(target, properties=chosen)
+    names = _properties(config)
+    if names is None:
+        return target
+    (selected,), notes = select_properties([target], names)
+    for note in notes:
+        warnings.warn(f"paracheck: {note}", stacklevel=3)
+    return selected

@@ -8,6 +8,11 @@ a name, the label shown to the user, whether a case has it, and the same case wi
 ``without(case, name)`` always returns a valid case that differs from ``case`` only in that
 feature (and in what the feature forces: dropping the data-dependent branch removes its
 parameters, so the optimizer groups are re-indexed by parameter name).
+
+The same table chooses what a check draws: a contract (``CONTRACTS``: ``full`` draws every
+feature, ``cs336`` only what the CS336 interfaces promise) and ``-name`` / ``+name`` items
+(``features_off``) name the features never drawn, and every drawn case is mapped through
+``without_all`` for them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,21 @@ from dataclasses import dataclass, replace
 
 from paracheck.cases import Case, GroupSpec
 
-__all__ = ["Feature", "FEATURES", "case_features", "without", "label", "essential", "feature"]
+__all__ = [
+    "CONTRACTS",
+    "Contract",
+    "Feature",
+    "FeatureError",
+    "FEATURES",
+    "case_features",
+    "essential",
+    "feature",
+    "features_off",
+    "label",
+    "parse_features",
+    "without",
+    "without_all",
+]
 
 
 @dataclass(frozen=True)
@@ -32,6 +51,9 @@ class Feature:
     remove: Callable[[Case], Case]
     search_without: bool = True
     implies: tuple[str, ...] = ()  # features this one includes (not listed again when it is needed)
+    # Features a case needs to have this one (a late group needs a step before it): a feature turned
+    # off turns off those that imply or require it (``features_off``).
+    requires: tuple[str, ...] = ()
 
 
 def _model(case: Case, **changes) -> Case:
@@ -189,6 +211,7 @@ FEATURES: tuple[Feature, ...] = (
         "with a parameter group added mid-training (add_param_group)",
         lambda c: any(g.add_at_step is not None for g in c.optimizer.groups),
         lambda c: _groups(c, lambda g: replace(g, add_at_step=None)),
+        requires=("several-steps",),
     ),
     Feature(
         "momentum",
@@ -228,10 +251,20 @@ FEATURES: tuple[Feature, ...] = (
         lambda c: replace(c, bucket_size_mb=None),
     ),
     _flag("closure", False, "closure", "with optimizer.step(closure)"),
-    _flag("reload_at_step", None, "reload", "with the optimizer state reloaded mid-training"),
+    _flag(
+        "reload_at_step",
+        None,
+        "reload",
+        "with the optimizer state reloaded mid-training",
+        requires=("several-steps",),
+    ),
     _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),
     _flag(
-        "finish_once", False, "finish-once", "with one synchronisation after the last micro-step"
+        "finish_once",
+        False,
+        "finish-once",
+        "with one synchronisation after the last micro-step",
+        requires=("accumulation",),
     ),
     _flag("double_backward", False, "double-backward", "with two backward passes per micro-step"),
     _flag("unbounded_bucket", False, "unbounded-bucket", "with bucket_size_mb=None"),
@@ -268,3 +301,131 @@ def label(name: str) -> str:
 
 def feature(name: str) -> Feature:
     return _BY_NAME[name]
+
+
+# -- choosing what is drawn ----------------------------------------------------------------------
+
+
+class FeatureError(ValueError):
+    """A feature selection that cannot be drawn: names the ``argument``, its ``value`` and the
+    ``rule`` (the command line prints it as ``--features=-nope: ...``)."""
+
+    def __init__(self, argument: str, value, rule: str):
+        super().__init__(f"{argument}={value!r}: {rule}")
+        self.argument, self.value, self.rule = argument, value, rule
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A preset of features never drawn: what an interface leaves unspecified, so that every
+    design correct under it passes (``paracheck check --contract``)."""
+
+    name: str
+    off: frozenset[str]
+    about: str
+
+
+CONTRACTS: dict[str, Contract] = {
+    "full": Contract("full", frozenset(), "every feature paracheck draws"),
+    # The CS336 handout fixes DDP(module) / DDP(module, bucket_size_mb) with forward() and
+    # finish_gradient_synchronization() called after loss.backward() and before optimizer.step(),
+    # once per step, and ShardedOptimizer(params, optimizer_cls, **kwargs) with step(closure) and
+    # add_param_group() during training, over modules like its toy models (frozen and tied
+    # parameters, one dtype, no buffers). What it does not say is not drawn; the README's table
+    # gives the reason for each feature.
+    "cs336": Contract(
+        "cs336",
+        frozenset(
+            {
+                "unused-some-ranks",
+                "unused-always",
+                "float32-layer",
+                "buffer",
+                "accumulation",
+                "no-sync",
+                "finish-once",
+                "double-backward",
+                "lr-changes",
+                "scheduler",
+                "groups-generators",
+                "reload",
+                "unbounded-bucket",
+            }
+        ),
+        "what the CS336 assignment's DDP and ShardedOptimizer interfaces promise",
+    ),
+}
+
+
+def parse_features(spec) -> tuple[tuple[str, bool], ...]:
+    """``"-name,+name"`` (or an iterable of such items) -> ((name, drawn), ...), in order:
+    ``-name`` never draws the feature, ``+name`` draws it again. ``FeatureError`` naming the item."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for raw in items:
+        item = str(raw).strip()
+        if not item:
+            continue
+        sign, name = item[0], item[1:].strip()
+        if sign not in "+-" or not name:
+            raise FeatureError(
+                "features",
+                spec,
+                f"{item!r} must be -name (never draw it) or +name (draw it again), "
+                "e.g. -unused-some-ranks",
+            )
+        if name not in _BY_NAME:
+            raise FeatureError(
+                "features",
+                spec,
+                f"{name!r} is not a feature; the features are "
+                + ", ".join(f.name for f in FEATURES),
+            )
+        out.append((name, sign == "+"))
+    return tuple(out)
+
+
+def features_off(
+    contract: str = "full", features=None, *, dtype: str = "float64"
+) -> tuple[str, ...]:
+    """The features never drawn under ``contract`` (``CONTRACTS``) changed by ``features``
+    (``parse_features``), in table order, with every feature that implies or requires one of them.
+    ``FeatureError`` for an unknown contract or feature, for ``+name`` whose feature needs one that
+    is off, and for low-precision off in a check of a low-precision ``dtype``."""
+    if contract not in CONTRACTS:
+        raise FeatureError("contract", contract, f"must be one of {', '.join(CONTRACTS)}")
+    off = set(CONTRACTS[contract].off)
+    wanted = set()
+    for name, drawn in parse_features(features or ()):
+        (off.discard if drawn else off.add)(name)
+        (wanted.add if drawn else wanted.discard)(name)
+    changed = True
+    while changed:
+        more = {f.name for f in FEATURES if set(f.implies + f.requires) & off} - off
+        off |= more
+        changed = bool(more)
+    clash = sorted(wanted & off)
+    if clash:
+        f = _BY_NAME[clash[0]]
+        needed = [n for n in f.implies + f.requires if n in off]
+        raise FeatureError(
+            "features",
+            features,
+            f"+{clash[0]} needs {', '.join(needed)}, which {'is' if len(needed) == 1 else 'are'} "
+            f"not drawn (contract {contract})",
+        )
+    if "low-precision" in off and dtype != "float64":
+        raise FeatureError(
+            "features", features, f"low-precision is turned off, but the check runs in {dtype}"
+        )
+    return tuple(f.name for f in FEATURES if f.name in off)
+
+
+def without_all(case: Case, names) -> Case:
+    """``case`` without any of the features ``names`` (closed as ``features_off`` closes them):
+    removed in reverse table order, so that a feature that needs another (a late group, several
+    steps) goes before it."""
+    for f in reversed(FEATURES):
+        if f.name in names and f.has(case):
+            case = f.remove(case)
+    return case

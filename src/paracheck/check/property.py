@@ -11,6 +11,12 @@ Note [One search per property]
     that needs a feature (``paracheck.check.features``) can hide another bug in the cases without it,
     so each needed feature also gets a search over cases without it (``search_without``).
 
+    Before any search, the cases saved by earlier checks of the target run first (Note [Saved
+    cases] in ``paracheck.check.database``); the failing cases of this check are saved after it.
+    The features turned off (``contract``, ``features``: ``paracheck.check.features``) are removed
+    from every drawn case, so neither a search, nor labelling (which only removes features), nor
+    the searches without a needed feature, nor a replayed case brings one back.
+
 Note [Hang timeouts]
     The timeout of a case is 10x the slowest passing case of its world size so far, at least
     ``floor`` seconds and at most the World's timeout (``CaseTimeouts``). Before a case of some size
@@ -32,8 +38,17 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from paracheck.cases import Case
-from paracheck.check.features import FEATURES, essential, feature, without
-from paracheck.check.kinds import KINDS
+from paracheck.check.database import CaseDatabase
+from paracheck.check.features import (
+    FEATURES,
+    case_features,
+    essential,
+    feature,
+    features_off,
+    without,
+    without_all,
+)
+from paracheck.check.kinds import KINDS, resolve_properties
 from paracheck.check.report import CheckReport, PropertyFailure, order, replay_command
 from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target, load_object
@@ -113,6 +128,7 @@ class _Hit:
     fully_shrunk: bool
     found_after: int
     notes: list
+    shrunk: bool = True  # False: a case run as it is (given, or replayed from the database)
 
 
 class _Found(AssertionError):
@@ -127,11 +143,14 @@ class _Found(AssertionError):
 
 
 class _Checker:
-    def __init__(self, target, world, *, device_fn, timeouts, progress, strategy_settings, key):
+    def __init__(
+        self, target, world, *, device_fn, timeouts, progress, strategy_settings, key, seed
+    ):
         self.target, self.world, self.device_fn = target, world, device_fn
         self.timeouts, self.progress = timeouts, progress
         self.settings = strategy_settings
         self.key = key
+        self.seed = seed  # hypothesis.seed() of every search; None: the settings decide
         self.cache: dict[str, CaseResult] = {}
         self.worst = 0.0
         self.phase = "searching"
@@ -191,8 +210,8 @@ class _Checker:
         cfg = dict(self.settings, max_examples=max_examples)
         prop = settings(**cfg)(given(strategy)(test))
         prop.hypothesis.inner_test._hypothesis_internal_add_digest = f"{self.key}|{tag}".encode()
-        if cfg.get("database") is not None and self._seed is not None:
-            prop = hypothesis_seed(self._seed)(prop)
+        if self.seed is not None:
+            prop = hypothesis_seed(self.seed)(prop)
         notes = []
         try:
             prop()
@@ -252,6 +271,8 @@ def check_target(
     timeout: float | None = None,
     explicit: list[Case] = (),
     dtype: str = "float64",
+    contract: str = "full",
+    features=None,
     first_failure: bool = True,
     search_without: bool = True,
     labels: bool = False,
@@ -266,10 +287,19 @@ def check_target(
     fixture do); ``labels=True`` works out the case features each failure needs and, with
     ``search_without``, searches the cases without them too. See Note [One search per property].
 
-    ``seed`` not None derandomises Hypothesis (the ci profile). ``timeout`` caps every case's hang
-    timeout (default: the World's); see Note [Hang timeouts] for the timeout of each case.
+    ``seed`` makes the run reproducible: 0 is Hypothesis's derandomised sequence (the ci profile,
+    the selftest and paracheck's own tests), any other value ``hypothesis.seed(seed)``; None draws
+    at random. ``database`` (a directory, a ``CaseDatabase`` or None) saves the failing cases and
+    replays the saved ones first (Note [Saved cases]). ``contract`` (``"full"`` or ``"cs336"``)
+    and ``features`` (``"-name,+name"``) choose the features drawn
+    (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
+    (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
     sizes = tuple(sorted(set(world_sizes)))
+    off = features_off(contract, features, dtype=dtype)
+    if database is not None and not isinstance(database, CaseDatabase):
+        database = CaseDatabase(database)
+    checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
     if strategy is None:
         # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
         # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
@@ -282,20 +312,24 @@ def check_target(
         strategy = st.tuples(st.sampled_from(sizes), strategy).map(
             lambda t: t[1].with_world_size(t[0])
         )
+    if off:
+        # Mapped, not filtered: every draw is used, and with nothing off the strategy (and so every
+        # derandomised sequence) is the one it always was.
+        strategy = strategy.map(lambda c: without_all(c, off))
     cap = min(timeout, world.timeout) if timeout is not None else world.timeout
     progress = progress or (lambda text: None)
+    # Hypothesis's database stays off: paracheck saves cases, not choices (Note [Saved cases]).
     cfg = dict(
         deadline=None,
         suppress_health_check=list(HealthCheck),
-        database=database,
+        database=None,
         print_blob=False,
         verbosity=Verbosity.quiet,
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     )
-    # A seed makes the run reproducible. Without a database that is Hypothesis's derandomize
-    # mode; with one (the CLI's default), failing cases are saved and replayed first next time.
-    if seed is not None and database is None:
+    if seed == 0:
         cfg["derandomize"] = True
+    key = f"{target.path}|{target.kind}"
     checker = _Checker(
         target,
         world,
@@ -303,9 +337,9 @@ def check_target(
         timeouts=CaseTimeouts(cap, floor=timeout_floor),
         progress=progress,
         strategy_settings=cfg,
-        key=f"{target.path}|{target.kind}",
+        key=key,
+        seed=None if seed == 0 else seed,
     )
-    checker._seed = seed
 
     # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
     costly = ("hang", "died")
@@ -337,21 +371,51 @@ def check_target(
                 hit.found_after,
                 without_feature,
                 extra,
+                shrunk=hit.shrunk,
             )
         )
         known.add(hit.prop)
         if first_at is None:
             first_at = hit.found_after + 1
 
-    for case in explicit:
+    def run_as_is(case: Case, note: str) -> CaseResult:
         result = checker.run(case)
         for prop in order(result.failed_properties):
             if prop not in known:
-                finish(
-                    _Hit(prop, result, True, len(checker.cache) - 1, ["a given case, not shrunk"])
-                )
+                finish(_Hit(prop, result, True, len(checker.cache) - 1, [note], shrunk=False))
+        return result
+
+    replayed = dropped = 0
+    saved = database.cases(key) if database is not None else []
+    kept: dict[str, int] = {}
+    for entry in saved:
         if first_failure and failures:
             break
+        if entry.case is None:
+            database.delete(entry)
+            notes.append(f"dropped a saved case that no longer loads: {entry.error}")
+            continue
+        why = _not_drawn(entry.case, sizes, dtype, off)
+        if why is not None:
+            kept[why] = kept.get(why, 0) + 1
+            continue
+        result = run_as_is(
+            entry.case,
+            f"a saved case, replayed from {database.path} before the search (not shrunk again)",
+        )
+        replayed += 1
+        if entry.property not in result.failed_properties and (
+            entry.properties is None or entry.properties <= checked
+        ):
+            database.delete(entry)
+            dropped += 1
+    for why, n in kept.items():
+        notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
+
+    for case in explicit:
+        if first_failure and failures:
+            break
+        run_as_is(case, "a given case, not shrunk")
 
     # The first search also reports how many cases a passing target ran.
     passes = 0
@@ -390,6 +454,15 @@ def check_target(
                 if hit is not None:
                     finish(hit, without_feature=name)
 
+    stored = 0
+    if database is not None:
+        try:
+            for f in failures:
+                database.save(key, f.case, f.property, checked)
+                stored += 1
+        except OSError as exc:
+            notes.append(f"could not save the failing cases in {database.path}: {exc}")
+
     seconds = time.monotonic() - t0
     if hasattr(progress, "clear"):
         progress.clear()
@@ -404,7 +477,23 @@ def check_target(
         notes,
         cases_run=len(checker.cache),
         timeout=timeout,
+        database=None if database is None else str(database.path),
+        replayed=replayed,
+        dropped=dropped,
+        saved=stored,
     )
+
+
+def _not_drawn(case: Case, sizes, dtype: str, off) -> str | None:
+    """Why this check would not draw ``case`` (None: it would)."""
+    if case.world_size not in sizes:
+        return f"world size {case.world_size} is not among {list(sizes)}"
+    if case.dtype != dtype:
+        return f"dtype {case.dtype} is not {dtype}"
+    turned_off = sorted(case_features(case) & set(off), key=list(off).index)
+    if turned_off:
+        return f"{turned_off[0]} is not drawn"
+    return None
 
 
 __all__ += ["CheckFailure"]

@@ -305,6 +305,7 @@ class PropertyFailure:
             "fully_shrunk": self.fully_shrunk,
             "found_after": self.found_after,
             "found_without": self.without,
+            "notes": list(self.notes),
             "case": self.case.to_dict(),
             "detail": self.result.describe(self.property),
             "divergence": None
@@ -344,19 +345,44 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     cases_run: int = 0  # distinct cases run, shrinking and labelling included
     timeout: float | None = None  # the hang timeout the replay commands carry
+    # The example database (paracheck.check.database): its directory (None: none), the saved
+    # cases run before the search, those of them dropped because they pass now, the cases saved.
+    database: str | None = None
+    replayed: int = 0
+    dropped: int = 0
+    saved: int = 0
 
     @property
     def failure(self) -> CaseResult | None:
         """The first failing property's shrunk case (None when passed)."""
         return self.failures[0].result if self.failures else None
 
+    def saved_cases(self) -> str:
+        """What the example database did: "replayed 1 saved case (passes now: dropped)"."""
+        out = []
+        if self.replayed:
+            s = "" if self.replayed == 1 else "s"
+            text = f"replayed {self.replayed} saved case{s} first"
+            if self.dropped:
+                text += (
+                    f" ({'it passes' if self.replayed == 1 else f'{self.dropped} pass'} now: "
+                    "dropped)"
+                )
+            out.append(text)
+        if self.saved:
+            s = "" if self.saved == 1 else "s"
+            out.append(f"saved {self.saved} failing case{s} in {self.database}")
+        return "; ".join(out)
+
     def summary(self) -> str:
-        if self.passed and self.cases_run == 1 and self.examples == 1:
+        extra = self.saved_cases()
+        extra = f"; {extra}" if extra else ""
+        if self.passed and self.cases_run == 1 and self.examples == 1 and not self.replayed:
             return f"PASS {self.target.name}: the given case"
         if self.passed:
             return (
                 f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
-                f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}"
+                f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}{extra}"
             )
         props = ", ".join(
             f.property + (f" (without {f.without})" if f.without else "") for f in self.failures
@@ -364,7 +390,7 @@ class CheckReport:
         return (
             f"FAIL {self.target.name}: {len(self.failures)} failing propert{'y' if len(self.failures) == 1 else 'ies'} "
             f"({props}); first found after {self.examples} case(s), {self.cases_run} cases run in "
-            f"{self.seconds:.1f} s"
+            f"{self.seconds:.1f} s{extra}"
         )
 
     def text(self, backend: str = "gloo") -> str:
@@ -390,6 +416,14 @@ class CheckReport:
                 f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures
             ],
             "notes": list(self.notes),
+            "database": None
+            if self.database is None
+            else {
+                "path": self.database,
+                "replayed": self.replayed,
+                "dropped": self.dropped,
+                "saved": self.saved,
+            },
         }
 
 

@@ -4,7 +4,8 @@
                     [--backend gloo|nccl] [--timeout S] [--kind ddp|sharded|zero] [--case JSON]
                     [--properties equivalence,state,state-consolidated,memory,balance,traffic]
                     [--adapters PATH_OR_MODULE] [--finish NAME] [--batch-start NAME] [--stub-cuda-timing]
-                    [--first-failure] [--json PATH]
+                    [--contract full|cs336] [--features -name,+name]
+                    [--database PATH | --no-database] [--first-failure] [--json PATH]
     paracheck selftest [--profile ci|dev] [--only NAME ...]
     paracheck bench | memory | gate | report ...   (speed and memory tracking)
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse(argv[1:])
         args.argv = argv[1:]
     else:
+        if argv and argv[0] == "check":
+            argv = check.join_dashed_values(argv)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

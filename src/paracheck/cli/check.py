@@ -8,7 +8,28 @@ import sys
 
 from paracheck.cli._common import UsageError
 
-__all__ = ["add_parsers", "cmd_check", "cmd_selftest"]
+__all__ = ["add_parsers", "cmd_check", "cmd_selftest", "join_dashed_values"]
+
+# Options whose value may start with "-" (``--features -unused-some-ranks``).
+_DASHED = ("--features",)
+
+
+def join_dashed_values(argv: list[str]) -> list[str]:
+    """``--features -name`` -> ``--features=-name``: argparse would read ``-name`` as an option."""
+    out, i = [], 0
+    while i < len(argv):
+        if (
+            argv[i] in _DASHED
+            and i + 1 < len(argv)
+            and argv[i + 1].startswith("-")
+            and not argv[i + 1].startswith("--")
+        ):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -49,7 +70,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="generated cases per target (default: profile)",
     )
-    c.add_argument("--seed", type=int, default=0, help="derandomisation seed (default 0)")
+    c.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the cases' sequence: 0 is Hypothesis's derandomised one (that of the selftest and "
+        "the pytest plugin's ci profile), any other N hypothesis.seed(N) (default 0)",
+    )
     c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
     c.add_argument(
         "--backend",
@@ -120,9 +147,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "bucket ones for targets that take a bucket size)",
     )
     c.add_argument(
+        "--contract",
+        choices=["full", "cs336"],
+        default="full",
+        help="what the cases draw: full (every feature) or cs336 (what the CS336 interfaces "
+        "promise; the README's table says feature by feature) (default %(default)s)",
+    )
+    c.add_argument(
+        "--features",
+        default=None,
+        metavar="SPEC",
+        help="comma-separated case features, each -name (never draw it) or +name (draw it again "
+        "after --contract turned it off), e.g. --features -unused-some-ranks",
+    )
+    c.add_argument(
         "--database",
         default=".paracheck/examples",
-        help="Hypothesis example database: failing cases are saved and replayed first (default %(default)s)",
+        help="directory of the failing cases: saved after each check, replayed first by the next "
+        "check of the same target and dropped once they pass (default %(default)s)",
     )
     c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
     c.add_argument(
@@ -225,11 +267,18 @@ def cmd_check(args) -> int:
         else PROFILES[args.profile]["max_examples"]
     )
     _positive("--max-examples", max_examples)
-    database = None
-    if not args.no_database and case is None:
-        from hypothesis.database import DirectoryBasedExampleDatabase
+    from paracheck.check.features import FeatureError, features_off
 
-        database = DirectoryBasedExampleDatabase(args.database)
+    try:
+        features_off(args.contract, args.features, dtype=args.dtype or "float64")
+    except FeatureError as exc:
+        raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
+    if (args.features is not None or args.contract != "full") and case is not None:
+        print(
+            "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",
+            file=sys.stderr,
+        )
+    database = None if args.no_database or case is not None else args.database
     world = _make_world(args.backend, max(sizes), args.timeout)
     failed = 0
     reports = []
@@ -259,6 +308,8 @@ def cmd_check(args) -> int:
                     timeout=args.timeout,
                     database=database,
                     dtype=args.dtype or "float64",
+                    contract=args.contract,
+                    features=args.features,
                     first_failure=args.first_failure,
                     labels=True,
                     progress=Progress(),
@@ -267,9 +318,7 @@ def cmd_check(args) -> int:
             reports.append(report)
             failed += not report.passed
             if not to_stdout:
-                print(
-                    report.text(args.backend) if not report.passed else report.summary(), flush=True
-                )
+                print(report.text(args.backend), flush=True)
     finally:
         world.close()
     if args.json is not None:
