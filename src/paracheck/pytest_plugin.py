@@ -5,6 +5,7 @@ Options:
     --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
+    --paracheck-rank-memory GB         cap on each rank's resident memory (default: a share of RAM)
     --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
 
 Markers: ``world_size(n)`` (skipped when n exceeds what the backend can run), ``gpu`` (skipped
@@ -47,6 +48,14 @@ def pytest_addoption(parser):
         "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
     )
     g.addoption(
+        "--paracheck-rank-memory",
+        default=None,
+        type=float,
+        metavar="GB",
+        help="cap on each rank's resident memory during a case, in GB (default: an equal share of "
+        "the machine's memory among the ranks and the driver)",
+    )
+    g.addoption(
         "--paracheck-stub-cuda-timing",
         action="store_true",
         help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
@@ -68,6 +77,9 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
             )
+    memory = config.getoption("--paracheck-rank-memory")
+    if memory is not None and not memory > 0:
+        raise pytest.UsageError(f"--paracheck-rank-memory={memory!r} must be > 0 (GB)")
 
 
 def _world_sizes(config) -> tuple[int, ...]:
@@ -155,7 +167,13 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
             pytest.skip(
                 f"paracheck: world size {size} needs {size} GPUs, this worker has {len(devices)}"
             )
-    world = World(size, backend=backend, timeout=timeout, devices=devices)
+    world = World(
+        size,
+        backend=backend,
+        timeout=timeout,
+        devices=devices,
+        rank_memory=pytestconfig.getoption("--paracheck-rank-memory"),
+    )
     yield world
     world.close()
 
