@@ -6,6 +6,7 @@ Options:
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised;
                                        the default, unless --hypothesis-profile names a profile)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
+    --paracheck-rank-memory GB         cap on each rank's resident memory (default: a share of RAM)
     --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
     --paracheck-properties NAME,...    the properties ``paracheck_check`` checks (as ``paracheck check
                                        --properties``)
@@ -62,6 +63,14 @@ def pytest_addoption(parser):
     )
     g.addoption(
         "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
+    )
+    g.addoption(
+        "--paracheck-rank-memory",
+        default=None,
+        type=float,
+        metavar="GB",
+        help="cap on each rank's resident memory during a case, in GB (default: an equal share of "
+        "the machine's memory among the ranks and the driver)",
     )
     g.addoption(
         "--paracheck-stub-cuda-timing",
@@ -142,6 +151,10 @@ def pytest_configure(config):
                 f"{'unknown ' + str(unknown) if unknown else 'names no property'}; choose from "
                 f"{sorted(every)}"
             )
+
+    memory = config.getoption("--paracheck-rank-memory")
+    if memory is not None and not memory > 0:
+        raise pytest.UsageError(f"--paracheck-rank-memory={memory!r} must be > 0 (GB)")
 
 
 def _properties(config) -> list[str] | None:
@@ -259,7 +272,13 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
             pytest.skip(
                 f"paracheck: world size {size} needs {size} GPUs, this worker has {len(devices)}"
             )
-    world = World(size, backend=backend, timeout=timeout, devices=devices)
+    world = World(
+        size,
+        backend=backend,
+        timeout=timeout,
+        devices=devices,
+        rank_memory=pytestconfig.getoption("--paracheck-rank-memory"),
+    )
     yield world
     world.close()
 

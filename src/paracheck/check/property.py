@@ -342,7 +342,7 @@ def check_target(
     )
 
     # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
-    costly = ("hang", "died")
+    costly = ("hang", "died", "memory-cap")
 
     def budget(prop: str):
         return hang_shrink_seconds if prop in costly else shrink_seconds

@@ -33,7 +33,7 @@ class Property:
 
 # The properties a check reports, in the order a case that breaks several reports them. The keys
 # are ``Divergence.property`` (``paracheck.check.properties.property_of``) and, for rank failures,
-# "hang", "raised" and "died".
+# "hang", "raised", "died" and "memory-cap".
 PROPERTIES: dict[str, Property] = {
     "raised": Property(
         "your code raised on a rank",
@@ -43,6 +43,13 @@ PROPERTIES: dict[str, Property] = {
     "died": Property(
         "a rank process died",
         "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion",
+    ),
+    "memory-cap": Property(
+        "a rank exceeded its memory cap: a resource failure, not a wrong result",
+        "the rank's resident memory passed the cap (--rank-memory GB; by default an equal share of "
+        "the machine's memory) within this case, on a fresh process: look for tensors kept across "
+        "steps (a list appended every step, a loss history that holds the autograd graph); raise "
+        "the cap if the case really needs the memory",
     ),
     "hang": Property(
         "the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
@@ -183,9 +190,17 @@ def _diagnosis(traceback_text: str) -> str | None:
 # -- the report objects -------------------------------------------------------------------------
 
 
-def replay_command(target, case, backend: str = "gloo", *, timeout: float | None = None) -> str:
+def replay_command(
+    target,
+    case,
+    backend: str = "gloo",
+    *,
+    timeout: float | None = None,
+    rank_memory: float | None = None,
+) -> str:
     """The command that replays exactly ``case`` on ``target`` with the options that change the
-    verdict: backend, kind (import paths), the selected properties, the hang timeout."""
+    verdict: backend, kind (import paths), the selected properties, the hang timeout, the ranks'
+    memory cap."""
     from paracheck.check.targets import BUILTIN_TARGETS
 
     parts = [f"paracheck check {target.name}", f"--backend {backend}"]
@@ -195,6 +210,8 @@ def replay_command(target, case, backend: str = "gloo", *, timeout: float | None
         parts.append("--properties " + ",".join(sorted(target.properties)))
     if timeout is not None:
         parts.append(f"--timeout {timeout:g}")
+    if rank_memory is not None:
+        parts.append(f"--rank-memory {rank_memory:g}")
     options = getattr(target, "cli_options", None)
     extra = options() if callable(options) else ""
     return " ".join(parts) + extra + f" --case '{case.to_json()}'"
@@ -237,6 +254,9 @@ class PropertyFailure:
             and self.result.error.failures
         ):
             return f"your code raised on rank {self.result.error.failures[0].rank}"
+        summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
+        if self.property == "memory-cap" and summary:
+            return f"{summary}: a resource failure, not a wrong result"
         return property_info(self.property).meaning
 
     def labels(self) -> list[str]:
@@ -247,7 +267,14 @@ class PropertyFailure:
     def header(self, target_name: str) -> str:
         return f"FAIL {target_name}: {self.property}: {self.meaning}"
 
-    def text(self, target, backend: str = "gloo", *, timeout: float | None = None) -> str:
+    def text(
+        self,
+        target,
+        backend: str = "gloo",
+        *,
+        timeout: float | None = None,
+        rank_memory: float | None = None,
+    ) -> str:
         out = [self.header(target.name)]
         if self.without:
             from paracheck.check.features import label
@@ -292,10 +319,20 @@ class PropertyFailure:
                 out.append(f"  rank {rank} printed:")
                 out.append("    " + text.rstrip().replace("\n", "\n    "))
         out.append("  replay exactly this case:")
-        out.append("    " + replay_command(target, self.case, backend, timeout=timeout))
+        out.append(
+            "    "
+            + replay_command(target, self.case, backend, timeout=timeout, rank_memory=rank_memory)
+        )
         return "\n".join(out)
 
-    def to_dict(self, target, backend: str = "gloo", *, timeout: float | None = None) -> dict:
+    def to_dict(
+        self,
+        target,
+        backend: str = "gloo",
+        *,
+        timeout: float | None = None,
+        rank_memory: float | None = None,
+    ) -> dict:
         d = self.result.divergence_of(self.property)
         return {
             "property": self.property,
@@ -327,7 +364,9 @@ class PropertyFailure:
                 "definite": getattr(self.result.error, "definite", False),
             },
             "outputs": {str(k): v for k, v in self.result.outputs.items()},
-            "replay": replay_command(target, self.case, backend, timeout=timeout),
+            "replay": replay_command(
+                target, self.case, backend, timeout=timeout, rank_memory=rank_memory
+            ),
         }
 
 
@@ -351,6 +390,7 @@ class CheckReport:
     replayed: int = 0
     dropped: int = 0
     saved: int = 0
+    rank_memory: float | None = None  # the ranks' memory cap (GB) the replay commands carry
 
     @property
     def failure(self) -> CaseResult | None:
@@ -397,7 +437,9 @@ class CheckReport:
         out = [self.summary()]
         out += [f"  note: {n}" for n in self.notes]
         for f in self.failures:
-            out.append(f.text(self.target, backend, timeout=self.timeout))
+            out.append(
+                f.text(self.target, backend, timeout=self.timeout, rank_memory=self.rank_memory)
+            )
         return "\n".join(out)
 
     def to_dict(self, backend: str = "gloo") -> dict:
@@ -413,7 +455,8 @@ class CheckReport:
             "worst_relative_error": self.worst_ratio,
             "failed_properties": [f.property for f in self.failures],
             "failures": [
-                f.to_dict(self.target, backend, timeout=self.timeout) for f in self.failures
+                f.to_dict(self.target, backend, timeout=self.timeout, rank_memory=self.rank_memory)
+                for f in self.failures
             ],
             "notes": list(self.notes),
             "database": None
@@ -427,7 +470,9 @@ class CheckReport:
         }
 
 
-def case_report(target, result: CaseResult, *, timeout: float | None = None) -> CheckReport:
+def case_report(
+    target, result: CaseResult, *, timeout: float | None = None, rank_memory: float | None = None
+) -> CheckReport:
     """The report of one given case (``paracheck check --case``): every property it breaks, as is."""
     failures = [
         PropertyFailure(p, result, None, True, 0, None, [], shrunk=False)
@@ -444,4 +489,5 @@ def case_report(target, result: CaseResult, *, timeout: float | None = None) -> 
         [],
         cases_run=1,
         timeout=timeout,
+        rank_memory=rank_memory,
     )

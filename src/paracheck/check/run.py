@@ -52,7 +52,8 @@ class CaseResult:
     def failed_properties(self) -> list[str]:
         """The properties this case breaks (keys of ``paracheck.check.report.PROPERTIES``)."""
         if self.error is not None:
-            return [{"hung": "hang", "died": "died"}.get(self.error.kind, "raised")]
+            kinds = {"hung": "hang", "died": "died", "memory": "memory-cap"}
+            return [kinds.get(self.error.kind, "raised")]
         return list(dict.fromkeys(d.property for d in self.divergences))
 
     def divergence_of(self, prop: str) -> Divergence | None:

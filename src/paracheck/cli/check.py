@@ -92,6 +92,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "slowest passing case of their world size, at least 5 s (default %(default)s)",
     )
     c.add_argument(
+        "--rank-memory",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="cap on each rank's resident memory during a case, in GB (2**30 bytes); a rank over "
+        "it is stopped and its case reported as a resource failure (default: an equal share of "
+        "the machine's memory among the ranks and this process, at least 1 GB)",
+    )
+    c.add_argument(
         "--kind",
         choices=["ddp", "sharded", "zero"],
         default=None,
@@ -210,7 +219,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(run=cmd_selftest)
 
 
-def _make_world(backend: str, size: int, timeout: float):
+def _make_world(backend: str, size: int, timeout: float, rank_memory: float | None = None):
     from paracheck.world import World
 
     if backend == "nccl":
@@ -221,7 +230,7 @@ def _make_world(backend: str, size: int, timeout: float):
             raise UsageError(
                 f"--world-sizes: world size {size} exceeds the {n} CUDA device(s) present (--backend nccl)"
             )
-    return World(size, backend=backend, timeout=timeout)
+    return World(size, backend=backend, timeout=timeout, rank_memory=rank_memory)
 
 
 def cmd_check(args) -> int:
@@ -261,6 +270,7 @@ def cmd_check(args) -> int:
             default = ",".join(str(i) for i in range(1, torch.cuda.device_count() + 1)) or "1"
         sizes = _world_sizes(args.world_sizes or default)
     _positive("--timeout", args.timeout)
+    _positive("--rank-memory", args.rank_memory)
     max_examples = (
         args.max_examples
         if args.max_examples is not None
@@ -279,7 +289,7 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
     database = None if args.no_database or case is not None else args.database
-    world = _make_world(args.backend, max(sizes), args.timeout)
+    world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
     failed = 0
     reports = []
     to_stdout = args.json == "-"
@@ -295,6 +305,7 @@ def cmd_check(args) -> int:
                     target,
                     run_case(world, target, case, timeout=args.timeout),
                     timeout=replay_timeout,
+                    rank_memory=args.rank_memory,
                 )
             else:
                 from paracheck.check.property import Progress
@@ -315,6 +326,7 @@ def cmd_check(args) -> int:
                     progress=Progress(),
                 )
                 report.timeout = replay_timeout
+                report.rank_memory = args.rank_memory
             reports.append(report)
             failed += not report.passed
             if not to_stdout:

@@ -1,13 +1,27 @@
 """Persistent multi-rank runner: gloo on CPU, NCCL on GPU; failures reported by rank."""
 
+from paracheck.world._collectives import set_step
 from paracheck.world.runner import (
     PeerFailed,
     RankDied,
     RankError,
     RankFailure,
     RankHang,
+    RankOverMemory,
     World,
     WorldError,
+    default_rank_memory,
 )
 
-__all__ = ["PeerFailed", "RankDied", "RankError", "RankFailure", "RankHang", "World", "WorldError"]
+__all__ = [
+    "PeerFailed",
+    "RankDied",
+    "RankError",
+    "RankFailure",
+    "RankHang",
+    "RankOverMemory",
+    "World",
+    "WorldError",
+    "default_rank_memory",
+    "set_step",
+]

@@ -18,8 +18,9 @@ from __future__ import annotations
 import inspect
 import json
 import os
+from collections.abc import Callable
 
-__all__ = ["CollectiveCounter", "install", "read_status", "COUNTED"]
+__all__ = ["CollectiveCounter", "install", "read_status", "set_step", "COUNTED"]
 
 COUNTED = (
     "all_reduce",
@@ -62,6 +63,10 @@ class CollectiveCounter:
             self.attach(path)
         self.active = False
         self.job = None
+        self.step: int | None = None  # the step the job said it is in (set_step)
+        self.on_step: Callable[[int], None] | None = (
+            None  # called by set_step, before ``step`` changes
+        )
         self._reset()
 
     def attach(self, path: str) -> None:
@@ -77,6 +82,7 @@ class CollectiveCounter:
 
     def begin(self, job) -> None:
         self.job = job
+        self.step = None
         self._reset()
         self.active = True
         self._write("running")
@@ -112,6 +118,7 @@ class CollectiveCounter:
             "total": self.total,
             "world_total": self.world_total,
             "counts": self.counts,
+            "step": self.step,
         }
         data = json.dumps(rec, separators=(",", ":")).encode()
         os.pwrite(self._fd, data.ljust(_RECORD)[:_RECORD], 0)
@@ -127,10 +134,25 @@ def read_status(path: str) -> dict | None:
         return None
 
 
+_INSTALLED: CollectiveCounter | None = None  # this rank's counter, once install() ran
+
+
+def set_step(step: int) -> None:
+    """Say that this rank's job has reached training step ``step``: a rank that exceeds its memory
+    cap is reported at the step in which it did (Note [Rank memory cap] in
+    ``paracheck.world.runner``). Does nothing outside a ``World``'s rank."""
+    if _INSTALLED is not None:
+        if _INSTALLED.on_step is not None:
+            _INSTALLED.on_step(step)
+        _INSTALLED.step = step
+
+
 def install(counter: CollectiveCounter) -> None:
     """Wrap ``torch.distributed``'s collectives and ``Work.wait`` so that they report to ``counter``."""
+    global _INSTALLED
     import torch.distributed as dist
 
+    _INSTALLED = counter
     for name in COUNTED:
         fn = getattr(dist, name, None)
         if fn is None or getattr(fn, "_paracheck_counted", False):

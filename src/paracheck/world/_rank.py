@@ -1,6 +1,7 @@
 """The body of one rank process of a ``World``. Private: the driver is ``paracheck.world.World``.
 
-Protocol (driver -> rank over a Pipe): ``("run", job_id, world_size, generation, fn_path, payload)``,
+Protocol (driver -> rank over a Pipe):
+``("run", job_id, world_size, generation, fn_path, payload, memory_cap_bytes)``,
 ``("reset",)`` or ``("stop",)``. The rank (re)creates its default process group when the requested
 world size or generation changes (Note [One default group per world size]), calls ``fn(payload)``
 if its rank is below the world size, and answers ``(job_id, "ok", result, output)`` or
@@ -10,7 +11,10 @@ whose peers are stuck in a collective closes its connections, so their collectiv
 (Note [Definite deadlock] in ``paracheck.world.runner``).
 
 While a job runs, the rank's collectives are counted into ``<stack_dir>/rank<r>.status``
-(``paracheck.world._collectives``) and its stdout/stderr go to ``<stack_dir>/rank<r>.out``.
+(``paracheck.world._collectives``). Its stdout/stderr go to ``<stack_dir>/rank<r>.out`` for the
+whole life of the process (Note [Captured output]). A watchdog thread stops the rank when its
+driver is gone (Note [Cleaning up] in ``paracheck.world.runner``) and when its job's resident
+memory exceeds the cap the job was sent with (Note [Rank memory cap] in the runner).
 """
 
 from __future__ import annotations
@@ -18,11 +22,16 @@ from __future__ import annotations
 import faulthandler
 import gc
 import importlib
+import json
 import os
 import pickle
+import shutil
 import signal
 import sys
+import threading
+import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -35,11 +44,18 @@ from typing import Any
 
 # Note [Captured output]
 #   A target's prints belong to the case that made them, and one target printed hundreds of lines
-#   per case. For the duration of a job the rank points its file descriptors 1 and 2 at its
-#   ``rank<r>.out`` file (dup2, so prints from C extensions are caught too), then restores them and
-#   sends the head and tail of what was written with its answer; the driver shows it only with a
-#   failure, and reads the file itself for a rank that hangs. faulthandler's stack dumps go to their
-#   own file descriptor (the ``.stack`` file) and are unaffected.
+#   per case. torch and gloo print too (warnings, connection messages), and not only inside a
+#   case: at import, while a process group is created or destroyed, when garbage is collected, at
+#   exit. So a rank points its file descriptors 1 and 2 at its ``rank<r>.out`` file for the whole
+#   life of the process, before torch is imported (dup2, so prints from C extensions are caught
+#   too): nothing a rank prints reaches the driver's terminal. Just before a job calls the target,
+#   whatever the file holds (printed outside any case since the rank's last answer) is marked as
+#   such; the answer carries the head and tail of the file, which is then emptied. The driver shows
+#   it only with a failure, and reads the file itself for a rank that hangs or dies. Python's
+#   warnings are reset for each job (``warnings.catch_warnings``), so a case shows the warnings it
+#   triggers even where an earlier case triggered them first (torch's C++ warnings that print once
+#   per process show with the first case of a process only). faulthandler's stack dumps go to
+#   their own file (the ``.stack`` file) and are unaffected.
 _HEAD_LINES, _TAIL_LINES, _LINE_CHARS = 15, 15, 300
 
 
@@ -63,40 +79,136 @@ def read_output(path: str, limit: int = 1 << 20) -> str:
     return _clip(data.decode("utf-8", "replace"))
 
 
-class _Capture:
-    def __init__(self, path: str):
-        self.path = path
-        self._file = open(path, "wb+")
-        self._saved = None
+_OUTSIDE = b"[printed outside any case, before this one]\n"
+_INSIDE = b"[printed by this case]\n"
 
-    def __enter__(self):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._file.seek(0)
-        self._file.truncate()
-        self._saved = (os.dup(1), os.dup(2))
-        os.dup2(self._file.fileno(), 1)
-        os.dup2(self._file.fileno(), 2)
-        return self
 
-    def __exit__(self, *exc):
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            stream.flush()
         except Exception:  # noqa: BLE001 - a target may have closed or replaced the streams
             pass
-        os.dup2(self._saved[0], 1)
-        os.dup2(self._saved[1], 2)
-        os.close(self._saved[0])
-        os.close(self._saved[1])
-        return False
 
-    def clear(self) -> None:
-        self._file.seek(0)
-        self._file.truncate()
 
-    def text(self) -> str:
-        return read_output(self.path)
+class _Output:
+    """This process's file descriptors 1 and 2, pointed at ``path`` for the rest of its life
+    (Note [Captured output])."""
+
+    def __init__(self, path: str):
+        self.path = path
+        _flush()
+        # O_APPEND: writes land at the end of the file even after take() empties it.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    def begin(self) -> None:
+        """A job is about to call the target: mark what was printed since the last answer."""
+        _flush()
+        try:
+            with open(self.path, "rb") as f:
+                before = f.read(1 << 20)
+        except OSError:
+            return
+        if before:
+            os.truncate(self.path, 0)
+            os.write(1, _OUTSIDE + before.rstrip(b"\n") + b"\n" + _INSIDE)
+
+    def take(self) -> str:
+        """What was printed since the last answer, clipped; the file is emptied."""
+        _flush()
+        text = read_output(self.path)
+        try:
+            os.truncate(self.path, 0)
+        except OSError:
+            pass
+        return text
+
+
+def resident_bytes() -> int:
+    """This process's resident anonymous memory in bytes (its own tensors and objects: RSS less
+    the pages of files and shared memory; Note [Rank memory cap]); the peak RSS where /proc is
+    missing."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def memory_record_path(stack_dir: str, rank: int) -> str:
+    return os.path.join(stack_dir, f"rank{rank}.memory")
+
+
+class _Watchdog(threading.Thread):
+    """Every ``interval`` seconds: exit when the parent process is gone (the driver, or the
+    zygote that forked this rank: Note [Cleaning up]); while a job runs with a memory cap, stop
+    this process once its resident memory exceeds the cap (Note [Rank memory cap])."""
+
+    interval = 0.05
+
+    def __init__(self, rank: int, parent: int, stack_dir: str, lock: int, counter):
+        super().__init__(name="paracheck-watchdog", daemon=True)
+        self.rank, self.parent, self.stack_dir, self.lock = rank, parent, stack_dir, lock
+        self.counter = counter
+        self.cap = 0  # bytes; 0: none (set per job)
+        counter.on_step = self.at_step
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            if os.getppid() != self.parent:
+                orphaned(self.stack_dir, self.lock)
+            if self.cap and self.counter.active:
+                rss = resident_bytes()
+                if rss > self.cap:
+                    self._stop(rss, self.counter.step)
+
+    def at_step(self, step: int) -> None:
+        """The job starts step ``step``: a step that ended over the cap is named, not the next
+        one, which the polling thread could otherwise see first (Note [Rank memory cap])."""
+        if self.cap and self.counter.active:
+            rss = resident_bytes()
+            if rss > self.cap:
+                self._stop(rss, self.counter.step)
+
+    def _stop(self, rss: int, step: int | None) -> None:
+        record = {"job": self.counter.job, "rss": rss, "cap": self.cap, "step": step}
+        path = memory_record_path(self.stack_dir, self.rank)
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold_lock(stack_dir: str) -> int:
+    """A shared lock on the World's directory, held for the life of the process (Note [Cleaning
+    up]); each process opens the file itself (a lock belongs to an open file, which fork shares)."""
+    import fcntl
+
+    fd = os.open(os.path.join(stack_dir, "alive.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def orphaned(stack_dir: str, lock: int) -> None:
+    """The driver is gone: remove the World's directory if this is the last of its processes,
+    then exit (Note [Cleaning up])."""
+    import fcntl
+
+    try:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(stack_dir, ignore_errors=True)
+    except OSError:
+        pass  # another process still holds its lock: it is not the last
+    os._exit(0)
 
 
 def _resolve(path: str):
@@ -119,11 +231,20 @@ def rank_main(
 ) -> None:
     """Serve jobs as rank ``rank`` until told to stop (a process of its own, or forked by
     ``zygote_main``)."""
+    # First, before torch prints anything (Note [Captured output]).
+    output = _Output(os.path.join(stack_dir, f"rank{rank}.out"))
+    lock = hold_lock(stack_dir)
+    parent = int(os.environ.get("PARACHECK_PARENT", os.getppid()))
+    if os.getppid() != parent:
+        orphaned(stack_dir, lock)  # the driver died while this rank started
+
     from multiprocessing.connection import Client
 
     from paracheck.world._collectives import CollectiveCounter, install
 
     counter = CollectiveCounter()
+    watchdog = _Watchdog(rank, parent, stack_dir, lock, counter)
+    watchdog.start()
     # Import before connecting: the driver accepts (and authenticates) one rank at a time and
     # waits for its "ready", so a rank that connected first and imported after made the ranks
     # start one after another (measured: one rank every ~4 s, 26 s for six, over the 120 s
@@ -145,21 +266,26 @@ def rank_main(
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w+")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     counter.attach(os.path.join(stack_dir, f"rank{rank}.status"))
-    capture = _Capture(os.path.join(stack_dir, f"rank{rank}.out"))
     torch.set_num_threads(1)
     if device is not None:
         torch.cuda.set_device(torch.device(device))
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
     _send(conn, ("ready", rank, os.getpid()))
-    _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture)
+    if not _serve(
+        rank, conn, store, stack_file, backend, device, pg_timeout, counter, output, watchdog
+    ):
+        orphaned(stack_dir, lock)  # the driver closed the connection without a "stop"
 
 
 def zygote_main(stack_dir: str) -> None:
     """A process that imports what a rank needs once, then forks a rank per line read from stdin
     (Note [Forked ranks] in ``paracheck.world.runner``): ``json [rank_main args..., authkey]``.
-    The exit status of each child goes to ``<stack_dir>/exit.<pid>`` (the driver is not its parent)."""
-    import json
+    The exit status of each child goes to ``<stack_dir>/exit.<pid>`` (the driver is not its parent).
+    The end of stdin means the driver is gone (it kills the zygote when it closes the World)."""
     import select
+
+    _Output(os.path.join(stack_dir, "zygote.out"))  # Note [Captured output]
+    lock = hold_lock(stack_dir)
 
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
@@ -192,24 +318,30 @@ def zygote_main(stack_dir: str) -> None:
             continue
         chunk = os.read(0, 1 << 16)
         if not chunk:
-            return
+            orphaned(stack_dir, lock)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             args = json.loads(line)
+            zygote = os.getpid()
             if os.fork() == 0:
                 code = 1
                 try:
+                    os.close(lock)  # the rank holds a lock of its own (hold_lock)
                     devnull = os.open(os.devnull, os.O_RDONLY)
                     os.dup2(devnull, 0)
                     os.environ["PARACHECK_AUTHKEY"] = args[-1]
+                    os.environ["PARACHECK_PARENT"] = str(zygote)
                     rank_main(*args[:-1])
                     code = 0
                 finally:
                     os._exit(code)
 
 
-def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, capture) -> None:
+def _serve(
+    rank, conn, store, stack_file, backend, device, pg_timeout, counter, output, watchdog
+) -> bool:
+    """Answer jobs until told to stop (True) or until the driver's connection ends (False)."""
     import torch
     import torch.distributed as dist
 
@@ -217,13 +349,13 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
     while True:
         try:
             msg = _recv(conn)
-        except EOFError:
-            return
+        except (EOFError, OSError):
+            return False
         if msg[0] == "stop":
             if dist.is_initialized():
                 dist.destroy_process_group()
             _send(conn, ("stopped", rank))
-            return
+            return True
         if msg[0] == "reset":
             current = None
             try:
@@ -233,10 +365,9 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 pass
             gc.collect()  # a finished target's reference cycles can hold the group open
             continue
-        _, job_id, world_size, generation, fn_path, payload = msg
+        _, job_id, world_size, generation, fn_path, payload, cap = msg
         stack_file.seek(0)
         stack_file.truncate()
-        capture.clear()
         try:
             if current != (world_size, generation):
                 if dist.is_initialized():
@@ -260,15 +391,17 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 _send(conn, (job_id, "idle", None))
                 continue
             fn = _resolve(fn_path)
+            output.begin()
+            watchdog.cap = cap
             counter.begin(job_id)
             state = "raised"
             try:
-                with capture:
+                with warnings.catch_warnings():  # Note [Captured output]
                     result = fn(payload)
                 state = "returned"
             finally:
                 counter.end(state)
-            _send(conn, (job_id, "ok", result, capture.text()))
+            _send(conn, (job_id, "ok", result, output.take()))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.
             current = None
@@ -279,9 +412,9 @@ def _serve(rank, conn, store, stack_file, backend, device, pg_timeout, counter, 
                 pass
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             try:
-                _send(conn, (job_id, "error", text, capture.text()))
+                _send(conn, (job_id, "error", text, output.take()))
             except Exception:
-                return
+                return False
 
 
 # Plain pickle over the connection: multiprocessing's ForkingPickler would hand torch tensors over

@@ -12,8 +12,13 @@ Failures are results, not crashes of the driver:
   the collective it is blocked in and how many of each collective every rank issued; ranks that
   do not recover are killed and restarted. A deadlock that is certain (Note [Definite deadlock])
   is reported as soon as it is, without waiting for the timeout;
-* a rank that dies (signal, ``os._exit``) -> ``RankDied`` with the signal or exit code, then the
-  pool is restarted.
+* a rank that dies (signal, ``os._exit``) -> ``RankDied`` with the signal or exit code and what
+  it printed, then the dead ranks are replaced;
+* a rank whose resident memory exceeds ``rank_memory`` GB -> ``RankOverMemory``: "rank r
+  exceeded N GB at step s" (Note [Rank memory cap]).
+
+Nothing outlives the World: its temporary directory is removed when it is closed or collected,
+and its rank processes exit when the driver process dies (Note [Cleaning up]).
 
 No fixed ports: the driver owns a ``TCPStore`` bound to port 0 (the kernel picks a free port),
 so pools in several pytest-xdist workers never collide.
@@ -25,18 +30,20 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
 from typing import TYPE_CHECKING
 
 from paracheck.world._collectives import read_status
-from paracheck.world._rank import _recv, _send, read_output
+from paracheck.world._rank import _recv, _send, hold_lock, memory_record_path, read_output
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -47,8 +54,10 @@ __all__ = [
     "RankError",
     "RankHang",
     "RankDied",
+    "RankOverMemory",
     "RankFailure",
     "PeerFailed",
+    "default_rank_memory",
 ]
 
 _COLLECTIVES = (
@@ -76,7 +85,7 @@ _COLLECTIVES = (
 @dataclass
 class RankFailure:
     rank: int
-    kind: str  # "raised" | "hung" | "died"
+    kind: str  # "raised" | "hung" | "died" | "memory" (over its memory cap)
     detail: str  # traceback, stack, or exit description
     collective: str | None = None
     output: str = ""  # what the rank printed during the job, clipped (Note [Captured output])
@@ -129,9 +138,97 @@ class RankDied(WorldError):
     kind = "died"
 
 
+class RankOverMemory(RankDied):
+    """A rank's resident memory exceeded the World's ``rank_memory`` cap during the job, on fresh
+    rank processes (Note [Rank memory cap]); the rank was stopped and replaced. ``summary`` says
+    which rank, the cap and the step, e.g. "rank 1 exceeded 0.5 GB at step 3"."""
+
+    kind = "memory"
+
+    def __init__(self, message: str, failures: list[RankFailure], *, summary: str):
+        super().__init__(message, failures)
+        self.summary = summary
+
+
+# Note [Rank memory cap]
+#   A target that keeps tensors alive (a list appended every step) grows without limit in a
+#   persistent rank until the kernel's OOM killer kills some process: reported as "killed by
+#   signal SIGKILL", or as flaky where the replayed case ran on a fresh process and survived. So
+#   each rank watches its own resident memory while a job runs (a thread reads /proc/self/statm
+#   every 50 ms; RLIMIT_AS does not work with torch, which reserves far more address space than
+#   it touches) and stops itself with SIGKILL past the cap the job was sent with, after writing
+#   the memory, the cap and the step its job is in (``set_step``, called by the check's training
+#   loops) to ``rank<r>.memory``. The driver reports that as ``RankOverMemory``, "rank r
+#   exceeded N GB at step s": a resource failure, not a wrong result. ``set_step`` also checks
+#   the memory at each step's start, so that a step that ended over the cap is the one named:
+#   the thread alone could see it only after the next step began.
+#   What is watched is resident *anonymous* memory (RSS less the pages of files and shared
+#   memory): a rank's tensors and objects. The pages of torch's libraries are not the target's,
+#   and they differ between processes: a rank forked by the zygote maps 130 MB fewer of them
+#   than a started one (measured: RSS 0.23 against 0.36 GB, anonymous 0.22 GB for both), so with
+#   RSS the step at which a case passes the cap depended on how its rank was started.
+#   Memory a process kept from earlier jobs (a module-level list, a cache, freed memory the
+#   allocator kept) counts too, but is not the job's doing, and a job's verdict must not depend
+#   on the jobs before it. So a job that exceeds the cap on a process that served earlier jobs
+#   is run once more with every rank of it on a fresh process, and only a job over the cap from
+#   fresh processes is reported: the same case replayed is over it again, at the same step.
+#   The default cap (``default_rank_memory``) is an equal share of the machine's memory (the
+#   physical memory, or the cgroup's limit where lower) among the ranks and the driver,
+#   total / (size + 1), and at least 1 GiB (a rank holds about 0.22 GB of its own once torch is
+#   imported): a rank past it, were its peers the same, would leave the machine without memory,
+#   while a check's cases need a few MB each.
+
+
+def _machine_memory() -> int:
+    """Bytes of memory this process may use: physical memory, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            limits.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.max")
+        elif "memory" in controllers.split(","):
+            limits.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.limit_in_bytes")
+            limits.append("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    for path in limits:
+        try:
+            with open(path) as f:
+                total = min(total, int(f.read().strip()))
+        except (OSError, ValueError):  # absent, or "max"
+            pass
+    return total
+
+
+def default_rank_memory(size: int) -> float:
+    """The default memory cap of each of ``size`` ranks, in GB (2**30 bytes): an equal share of
+    the machine's memory among the ranks and the driver, at least 1 (Note [Rank memory cap])."""
+    return max(1.0, _machine_memory() / (size + 1) / 2**30)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.3g} GB"
+
+
+def _exceeded(record: dict) -> str:
+    """The words "exceeded 0.5 GB at step 3", from a rank's memory record (Note [Rank memory
+    cap])."""
+    step = record.get("step")
+    return f"exceeded {_gb(record.get('cap', 0))}" + (
+        f" at step {step}" if step is not None else ""
+    )
+
+
 class PeerFailed(RuntimeError):
     """Raised by rank code that stops because another rank failed (the other rank reports its own
     error). The runner lists such ranks after the rank whose own code failed."""
+
+
+_DEATHS = ("died", "memory")  # a rank process that ended during a job
 
 
 def _collective_of(stack: str) -> str | None:
@@ -145,6 +242,27 @@ def _collective_of(stack: str) -> str | None:
         ):
             return m.group(2)
     return None
+
+
+# Note [Cleaning up]
+#   A World leaves nothing behind: not its temporary directory (stack dumps, status files, the
+#   ranks' output), not its processes. ``close()``, and the World's finalizer (garbage
+#   collection, interpreter exit), stop the ranks and the zygote and remove the directory. When
+#   the driver process dies without either (SIGKILL), its ranks notice: a rank whose parent
+#   process changes (a watchdog thread polls ``os.getppid()`` every 50 ms; the parent is the
+#   driver, or the zygote for a forked rank) or whose connection to the driver ends exits, and
+#   so does the zygote when its stdin (a pipe from the driver) ends. The last process of the
+#   World to exit removes the directory: each process, the driver included, holds a shared
+#   ``flock`` on ``alive.lock`` in it; an exiting rank releases its own and removes the
+#   directory only if it then gets the lock exclusively, which it does when no other process of
+#   the World is left. (prctl's PR_SET_PDEATHSIG would tie a rank to the driver thread that
+#   started it, not to the driver process, and exists on Linux only.)
+def _remove_dir(path: str, lock: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.close(lock)
+    except OSError:
+        pass
 
 
 def _describe_exit(code: int | None) -> str:
@@ -165,6 +283,11 @@ class World:
     ``devices``, default ``cuda:0..size-1``). ``timeout`` (seconds) bounds every job; the process
     group's own timeout is set a little longer so that the driver sees a hang first, records the
     stacks, and the ranks then recover by themselves when their collectives time out.
+    ``rank_memory`` caps each rank's resident memory during a job, in GB (2**30 bytes; default
+    ``default_rank_memory(size)``; settable between jobs): Note [Rank memory cap].
+
+    Close it (``close()``, or a ``with`` block); one that is garbage-collected, or whose driver
+    process dies, leaves no process or temporary directory behind (Note [Cleaning up]).
     """
 
     def __init__(
@@ -175,6 +298,7 @@ class World:
         timeout: float = 30.0,
         devices: list[str] | None = None,
         start_timeout: float = 120.0,
+        rank_memory: float | None = None,
     ):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"size={size!r} must be an int >= 1")
@@ -199,13 +323,20 @@ class World:
         self.timeout = float(timeout)
         self.devices = devices
         self.start_timeout = start_timeout
+        self.rank_memory = default_rank_memory(size) if rank_memory is None else rank_memory
         self._generation = 0
         self._last_world_size: int | None = None
         self._job = 0
         self._procs: list = []
         self._conns: list = []
         self._store: TCPStore | None = None
+        self._served = [0] * size  # jobs each rank's process has run, this one included
+        self._fresh = True  # the last job's ranks had run no job before it
+        self._submitted: tuple = ()  # (fn, payload, world size, timeout) of the last job
         self._stack_dir = tempfile.mkdtemp(prefix="paracheck-world-")
+        # The driver's lock keeps the ranks from removing the directory (Note [Cleaning up]).
+        self._lock = hold_lock(self._stack_dir)
+        self._cleanup = weakref.finalize(self, _remove_dir, self._stack_dir, self._lock)
         self.restarts = 0
         self.start_seconds = 0.0  # how long the last (re)start of the pool took
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
@@ -213,10 +344,27 @@ class World:
         self._submitted_at = 0.0
         # Forks replacement ranks (Note [Forked ranks]).
         self._zygote: subprocess.Popen[bytes] | None = None
-        self._exits: dict[int, str] = {}  # how the ranks found dead by _replace_dead ended
+        self._exits: dict[int, RankFailure] = {}  # how the ranks _replace_dead found dead ended
         self._pg_timeout = self.timeout + max(1.0, 0.2 * self.timeout)
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self._cleanup()
+            raise
         self._start_zygote()  # after the ranks: its imports overlap the first jobs, not the start
+
+    @property
+    def rank_memory(self) -> float:
+        return self._rank_memory
+
+    @rank_memory.setter
+    def rank_memory(self, gb: float) -> None:
+        if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
+            raise ValueError(f"rank_memory={gb!r} must be a number of GB > 0")
+        self._rank_memory = float(gb)
+
+    def _cap_bytes(self) -> int:
+        return 0 if self._rank_memory == float("inf") else int(self._rank_memory * 2**30)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -299,8 +447,13 @@ class World:
                 if fork and zygote is not None and zygote.poll() is not None:
                     raise RuntimeError("the zygote that forks replacement ranks exited")
                 if dead or time.monotonic() > deadline:
+                    printed = "".join(
+                        f"\n--- rank {r} printed ---\n{self._output(r)}"
+                        for r in sorted(dead)
+                        if self._output(r)
+                    )
                     raise RuntimeError(
-                        f"ranks failed to start: {dead}"
+                        f"ranks failed to start: {dead}{printed}"
                         if dead
                         else f"ranks did not start within {self.start_timeout} s"
                     )
@@ -313,6 +466,7 @@ class World:
                     )
                 hello = _recv(conn)
                 self._conns[hello[1]] = conn
+                self._served[hello[1]] = 0
                 if fork:
                     self._procs[hello[1]] = _Forked(hello[2], self._stack_dir)
                 connected += 1
@@ -326,7 +480,33 @@ class World:
         )
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PARACHECK_AUTHKEY"] = authkey.hex()
+        env["PARACHECK_PARENT"] = str(os.getpid())  # Note [Cleaning up]
         return env
+
+    def _output(self, rank: int) -> str:
+        """What rank ``rank`` printed since its last answer (Note [Captured output])."""
+        return read_output(os.path.join(self._stack_dir, f"rank{rank}.out"))
+
+    def _death(self, rank: int, job: int) -> RankFailure:
+        """How rank ``rank``, found dead during job ``job``, ended: over its memory cap (Note
+        [Rank memory cap]), or its exit code or signal; with what it printed."""
+        output = self._output(rank)
+        record = None
+        try:
+            with open(memory_record_path(self._stack_dir, rank)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            pass
+        code = _wait_code(self._procs[rank])
+        if record is None or record.get("job") != job:
+            return RankFailure(rank, "died", _describe_exit(code), output=output)
+        return RankFailure(
+            rank,
+            "memory",
+            f"{_exceeded(record)} (resident memory {_gb(record['rss'])}); stopped by paracheck",
+            output=output,
+            status=record,
+        )
 
     # Note [Forked ranks]
     #   A rank that dies, or hangs where its peers cannot free it, is replaced by a new process,
@@ -386,11 +566,12 @@ class World:
         self._generation += 1
         return True
 
-    def _replace_dead(self, dead: list[int], pending: dict) -> bool:
+    def _replace_dead(self, dead: list[int], pending: dict, also: tuple[int, ...] = ()) -> bool:
         """After ranks ``dead`` died in a job: let the survivors still in it fail out (their peers
         are gone, so their collectives fail), have every survivor drop its group, and start new
-        processes for the dead ranks only; ranks found dead meanwhile are added to ``dead``.
-        False if that did not work (then restart the pool)."""
+        processes for the dead ranks and the ranks ``also``; ranks found dead meanwhile are added
+        to ``dead``. False if that did not work (then restart the pool)."""
+        known = set(dead)
         waiting = {r: c for r, c in pending.items() if r not in dead}
         deadline = time.monotonic() + 3.0
         while waiting and time.monotonic() < deadline:
@@ -405,15 +586,16 @@ class World:
                 if msg[0] == self._job:
                     waiting.pop(rank, None)
         dead += [r for r in range(self.size) if r not in dead and self._procs[r].poll() is not None]
-        self._exits = {r: _describe_exit(_wait_code(self._procs[r])) for r in dead}
+        self._exits = {r: self._death(r, self._job) for r in dead if r not in known}
         if waiting:
             return False
         for r in range(self.size):
             if r not in dead:
                 _send(self._conns[r], ("reset",))
-        return self._respawn(sorted(dead))
+        return self._respawn(sorted(set(dead) | set(also)))
 
     def _kill(self) -> None:
+        self._served = [0] * self.size
         self._procs = [p for p in self._procs if p is not None]
         for p in self._procs:
             if p.poll() is None:
@@ -448,6 +630,7 @@ class World:
                 pass
         self._kill()
         self._stop_zygote()  # last: it reaps (and reports) the ranks it forked
+        self._cleanup()
 
     def __enter__(self) -> World:
         return self
@@ -457,10 +640,13 @@ class World:
 
     def __del__(self):
         try:
-            self._stop_zygote()
             self._kill()
+            self._stop_zygote()
         except Exception:
             pass
+        cleanup = getattr(self, "_cleanup", None)  # absent when __init__ refused its arguments
+        if cleanup is not None:
+            cleanup()
 
     @property
     def pids(self) -> list[int]:
@@ -500,14 +686,21 @@ class World:
             self._last_world_size = w
         self._job += 1
         job = self._job
+        self._fresh = not any(self._served[:w])
+        for r in range(w):
+            self._served[r] += 1
+        self._submitted = (fn, payload, w, timeout)
+        cap = self._cap_bytes()
         for conn in self._conns:
-            _send(conn, ("run", job, w, self._generation, fn, payload))
+            _send(conn, ("run", job, w, self._generation, fn, payload, cap))
         # The timeout runs from submission: time the driver spends elsewhere counts.
         self._submitted_at = time.monotonic()
         return (job, fn, w, self._submitted_at + timeout)
 
     def collect(self, ticket) -> list:
-        """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied`` on failure.
+        """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied``/
+        ``RankOverMemory`` on failure. A job over the memory cap on processes that ran earlier jobs
+        is run again on fresh ones first (Note [Rank memory cap]).
 
         ``self.last_outputs`` then holds what each rank of the job printed (clipped)."""
         job, fn, w, deadline = ticket
@@ -543,9 +736,7 @@ class World:
                 try:
                     msg = _recv(conn)
                 except (EOFError, OSError):
-                    failures.append(
-                        RankFailure(rank, "died", _describe_exit(_wait_code(self._procs[rank])))
-                    )
+                    failures.append(self._death(rank, job))
                     del pending[rank]
                     continue
                 if msg[0] != job:
@@ -560,7 +751,7 @@ class World:
                     failures.append(
                         RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output)
                     )
-            if any(f.kind == "died" for f in failures):
+            if any(f.kind in _DEATHS for f in failures):
                 break
             if polling:
                 watch.poll(sorted(r for r in pending if r < w))
@@ -568,23 +759,38 @@ class World:
                     sorted(results), sorted(r for r in pending if r < w)
                 ):
                     break  # Note [Definite deadlock]
-        if any(f.kind == "died" for f in failures):
-            dead = [f for f in failures if f.kind == "died"]
+        if any(f.kind in _DEATHS for f in failures):
+            dead = [f for f in failures if f.kind in _DEATHS]
             ranks = sorted(f.rank for f in dead)
+            over = [f for f in dead if f.kind == "memory"]
+            # Over the cap after earlier jobs: every rank of the job is replaced and the job run
+            # again (Note [Rank memory cap]).
+            rerun = bool(over) and not self._fresh
+            stale = tuple(r for r in range(w) if r not in ranks) if rerun else ()
             # Replacing only the dead ranks costs one process start instead of the pool's.
             known = set(ranks)
-            replaced = self._replace_dead(ranks, pending)
+            replaced = self._replace_dead(ranks, pending, also=stale)
             dead += [
-                RankFailure(r, "died", self._exits.pop(r, "died")) for r in ranks if r not in known
+                self._exits.pop(r, RankFailure(r, "died", "died")) for r in ranks if r not in known
             ]
+            over = [f for f in dead if f.kind == "memory"]
             if replaced:
-                action = f"rank(s) {sorted(ranks)} were restarted"
+                action = f"rank(s) {sorted(set(ranks) | set(stale))} were restarted"
             else:
                 self.restart()
                 action = "the pool was restarted"
+            if rerun:
+                fn, payload, w, timeout = self._submitted
+                return self.collect(self.submit(fn, payload, world_size=w, timeout=timeout))
+            dead.sort(key=lambda f: (f.kind != "memory", f.rank))
+            if over:
+                summary = f"rank {over[0].rank} {_exceeded(over[0].status or {})}"
+                raise RankOverMemory(
+                    f"{summary} during {fn} (world size {w}); {action}", dead, summary=summary
+                )
             raise RankDied(
                 f"{len(dead)} rank(s) died during {fn} (world size {w}); {action}",
-                sorted(dead, key=lambda f: f.rank),
+                dead,
             )
         stuck = sorted(r for r in pending if r < w)
         if stuck:

@@ -15,6 +15,7 @@ from paracheck.cases import (
 from paracheck.check.ranks._common import rank_device, snapshot, target_object, train_micro_steps
 from paracheck.check.ranks._drive import ddp_driver
 from paracheck.check.ranks.record import RankRecord, RankStep
+from paracheck.world import set_step
 
 __all__ = ["run_ddp"]
 
@@ -54,6 +55,7 @@ def run_ddp(payload: dict) -> RankRecord:
     optimizer = build_optimizer(case, params)
     scheduler = build_scheduler(case, optimizer)
     for step in range(case.steps):
+        set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
         if drv.batch_start is not None:

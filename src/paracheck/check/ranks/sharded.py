@@ -49,6 +49,7 @@ from paracheck.check.ranks._optimizer import (
     state_bytes,
 )
 from paracheck.check.ranks.record import RankRecord, RankStep
+from paracheck.world import set_step
 
 __all__ = ["run_sharded"]
 
@@ -100,6 +101,7 @@ def run_sharded(payload: dict) -> RankRecord:
         return RankRecord.skip(skipped)
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     for step in range(case.steps):
+        set_step(step)  # named if the rank exceeds its memory cap
         if case.reload_at_step == step:
             opt, scheduler = _reload(case, opt, scheduler, params, cls, step, device)
         add_late_groups(case, opt, params, step)

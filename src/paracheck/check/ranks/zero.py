@@ -33,6 +33,7 @@ from paracheck.check.ranks._optimizer import (
     state_bytes,
 )
 from paracheck.check.ranks.record import RankRecord, RankStep
+from paracheck.world import set_step
 
 __all__ = ["run_zero"]
 
@@ -64,6 +65,7 @@ def run_zero(payload: dict) -> RankRecord:
         no_sync=getattr(zero, "no_sync", None),
     )
     for step in range(case.steps):
+        set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, zero, params, step)
         if case.closure:
             with record_collectives() as rec:
