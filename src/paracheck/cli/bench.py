@@ -234,10 +234,23 @@ def run_lm(args, record: dict) -> None:
 
 
 def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--world-size", type=int, default=2)
     p.add_argument(
-        "--sizes", default=None, help="models: gate, cpu (CPU) or small, medium, large, xl, 2.7B"
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: gloo ranks; cuda: NCCL ranks, one GPU each (default %(default)s)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=2,
+        help="ranks of the measured world (default %(default)s)",
+    )
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated models: gate, cpu (CPU) or small, medium, large, xl, 2.7B (default "
+        "cpu on cpu; small,medium,large,xl on cuda)",
     )
     p.add_argument(
         "--variants",
@@ -246,19 +259,25 @@ def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
     )
     p.add_argument("--batch", type=int, default=4, help="local batch per rank (default 4)")
     p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)"
+    )
     p.add_argument(
         "--bucket-mb", type=float, default=25.0, help="bucket size of the step table (default 25)"
     )
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take")
     p.add_argument(
-        "--json", default=None, help="write every measurement here (for paracheck report)"
+        "--timeout", type=float, default=300.0, help="seconds one job may take (default 300)"
+    )
+    p.add_argument(
+        "--json",
+        default=None,
+        help="write every measurement here, for paracheck report (default: none)",
     )
     if what_default is not None:
         p.add_argument(
             "--what",
             default=",".join(what_default),
-            help=f"comma-separated subset of {','.join(WHAT)}",
+            help=f"comma-separated subset of {','.join(WHAT)} (default: all of them)",
         )
         p.add_argument(
             "--allreduce-mb",
@@ -273,7 +292,9 @@ def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
             "--bucket-model", default=None, help="model of the bucket sweep (default cpu / xl)"
         )
         p.add_argument(
-            "--overlap-model", default=None, help="model of the overlap measurement (default large)"
+            "--overlap-model",
+            default=None,
+            help="model of the overlap measurement (default cpu / large)",
         )
         p.add_argument(
             "--no-exact",

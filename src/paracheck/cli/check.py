@@ -104,14 +104,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--kind",
         choices=["ddp", "sharded", "zero"],
         default=None,
-        help="interface of an import-path target",
+        help="interface of an import-path target (default: read from its constructor and methods)",
     )
     c.add_argument(
         "--adapters",
         default=None,
         metavar="PATH_OR_MODULE",
         help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
-        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer)",
+        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer; default: none)",
     )
     c.add_argument(
         "--finish",
@@ -144,7 +144,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="dtype of the target's computation (default float64; the oracle is always float64)",
     )
     c.add_argument(
-        "--case", default=None, help="replay exactly this case (JSON from a failure report)"
+        "--case",
+        default=None,
+        help="replay exactly this case (JSON from a failure report; default: draw cases)",
     )
     c.add_argument(
         "--properties",
@@ -167,7 +169,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="SPEC",
         help="comma-separated case features, each -name (never draw it) or +name (draw it again "
-        "after --contract turned it off), e.g. --features -unused-some-ranks",
+        "after --contract turned it off), e.g. --features -unused-some-ranks (default: none, "
+        "every feature --contract draws)",
     )
     c.add_argument(
         "--database",
@@ -185,7 +188,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--json",
         default=None,
         metavar="PATH",
-        help="write the verdict as JSON to PATH ('-': stdout, instead of the text report)",
+        help="write the verdict as JSON to PATH ('-': stdout, instead of the text report; default: "
+        "none)",
     )
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
     s.add_argument(
