@@ -33,7 +33,7 @@ def test_every_option_has_help_with_its_default(command, action):
     assert action.help and action.help != argparse.SUPPRESS, f"{what} has no help"
     default = action.default
     flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-    if default is None or flag or not action.option_strings:
+    if flag or action.required or not action.option_strings:
         return
     text = action.help % {"default": default, "prog": "paracheck", "dest": action.dest}
     assert "default" in text, f"{what}: default {default!r} not stated in {text!r}"
