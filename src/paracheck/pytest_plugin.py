@@ -6,6 +6,7 @@ Options:
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
     --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
+    --paracheck-allow-large-world      gloo world sizes above what the machine runs (refused otherwise)
 
 Markers: ``world_size(n)`` (skipped when n exceeds what the backend can run), ``gpu`` (skipped
 without CUDA). Every skip of either kind is counted and reported at the end of the session:
@@ -47,6 +48,12 @@ def pytest_addoption(parser):
         "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
     )
     g.addoption(
+        "--paracheck-allow-large-world",
+        action="store_true",
+        help="run gloo world sizes above what this machine runs (4 ranks per core, 256 MiB of half "
+        "its memory per rank: larger worlds are a usage error)",
+    )
+    g.addoption(
         "--paracheck-stub-cuda-timing",
         action="store_true",
         help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
@@ -68,6 +75,16 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
             )
+        if config.getoption("--paracheck-backend") == "gloo" and not config.getoption(
+            "--paracheck-allow-large-world"
+        ):
+            from paracheck.check.limits import world_size_error
+
+            error = world_size_error(
+                "--paracheck-world-sizes", text, sizes, "--paracheck-allow-large-world"
+            )
+            if error is not None:
+                raise pytest.UsageError(error)
 
 
 def _world_sizes(config) -> tuple[int, ...]:
@@ -141,7 +158,7 @@ def paracheck_world_sizes(pytestconfig) -> tuple[int, ...]:
 
 
 @pytest.fixture(scope="session")
-def paracheck_world(pytestconfig, paracheck_world_sizes):
+def paracheck_world(request, pytestconfig, paracheck_world_sizes):
     """One persistent World per session (and per xdist worker), sized for the largest world size."""
     from paracheck.world import World
 
@@ -157,7 +174,10 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
             )
     world = World(size, backend=backend, timeout=timeout, devices=devices)
     yield world
-    world.close()
+    if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        world.kill()  # Ctrl-C: the ranks may be inside a job, which close() would wait for
+    else:
+        world.close()
 
 
 @pytest.fixture(scope="session")

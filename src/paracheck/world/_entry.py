@@ -4,9 +4,17 @@ A separate module so that ``paracheck.world._rank`` is imported normally (runpy 
 module it runs as __main__ was already imported through its package).
 """
 
+import signal
 import sys
 
-from paracheck.world._rank import rank_main
+if __name__ == "__main__":
+    # Ctrl-C on a terminal reaches every process of the foreground group, the ranks included:
+    # the driver alone handles it (it reports what finished and ends the ranks), so a rank
+    # ignores it rather than print a KeyboardInterrupt of its own. Set first, before torch is
+    # imported; the zygote's forks inherit it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from paracheck.world._rank import rank_main  # noqa: E402
 
 if __name__ == "__main__" and sys.argv[1] == "zygote":
     from paracheck.world._rank import zygote_main

@@ -449,6 +449,13 @@ class World:
         self._kill()
         self._stop_zygote()  # last: it reaps (and reports) the ranks it forked
 
+    def kill(self) -> None:
+        """End every rank and the zygote now, inside a job or not (``close`` waits for a job to
+        end): for a driver that was interrupted."""
+        self._kill()
+        self._stop_zygote()
+        self.close()  # whatever else close releases; the ranks are gone already
+
     def __enter__(self) -> World:
         return self
 
