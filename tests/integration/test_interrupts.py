@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import paracheck
 
 # DDPs whose forward announces itself and sleeps; FailsThenSleeps first raises once in each rank
@@ -218,3 +220,47 @@ def test_interrupt_before_any_target_still_exits_quietly(monkeypatch, capsys):
         monkeypatch.setattr(cli_check, "_resolve_targets", interrupted)
         assert main(["check", "naive"]) == code
         assert capsys.readouterr().err == f"paracheck: {line}\n"
+
+
+def test_rank_processes_ignore_ctrl_c_from_their_first_instruction(tmp_path):
+    """A Ctrl-C that reaches the zygote (or a rank) while its interpreter is still starting, the
+    moment after a World returns, prints nothing: it is blocked until the process ignores it."""
+    from paracheck.world.runner import _sigint_blocked
+
+    with _sigint_blocked():
+        zygote = subprocess.Popen(
+            [sys.executable, "-m", "paracheck.world._entry", "zygote", str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        )
+    for _ in range(40):  # through the interpreter's start and the first imports
+        zygote.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    _, err = zygote.communicate(timeout=120)  # stdin closed: the zygote returns
+    assert zygote.returncode == 0 and err == b"", err.decode()
+
+
+def test_signal_dropped_in_a_gc_callback_is_raised_again():
+    """A SIGTERM whose exception is raised inside a gc callback (dropped there by Python) is
+    raised again after it: Note [Signals raised where Python drops exceptions]."""
+    import gc
+
+    from paracheck.cli._common import Terminated, signals_raise
+
+    sent = []
+
+    def callback(phase, info):
+        if phase == "start" and not sent:
+            sent.append(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            sum(range(100))  # bytecodes for the handler to run at, inside the callback
+
+    gc.callbacks.append(callback)
+    try:
+        with signals_raise(), pytest.raises(Terminated):
+            gc.collect()
+            time.sleep(5)  # the signal is sent again meanwhile
+    finally:
+        gc.callbacks.remove(callback)
+    assert sent
