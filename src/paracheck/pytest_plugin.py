@@ -16,6 +16,7 @@ Options:
     --paracheck-database PATH          failing cases saved and replayed first (default
                                        .paracheck/examples under the rootdir)
     --paracheck-no-database            save and replay nothing
+    --paracheck-allow-large-world      gloo world sizes above what the machine runs (refused otherwise)
 
 Hypothesis's own ``--hypothesis-profile`` (its max_examples and derandomize, where no
 ``--paracheck-profile`` is given) and ``--hypothesis-seed`` (the cases' sequence) apply to
@@ -73,6 +74,12 @@ def pytest_addoption(parser):
         "the machine's memory among the ranks and the driver)",
     )
     g.addoption(
+        "--paracheck-allow-large-world",
+        action="store_true",
+        help="run gloo world sizes above what this machine runs (4 ranks per core, 256 MiB of half "
+        "its memory per rank: larger worlds are a usage error)",
+    )
+    g.addoption(
         "--paracheck-stub-cuda-timing",
         action="store_true",
         help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
@@ -126,6 +133,16 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
             )
+        if config.getoption("--paracheck-backend") == "gloo" and not config.getoption(
+            "--paracheck-allow-large-world"
+        ):
+            from paracheck.check.limits import world_size_error
+
+            error = world_size_error(
+                "--paracheck-world-sizes", text, sizes, "--paracheck-allow-large-world"
+            )
+            if error is not None:
+                raise pytest.UsageError(error)
     # Checked here, at once, rather than in every test that checks a target; only when given, as
     # the features table imports torch.
     contract, features = (
@@ -258,7 +275,7 @@ def paracheck_world_sizes(pytestconfig) -> tuple[int, ...]:
 
 
 @pytest.fixture(scope="session")
-def paracheck_world(pytestconfig, paracheck_world_sizes):
+def paracheck_world(request, pytestconfig, paracheck_world_sizes):
     """One persistent World per session (and per xdist worker), sized for the largest world size."""
     from paracheck.world import World
 
@@ -280,7 +297,10 @@ def paracheck_world(pytestconfig, paracheck_world_sizes):
         rank_memory=pytestconfig.getoption("--paracheck-rank-memory"),
     )
     yield world
-    world.close()
+    if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        world.kill()  # Ctrl-C: the ranks may be inside a job, which close() would wait for
+    else:
+        world.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 
-__all__ = ["run_selftest", "selftest_rows"]
+__all__ = ["row_line", "run_selftest", "selftest_rows"]
 
 
 def selftest_rows(
@@ -101,6 +101,14 @@ def _takes_bucket(path: str) -> bool:
         return False
 
 
+def row_line(row: dict) -> str:
+    """One row of the table: name, role, verdict, examples, seconds and the shrunk case."""
+    return (
+        f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
+        f"{row['seconds']:>8.1f}  {row['case']}"
+    ).rstrip()
+
+
 def run_selftest(
     *,
     profile="ci",
@@ -110,9 +118,13 @@ def run_selftest(
     world=None,
     dtype="float64",
     max_examples: int | None = None,
+    rows: list | None = None,
 ) -> int:
+    """Print the table and the kill rate; 0 when every mutant is killed and every built-in target
+    passes. ``rows`` receives each row as it is printed (a caller that is interrupted reports
+    them)."""
     t0 = time.monotonic()
-    rows = []
+    rows = [] if rows is None else rows
     print(f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8}  shrunk case")
     for row in selftest_rows(
         profile=profile,
@@ -124,11 +136,7 @@ def run_selftest(
         max_examples=max_examples,
     ):
         rows.append(row)
-        print(
-            f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
-            f"{row['seconds']:>8.1f}  {row['case']}",
-            flush=True,
-        )
+        print(row_line(row), flush=True)
     mutants = [r for r in rows if r["role"] == "mutant"]
     targets = [r for r in rows if r["role"] == "target"]
     killed = [r for r in mutants if r["ok"]]

@@ -198,7 +198,7 @@ def test_constructor_read_by_argument_name(variants):
 
     assert ddp_construction(by_mb).keywords == (("size_mb", "bucket_mb"),)
     assert ddp_construction(by_bytes).keywords == (("bucket_bytes", "bucket_bytes"),)
-    with pytest.raises(TargetError, match="'tokenizer'"):
+    with pytest.raises(TargetError, match="requires tokenizer, which paracheck does not supply"):
         ddp_construction(needs)
 
 

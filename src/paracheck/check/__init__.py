@@ -7,7 +7,8 @@
   belong together (``resolve_properties``);
 * ``targets`` (what can be checked, and how its interface is read), ``run`` (one case),
   ``property`` (the Hypothesis search, ``check_target``), ``features`` (what a failing case
-  needs), ``report`` (the one formatter of what a check found), ``adapters`` and ``diagnose``.
+  needs), ``report`` (the one formatter of what a check found), ``adapters``, ``diagnose`` and
+  ``limits`` (how many gloo ranks the machine runs).
 
 The names below are imported on first use, so that importing a rank program does not import the
 search.

@@ -32,7 +32,13 @@ import os
 import textwrap
 from dataclasses import dataclass
 
-from paracheck.check.targets import Target, TargetError, ddp_construction, import_module
+from paracheck.check.targets import (
+    Target,
+    TargetError,
+    check_supplied,
+    ddp_construction,
+    import_module,
+)
 
 __all__ = [
     "DESIGNS",
@@ -175,6 +181,11 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
         batch_start = (
             d.batch_start if d.batch_start and status.get(d.batch_start) == "implemented" else None
         )
+        constructor = getattr(module, d.constructor)
+        try:
+            check_supplied(constructor, d.kind, f"{spec}:{d.constructor}")
+        except TargetError as exc:
+            raise TargetError(f"--adapters={spec!r}: {exc}") from None
         takes_bucket = False
         if d.kind == "ddp":
             try:

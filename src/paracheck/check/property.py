@@ -221,6 +221,8 @@ class _Checker:
             if state["prop"] is None:
                 raise
             notes.append("the failure did not reproduce on replay (flaky)")
+        except KeyboardInterrupt:
+            raise  # Ctrl-C or SIGTERM: the search stops, whatever it found (paracheck.cli)
         except BaseException as exc:  # an ExceptionGroup: several origins (should not happen)
             if state["prop"] is None:
                 raise

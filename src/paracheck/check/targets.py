@@ -47,6 +47,7 @@ __all__ = [
     "Target",
     "BUILTIN_TARGETS",
     "Construction",
+    "check_supplied",
     "ddp_construction",
     "resolve_target",
     "TargetError",
@@ -245,13 +246,13 @@ def _bucket_role(name: str) -> str | None:
     return "bucket_bytes" if "byte" in low else "bucket_mb"
 
 
-def ddp_construction(fn) -> Construction:
-    """Read the constructor (class or function) of a DDP target by its argument names; raises
-    TargetError naming an argument it cannot supply. Pure: inspects, never calls."""
+def _ddp_reading(fn) -> tuple[Construction, list[inspect.Parameter]]:
+    """How to call the DDP constructor ``fn`` and its required arguments it cannot supply (Note
+    [Readings of a DDP interface]); TargetError where it cannot take the module. Pure."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return Construction(("module",))
+        return Construction(("module",)), []
     params = list(sig.parameters.values())
     if params and params[0].name == "self" and not inspect.isclass(fn):
         params = params[1:]
@@ -294,14 +295,77 @@ def ddp_construction(fn) -> Construction:
         keywords.append(
             (p.name, "bucket_mb")
         ) if p.kind != p.POSITIONAL_ONLY else positional.append("bucket_mb")
-    if unknown_required:
-        names = ", ".join(repr(p.name) for p in unknown_required)
-        raise TargetError(
-            f"the constructor's argument(s) {names} have no default, and paracheck supplies only the "
-            f"module, a bucket size (an argument named bucket_size_mb or similar), rank, world_size, "
-            f"process_group and device"
-        )
-    return Construction(tuple(positional), tuple(keywords))
+    return Construction(tuple(positional), tuple(keywords)), unknown_required
+
+
+def ddp_construction(fn) -> Construction:
+    """Read the constructor (class or function) of a DDP target by its argument names; raises
+    TargetError naming an argument it cannot supply. Pure: inspects, never calls."""
+    construction, unknown = _ddp_reading(fn)
+    if unknown:
+        raise TargetError(_unsupplied("the constructor", fn, "ddp", [p.name for p in unknown]))
+    return construction
+
+
+# -- arguments paracheck cannot supply ----------------------------------------------------------
+
+# What each kind's rank program passes to the constructor (paracheck.check.ranks: _drive.py for
+# ddp, cases.build_optimizer for sharded, _optimizer.build_zero for zero).
+_PASSES = {
+    "ddp": "the module first, a bucket size to an argument named like bucket_size_mb, and rank, "
+    "world_size, process_group (or group) and device by name",
+    "sharded": "params and optimizer_cls first, and the optimizer's hyper-parameters (lr, ...) "
+    "through **kwargs",
+    "zero": "the module and optimizer_cls first, params= and bucket_size_mb=, and the optimizer's "
+    "hyper-parameters (lr, ...) through **kwargs",
+}
+
+
+def _unsupplied(name: str, obj, kind: str, missing: list[str]) -> str:
+    them = "it a default" if len(missing) == 1 else "them defaults"
+    what = "class" if inspect.isclass(obj) else "function"
+    return (
+        f"{name} requires {', '.join(missing)}, which paracheck does not supply; give {them} or "
+        f"wrap the {what} (paracheck passes {_PASSES[kind]})"
+    )
+
+
+def _missing(obj, kind: str) -> list[str]:
+    """The required arguments of ``obj``'s constructor that the rank program of ``kind`` does not
+    pass (nothing where its signature cannot be read)."""
+    if kind == "ddp":
+        try:
+            return [p.name for p in _ddp_reading(obj)[1]]
+        except TargetError:
+            return []  # cannot take the module: ddp_construction says so
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if params and params[0].name == "self" and not inspect.isclass(obj):
+        params = params[1:]
+    # sharded: Class(params, optimizer_cls, **kwargs); zero: Class(module, optimizer_cls, *,
+    # params, bucket_size_mb, **kwargs). Hyper-parameters come as keywords in some cases only.
+    by_name = {"params", "bucket_size_mb"} if kind == "zero" else set()
+    missing, positional = [], 0
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.kind != p.KEYWORD_ONLY and positional < 2:
+            positional += 1
+            continue
+        if p.default is p.empty and p.name not in by_name:
+            missing.append(p.name)
+    return missing
+
+
+def check_supplied(obj, kind: str, path: str) -> None:
+    """TargetError when the constructor ``obj`` of a ``kind`` target, named ``path`` by the user,
+    has required arguments that paracheck does not supply: it would fail on every case."""
+    missing = _missing(obj, kind)
+    if missing:
+        name = f"{path}.__init__" if inspect.isclass(obj) else path
+        raise TargetError(_unsupplied(name, obj, kind, missing))
 
 
 # -- hooks --------------------------------------------------------------------------------------
@@ -417,6 +481,7 @@ def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
         or finish is not None
         or hasattr(cls, "finish_gradient_synchronization")
     ):
+        check_supplied(cls, "ddp", path)
         try:
             return "ddp", ddp_construction(cls).takes_bucket
         except TargetError as exc:
@@ -482,6 +547,7 @@ def resolve_target(
     inferred, bucket = (
         _infer_kind(cls, name, hooks.get("finish")) if kind is None else (kind, False)
     )
+    check_supplied(cls, inferred, name)
     if kind == "ddp":
         try:
             bucket = ddp_construction(cls).takes_bucket

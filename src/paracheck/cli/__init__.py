@@ -6,12 +6,15 @@
                     [--adapters PATH_OR_MODULE] [--finish NAME] [--batch-start NAME] [--stub-cuda-timing]
                     [--contract full|cs336] [--features -name,+name]
                     [--database PATH | --no-database] [--first-failure] [--json PATH]
-    paracheck selftest [--profile ci|dev] [--only NAME ...]
+                    [--allow-large-world]
+    paracheck selftest [--profile ci|dev] [--only NAME ...] [--allow-large-world]
     paracheck bench | memory | gate | report ...   (speed and memory tracking)
 
 Exit status: 0 every property holds; 1 a property failed (the shrunk case is printed as JSON
 with a command that replays it); 2 usage errors (unknown target, a module that does not import,
-a world size below 1 or above the GPUs present with nccl).
+a world size below 1, above the GPUs present with nccl or above what the machine runs with gloo,
+a constructor with required arguments paracheck does not supply); 130 Ctrl-C, 143 SIGTERM (the
+verdicts of the targets finished so far are printed, the ranks ended).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import argparse
 import sys
 
 from paracheck.cli import bench, check, gate, report
-from paracheck.cli._common import UsageError
+from paracheck.cli._common import UsageError, exit_code, signals_raise
 
 __all__ = ["main"]
 
@@ -58,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
     try:
-        return args.run(args)
+        with signals_raise():
+            return args.run(args)
     except UsageError as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: cleaned up by the command, no traceback
+        return exit_code(exc)

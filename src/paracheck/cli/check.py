@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from paracheck.cli._common import UsageError
+from paracheck.cli._common import UsageError, ignore_signals, report_stop
 
 __all__ = ["add_parsers", "cmd_check", "cmd_selftest", "join_dashed_values"]
 
@@ -55,6 +55,23 @@ def _positive(name: str, value, kind=int):
     return value
 
 
+_ALLOW_LARGE_WORLD_HELP = (
+    "run gloo world sizes above what this machine runs (4 ranks per core, 256 MiB of half its "
+    "memory per rank: larger worlds are refused before any rank starts)"
+)
+
+
+def _check_rank_limit(args, option: str, value: str, sizes: tuple[int, ...]) -> None:
+    """A usage error for gloo world sizes above this machine's limit (Note [Gloo rank limit])."""
+    if args.backend != "gloo" or args.allow_large_world:
+        return
+    from paracheck.check.limits import world_size_error
+
+    error = world_size_error(option, value, sizes, "--allow-large-world")
+    if error is not None:
+        raise UsageError(error)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` and ``selftest`` to the subcommands ``sub``."""
     c = sub.add_parser("check", help="check targets against the oracle")
@@ -64,6 +81,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4 on gloo)"
     )
+    c.add_argument("--allow-large-world", action="store_true", help=_ALLOW_LARGE_WORLD_HELP)
     c.add_argument(
         "--max-examples",
         type=int,
@@ -207,6 +225,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default %(default)s)"
     )
+    s.add_argument("--allow-large-world", action="store_true", help=_ALLOW_LARGE_WORLD_HELP)
     s.add_argument(
         "--timeout",
         type=float,
@@ -266,6 +285,7 @@ def cmd_check(args) -> int:
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"--case is not a valid case: {type(exc).__name__}: {exc}") from None
         sizes = (case.world_size,)
+        _check_rank_limit(args, "--case world_size", str(case.world_size), sizes)
     else:
         default = "1,2,3,4" if args.backend == "gloo" else None
         if args.world_sizes is None and default is None:
@@ -273,6 +293,7 @@ def cmd_check(args) -> int:
 
             default = ",".join(str(i) for i in range(1, torch.cuda.device_count() + 1)) or "1"
         sizes = _world_sizes(args.world_sizes or default)
+        _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes)
     _positive("--timeout", args.timeout)
     _positive("--rank-memory", args.rank_memory)
     max_examples = (
@@ -293,13 +314,14 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
     database = None if args.no_database or case is not None else args.database
-    world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
     failed = 0
-    reports = []
+    reports: list = []
     to_stdout = args.json == "-"
     # The replay commands carry --timeout only where it is not the default.
     replay_timeout = None if args.timeout == 20.0 else args.timeout
+    world = progress = None
     try:
+        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
         for target in targets:
             if case is not None:
                 from paracheck.check.report import case_report
@@ -314,6 +336,7 @@ def cmd_check(args) -> int:
             else:
                 from paracheck.check.property import Progress
 
+                progress = Progress()
                 report = check_target(
                     target,
                     world,
@@ -327,7 +350,7 @@ def cmd_check(args) -> int:
                     features=args.features,
                     first_failure=args.first_failure,
                     labels=True,
-                    progress=Progress(),
+                    progress=progress,
                 )
                 report.timeout = replay_timeout
                 report.rank_memory = args.rank_memory
@@ -335,8 +358,14 @@ def cmd_check(args) -> int:
             failed += not report.passed
             if not to_stdout:
                 print(report.text(args.backend), flush=True)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (cli._common.Terminated)
+        _stop(world, progress)
+        noun = "target" if len(targets) == 1 else "targets"
+        report_stop(exc, [r.summary() for r in reports], f"of {len(targets)} {noun}")
+        raise
     finally:
-        world.close()
+        if world is not None:
+            world.close()
     if args.json is not None:
         _write_json(args.json, reports, args.backend)
     return 1 if failed else 0
@@ -396,12 +425,25 @@ def _resolve_targets(args) -> list:
     return targets
 
 
+def _stop(world, progress) -> None:
+    """After Ctrl-C or SIGTERM: end the ranks at once (they may be inside a job, which a graceful
+    close would wait for) and clear the progress line, with further signals ignored."""
+    ignore_signals()
+    if progress is not None:
+        progress.clear()
+    if world is not None:
+        world.kill()
+
+
 def cmd_selftest(args) -> int:
-    from paracheck.selftest import run_selftest
+    from paracheck.selftest import row_line, run_selftest
 
     sizes = _world_sizes(args.world_sizes)
-    world = _make_world(args.backend, max(sizes), args.timeout)
+    _check_rank_limit(args, "--world-sizes", args.world_sizes, sizes)
+    rows: list[dict] = []
+    world = None
     try:
+        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
         return run_selftest(
             profile=args.profile,
             only=args.only,
@@ -409,6 +451,12 @@ def cmd_selftest(args) -> int:
             timeout=args.timeout,
             world=world,
             dtype=args.dtype,
+            rows=rows,
         )
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (cli._common.Terminated)
+        _stop(world, None)
+        report_stop(exc, [row_line(r) for r in rows], "check" if len(rows) == 1 else "checks")
+        raise
     finally:
-        world.close()
+        if world is not None:
+            world.close()

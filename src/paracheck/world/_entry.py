@@ -4,9 +4,20 @@ A separate module so that ``paracheck.world._rank`` is imported normally (runpy 
 module it runs as __main__ was already imported through its package).
 """
 
+import signal
 import sys
 
-from paracheck.world._rank import rank_main
+if __name__ == "__main__":
+    # Ctrl-C on a terminal reaches every process of the foreground group, the ranks included:
+    # the driver alone handles it (it reports what finished and ends the ranks), so a rank
+    # ignores it rather than print a KeyboardInterrupt of its own. The driver starts this process
+    # with SIGINT blocked (runner._sigint_blocked), so that none arrives before this line; set
+    # first, before torch is imported, and inherited by the zygote's forks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+from paracheck.world._rank import rank_main  # noqa: E402
 
 if __name__ == "__main__" and sys.argv[1] == "zygote":
     from paracheck.world._rank import zygote_main

@@ -26,6 +26,7 @@ so pools in several pytest-xdist workers never collide.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -428,7 +429,8 @@ class World:
                 device,
                 repr(self._pg_timeout),
             ]
-            self._procs[rank] = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL)
+            with _sigint_blocked():
+                self._procs[rank] = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL)
         # Wait for pending connections with select() and never put a timeout on the listening
         # socket: a timeout there can also cut the authentication handshake of an accepted
         # connection short under load, leaving that rank blocked forever (seen under pytest on a
@@ -520,11 +522,12 @@ class World:
         # by a parent that might have touched them; NCCL worlds start new processes.
         if self.backend == "gloo" and (self._zygote is None or self._zygote.poll() is not None):
             env = self._env(b"")
-            self._zygote = subprocess.Popen(
-                [sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
-                env=env,
-                stdin=subprocess.PIPE,
-            )
+            with _sigint_blocked():
+                self._zygote = subprocess.Popen(
+                    [sys.executable, "-m", "paracheck.world._entry", "zygote", self._stack_dir],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                )
 
     def _zygote_ready(self) -> bool:
         return (
@@ -631,6 +634,13 @@ class World:
         self._kill()
         self._stop_zygote()  # last: it reaps (and reports) the ranks it forked
         self._cleanup()
+
+    def kill(self) -> None:
+        """End every rank and the zygote now, inside a job or not (``close`` waits for a job to
+        end): for a driver that was interrupted."""
+        self._kill()
+        self._stop_zygote()
+        self.close()  # whatever else close releases; the ranks are gone already
 
     def __enter__(self) -> World:
         return self
@@ -1075,6 +1085,22 @@ def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
         )
 
     return sorted(failures, key=lambda f: (secondary(f), f.rank))
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread while a rank or the zygote is started: the child inherits the
+    mask, so a Ctrl-C during its interpreter's start stays pending until ``_entry`` ignores it
+    (which discards it) instead of printing a KeyboardInterrupt from the middle of an import.
+    Here a Ctrl-C is delivered when the mask is restored, not lost."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _wait_code(p) -> int | None:
