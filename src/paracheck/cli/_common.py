@@ -38,11 +38,12 @@ def signals_raise():
     except ValueError:  # not the main thread: signals are not ours to handle
         yield
         return
-    hook, running = sys.unraisablehook, [True]
+    hook, running, lock = sys.unraisablehook, [True], threading.Lock()
 
     def send(signum: int) -> None:
-        if running[0]:  # after the block, the default handlers would end the process
-            os.kill(os.getpid(), signum)
+        with lock:
+            if running[0]:  # after the block, the default handlers would end the process
+                os.kill(os.getpid(), signum)
 
     def resend(unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -58,7 +59,8 @@ def signals_raise():
     try:
         yield
     finally:
-        running[0] = False
+        with lock:
+            running[0] = False
         sys.unraisablehook = hook
         for signum, handler in previous.items():
             if handler is not None:  # None: set outside Python, cannot be put back

@@ -443,7 +443,7 @@ def cmd_selftest(args) -> int:
     rows: list[dict] = []
     world = None
     try:
-        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
+        world = _make_world(args.backend, max(sizes), args.timeout)
         return run_selftest(
             profile=args.profile,
             only=args.only,
