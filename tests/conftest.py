@@ -1,6 +1,16 @@
 """Shared fixtures: one persistent gloo World for the whole session (ranks are expensive)."""
 
+import os
+
 import pytest
+import torch
+
+# Triton's kernels read TRITON_INTERPRET when they are first compiled, in whichever test first
+# imports them: a check run by a pytester session imported them before the kernel tests set it,
+# and every kernel test of the run then failed ("Cannot call @triton.jit'd outside of the scope
+# of a kernel"). Without CUDA they can only be interpreted: say so before any test runs.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
