@@ -281,6 +281,8 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
     import signal
     import urllib.request
 
+    from tests.integration.test_interrupts import default_sigint
+
     pytest.importorskip(
         "asv",
         reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)",
@@ -312,6 +314,7 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,  # stopped by SIGINT below, which its parent may ignore
     )
     try:
         lines = []

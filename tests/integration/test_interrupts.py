@@ -58,7 +58,16 @@ def _start(tmp_path, *args: str, program: tuple[str, ...] = ("paracheck.cli",)) 
         cwd=tmp_path,
         env=_env(),
         start_new_session=True,
+        preexec_fn=default_sigint,
     )
+
+
+def default_sigint() -> None:
+    """In a child about to start: Ctrl-C's default action. A shell without job control starts
+    its background commands with SIGINT ignored, and Python keeps an inherited SIG_IGN (as a
+    terminal user expects of ``nohup`` and ``&``): a test run started that way would otherwise
+    signal children that cannot hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _group(pgid: int) -> list[int]:
