@@ -28,6 +28,7 @@ Note [Hang timeouts]
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -260,6 +261,17 @@ class _Checker:
         return essential(out), complete
 
 
+def sequence_name(path: str) -> str:
+    """The part of a target's import path that picks its derandomised sequence: the path itself
+    for ``package.module:Name``, the file's name for ``/dir/file.py:Name``. A file's directory
+    would make the sequence depend on where the checkout lives, and a user's machine and their CI
+    would then draw different cases from the same command."""
+    module, sep, name = path.rpartition(":")
+    if sep and module.endswith(".py"):
+        return f"{os.path.basename(module)}:{name}"
+    return path
+
+
 def check_target(
     target: Target,
     world: World,
@@ -331,7 +343,7 @@ def check_target(
     )
     if seed == 0:
         cfg["derandomize"] = True
-    key = f"{target.path}|{target.kind}"
+    key = f"{target.path}|{target.kind}"  # the database's key: one target, one folder
     checker = _Checker(
         target,
         world,
@@ -339,7 +351,7 @@ def check_target(
         timeouts=CaseTimeouts(cap, floor=timeout_floor),
         progress=progress,
         strategy_settings=cfg,
-        key=key,
+        key=f"{sequence_name(target.path)}|{target.kind}",
         seed=None if seed == 0 else seed,
     )
 
