@@ -1,4 +1,7 @@
-"""`paracheck check module:Class` checks code written outside paracheck, end to end (subprocess)."""
+"""`paracheck check module:Class` checks code written outside paracheck: end to end in a
+subprocess (a correct and a broken DDP, a module that does not import), the other diagnoses by the
+same command line run in this process on the session's World (a subprocess starts its own ranks:
+seconds per command)."""
 
 import os
 import subprocess
@@ -6,6 +9,10 @@ import sys
 import textwrap
 
 import pytest
+
+import paracheck.cli.check as cli_check
+from paracheck.cli import main
+from tests.integration._borrowed import Borrowed
 
 CORRECT = '''
 import torch
@@ -124,11 +131,12 @@ def test_missing_module_is_a_usage_error(tmp_path):
     assert out.returncode == 2 and "no_such_module_xyz" in out.stderr
 
 
-def test_raising_constructor_is_a_readable_failure(tmp_path):
+def test_raising_constructor_is_a_readable_failure(paracheck, tmp_path):
     """A constructor that raises fails the check (exit 1) with the rank's traceback, not a frozen run."""
-    out = _check(tmp_path, RAISES, "Exploding")
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "constructor exploded" in out.stdout and "rank 0 raised" in out.stdout
+    (tmp_path / "user_impl.py").write_text(textwrap.dedent(RAISES))
+    code, stdout, stderr = paracheck("user_impl.py:Exploding")
+    assert code == 1, stdout + stderr
+    assert "constructor exploded" in stdout and "rank 0 raised" in stdout
 
 
 EXAMPLE_ADAPTERS = os.path.join(
@@ -175,29 +183,30 @@ class TimedDDP(MyDDP):
 RENAMED = CORRECT.replace("def finish_gradient_synchronization(self)", "def sync_gradients(self)")
 
 
-def _paracheck(cwd, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(cwd) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [
-        sys.executable,
-        "-m",
-        "paracheck.cli",
-        "check",
-        "--world-sizes",
-        "1,2",
-        "--max-examples",
-        "6",
-        "--timeout",
-        "60",
-        "--no-database",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+@pytest.fixture
+def paracheck(world, monkeypatch, tmp_path, capsys):
+    """``paracheck check --world-sizes 1,2 --max-examples 6 ARGS...`` in this process, in
+    ``tmp_path``, on the session's World: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(cli_check, "_make_world", lambda *a: Borrowed(world))
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str):
+        capsys.readouterr()
+        argv = ["check", "--world-sizes", "1,2", "--max-examples", "6", "--timeout", "60"]
+        try:
+            code = main([*argv, "--no-database", *args])
+        except SystemExit as exc:  # argparse's own usage errors
+            code = exc.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
 
 
-def test_adapters_example_passes_design_by_design(tmp_path):
+def test_adapters_example_passes_design_by_design(paracheck):
     """--adapters on the example lists every adapter function and passes each design (exit 0)."""
-    out = _paracheck(tmp_path, "--adapters", os.path.abspath(EXAMPLE_ADAPTERS))
-    assert out.returncode == 0, out.stdout + out.stderr
+    code, stdout, stderr = paracheck("--adapters", os.path.abspath(EXAMPLE_ADAPTERS))
+    assert code == 0, stdout + stderr
     for fn in (
         "get_ddp",
         "ddp_on_after_backward",
@@ -206,56 +215,54 @@ def test_adapters_example_passes_design_by_design(tmp_path):
         "ddp_bucketed_on_train_batch_start",
         "get_sharded_optimizer",
     ):
-        assert any(line.split() == [fn, "implemented"] for line in out.stdout.splitlines()), (
-            out.stdout
-        )
-    assert out.stdout.count("\nPASS ") == 4, out.stdout
+        assert any(line.split() == [fn, "implemented"] for line in stdout.splitlines()), stdout
+    assert stdout.count("\nPASS ") == 4, stdout
 
 
-def test_adapters_not_implemented_are_listed_not_failed(tmp_path):
+def test_adapters_not_implemented_are_listed_not_failed(paracheck, tmp_path):
     """Handout stubs raising NotImplementedError are listed as not implemented; the rest passes (exit 0)."""
     (tmp_path / "adapters.py").write_text(NOT_IMPLEMENTED_ADAPTERS)
-    out = _paracheck(tmp_path, "--adapters", "adapters.py")
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = [line.split(None, 1) for line in out.stdout.splitlines()]
+    code, stdout, stderr = paracheck("--adapters", "adapters.py")
+    assert code == 0, stdout + stderr
+    lines = [line.split(None, 1) for line in stdout.splitlines()]
     for fn in ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "get_sharded_optimizer"):
-        assert [fn, "not implemented"] in lines, out.stdout
-    assert "PASS adapters.py:get_ddp_individual_parameters" in out.stdout
-    assert out.stdout.count("\nPASS ") == 1, out.stdout
+        assert [fn, "not implemented"] in lines, stdout
+    assert "PASS adapters.py:get_ddp_individual_parameters" in stdout
+    assert stdout.count("\nPASS ") == 1, stdout
 
 
-def test_adapters_without_adapter_functions_is_a_usage_error(tmp_path):
+def test_adapters_without_adapter_functions_is_a_usage_error(paracheck, tmp_path):
     """An --adapters file defining none of the functions exits 2 naming it."""
     (tmp_path / "empty_adapters.py").write_text("def unrelated():\n    pass\n")
-    out = _paracheck(tmp_path, "--adapters", "empty_adapters.py")
-    assert out.returncode == 2 and "--adapters='empty_adapters.py' defines none" in out.stderr
+    code, _, stderr = paracheck("--adapters", "empty_adapters.py")
+    assert code == 2 and "--adapters='empty_adapters.py' defines none" in stderr
 
 
-def test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed(tmp_path):
+def test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed(paracheck, tmp_path):
     """torch.cuda.synchronize() in the hook fails with the diagnosis on CPU, and passes with --stub-cuda-timing."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
     (tmp_path / "user_impl.py").write_text(textwrap.dedent(SYNCHRONIZES))
-    out = _paracheck(tmp_path, "user_impl:TimedDDP")
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "your code calls a CUDA-only API (torch.cuda.synchronize at user_impl.py:" in out.stdout
-    assert "pass --stub-cuda-timing or run with --backend nccl" in out.stdout
-    again = _paracheck(tmp_path, "user_impl:TimedDDP", "--stub-cuda-timing")
-    assert again.returncode == 0, again.stdout + again.stderr
+    code, stdout, stderr = paracheck("user_impl.py:TimedDDP")
+    assert code == 1, stdout + stderr
+    assert "your code calls a CUDA-only API (torch.cuda.synchronize at user_impl.py:" in stdout
+    assert "pass --stub-cuda-timing or run with --backend nccl" in stdout
+    code, stdout, stderr = paracheck("user_impl.py:TimedDDP", "--stub-cuda-timing")
+    assert code == 0, stdout + stderr
 
 
-def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(tmp_path):
+def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(paracheck, tmp_path):
     """A DDP whose hook is sync_gradients() is told to pass --finish sync_gradients (exit 2), and passes with it."""
     (tmp_path / "user_impl.py").write_text(textwrap.dedent(RENAMED))
-    out = _paracheck(tmp_path, "user_impl:MyDDP")
-    assert out.returncode == 2
+    code, _, stderr = paracheck("user_impl.py:MyDDP")
+    assert code == 2
     assert (
         "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients"
-        in out.stderr
+        in stderr
     )
-    again = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "sync_gradients")
-    assert again.returncode == 0, again.stdout + again.stderr
-    wrong = _paracheck(tmp_path, "user_impl:MyDDP", "--finish", "no_such_method")
-    assert wrong.returncode == 2 and "--finish='no_such_method'" in wrong.stderr
+    code, stdout, stderr = paracheck("user_impl.py:MyDDP", "--finish", "sync_gradients")
+    assert code == 0, stdout + stderr
+    code, _, stderr = paracheck("user_impl.py:MyDDP", "--finish", "no_such_method")
+    assert code == 2 and "--finish='no_such_method'" in stderr

@@ -263,7 +263,7 @@ class _Checker:
 
 def sequence_name(path: str) -> str:
     """The part of a target's import path that picks its derandomised sequence: the path itself
-    for ``package.module:Name``, the file's name for ``/dir/file.py:Name``. A file's directory
+    for ``package.module:Name``, the file's base name for a target given as a file. Its directory
     would make the sequence depend on where the checkout lives, and a user's machine and their CI
     would then draw different cases from the same command."""
     module, sep, name = path.rpartition(":")
