@@ -40,9 +40,9 @@ Note [The gate rule]
       round cannot move a median): a pass says "slower" when it exceeds ``1 + threshold``
       (default 0.10), "faster" when it is below ``1 - threshold``. The ratio of the two sides'
       fastest jobs is reported, not judged. It once had to exceed ``1 + threshold`` too, and
-      then only to exceed 1; on 2-core slices of a shared 16-core machine, planted 25%
-      slowdowns whose median ratios read x1.14-x1.44 showed ratios of minima from x0.84 to
-      x1.08 in 11 of 82 runs and were missed. One side's fastest job is an extreme value: it
+      then only to exceed 1; on 2-core slices of a shared 16-core machine, 12 of 82 planted
+      25% slowdowns were missed that way, with median ratios of x1.15-x1.32 and ratios of
+      minima of x0.84-x1.08. One side's fastest job is an extreme value: it
       says more about one quiet moment than about the code. The median's own noise is
       handled by the second pass.
     * Confidence: a pass that says "slower" or "faster" only makes the variant a *suspect*.
