@@ -312,6 +312,9 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Stopped by SIGINT below: a shell without job control starts background commands with
+        # SIGINT ignored, and Python keeps an inherited SIG_IGN.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         lines = []
