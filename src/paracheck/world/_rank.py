@@ -158,6 +158,11 @@ class _Watchdog(threading.Thread):
         self.rank, self.parent, self.stack_dir, self.lock = rank, parent, stack_dir, lock
         self.counter = counter
         self.cap = 0  # bytes; 0: none (set per job)
+        # Held while this thread judges the job and by the main thread while it ends one: without
+        # it, a rank found over the cap as its job ended answered the job, was stopped after, and
+        # the driver found it dead in the next job with a record naming the previous one (read as
+        # a death, not the cap: seen once in a full test run on two busy cores).
+        self.guard = threading.Lock()
         counter.on_step = self.at_step
 
     def run(self) -> None:
@@ -166,9 +171,11 @@ class _Watchdog(threading.Thread):
             if os.getppid() != self.parent:
                 orphaned(self.stack_dir, self.lock)
             if self.cap and self.counter.active:
-                rss = resident_bytes()
-                if rss > self.cap:
-                    self._stop(rss, self.counter.step)
+                with self.guard:
+                    if self.counter.active:
+                        rss = resident_bytes()
+                        if rss > self.cap:
+                            self._stop(rss, self.counter.step)
 
     def at_step(self, step: int) -> None:
         """The job starts step ``step``: a step that ended over the cap is named, not the next
@@ -409,7 +416,8 @@ def _serve(
                     result = fn(payload)
                 state = "returned"
             finally:
-                counter.end(state)
+                with watchdog.guard:
+                    counter.end(state)
             _send(conn, (job_id, "ok", result, output.take()))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.

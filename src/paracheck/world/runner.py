@@ -799,7 +799,9 @@ class World:
                     f"{summary} during {fn} (world size {w}); {action}", dead, summary=summary
                 )
             raise RankDied(
-                f"{len(dead)} rank(s) died during {fn} (world size {w}); {action}",
+                f"{len(dead)} rank(s) died during {fn} (world size {w}): "
+                + ", ".join(f"rank {f.rank} {f.detail}" for f in dead)
+                + f"; {action}",
                 dead,
             )
         stuck = sorted(r for r in pending if r < w)
