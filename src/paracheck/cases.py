@@ -128,6 +128,11 @@ class Case:
     counts twice. ``unbounded_bucket``: the constructor gets ``bucket_size_mb=None`` (one
     unbounded bucket) and ``bucket_size_mb`` is ignored. The three were added last, with defaults,
     so older cases still load.
+
+    ``clip_norm``: after the step's gradients are synchronised and before ``step()``, the
+    gradients of the parameters in the optimizer's groups are clipped to this global norm, as
+    ``torch.nn.utils.clip_grad_norm_`` over all of them in one process would (Note [Clipping
+    the global norm] in ``paracheck.check.ranks._common``).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -151,6 +156,7 @@ class Case:
     finish_once: bool = False
     double_backward: bool = False
     unbounded_bucket: bool = False
+    clip_norm: float | None = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -174,6 +180,14 @@ class Case:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        if self.clip_norm is not None:
+            if not self.clip_norm > 0:
+                raise ValueError(f"clip_norm={self.clip_norm!r} must be None or > 0")
+            if self.closure:
+                raise ValueError(
+                    "clip_norm with closure=True: the step's gradients are computed inside "
+                    "step(closure), where no clipping call can go; choose one"
+                )
         if self.finish_once and self.no_sync:
             raise ValueError(
                 "finish_once=True and no_sync=True are two accumulation protocols: choose one"
@@ -321,6 +335,16 @@ def add_late_groups(case: Case, optimizer, params: list, step: int) -> None:
     for g in param_groups(case, params, late=True):
         if g.pop("add_at_step") == step:
             optimizer.add_param_group(g)
+
+
+def params_in_groups(case: Case, params: list, step: int) -> list:
+    """The parameters of ``params`` that the case's optimizer holds at step ``step`` (its
+    constructor's groups and the groups added at or before ``step``), in ``params`` order."""
+    groups = param_groups(case, params) + [
+        g for g in param_groups(case, params, late=True) if g["add_at_step"] <= step
+    ]
+    held = {id(p) for g in groups for p in g["params"]}
+    return [p for p in params if id(p) in held]
 
 
 def apply_lr_schedule(case: Case, optimizer) -> None:

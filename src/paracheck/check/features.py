@@ -267,6 +267,7 @@ FEATURES: tuple[Feature, ...] = (
         requires=("accumulation",),
     ),
     _flag("double_backward", False, "double-backward", "with two backward passes per micro-step"),
+    _flag("clip_norm", None, "clip", "with the global gradient norm clipped before the step"),
     _flag("unbounded_bucket", False, "unbounded-bucket", "with bucket_size_mb=None"),
     _flag("dtype", "float64", "low-precision", "in low precision"),
 )
@@ -350,6 +351,7 @@ CONTRACTS: dict[str, Contract] = {
                 "groups-generators",
                 "reload",
                 "unbounded-bucket",
+                "clip",
             }
         ),
         "what the CS336 assignment's DDP and ShardedOptimizer interfaces promise",

@@ -35,6 +35,8 @@ __all__ = [
     "Zero1NoInitialBroadcast",
     "Zero1StepsUnused",
     "ZeroGradLocalShard",
+    "ClipLocalNorm",
+    "Zero1ClipLocalNorm",
     "HyperparametersSyncedBackwards",
     "GroupGeneratorsConsumed",
     "EmptyShardRaises",
@@ -129,6 +131,15 @@ class ZeroGradLocalShard(ShardedOptimizer):
         )  # BUG: not every parameter of param_groups
 
 
+class ClipLocalNorm(ShardedOptimizer):
+    """``clip_grad_norm_`` clips this rank's parameters by the norm of this rank's shard: each
+    rank steps its shard with its own coefficient, not the global one."""
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        mine = [p for p, owner in zip(self._params, self._partition.owners) if owner == self.rank]
+        return torch.nn.utils.clip_grad_norm_(mine, max_norm)  # BUG: no all-reduce of the norms
+
+
 class HyperparametersSyncedBackwards(ShardedOptimizer):
     """Before each step the hyper-parameters are copied from the wrapped optimizer's groups into
     ``param_groups``, the wrong way: an LR scheduler's lr, set in ``param_groups``, is overwritten."""
@@ -203,6 +214,14 @@ class Zero1NoAverage(Zero1):
             "shard = self._grad_shard[b]  # BUG: no .div_(self.world_size): a sum over ranks",
         ),
     )
+
+
+class Zero1ClipLocalNorm(Zero1):
+    """``clip_grad_norm_`` clips by the norm of this rank's chunk of the gradients only."""
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        pieces = [pc for g in self.param_groups for p in g["params"] for pc in self.pieces_of(p)]
+        return torch.nn.utils.clip_grad_norm_(pieces, max_norm)  # BUG: this rank's chunk only
 
 
 class Zero1StepsUnused(Zero1):
@@ -330,6 +349,18 @@ register(
     f"{_M}:LoadStateDictSkipsWrapped",
     "sharded",
     "load_state_dict() is torch's own: the wrapped optimizer restarts from empty state",
+)
+register(
+    "sharded-clip-local-norm",
+    f"{_M}:ClipLocalNorm",
+    "sharded",
+    "clip_grad_norm_ uses the norm of this rank's shard, not the global norm",
+)
+register(
+    "zero1-clip-local-norm",
+    f"{_M}:Zero1ClipLocalNorm",
+    "zero",
+    "clip_grad_norm_ uses the norm of this rank's chunk of the gradients, not the global norm",
 )
 register(
     "zero1-no-average",

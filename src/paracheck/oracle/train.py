@@ -14,6 +14,8 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
   group is added later) keeps the synchronised gradient of the previous step, so it accumulates
   until its group is added, as in real training (``Case.zero_grad_module``: every parameter is
   cleared);
+* with ``case.clip_norm``, the synchronised gradients of the parameters in the optimizer's groups
+  are clipped to that global norm (``clip_global_norm``);
 * the optimizer (the case's torch optimizer, with its groups, late ``add_param_group`` calls,
   lr schedule and LR scheduler) then steps once.
 
@@ -37,9 +39,10 @@ from paracheck.cases import (
     build_optimizer,
     build_scheduler,
     loss_fn,
+    params_in_groups,
 )
 
-__all__ = ["StepRecord", "Trajectory", "train"]
+__all__ = ["StepRecord", "Trajectory", "clip_global_norm", "train"]
 
 
 @dataclass
@@ -87,6 +90,20 @@ def _local_grads(case: Case, model, params, step: int, rank: int):
         losses.append(loss.item())
     grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
     return grads, losses
+
+
+def clip_global_norm(grads: list[torch.Tensor], max_norm: float, scales=()) -> float:
+    """Scale ``grads`` in place as ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` does (the
+    2-norm of the per-tensor 2-norms; coefficient ``max_norm / (norm + 1e-6)``, at most 1), and
+    ``scales`` (the tensors' ``grad_absum``) by the same coefficient: the bound on the rank sum's
+    rounding scales with the gradient. Returns the coefficient."""
+    if not grads:
+        return 1.0
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for t in list(grads) + list(scales):
+        t.mul_(coef.to(t.dtype))
+    return float(coef)
 
 
 def train(case: Case) -> Trajectory:
@@ -139,6 +156,13 @@ def train(case: Case) -> Trajectory:
                 mag += W * h.abs()
             synced.append(total)
             absum.append(mag)
+        if case.clip_norm is not None:
+            inside = {id(p) for p in params_in_groups(case, params, step)}
+            clip_global_norm(
+                [g for p, g in zip(params, synced) if g is not None and id(p) in inside],
+                case.clip_norm,
+                scales=[a for p, a in zip(params, absum) if a is not None and id(p) in inside],
+            )
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         optimizer.step()

@@ -221,14 +221,17 @@ def cases(
     double_backward: bool = True,
     mixed_dtypes: bool = True,
     unbounded_buckets: bool = True,
+    clipping: bool = True,
 ) -> Case:
     """Complete cases: world, model, per-rank batches (1..3 each), optimizer groups, 1..max_steps
     steps, 1..max_accumulation micro-steps with ``finish_gradient_synchronization()`` after each,
     with ``no_sync()`` or (``finish_once``) with one finish after the last, ``zero_grad`` to None or
     to zeros, a bucket cap (None among them with ``unbounded_buckets``), identical or
     rank-dependent initial weights (None: drawn); with ``double_backward``, losses backpropagated
-    twice; with ``mixed_dtypes``, MLPs with a float32 layer in a float64 model. Turn a feature off
-    for targets that do not take part in it (the sharding kinds).
+    twice; with ``mixed_dtypes``, MLPs with a float32 layer in a float64 model; with ``clipping``,
+    the global gradient norm clipped before the step in half the cases of one dtype (Note [Clip
+    from the seed]). Turn a feature off for targets that do not take part in it (the sharding
+    kinds).
 
     The world size is drawn first, from ``world_sizes`` (a collection of ints >= 1) when given,
     else from ``min_world_size..max_world_size``; either way it shrinks toward the smallest. Draw
@@ -306,7 +309,31 @@ def cases(
         elif pattern == "only-inside-no-sync" and max_accumulation >= 2:
             case = replace(case, accumulation=max(2, case.accumulation), no_sync=True)
         case = replace(case, seed=_seed_for_branch_pattern(case, pattern))
+    if clipping and getattr(spec, "float32_layer", None) is None:
+        case = replace(case, clip_norm=clip_norm_for_seed(case.seed))
     return case
+
+
+# Note [Clip from the seed]
+#   Whether a case clips the global gradient norm, and to what, is a function of its seed, not a
+#   draw: a new draw would change every derandomised sequence, and with it which cases every
+#   mutant meets. Half the seeds clip: to 0.01 (every gradient of these models is larger: the
+#   clip always acts) or to 1.0 (acts in some steps only); seed 0, where shrinking goes, does not
+#   clip. Models with a float32 layer in a float64 one are not clipped: torch computes each
+#   dtype's norm in that dtype, and the float32 rounding of the coefficient would reach the
+#   float64 tensors at step 0. Labelling removes the clip like any feature (``without``).
+CLIP_NORMS = (None, 0.01, None, 1.0)
+
+
+SHARDING_CLIP_NORMS = (None, 0.01, 1.0, 0.01)
+
+
+def clip_norm_for_seed(seed: int) -> float | None:
+    return CLIP_NORMS[(seed // 7) % len(CLIP_NORMS)]
+
+
+def sharding_clip_norm_for_seed(seed: int) -> float | None:
+    return SHARDING_CLIP_NORMS[(seed // 7) % len(SHARDING_CLIP_NORMS)]
 
 
 # Note [Steering the data-dependent branch]

@@ -154,6 +154,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if p.requires_grad
         ]
 
+    # -- clipping ------------------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients of every parameter of ``self.param_groups`` to the global 2-norm
+        ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` over all of them in one process does
+        (coefficient ``max_norm / (norm + 1e-6)``, at most 1). Each rank sums the squares of the
+        gradients it owns; one all-reduce adds the ranks' sums. Returns the norm. A collective."""
+        return clip_by_global_norm(
+            [p.grad for p in self._params if p.grad is not None],
+            [
+                p.grad
+                for p, owner in zip(self._params, self._partition.owners)
+                if owner == self.rank and p.grad is not None
+            ],
+            max_norm,
+            self._params[0] if self._params else None,
+            self.process_group,
+        )
+
     # -- state ---------------------------------------------------------------------------------
     def _gather(self, obj) -> list:
         if self.world_size == 1:
@@ -225,6 +243,28 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 
 _NOT_HYPER = ("params", "param_names")
+
+
+def clip_by_global_norm(
+    grads: list, owned: list, max_norm: float, like: torch.Tensor | None, group=None
+) -> torch.Tensor:
+    """Scale ``grads`` in place by ``clamp(max_norm / (norm + 1e-6), max=1)``, ``norm`` the 2-norm
+    of the tensors that every rank of ``group`` passes as ``owned`` together (each element owned
+    by exactly one rank). A collective where the group has several ranks. The sum of squares is
+    float64 on ``like``'s device on every rank: a rank that owns no gradient must still send what
+    the others send (its dtype taken from its own gradients, gloo aborted the job). Returns
+    ``norm``."""
+    device = like.device if like is not None else torch.device("cpu")
+    square = torch.zeros((), dtype=torch.float64, device=device)
+    for g in owned:
+        square += torch.linalg.vector_norm(g).to(torch.float64) ** 2
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(square, group=group)
+    norm = square.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return norm
 
 
 def add_local_group(

@@ -65,7 +65,12 @@ from torch import nn
 
 from paracheck.ddp._common import check_bucket_size_mb
 from paracheck.zero.partition import FlatLayout, flat_layout
-from paracheck.zero.sharded import add_local_group, check_optimizer_cls, sync_hyperparameters
+from paracheck.zero.sharded import (
+    add_local_group,
+    check_optimizer_cls,
+    clip_by_global_norm,
+    sync_hyperparameters,
+)
 
 __all__ = ["Zero1", "Zero1Optimizer"]
 
@@ -389,6 +394,22 @@ class Zero1:
         out = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.process_group)
         return out
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip the synchronised gradients of the parameters in ``param_groups`` to the global
+        2-norm ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` over all of them in one process
+        does: each rank holds its pieces' reduced gradients only, so it sums their squares and one
+        all-reduce adds the ranks' sums. Call it after ``finish_gradient_synchronization()``.
+        Returns the norm. A collective."""
+        grads = [
+            piece.grad
+            for g in self.param_groups
+            for p in g["params"]
+            for piece in self.pieces_of(p)
+            if piece.grad is not None
+        ]
+        like = self._param_flat[0] if self._param_flat else None
+        return clip_by_global_norm(grads, grads, max_norm, like, self.process_group)
 
     # -- optimizer forwarding ------------------------------------------------------------------
     @property

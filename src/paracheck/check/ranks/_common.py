@@ -7,13 +7,21 @@ import torch
 import torch.distributed as dist
 
 from paracheck.accounting.traffic import record_collectives
-from paracheck.cases import Case, batch_for, loss_fn
+from paracheck.cases import Case, batch_for, loss_fn, params_in_groups
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import Window
 from paracheck.check.targets import load_object
 from paracheck.world import PeerFailed
 
-__all__ = ["on_every_rank", "rank_device", "snapshot", "target_object", "train_micro_steps"]
+__all__ = [
+    "CLIP_SKIPPED",
+    "clip_gradients",
+    "on_every_rank",
+    "rank_device",
+    "snapshot",
+    "target_object",
+    "train_micro_steps",
+]
 
 _CLASS_CACHE: dict[str, object] = {}
 
@@ -90,6 +98,41 @@ def train_micro_steps(
                 recorder, synced = None, 0
     if recorder is not None:  # a target without no_sync() still ends every window with finish
         recording.__exit__(None, None, None)
+
+
+def clip_gradients(case: Case, target, params: list, step: int, *, own_only: bool) -> bool:
+    """Clip the step's synchronised gradients to ``case.clip_norm`` (Note [Clipping the global
+    norm]); False where the case cannot be run on this target (``own_only`` and no method).
+
+    Note [Clipping the global norm]
+        The oracle clips the synchronised gradients of the parameters the optimizer holds at that
+        step to ``clip_norm`` as ``torch.nn.utils.clip_grad_norm_`` over all of them does in one
+        process. The rank program calls the target's own ``clip_grad_norm_(max_norm)`` where it
+        has one (a sharded optimizer or a ZeRO wrapper, which must see the norm of every shard,
+        not its own: the classic bug). Otherwise it calls ``torch.nn.utils.clip_grad_norm_``
+        itself over the same parameters: every rank holds every synchronised gradient after a
+        DDP, so that is the global norm on each, and a DDP target is checked for leaving the
+        same gradients on every rank before the clip reads them. A ZeRO target without the
+        method (``own_only``: its full gradients exist on no rank) skips the case with a note.
+    """
+    if case.clip_norm is None:
+        return True
+    method = getattr(target, "clip_grad_norm_", None)
+    if method is not None and callable(method):
+        on_every_rank(lambda: method(case.clip_norm), None, "clip_grad_norm_()")
+        return True
+    if own_only:
+        return False
+    held = [p for p in params_in_groups(case, params, step) if p.grad is not None]
+    if held:
+        torch.nn.utils.clip_grad_norm_(held, case.clip_norm)
+    return True
+
+
+CLIP_SKIPPED = (
+    "clipping the global norm is not checked: the target has no clip_grad_norm_(max_norm), and "
+    "its gradients are sharded (no rank holds them all)"
+)
 
 
 def on_every_rank(fn, device, what: str):

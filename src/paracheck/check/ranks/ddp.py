@@ -12,7 +12,13 @@ from paracheck.cases import (
     build_optimizer,
     build_scheduler,
 )
-from paracheck.check.ranks._common import rank_device, snapshot, target_object, train_micro_steps
+from paracheck.check.ranks._common import (
+    clip_gradients,
+    rank_device,
+    snapshot,
+    target_object,
+    train_micro_steps,
+)
 from paracheck.check.ranks._drive import ddp_driver
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
@@ -71,6 +77,7 @@ def run_ddp(payload: dict) -> RankRecord:
             windows,
             [p for p in params if p.requires_grad],
         )
+        clip_gradients(case, None, params, step, own_only=False)
         grads = snapshot([p.grad for p in params])
         optimizer.step()
         apply_lr_schedule(case, optimizer)

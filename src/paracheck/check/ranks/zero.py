@@ -18,6 +18,8 @@ import torch.distributed as dist
 from paracheck.accounting.traffic import record_collectives
 from paracheck.cases import Case, add_late_groups, apply_lr_schedule, build_case_model
 from paracheck.check.ranks._common import (
+    CLIP_SKIPPED,
+    clip_gradients,
     on_every_rank,
     rank_device,
     snapshot,
@@ -56,6 +58,8 @@ def run_zero(payload: dict) -> RankRecord:
     scheduler, skipped = scheduler_or_skip(case, getattr(zero, "optimizer", zero), device)
     if skipped:
         return RankRecord.skip(skipped)
+    if case.clip_norm is not None and not callable(getattr(zero, "clip_grad_norm_", None)):
+        return RankRecord.skip(CLIP_SKIPPED)
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     full_gradients = getattr(zero, "full_gradients", None)
     drv = DDPDriver(
@@ -75,6 +79,7 @@ def run_zero(payload: dict) -> RankRecord:
             zero.zero_grad(set_to_none=case.set_to_none)
             with record_collectives() as rec:
                 train_micro_steps(case, drv, zero, rank, device, step)
+            clip_gradients(case, zero, params, step, own_only=True)  # not the step's traffic
         grads = None
         if full_gradients is not None:
             grads = [None] * len(params)
