@@ -317,7 +317,7 @@ def cases(
 # Note [Clip from the seed]
 #   Whether a case clips the global gradient norm, and to what, is a function of its seed, not a
 #   draw: a new draw would change every derandomised sequence, and with it which cases every
-#   mutant meets. Half the seeds clip: to 0.01 (every gradient of these models is larger: the
+#   mutant meets. Half of the values of Case.seed clip: to 0.01 (every gradient of these models is larger: the
 #   clip always acts) or to 1.0 (acts in some steps only); seed 0, where shrinking goes, does not
 #   clip. Models with a float32 layer in a float64 one are not clipped: torch computes each
 #   dtype's norm in that dtype, and the float32 rounding of the coefficient would reach the

@@ -129,7 +129,7 @@ def sharding_cases(
         optimizer=opt,
         closure=closure,
         reload_at_step=reload_at,
-        # Three seeds in four clip here (Note [Clip from the seed]): a sharded design's clipping
+        # Three seed values in four clip here (Note [Clip from the seed]): a sharded design's clipping
         # is its own code, and half missed a ZeRO-1 clipping by its own chunk's norm in 37 cases.
         clip_norm=None if closure else sharding_clip_norm_for_seed(case.seed),
     )
