@@ -100,7 +100,7 @@ def train_micro_steps(
         recording.__exit__(None, None, None)
 
 
-def clip_gradients(case: Case, target, params: list, step: int, *, own_only: bool) -> bool:
+def clip_gradients(case: Case, target, params: list, step: int, device, *, own_only: bool) -> bool:
     """Clip the step's synchronised gradients to ``case.clip_norm`` (Note [Clipping the global
     norm]); False where the case cannot be run on this target (``own_only`` and no method).
 
@@ -119,7 +119,7 @@ def clip_gradients(case: Case, target, params: list, step: int, *, own_only: boo
         return True
     method = getattr(target, "clip_grad_norm_", None)
     if method is not None and callable(method):
-        on_every_rank(lambda: method(case.clip_norm), None, "clip_grad_norm_()")
+        on_every_rank(lambda: method(case.clip_norm), device, "clip_grad_norm_()")
         return True
     if own_only:
         return False

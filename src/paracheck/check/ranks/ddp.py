@@ -77,7 +77,7 @@ def run_ddp(payload: dict) -> RankRecord:
             windows,
             [p for p in params if p.requires_grad],
         )
-        clip_gradients(case, None, params, step, own_only=False)
+        clip_gradients(case, None, params, step, device, own_only=False)
         grads = snapshot([p.grad for p in params])
         optimizer.step()
         apply_lr_schedule(case, optimizer)

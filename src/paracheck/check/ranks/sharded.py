@@ -115,7 +115,7 @@ def run_sharded(payload: dict) -> RankRecord:
         else:
             opt.zero_grad(set_to_none=case.set_to_none)
             train_micro_steps(case, ddp, opt, rank, device, step)
-            clip_gradients(case, opt, params, step, own_only=False)
+            clip_gradients(case, opt, params, step, device, own_only=False)
             grads = snapshot([p.grad for p in params])
             with record_collectives() as rec:
                 opt.step()

@@ -79,7 +79,9 @@ def run_zero(payload: dict) -> RankRecord:
             zero.zero_grad(set_to_none=case.set_to_none)
             with record_collectives() as rec:
                 train_micro_steps(case, drv, zero, rank, device, step)
-            clip_gradients(case, zero, params, step, own_only=True)  # not the step's traffic
+            clip_gradients(
+                case, zero, params, step, device, own_only=True
+            )  # not the step's traffic
         grads = None
         if full_gradients is not None:
             grads = [None] * len(params)
