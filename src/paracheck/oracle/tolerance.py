@@ -66,6 +66,19 @@ Note [Parameters of two dtypes]
       1.6e-11). Off the CPU every tensor of a mixed-dtype model is therefore compared at the
       coarsest dtype's tolerance from step 0 (``same_operations=False``); a float64 gradient
       truncated to float32 is caught there only on the CPU.
+
+Note [Autocast]
+    Under autocast (``Case.autocast``) the forward computes in bfloat16 or float16 while
+    parameters, gradients and their synchronisation stay float32: the compute dtype is one more
+    dtype in the mix of Note [Parameters of two dtypes], and the same rule applies to it. At step 0
+    (and at every step where no sum can differ) the oracle and the ranks run the same casts on the
+    same parameters, so their local gradients agree and only the float32 rank sum differs: every
+    tensor is judged at float32's tolerance. Once a float32 difference reaches the parameters, the
+    next forward rounds them to bfloat16/float16, where a difference of one float32 ulp can move a
+    value by one ulp of the compute dtype: from then on every tensor is judged at the compute
+    dtype's tolerance. Off the CPU (other kernels) that holds from step 0. A float32 gradient
+    reduced in bfloat16 (a relative error up to 2**-9 at step 0) is therefore judged at float32's
+    tolerance where it arises.
 """
 
 from __future__ import annotations
@@ -98,6 +111,9 @@ TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(grads=1e-10, params=1e-10, state=1e-10),
     "float32": Tolerance(grads=5e-4, params=1e-4, state=1e-4),
     "bfloat16": Tolerance(grads=5e-2, params=2e-2, state=2e-2),
+    # float16 compute (autocast): bfloat16's entries scaled by the ratio of unit roundoffs,
+    # 2**-11 / 2**-8 (Note [Autocast]).
+    "float16": Tolerance(grads=6.25e-3, params=2.5e-3, state=2.5e-3),
 }
 
 
@@ -122,6 +138,8 @@ def tensor_tolerance(
     oracle, the CPU); where they do not, a coarser dtype's rounding reaches every tensor from
     step 0 on."""
     dtypes = {str(d).removeprefix("torch.") for d in param_dtypes} | {dtype}
+    if getattr(case, "autocast", None) is not None:
+        dtypes.add(case.autocast)  # Note [Autocast]
     coarsest = max(dtypes, key=_coarseness)
     if coarsest == dtype:
         return tolerance_for(dtype)
