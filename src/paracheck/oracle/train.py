@@ -176,7 +176,10 @@ def train(case: Case) -> Trajectory:
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         skipped = False
-        if scaler is not None:
+        scaling = scaler is not None and any(
+            p.grad is not None for g in optimizer.param_groups for p in g["params"]
+        )  # GradScaler.step and update raise where no gradient is held: the ranks do the same
+        if scaling:
             # torch's own unscale_ (the optimizer's parameters only, as on the ranks); the scale
             # is a power of two, so grad_absum is unscaled exactly alike.
             inv = 1.0 / scaler.get_scale()
@@ -197,7 +200,7 @@ def train(case: Case) -> Trajectory:
             )
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
-        if scaler is not None:
+        if scaling:
             before = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()

@@ -141,14 +141,21 @@ def clip_gradients(case: Case, target, params: list, step: int, device, *, own_o
 def unscale(scaler, optimizer) -> None:
     """Divide the synchronised gradients by the loss scale (``scaler.unscale_``), before anything
     reads them: clipping, the snapshot, the step."""
-    if scaler is not None:
+    if scaler is not None and has_gradients(optimizer):
         scaler.unscale_(optimizer)
+
+
+def has_gradients(optimizer) -> bool:
+    """Whether a parameter of ``optimizer.param_groups`` holds a gradient: ``GradScaler.step`` and
+    ``update`` raise where none does ("No inf checks were recorded")."""
+    return any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
 
 
 def step_optimizer(scaler, optimizer) -> None:
     """``optimizer.step()``, or with a scaler ``scaler.step(optimizer)`` (skipped where a gradient
-    is not finite) and ``scaler.update()``."""
-    if scaler is None:
+    is not finite) and ``scaler.update()``; without any gradient in the optimizer's groups,
+    ``optimizer.step()`` and no update (the oracle does the same)."""
+    if scaler is None or not has_gradients(optimizer):
         optimizer.step()
     else:
         scaler.step(optimizer)
