@@ -16,7 +16,7 @@ import torch
 from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
-from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
+from paracheck.oracle.tolerance import step0_grad_rtol, tensor_tolerance, tolerance_for
 
 __all__ = ["close", "compare"]
 
@@ -76,6 +76,7 @@ def compare(
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
     # dtypes]).
     same_operations = device is None or torch.device(device).type == "cpu"
+    n_elements = sum(p.numel() for p in traj.initial_params)
     worst = 0.0
 
     def check(step, what, rank, i, got, ref, rtol, scale_src=None):
@@ -152,7 +153,9 @@ def compare(
                         i,
                         got,
                         ref,
-                        tensor_tolerance(
+                        step0_grad_rtol(traj.case, dtypes[i], n_elements)
+                        if k == 0 and same_operations
+                        else tensor_tolerance(
                             traj.case, k, dtypes[i], dtypes, same_operations=same_operations
                         ).grads,
                         oref.grad_absum[i],
