@@ -19,7 +19,7 @@ from paracheck.check.properties.equivalence import close
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
-from paracheck.oracle.tolerance import tolerance_for
+from paracheck.oracle.tolerance import step0_grad_rtol
 from paracheck.oracle.train import train
 from paracheck.strategies import cases, sharding_cases
 from paracheck.strategies._core import PRECISIONS, precision_settings
@@ -82,13 +82,14 @@ def test_a_zero_wrapper_skips_loss_scaled_cases_and_passes_autocast(world):
 
 def test_reducing_in_bfloat16_is_caught_far_outside_tolerance(world):
     """Under autocast the gradients are float32 and compared at float32's tolerance at step 0
-    (Note [Autocast]); rounding them to bfloat16 for the all-reduce is 10x beyond it at least."""
+    (Note [Step 0: a derived bound]); rounding them to bfloat16 for the all-reduce is 100x beyond
+    it (measured: 383x)."""
     mutant = MUTANTS["ddp-reduced-in-bf16"]
     result = run_case(world, Target(mutant.name, mutant.path, mutant.kind), BF16)
     div = result.divergence
     assert div is not None and div.step == 0, result.describe()
     assert div.what == "grad" and div.max_abs_diff >= 10 * div.tolerance, result.describe()
-    assert div.worst_ratio >= 10 * tolerance_for("float32").grads, result.describe()
+    assert div.worst_ratio >= 100 * step0_grad_rtol(BF16, "float32", 0), result.describe()
 
 
 def test_non_finite_elements_are_compared_by_position():
@@ -157,7 +158,7 @@ def test_cli_refuses_disagreeing_dtype_and_precision():
         [
             sys.executable,
             "-m",
-            "paracheck",
+            "paracheck.cli",
             "check",
             "naive",
             "--dtype",
