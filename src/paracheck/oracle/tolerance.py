@@ -174,7 +174,12 @@ def tensor_tolerance(
 #   each gives 6.0e-6, against the fixed float32 tolerance's 5e-4; float64 gives 1.1e-14 against
 #   1e-10. A float32 gradient rounded to bfloat16 for its all-reduce (relative error up to 2**-9)
 #   is then caught at step 0 by a factor of 100 or more.
-_UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+_UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "bfloat16": 2.0**-8,
+    "float16": 2.0**-11,
+}
 
 
 def _gamma(k: int, u: float) -> float:
