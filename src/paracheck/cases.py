@@ -12,7 +12,9 @@ Note [Determinism]
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -31,11 +33,15 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "init_seed",
+    "AUTOCAST_DTYPES",
     "DTYPES",
     "SCHEDULERS",
+    "build_grad_scaler",
+    "forward_context",
 ]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -133,6 +139,13 @@ class Case:
     gradients of the parameters in the optimizer's groups are clipped to this global norm, as
     ``torch.nn.utils.clip_grad_norm_`` over all of them in one process would (Note [Clipping
     the global norm] in ``paracheck.check.ranks._common``).
+
+    Precision (Note [Precision of a case]): ``dtype`` is the parameters' dtype; ``autocast``
+    (None, ``"bfloat16"`` or ``"float16"``, float32 parameters only) runs every forward under
+    ``torch.autocast`` in that dtype; ``loss_scale`` (a power of two, with ``autocast="float16"``)
+    scales every loss with ``torch.amp.GradScaler(init_scale=loss_scale)`` (``build_grad_scaler``):
+    the gradients are unscaled (``unscale_``) after synchronisation, before clipping and before
+    ``scaler.step(optimizer)``, which skips the step wherever a gradient is not finite.
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -157,6 +170,8 @@ class Case:
     double_backward: bool = False
     unbounded_bucket: bool = False
     clip_norm: float | None = None
+    autocast: str | None = None
+    loss_scale: float | None = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -187,6 +202,29 @@ class Case:
                 raise ValueError(
                     "clip_norm with closure=True: the step's gradients are computed inside "
                     "step(closure), where no clipping call can go; choose one"
+                )
+        if self.autocast is not None:
+            if self.autocast not in AUTOCAST_DTYPES:
+                raise ValueError(
+                    f"autocast={self.autocast!r} must be None or one of {sorted(AUTOCAST_DTYPES)}"
+                )
+            if self.dtype != "float32":
+                raise ValueError(
+                    f"autocast={self.autocast!r} with dtype={self.dtype!r}: autocast casts float32 "
+                    "parameters only (it leaves float64 alone); use dtype='float32'"
+                )
+        if self.loss_scale is not None:
+            scale = float(self.loss_scale)
+            if not (scale > 0 and math.frexp(scale)[0] == 0.5):
+                raise ValueError(f"loss_scale={self.loss_scale!r} must be None or a power of two")
+            if self.autocast != "float16":
+                raise ValueError(
+                    f"loss_scale={self.loss_scale!r} with autocast={self.autocast!r}: loss "
+                    "scaling is for float16 compute (autocast='float16')"
+                )
+            if self.closure:
+                raise ValueError(
+                    "loss_scale with closure=True: GradScaler.step() takes no closure; choose one"
                 )
         if self.finish_once and self.no_sync:
             raise ValueError(
@@ -285,11 +323,50 @@ def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
 
 
 def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The per-rank loss: a mean over the local batch (MSE, or cross-entropy for the LM)."""
+    """The per-rank loss: a mean over the local batch (MSE, or cross-entropy for the LM), computed
+    outside autocast in the targets' dtype (float32 for the LM's logits), whatever dtype the
+    forward produced."""
     spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
     if spec.kind == "lm":
         return torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), target.flatten())
-    return torch.nn.functional.mse_loss(output, target)
+    return torch.nn.functional.mse_loss(output.to(target.dtype), target)
+
+
+# Note [Precision of a case]
+#   What a case's precision fixes is where every cast happens, so that the oracle (one process,
+#   the CPU) applies the same casts in the same places as the ranks: parameters and gradients of
+#   ``dtype``; each forward under ``torch.autocast(device_type, autocast)`` (matmuls and linears in
+#   bfloat16 or float16, the loss in float32: ``loss_fn``); gradients synchronised in their own
+#   dtype (a float32 parameter's gradient is float32 however the forward computed); and with
+#   ``loss_scale``, losses multiplied by the scaler's scale before backward and gradients divided
+#   by it after synchronisation (a power of two: exact both ways). The scaler never grows within a
+#   case (``GROWTH_INTERVAL`` steps) and backs off to ``loss_scale * BACKOFF``: a case whose loss
+#   scale is 2**40 overflows float16 in its first backward on every rank (every step it runs is
+#   skipped, and the next runs at 2**8), one at 2**8 does not overflow on these models; so whether a
+#   step is skipped is never decided by a value within rounding of float16's largest (65504), where
+#   a rank and the oracle summing in another order could decide differently.
+GROWTH_INTERVAL = 2**10
+BACKOFF = 2.0**-32
+
+
+def forward_context(case: Case, device="cpu"):
+    """The context every forward of ``case`` runs in: ``torch.autocast`` with ``case.autocast`` on
+    ``device``'s type, or nothing."""
+    if case.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=AUTOCAST_DTYPES[case.autocast])
+
+
+def build_grad_scaler(case: Case, device="cpu"):
+    """``torch.amp.GradScaler`` for ``case.loss_scale`` on ``device``'s type, or None."""
+    if case.loss_scale is None:
+        return None
+    return torch.amp.GradScaler(
+        torch.device(device).type,
+        init_scale=float(case.loss_scale),
+        backoff_factor=BACKOFF,
+        growth_interval=GROWTH_INTERVAL,
+    )
 
 
 def param_groups(case: Case, params: list, *, late: bool = False) -> list[dict]:

@@ -11,6 +11,7 @@ Options:
     --paracheck-properties NAME,...    the properties ``paracheck_check`` checks (as ``paracheck check
                                        --properties``)
     --paracheck-contract full|cs336    the case features drawn (as ``paracheck check --contract``)
+    --paracheck-precision NAME         fp64 (default), fp32, bf16, fp16 or mixed (as --precision)
     --paracheck-features=-name,+name   features never drawn / drawn again (as ``--features``; give
                                        it with ``=``: pytest reads a value starting with - as an option)
     --paracheck-database PATH          failing cases saved and replayed first (default
@@ -103,6 +104,13 @@ def pytest_addoption(parser):
         metavar="SPEC",
         help="comma-separated features, -name (never draw it) or +name (draw it again); give it "
         "as --paracheck-features=-name",
+    )
+    g.addoption(
+        "--paracheck-precision",
+        default=None,
+        choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
+        help="precision settings paracheck_check draws (as paracheck check --precision; default "
+        "fp64)",
     )
     g.addoption(
         "--paracheck-database",
@@ -319,8 +327,8 @@ def _database(config):
 def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
     """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report.
 
-    ``properties`` (names, or "a,b"), ``contract`` and ``features`` default to the
-    ``--paracheck-*`` options (``features`` applies after the option's); other keywords go to
+    ``properties`` (names, or "a,b"), ``contract``, ``features`` and ``precision`` default to
+    the ``--paracheck-*`` options (``features`` applies after the option's); other keywords go to
     ``check_target`` (``database=None`` saves nothing)."""
     from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
@@ -345,6 +353,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         properties=None,
         contract=None,
         features=None,
+        precision=None,
         **kwargs,
     ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
@@ -374,6 +383,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             max_examples=max_examples or paracheck_max_examples,
             contract=contract or pytestconfig.getoption("--paracheck-contract") or "full",
             features=spec or None,
+            precision=precision or pytestconfig.getoption("--paracheck-precision"),
             **kwargs,
         )
         if not report.passed:

@@ -269,7 +269,26 @@ FEATURES: tuple[Feature, ...] = (
     _flag("double_backward", False, "double-backward", "with two backward passes per micro-step"),
     _flag("clip_norm", None, "clip", "with the global gradient norm clipped before the step"),
     _flag("unbounded_bucket", False, "unbounded-bucket", "with bucket_size_mb=None"),
-    _flag("dtype", "float64", "low-precision", "in low precision"),
+    Feature(
+        "low-precision",
+        "in low precision",
+        lambda c: c.dtype != "float64",
+        lambda c: replace(c, dtype="float64", autocast=None, loss_scale=None),
+    ),
+    Feature(
+        "autocast",
+        "under autocast (a bfloat16/float16 forward over float32 parameters)",
+        lambda c: getattr(c, "autocast", None) is not None,
+        lambda c: replace(c, autocast=None, loss_scale=None),
+        requires=("low-precision",),
+    ),
+    _flag(
+        "loss_scale",
+        None,
+        "loss-scaling",
+        "with float16 loss scaling (torch.amp.GradScaler)",
+        requires=("autocast",),
+    ),
 )
 
 _BY_NAME = {f.name: f for f in FEATURES}

@@ -53,6 +53,7 @@ from paracheck.check.kinds import KINDS, resolve_properties
 from paracheck.check.report import CheckReport, PropertyFailure, order, replay_command
 from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target, load_object
+from paracheck.strategies._core import nominal_dtype, precision_settings
 from paracheck.world import World
 
 __all__ = [
@@ -285,6 +286,7 @@ def check_target(
     timeout: float | None = None,
     explicit: list[Case] = (),
     dtype: str = "float64",
+    precision: str | None = None,
     contract: str = "full",
     features=None,
     first_failure: bool = True,
@@ -305,11 +307,17 @@ def check_target(
     the selftest and paracheck's own tests), any other value ``hypothesis.seed(seed)``; None draws
     at random. ``database`` (a directory, a ``CaseDatabase`` or None) saves the failing cases and
     replays the saved ones first (Note [Saved cases]). ``contract`` (``"full"`` or ``"cs336"``)
-    and ``features`` (``"-name,+name"``) choose the features drawn
+    and ``features`` (``"-name,+name"``) choose the features drawn; ``precision`` (``fp64``,
+    ``fp32``, ``bf16``, ``fp16`` or ``mixed``: Note [Precision from the seed]) replaces ``dtype``
     (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
     (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
     sizes = tuple(sorted(set(world_sizes)))
+    if precision is None:
+        precision = DTYPE_PRECISIONS.get(dtype)
+        if precision is None:
+            raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
+    dtype = nominal_dtype(precision)
     off = features_off(contract, features, dtype=dtype)
     if database is not None and not isinstance(database, CaseDatabase):
         database = CaseDatabase(database)
@@ -319,7 +327,7 @@ def check_target(
         # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
         # (which made duplicate examples). The sharding kinds draw more parameter groups and late
         # add_param_group calls (paracheck.strategies._sharding).
-        strategy = load_object(KINDS[target.kind].strategy)(world_sizes=sizes, dtype=dtype)
+        strategy = load_object(KINDS[target.kind].strategy)(world_sizes=sizes, precision=precision)
     else:
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
@@ -409,7 +417,7 @@ def check_target(
             database.delete(entry)
             notes.append(f"dropped a saved case that no longer loads: {entry.error}")
             continue
-        why = _not_drawn(entry.case, sizes, dtype, off)
+        why = _not_drawn(entry.case, sizes, precision, off)
         if why is not None:
             kept[why] = kept.get(why, 0) + 1
             continue
@@ -498,16 +506,29 @@ def check_target(
     )
 
 
-def _not_drawn(case: Case, sizes, dtype: str, off) -> str | None:
+def _not_drawn(case: Case, sizes, precision: str, off) -> str | None:
     """Why this check would not draw ``case`` (None: it would)."""
     if case.world_size not in sizes:
         return f"world size {case.world_size} is not among {list(sizes)}"
-    if case.dtype != dtype:
-        return f"dtype {case.dtype} is not {dtype}"
+    setting = (case.dtype, case.autocast, case.loss_scale)
+    if setting not in precision_settings(precision):
+        return f"precision {_setting_text(setting)} is not drawn at --precision {precision}"
     turned_off = sorted(case_features(case) & set(off), key=list(off).index)
     if turned_off:
         return f"{turned_off[0]} is not drawn"
     return None
 
+
+def _setting_text(setting) -> str:
+    dtype, autocast, scale = setting
+    return (
+        dtype
+        + (f" under {autocast} autocast" if autocast else "")
+        + (f" with loss scale {scale:g}" if scale else "")
+    )
+
+
+# The precision a --dtype stands for.
+DTYPE_PRECISIONS = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}
 
 __all__ += ["CheckFailure"]

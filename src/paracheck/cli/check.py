@@ -159,7 +159,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default=None,
         choices=["float64", "float32"],
-        help="dtype of the target's computation (default float64; the oracle is always float64)",
+        help="parameters' dtype: float64 (the default) or float32; the same as --precision fp64/fp32",
+    )
+    c.add_argument(
+        "--precision",
+        default=None,
+        choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
+        help="the precision settings drawn: fp64 (the default), fp32, bf16 (bfloat16 autocast over "
+        "float32 parameters, or bfloat16 parameters), fp16 (float16 autocast, with or without a "
+        "GradScaler) or mixed (all of them); the oracle applies the same casts",
     )
     c.add_argument(
         "--case",
@@ -303,9 +311,18 @@ def cmd_check(args) -> int:
     )
     _positive("--max-examples", max_examples)
     from paracheck.check.features import FeatureError, features_off
+    from paracheck.check.property import DTYPE_PRECISIONS
+    from paracheck.strategies._core import nominal_dtype
 
+    precision = args.precision or DTYPE_PRECISIONS[args.dtype or "float64"]
+    if args.precision is not None and args.dtype is not None:
+        if DTYPE_PRECISIONS[args.dtype] != args.precision:
+            raise UsageError(
+                f"--dtype={args.dtype} and --precision={args.precision} disagree: "
+                "give --precision only"
+            )
     try:
-        features_off(args.contract, args.features, dtype=args.dtype or "float64")
+        features_off(args.contract, args.features, dtype=nominal_dtype(precision))
     except FeatureError as exc:
         raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
     if (args.features is not None or args.contract != "full") and case is not None:
@@ -345,7 +362,7 @@ def cmd_check(args) -> int:
                     seed=None if args.random else args.seed,
                     timeout=args.timeout,
                     database=database,
-                    dtype=args.dtype or "float64",
+                    precision=precision,
                     contract=args.contract,
                     features=args.features,
                     first_failure=args.first_failure,

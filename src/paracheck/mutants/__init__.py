@@ -37,6 +37,12 @@ def register(
 
 
 register(
+    "ddp-reduced-in-bf16",
+    "paracheck.mutants.ddp:ReducedInBfloat16DDP",
+    "ddp",
+    "float32/float64 gradients are rounded to bfloat16 and summed in bfloat16 for the all-reduce",
+)
+register(
     "ddp-no-divide",
     "paracheck.mutants.ddp:NoDivideDDP",
     "ddp",

@@ -66,6 +66,19 @@ Note [Parameters of two dtypes]
       1.6e-11). Off the CPU every tensor of a mixed-dtype model is therefore compared at the
       coarsest dtype's tolerance from step 0 (``same_operations=False``); a float64 gradient
       truncated to float32 is caught there only on the CPU.
+
+Note [Autocast]
+    Under autocast (``Case.autocast``) the forward computes in bfloat16 or float16 while
+    parameters, gradients and their synchronisation stay float32: the compute dtype is one more
+    dtype in the mix of Note [Parameters of two dtypes], and the same rule applies to it. At step 0
+    (and at every step where no sum can differ) the oracle and the ranks run the same casts on the
+    same parameters, so their local gradients agree and only the float32 rank sum differs: every
+    tensor is judged at float32's tolerance. Once a float32 difference reaches the parameters, the
+    next forward rounds them to bfloat16/float16, where a difference of one float32 ulp can move a
+    value by one ulp of the compute dtype: from then on every tensor is judged at the compute
+    dtype's tolerance. Off the CPU (other kernels) that holds from step 0. A float32 gradient
+    reduced in bfloat16 (a relative error up to 2**-9 at step 0) is therefore judged at float32's
+    tolerance where it arises.
 """
 
 from __future__ import annotations
@@ -82,6 +95,7 @@ __all__ = [
     "Tolerance",
     "rms_norm_tolerance",
     "rounding_depth",
+    "step0_grad_rtol",
     "tensor_tolerance",
     "tolerance_for",
 ]
@@ -98,6 +112,9 @@ TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(grads=1e-10, params=1e-10, state=1e-10),
     "float32": Tolerance(grads=5e-4, params=1e-4, state=1e-4),
     "bfloat16": Tolerance(grads=5e-2, params=2e-2, state=2e-2),
+    # float16 compute (autocast): bfloat16's entries scaled by the ratio of unit roundoffs,
+    # 2**-11 / 2**-8 (Note [Autocast]).
+    "float16": Tolerance(grads=6.25e-3, params=2.5e-3, state=2.5e-3),
 }
 
 
@@ -122,6 +139,8 @@ def tensor_tolerance(
     oracle, the CPU); where they do not, a coarser dtype's rounding reaches every tensor from
     step 0 on."""
     dtypes = {str(d).removeprefix("torch.") for d in param_dtypes} | {dtype}
+    if getattr(case, "autocast", None) is not None:
+        dtypes.add(case.autocast)  # Note [Autocast]
     coarsest = max(dtypes, key=_coarseness)
     if coarsest == dtype:
         return tolerance_for(dtype)
@@ -132,6 +151,51 @@ def tensor_tolerance(
     backwards = case.accumulation * (2 if getattr(case, "double_backward", False) else 1)
     sums_can_differ = case.world_size >= 3 or (case.world_size == 2 and backwards > 1)
     return tolerance_for(coarsest) if sums_can_differ else tolerance_for(dtype)
+
+
+# Note [Step 0: a derived bound]
+#   At step 0 on the CPU, the ranks and the oracle start from the same parameters and compute each
+#   rank's local gradient of each backward by the same operations (the ranks and the oracle run
+#   single-threaded), so the synchronised gradients differ only in how the n = W * backwards terms
+#   are summed and divided. Any two orders of a sum of n terms, each with its own divisions by W
+#   (per term, per partial sum or once; one per backward where every backward is synchronised),
+#   differ elementwise by at most 2 * gamma_{2n+2} * sum|terms| (Higham, Accuracy and Stability of
+#   Numerical Algorithms, 2002, section 4.2: gamma_k = k*u / (1 - k*u), u the unit roundoff of the
+#   gradient's dtype, the dtype it is summed in). ``grad_absum`` is sum|terms| (before the division,
+#   so W times the bound's scale: a margin of W), and the comparison's scale is its maximum over the
+#   tensor, so
+#
+#       |got - ref| <= 2 * gamma_{2n+2} * (|ref| + max grad_absum)
+#
+#   holds for every correct target. Clipping multiplies by a coefficient computed from the norm of
+#   every gradient element held (N of them, float32 or float64 accumulation, any order): its
+#   relative difference is at most gamma_{N+4} on each side, 2 * gamma_{N+4} more. The bound uses
+#   no measured constant: float32 (u = 2**-24) with W = 4, 3 micro-steps and two backward passes
+#   each gives 6.0e-6, against the fixed float32 tolerance's 5e-4; float64 gives 1.1e-14 against
+#   1e-10. A float32 gradient rounded to bfloat16 for its all-reduce (relative error up to 2**-9)
+#   is then caught at step 0 by a factor of 100 or more.
+_UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "bfloat16": 2.0**-8,
+    "float16": 2.0**-11,
+}
+
+
+def _gamma(k: int, u: float) -> float:
+    return k * u / (1 - k * u) if k * u < 0.5 else float("inf")
+
+
+def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
+    """The derived tolerance of a synchronised gradient of ``dtype`` at step 0 on the CPU (Note
+    [Step 0: a derived bound]); ``n_elements`` bounds the gradient elements a clip's norm sums."""
+    u = _UNIT_ROUNDOFF[dtype]
+    backwards = case.accumulation * (2 if getattr(case, "double_backward", False) else 1)
+    n = case.world_size * backwards
+    rtol = 2 * _gamma(2 * n + 2, u)
+    if getattr(case, "clip_norm", None) is not None:
+        rtol += 2 * _gamma(n_elements + 4, u)
+    return rtol
 
 
 # -- the RMSNorm kernels against the float64 reference (paracheck.oracle.rmsnorm) ----------------

@@ -14,6 +14,11 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
   group is added later) keeps the synchronised gradient of the previous step, so it accumulates
   until its group is added, as in real training (``Case.zero_grad_module``: every parameter is
   cleared);
+* with ``case.loss_scale``, each rank's loss is scaled by the ``GradScaler``'s scale before its
+  backward, and the synchronised gradients of the optimizer's parameters are unscaled
+  (``scaler.unscale_(optimizer)``) before anything reads them; ``scaler.step`` skips the step
+  where one is not finite (``StepRecord.skipped``);
+* every forward runs in ``forward_context(case)`` (autocast, Note [Precision of a case]);
 * with ``case.clip_norm``, the synchronised gradients of the parameters in the optimizer's groups
   are clipped to that global norm (``clip_global_norm``);
 * the optimizer (the case's torch optimizer, with its groups, late ``add_param_group`` calls,
@@ -36,8 +41,10 @@ from paracheck.cases import (
     apply_lr_schedule,
     batch_for,
     build_case_model,
+    build_grad_scaler,
     build_optimizer,
     build_scheduler,
+    forward_context,
     loss_fn,
     params_in_groups,
 )
@@ -54,6 +61,9 @@ class StepRecord:
     state: dict[int, dict[str, torch.Tensor]] = field(
         default_factory=dict
     )  # optimizer state after step
+    # The GradScaler found a gradient that is not finite and skipped the step (``Case.loss_scale``):
+    # the step's gradients are discarded by every design and are not compared.
+    skipped: bool = False
 
 
 @dataclass
@@ -77,17 +87,23 @@ def optimizer_state(optimizer, params: list) -> dict[int, dict[str, torch.Tensor
     return out
 
 
-def _local_grads(case: Case, model, params, step: int, rank: int):
+def _local_grads(case: Case, model, params, step: int, rank: int, scaler=None):
     for p in params:
         p.grad = None
     losses = []
     for micro in range(case.accumulation):
         x, y = batch_for(case, step, micro, rank)
-        loss = loss_fn(case, model(x), y)
+        with forward_context(case):
+            out = model(x)
+        loss = loss_fn(case, out, y)
+        if scaler is not None:
+            losses.append(loss.item())
+            loss = scaler.scale(loss)
         if case.double_backward:  # the micro-step's gradient counts twice, as on the ranks
             loss.backward(retain_graph=True)
         loss.backward()
-        losses.append(loss.item())
+        if scaler is None:
+            losses.append(loss.item())
     grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
     return grads, losses
 
@@ -114,6 +130,7 @@ def train(case: Case) -> Trajectory:
     buffers = [b.detach().clone() for b in model.buffers()]
     optimizer = build_optimizer(case, params)
     scheduler = build_scheduler(case, optimizer)
+    scaler = build_grad_scaler(case)
     W = case.world_size
     # The gradient each parameter holds when a step begins (see the module docstring).
     held: list[torch.Tensor | None] = [None] * len(params)
@@ -132,7 +149,7 @@ def train(case: Case) -> Trajectory:
         per_rank = []
         losses = []
         for rank in range(W):
-            grads, ls = _local_grads(case, model, params, step, rank)
+            grads, ls = _local_grads(case, model, params, step, rank, scaler)
             per_rank.append(grads)
             losses.append(ls)
         synced, absum = [], []
@@ -156,6 +173,24 @@ def train(case: Case) -> Trajectory:
                 mag += W * h.abs()
             synced.append(total)
             absum.append(mag)
+        for p, g in zip(params, synced):
+            p.grad = None if g is None else g.clone()
+        skipped = False
+        scaling = scaler is not None and any(
+            p.grad is not None for g in optimizer.param_groups for p in g["params"]
+        )  # GradScaler.step and update raise where no gradient is held: the ranks do the same
+        if scaling:
+            # torch's own unscale_ (the optimizer's parameters only, as on the ranks); the scale
+            # is a power of two, so grad_absum is unscaled exactly alike.
+            inv = 1.0 / scaler.get_scale()
+            scaler.unscale_(optimizer)
+            inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            synced = [
+                p.grad if id(p) in inside and g is not None else g for p, g in zip(params, synced)
+            ]
+            absum = [
+                a * inv if id(p) in inside and a is not None else a for p, a in zip(params, absum)
+            ]
         if case.clip_norm is not None:
             inside = {id(p) for p in params_in_groups(case, params, step)}
             clip_global_norm(
@@ -165,7 +200,14 @@ def train(case: Case) -> Trajectory:
             )
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
-        optimizer.step()
+        if scaling:
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            # The scale never grows within a case (GROWTH_INTERVAL): it falls iff a step is skipped.
+            skipped = scaler.get_scale() < before
+        else:
+            optimizer.step()
         apply_lr_schedule(case, optimizer)
         if scheduler is not None:
             scheduler.step()
@@ -176,6 +218,7 @@ def train(case: Case) -> Trajectory:
                 grad_absum=absum,
                 params=[p.detach().clone() for p in params],
                 state=optimizer_state(optimizer, params),
+                skipped=skipped,
             )
         )
         held = [None if g is None else g.clone() for g in synced]

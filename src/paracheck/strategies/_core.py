@@ -22,7 +22,17 @@ from hypothesis import strategies as st
 from paracheck.cases import DTYPES, Case, GroupSpec, OptimizerSpec, batch_for
 from paracheck.workloads import MLPSpec, ToySpec, build_model
 
-__all__ = ["world_sizes", "mlp_specs", "model_specs", "optimizer_specs", "bucket_sizes_mb", "cases"]
+__all__ = [
+    "PRECISIONS",
+    "bucket_sizes_mb",
+    "cases",
+    "mlp_specs",
+    "model_specs",
+    "optimizer_specs",
+    "precision_settings",
+    "with_precision",
+    "world_sizes",
+]
 
 
 def _check_bounds(name: str, lo: int, hi: int, floor: int = 1) -> None:
@@ -222,6 +232,7 @@ def cases(
     mixed_dtypes: bool = True,
     unbounded_buckets: bool = True,
     clipping: bool = True,
+    precision: str | None = None,
 ) -> Case:
     """Complete cases: world, model, per-rank batches (1..3 each), optimizer groups, 1..max_steps
     steps, 1..max_accumulation micro-steps with ``finish_gradient_synchronization()`` after each,
@@ -238,7 +249,13 @@ def cases(
     it here rather than overriding it afterwards (``Case.with_world_size``): an override leaves
     choices Hypothesis varies but that change nothing (duplicate examples) and repeats one rank's
     batch size on every rank when the drawn world was smaller.
+
+    ``precision`` (one of ``PRECISIONS``; it replaces ``dtype``) draws the parameter dtype,
+    autocast and loss scaling of each case from its seed (Note [Precision from the seed]).
     """
+    if precision is not None:
+        _check_precision(precision)
+        dtype = nominal_dtype(precision)
     if world_sizes is not None:
         sizes = sorted(set(world_sizes))
         if not sizes or any(not isinstance(v, int) or v < 1 for v in sizes):
@@ -311,6 +328,70 @@ def cases(
         case = replace(case, seed=_seed_for_branch_pattern(case, pattern))
     if clipping and getattr(spec, "float32_layer", None) is None:
         case = replace(case, clip_norm=clip_norm_for_seed(case.seed))
+    if precision is not None:
+        case = with_precision(case, precision)
+    return case
+
+
+# Note [Precision from the seed]
+#   ``--precision`` names a family of settings (parameter dtype, autocast dtype, loss scale), and
+#   which one a case gets is a function of its seed, like the clip (Note [Clip from the seed]): the
+#   choices drawn are those of the single-dtype strategy, so a precision check meets the cases a
+#   float32 check meets, each in one of the family's settings. bf16: bfloat16 autocast over float32
+#   parameters, or bfloat16 parameters (the gradients, their reduction and the update in bfloat16);
+#   fp16: float16 autocast with a GradScaler whose first backward overflows on every rank (scale
+#   2**40: the step is skipped and the next runs at 2**8), with one at 2**8 (no step skipped), and
+#   without a scaler; mixed: all of them and float32. A case with ``closure`` gets no scaler
+#   (GradScaler.step takes no closure). Cases are drawn at the family's nominal dtype (float32, or
+#   float64 for fp64): bucket caps are drawn from float32 sizes, twice a bfloat16 model's.
+#   Below float32 the optimizer is SGD (with or without momentum): Adam's first update of an
+#   element is lr * g / (|g| + eps), about lr * sign(g), and an element whose synchronised gradient
+#   is within bfloat16/float16 rounding of zero may get either sign, in the oracle and in a correct
+#   target alike: a difference of 2 * lr that a per-tensor tolerance cannot tell from a bug (the
+#   built-ins came within 1.6e-2 of bfloat16's 2e-2 parameter tolerance, and one fell outside
+#   it). SGD's update is lr times the gradient, whose difference the tolerance bounds.
+PRECISIONS = ("fp64", "fp32", "bf16", "fp16", "mixed")
+_BF16 = (("float32", "bfloat16", None), ("bfloat16", None, None))
+_FP16 = (
+    ("float32", "float16", 2.0**40),
+    ("float32", "float16", 2.0**8),
+    ("float32", "float16", None),
+)
+_PRECISION_SETTINGS = {
+    "fp64": (("float64", None, None),),
+    "fp32": (("float32", None, None),),
+    "bf16": _BF16,
+    "fp16": _FP16,
+    "mixed": (("float32", None, None), *_BF16, *_FP16),
+}
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in _PRECISION_SETTINGS:
+        raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
+
+
+def nominal_dtype(precision: str) -> str:
+    """The dtype a ``precision`` check draws its cases at (before ``with_precision``)."""
+    _check_precision(precision)
+    return "float64" if precision == "fp64" else "float32"
+
+
+def precision_settings(precision: str) -> tuple[tuple[str, str | None, float | None], ...]:
+    """The (dtype, autocast, loss_scale) settings of ``precision``."""
+    _check_precision(precision)
+    return _PRECISION_SETTINGS[precision]
+
+
+def with_precision(case: Case, precision: str) -> Case:
+    """``case`` in the setting of ``precision`` its seed picks (Note [Precision from the seed])."""
+    settings = precision_settings(precision)
+    # A multiplicative hash: Hypothesis draws many small seeds, and seed // k put most of them in
+    # the first setting. Seed 0, where shrinking goes, keeps the first (the simplest).
+    dtype, autocast, scale = settings[((case.seed * 0x9E3779B1) >> 16) % len(settings)]
+    case = replace(case, dtype=dtype, autocast=autocast, loss_scale=None if case.closure else scale)
+    if dtype == "bfloat16" or autocast is not None:
+        case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
     return case
 
 

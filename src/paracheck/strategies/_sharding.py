@@ -35,7 +35,13 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from paracheck.cases import GroupSpec
-from paracheck.strategies._core import cases, optimizer_specs, sharding_clip_norm_for_seed
+from paracheck.strategies._core import (
+    cases,
+    nominal_dtype,
+    optimizer_specs,
+    sharding_clip_norm_for_seed,
+    with_precision,
+)
 from paracheck.workloads import MLPSpec, build_model
 
 __all__ = ["sharding_cases"]
@@ -54,8 +60,10 @@ def sharding_cases(
     max_world_size: int = 6,
     max_steps: int = 4,
     dtype: str = "float64",
+    precision: str | None = None,
 ):
-    """Cases with more parameter groups and late ``add_param_group`` calls than ``cases``."""
+    """Cases with more parameter groups and late ``add_param_group`` calls than ``cases``;
+    ``precision`` as for ``cases`` (it replaces ``dtype``)."""
     if not isinstance(max_steps, int) or max_steps < 2:
         raise ValueError(
             f"max_steps={max_steps!r} must be an int >= 2 (a late group needs a step before it)"
@@ -65,6 +73,8 @@ def sharding_cases(
         if world_sizes is not None
         else {"min_world_size": min_world_size, "max_world_size": max_world_size}
     )
+    if precision is not None:
+        dtype = nominal_dtype(precision)
     # Not drawn here: finish once after several backward passes, double backward, float32 layers in
     # float64 models and unbounded buckets (the DDP protocol's corners; Zero1 takes one dtype).
     case = draw(
@@ -135,6 +145,8 @@ def sharding_cases(
     )
     if case.model.kind == "mlp" and case.model.unused == "none" and draw(st.integers(0, 2)) == 0:
         case = _with_idle_parameters(case)
+    if precision is not None:
+        case = with_precision(case, precision)
     return case
 
 

@@ -5,7 +5,8 @@ Reads from each ``RankRecord``, per ``RankStep``, ``traffic`` (the collectives t
 ``StepTraffic.entries``: for ``sharded`` the optimizer's ``step()`` only, for ``zero`` its gradient
 synchronisation too). Compares with the owner-broadcast model over the trainable parameters in
 the optimizer at that step (``sharded``), or the ZeRO-1 model of the case's flat layout, with one
-synchronisation per micro-step (one with ``no_sync``) (``zero``).
+synchronisation per micro-step (one with ``no_sync``) (``zero``). A step the GradScaler skipped
+(``StepRecord.skipped``) never calls ``step()``: the model for it is no collective at all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
             )
             expected = zero1_traffic(layout, e, syncs=1 if case.no_sync else case.accumulation)
             model = "the ZeRO-1 model"
+        elif traj.steps[k].skipped:
+            expected = StepTraffic(())
+            model = "a step the GradScaler skipped (step() is not called)"
         else:
             in_opt = facts.in_optimizer(k)
             expected = owner_broadcast_traffic(

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.accounting.traffic import record_collectives
-from paracheck.cases import Case, batch_for, loss_fn, params_in_groups
+from paracheck.cases import Case, batch_for, forward_context, loss_fn, params_in_groups
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import Window
 from paracheck.check.targets import load_object
@@ -15,12 +15,15 @@ from paracheck.world import PeerFailed
 
 __all__ = [
     "CLIP_SKIPPED",
+    "LOSS_SCALE_SKIPPED",
     "clip_gradients",
     "on_every_rank",
     "rank_device",
     "snapshot",
+    "step_optimizer",
     "target_object",
     "train_micro_steps",
+    "unscale",
 ]
 
 _CLASS_CACHE: dict[str, object] = {}
@@ -55,10 +58,12 @@ def train_micro_steps(
     step: int,
     windows: list | None = None,
     trainable=(),
+    scaler=None,
 ) -> None:
     """One step's forward and backward passes and their synchronisation, by the case's protocol
     (see ``Case``): finish after every backward, ``no_sync()`` for all but the last, or
-    ``finish_once`` after the last; each loss backpropagated twice with ``double_backward``.
+    ``finish_once`` after the last; each loss backpropagated twice with ``double_backward``. Every
+    forward runs in ``forward_context`` (autocast), and with ``scaler`` every loss is scaled.
 
     With ``windows`` (a list), appends a ``Window`` per synchronisation window (from its first
     forward to its ``finish``): the collectives recorded in it as (name, payload bytes), the number
@@ -75,7 +80,11 @@ def train_micro_steps(
             recorder = recording.__enter__()
         with drv.sync_context(skip):
             x, y = batch_for(case, step, micro, rank, device=device)
-            loss = loss_fn(case, drv.forward(x), y)
+            with forward_context(case, device):
+                out = drv.forward(x)
+            loss = loss_fn(case, out, y)
+            if scaler is not None:
+                loss = scaler.scale(loss)
             if case.double_backward:
                 loss.backward(retain_graph=True)
             loss.backward()
@@ -128,6 +137,35 @@ def clip_gradients(case: Case, target, params: list, step: int, device, *, own_o
         torch.nn.utils.clip_grad_norm_(held, case.clip_norm)
     return True
 
+
+def unscale(scaler, optimizer) -> None:
+    """Divide the synchronised gradients by the loss scale (``scaler.unscale_``), before anything
+    reads them: clipping, the snapshot, the step."""
+    if scaler is not None and has_gradients(optimizer):
+        scaler.unscale_(optimizer)
+
+
+def has_gradients(optimizer) -> bool:
+    """Whether a parameter of ``optimizer.param_groups`` holds a gradient: ``GradScaler.step`` and
+    ``update`` raise where none does ("No inf checks were recorded")."""
+    return any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+
+
+def step_optimizer(scaler, optimizer) -> None:
+    """``optimizer.step()``, or with a scaler ``scaler.step(optimizer)`` (skipped where a gradient
+    is not finite) and ``scaler.update()``; without any gradient in the optimizer's groups,
+    ``optimizer.step()`` and no update (the oracle does the same)."""
+    if scaler is None or not has_gradients(optimizer):
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
+LOSS_SCALE_SKIPPED = (
+    "loss scaling is not checked: torch.amp.GradScaler decides to skip a step from the gradients "
+    "each rank holds, and a ZeRO wrapper's gradients are sharded (no rank holds them all)"
+)
 
 CLIP_SKIPPED = (
     "clipping the global norm is not checked: the target has no clip_grad_norm_(max_norm), and "

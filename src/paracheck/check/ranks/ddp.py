@@ -9,6 +9,7 @@ from paracheck.cases import (
     add_late_groups,
     apply_lr_schedule,
     build_case_model,
+    build_grad_scaler,
     build_optimizer,
     build_scheduler,
 )
@@ -16,8 +17,10 @@ from paracheck.check.ranks._common import (
     clip_gradients,
     rank_device,
     snapshot,
+    step_optimizer,
     target_object,
     train_micro_steps,
+    unscale,
 )
 from paracheck.check.ranks._drive import ddp_driver
 from paracheck.check.ranks.record import RankRecord, RankStep
@@ -60,6 +63,7 @@ def run_ddp(payload: dict) -> RankRecord:
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     optimizer = build_optimizer(case, params)
     scheduler = build_scheduler(case, optimizer)
+    scaler = build_grad_scaler(case, device)
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, optimizer, params, step)
@@ -76,10 +80,12 @@ def run_ddp(payload: dict) -> RankRecord:
             step,
             windows,
             [p for p in params if p.requires_grad],
+            scaler,
         )
+        unscale(scaler, optimizer)
         clip_gradients(case, None, params, step, device, own_only=False)
         grads = snapshot([p.grad for p in params])
-        optimizer.step()
+        step_optimizer(scaler, optimizer)
         apply_lr_schedule(case, optimizer)
         if scheduler is not None:
             scheduler.step()

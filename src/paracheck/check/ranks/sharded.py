@@ -29,6 +29,7 @@ from paracheck.cases import (
     add_late_groups,
     apply_lr_schedule,
     build_case_model,
+    build_grad_scaler,
     build_optimizer,
     build_scheduler,
 )
@@ -37,8 +38,10 @@ from paracheck.check.ranks._common import (
     on_every_rank,
     rank_device,
     snapshot,
+    step_optimizer,
     target_object,
     train_micro_steps,
+    unscale,
 )
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks._optimizer import (
@@ -100,6 +103,12 @@ def run_sharded(payload: dict) -> RankRecord:
     scheduler, skipped = scheduler_or_skip(case, opt, device)
     if skipped:
         return RankRecord.skip(skipped)
+    scaler = build_grad_scaler(case, device)
+    if scaler is not None and not hasattr(opt, "param_groups"):
+        return RankRecord.skip(
+            "loss scaling is not checked: torch.amp.GradScaler unscales the gradients of "
+            "optimizer.param_groups, and the target has none"
+        )
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
@@ -114,11 +123,12 @@ def run_sharded(payload: dict) -> RankRecord:
             grads = snapshot([p.grad for p in params])  # after the step: the closure computed them
         else:
             opt.zero_grad(set_to_none=case.set_to_none)
-            train_micro_steps(case, ddp, opt, rank, device, step)
+            train_micro_steps(case, ddp, opt, rank, device, step, scaler=scaler)
+            unscale(scaler, opt)
             clip_gradients(case, opt, params, step, device, own_only=False)
             grads = snapshot([p.grad for p in params])
             with record_collectives() as rec:
-                opt.step()
+                step_optimizer(scaler, opt)
             traffic = rec.traffic()
         apply_lr_schedule(case, opt)
         if scheduler is not None:

@@ -19,6 +19,7 @@ from paracheck.accounting.traffic import record_collectives
 from paracheck.cases import Case, add_late_groups, apply_lr_schedule, build_case_model
 from paracheck.check.ranks._common import (
     CLIP_SKIPPED,
+    LOSS_SCALE_SKIPPED,
     clip_gradients,
     on_every_rank,
     rank_device,
@@ -60,6 +61,8 @@ def run_zero(payload: dict) -> RankRecord:
         return RankRecord.skip(skipped)
     if case.clip_norm is not None and not callable(getattr(zero, "clip_grad_norm_", None)):
         return RankRecord.skip(CLIP_SKIPPED)
+    if case.loss_scale is not None:
+        return RankRecord.skip(LOSS_SCALE_SKIPPED)
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     full_gradients = getattr(zero, "full_gradients", None)
     drv = DDPDriver(
