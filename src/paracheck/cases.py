@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "batch_for",
     "build_optimizer",
     "build_scheduler",
+    "step_scheduler",
     "init_seed",
     "AUTOCAST_DTYPES",
     "DTYPES",
@@ -441,6 +443,17 @@ SCHEDULERS = {
     "step": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
     "lambda": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup),
 }
+
+
+def step_scheduler(scheduler) -> None:
+    """``scheduler.step()``, or nothing for None. A step the GradScaler skipped never called
+    ``optimizer.step()``, and torch warns that the schedule went first; it did not (it follows the
+    case's steps, as in real training), so that one warning is not shown."""
+    if scheduler is None:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        scheduler.step()
 
 
 def build_scheduler(case: Case, optimizer):

@@ -47,6 +47,7 @@ from paracheck.cases import (
     forward_context,
     loss_fn,
     params_in_groups,
+    step_scheduler,
 )
 
 __all__ = ["StepRecord", "Trajectory", "clip_global_norm", "train"]
@@ -122,8 +123,30 @@ def clip_global_norm(grads: list[torch.Tensor], max_norm: float, scales=()) -> f
     return float(coef)
 
 
-def train(case: Case) -> Trajectory:
-    """Train ``case`` in this process and return the whole trajectory (see module docstring)."""
+def _anchor(params, held, anchor_params, anchor_grads):
+    """Set ``params`` to a target's (bitwise; a tensor of another shape is left as it is: the
+    comparison reports it) and return the held gradients to use: the target's where it recorded
+    them."""
+    with torch.no_grad():
+        for p, a in zip(params, anchor_params):
+            if a is not None and tuple(a.shape) == tuple(p.shape):
+                p.copy_(a)
+    if anchor_grads is None or len(anchor_grads) != len(params):
+        return held
+    return [
+        h if g is None or tuple(g.shape) != tuple(p.shape) else g.detach().to(p.dtype).clone()
+        for p, h, g in zip(params, held, anchor_grads)
+    ]
+
+
+def train(case: Case, anchors=None) -> Trajectory:
+    """Train ``case`` in this process and return the whole trajectory (see module docstring).
+
+    ``anchors``: a target's own steps, as (parameters after the step, synchronised gradients or
+    None) per step. Step k >= 1 then starts from the target's parameters after step k-1 (and
+    the gradients it held), not from the oracle's own: each step is the oracle's step from the
+    target's state (Note [Anchored steps] in ``paracheck.oracle.tolerance``). Optimizer state,
+    scaler and schedules stay the oracle's own."""
     model = build_case_model(case, rank=0)
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
@@ -136,6 +159,8 @@ def train(case: Case) -> Trajectory:
     held: list[torch.Tensor | None] = [None] * len(params)
     records = []
     for step in range(case.steps):
+        if anchors is not None and 0 < step <= len(anchors):
+            held = _anchor(params, held, *anchors[step - 1])
         add_late_groups(case, optimizer, params, step)
         inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
         held = [
@@ -209,8 +234,7 @@ def train(case: Case) -> Trajectory:
         else:
             optimizer.step()
         apply_lr_schedule(case, optimizer)
-        if scheduler is not None:
-            scheduler.step()
+        step_scheduler(scheduler)
         records.append(
             StepRecord(
                 losses=losses,
