@@ -319,6 +319,9 @@ def check_target(
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
     dtype = nominal_dtype(precision)
     off = features_off(contract, features, dtype=dtype)
+    if target.kind == "loop":
+        # A loop's clip is its own declaration (Target.clip_norm), not a drawn feature.
+        off = off - {"clip"}
     if database is not None and not isinstance(database, CaseDatabase):
         database = CaseDatabase(database)
     checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
@@ -327,7 +330,14 @@ def check_target(
         # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
         # (which made duplicate examples). The sharding kinds draw more parameter groups and late
         # add_param_group calls (paracheck.strategies._sharding).
-        strategy = load_object(KINDS[target.kind].strategy)(world_sizes=sizes, precision=precision)
+        options = {
+            o: getattr(target, o)
+            for o in KINDS[target.kind].options
+            if getattr(target, o, None) is not None
+        }
+        strategy = load_object(KINDS[target.kind].strategy)(
+            world_sizes=sizes, precision=precision, **options
+        )
     else:
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.

@@ -151,6 +151,7 @@ def run_case(
             check_state=check_state,
             device=ranks_on,
             anchored=anchored(case),
+            derived=row.derived_bound,
         )
         divs += [div] if div is not None else []
     evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)

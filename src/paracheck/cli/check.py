@@ -120,9 +120,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--kind",
-        choices=["ddp", "sharded", "zero"],
+        choices=["ddp", "sharded", "zero", "loop"],
         default=None,
-        help="interface of an import-path target (default: read from its constructor and methods)",
+        help="interface of an import-path target (default: read from its constructor and "
+        "methods); loop: a whole training step, train_step(model, optimizer, micro_batches)",
+    )
+    c.add_argument(
+        "--loss",
+        choices=["token-mean", "batch-mean"],
+        default=None,
+        help="loop targets: the loss the step minimises, the global token mean or the mean of "
+        "the micro-batches' means (default: the function's paracheck_loss attribute, else "
+        "token-mean)",
+    )
+    c.add_argument(
+        "--clip-norm",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="loop targets: the global gradient norm the step clips to with clip_grad_norm_ "
+        "(default: the function's paracheck_clip_norm attribute, else no clipping)",
     )
     c.add_argument(
         "--adapters",
@@ -325,6 +342,22 @@ def cmd_check(args) -> int:
         features_off(args.contract, args.features, dtype=nominal_dtype(precision))
     except FeatureError as exc:
         raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
+    from paracheck.strategies._loop import LOOP_PRECISIONS
+
+    if precision not in LOOP_PRECISIONS and any(t.kind == "loop" for t in targets):
+        named = [t.name for t in targets if t.kind == "loop" and t.name in (args.targets or ())]
+        if named:
+            raise UsageError(
+                f"--precision={precision}: {named[0]} is a loop target, which applies autocast "
+                f"and loss scaling itself; loop targets are checked at {', '.join(LOOP_PRECISIONS)}"
+            )
+        print(
+            f"paracheck: note: --precision={precision}: the loop targets are not checked "
+            f"(a loop applies autocast and loss scaling itself; they run at "
+            f"{', '.join(LOOP_PRECISIONS)})",
+            file=sys.stderr,
+        )
+        targets = [t for t in targets if t.kind != "loop"]
     if (args.features is not None or args.contract != "full") and case is not None:
         print(
             "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",
@@ -433,6 +466,8 @@ def _resolve_targets(args) -> list:
                 finish=args.finish,
                 batch_start=args.batch_start,
                 stub_cuda_timing=stub,
+                loss=args.loss,
+                clip_norm=args.clip_norm,
             )
             for n in (args.targets or list(BUILTIN_TARGETS))
         ]

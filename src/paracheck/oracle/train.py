@@ -4,7 +4,9 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
 
 * every rank starts from rank 0's initial model (a target must broadcast it);
 * rank r computes ``g_r = sum_m grad(mean loss of batch (step, m, r))``, exactly as its own
-  backward passes would, one rank at a time in this process;
+  backward passes would, one rank at a time in this process (under ``case.loss``, the loss of a
+  micro-batch is ``step_loss``'s share, and token-mean sums the g_r instead of averaging them:
+  Note [Loss semantics]);
 * the synchronised gradient is ``h + (g_0 + ... + g_{W-1}) / W``, a rank without a gradient
   contributing zeros, where ``h`` is the gradient the parameter held when the step began; a
   parameter that no rank used keeps ``h``, so the optimizer treats it exactly as in
@@ -45,8 +47,9 @@ from paracheck.cases import (
     build_optimizer,
     build_scheduler,
     forward_context,
-    loss_fn,
+    micro_batches,
     params_in_groups,
+    step_loss,
     step_scheduler,
 )
 
@@ -92,11 +95,11 @@ def _local_grads(case: Case, model, params, step: int, rank: int, scaler=None):
     for p in params:
         p.grad = None
     losses = []
-    for micro in range(case.accumulation):
+    for micro in range(micro_batches(case, step)):
         x, y = batch_for(case, step, micro, rank)
         with forward_context(case):
             out = model(x)
-        loss = loss_fn(case, out, y)
+        loss = step_loss(case, out, y, step)
         if scaler is not None:
             losses.append(loss.item())
             loss = scaler.scale(loss)
@@ -190,7 +193,8 @@ def train(case: Case, anchors=None) -> Trajectory:
                 if g is not None:
                     total += g
                     mag += g.abs()
-            total /= W
+            if case.loss != "token-mean":  # Note [Loss semantics]: token-mean sums over ranks
+                total /= W
             h = held[i]
             if h is not None:
                 # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
