@@ -176,15 +176,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default=None,
         choices=["float64", "float32"],
-        help="parameters' dtype: float64 (the default) or float32; the same as --precision fp64/fp32",
+        help="parameters' dtype: float64 (the default; float32 for loop targets) or float32; the "
+        "same as --precision fp64/fp32",
     )
     c.add_argument(
         "--precision",
         default=None,
         choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
-        help="the precision settings drawn: fp64 (the default), fp32, bf16 (bfloat16 autocast over "
-        "float32 parameters, or bfloat16 parameters), fp16 (float16 autocast, with or without a "
-        "GradScaler) or mixed (all of them); the oracle applies the same casts",
+        help="the precision settings drawn: fp64 (the default; fp32 for loop targets), fp32, bf16 "
+        "(bfloat16 autocast over float32 parameters, or bfloat16 parameters; a loop: bfloat16 "
+        "parameters), fp16 (float16 autocast, with or without a GradScaler) or mixed (all of "
+        "them); the oracle applies the same casts",
     )
     c.add_argument(
         "--case",
@@ -331,7 +333,9 @@ def cmd_check(args) -> int:
     from paracheck.check.property import DTYPE_PRECISIONS
     from paracheck.strategies._core import nominal_dtype
 
-    precision = args.precision or DTYPE_PRECISIONS[args.dtype or "float64"]
+    # None: each target's default (float64; float32 for a loop: paracheck.check.property).
+    explicit = args.precision or (None if args.dtype is None else DTYPE_PRECISIONS[args.dtype])
+    precision = explicit or "fp64"
     if args.precision is not None and args.dtype is not None:
         if DTYPE_PRECISIONS[args.dtype] != args.precision:
             raise UsageError(
@@ -344,7 +348,7 @@ def cmd_check(args) -> int:
         raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
     from paracheck.strategies._loop import LOOP_PRECISIONS
 
-    if precision not in LOOP_PRECISIONS and any(t.kind == "loop" for t in targets):
+    if explicit and explicit not in LOOP_PRECISIONS and any(t.kind == "loop" for t in targets):
         named = [t.name for t in targets if t.kind == "loop" and t.name in (args.targets or ())]
         if named:
             raise UsageError(
@@ -395,7 +399,7 @@ def cmd_check(args) -> int:
                     seed=None if args.random else args.seed,
                     timeout=args.timeout,
                     database=database,
-                    precision=precision,
+                    precision=explicit,
                     contract=args.contract,
                     features=args.features,
                     first_failure=args.first_failure,
