@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -32,6 +33,12 @@ __all__ = [
     "batch_for",
     "build_optimizer",
     "build_scheduler",
+    "IGNORE_INDEX",
+    "LOSSES",
+    "micro_batches",
+    "step_loss",
+    "valid_tokens",
+    "step_scheduler",
     "init_seed",
     "AUTOCAST_DTYPES",
     "DTYPES",
@@ -39,6 +46,20 @@ __all__ = [
     "build_grad_scaler",
     "forward_context",
 ]
+
+# Note [Loss semantics]
+#   What one optimizer step minimises, over the step's micro-batches (x, y) of every rank, with
+#   CE the cross-entropy over the valid tokens (targets other than IGNORE_INDEX):
+#     rank-mean   sum_m mean_r CE_mean(r, m): a wrapper's contract (Case's docstring);
+#     token-mean  sum_{r,m} CE_sum(r, m) / T, T the number of valid tokens in the whole step: the
+#                 global token mean, independent of how the tokens fall on ranks and micro-batches;
+#     batch-mean  mean_{r,m} CE_mean(r, m), over the W * M micro-batches the step has (M is
+#                 ``micro_batches(case, step)``: fewer in a partial last window).
+#   A loop that normalises each micro-batch by its own tokens computes batch-mean where token-mean
+#   is declared; one that divides by the accumulation it was configured with, not by the
+#   micro-batches it got, computes batch-mean wrongly in a partial last window.
+LOSSES = ("rank-mean", "token-mean", "batch-mean")
+IGNORE_INDEX = -100
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,6 +167,16 @@ class Case:
     scales every loss with ``torch.amp.GradScaler(init_scale=loss_scale)`` (``build_grad_scaler``):
     the gradients are unscaled (``unscale_``) after synchronisation, before clipping and before
     ``scaler.step(optimizer)``, which skips the step wherever a gradient is not finite.
+
+    Loss semantics (Note [Loss semantics]): ``loss`` is ``"rank-mean"`` (above: each micro-step's
+    loss is the mean over its batch, summed over micro-steps and averaged over ranks),
+    ``"token-mean"`` (the step minimises the mean over every valid token of every rank's every
+    micro-batch) or ``"batch-mean"`` (the mean over ranks and micro-batches of each micro-batch's
+    mean); the last two are a training loop's (the ``loop`` kind) and need the language model.
+    ``padded``: targets are padded with ``IGNORE_INDEX`` (each row keeps a valid prefix, at least
+    one token); ``empty_micro``: besides, the last rank's first micro-batch of step 0 is all
+    padding (token-mean only). ``last_window``: the last step has this many micro-batches instead
+    of ``accumulation`` (a partial last accumulation window).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -172,6 +203,10 @@ class Case:
     clip_norm: float | None = None
     autocast: str | None = None
     loss_scale: float | None = None
+    loss: str = "rank-mean"
+    padded: bool = False
+    empty_micro: bool = False
+    last_window: int | None = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -229,6 +264,24 @@ class Case:
         if self.finish_once and self.no_sync:
             raise ValueError(
                 "finish_once=True and no_sync=True are two accumulation protocols: choose one"
+            )
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r} must be one of {list(LOSSES)}")
+        lm = getattr(self.model, "kind", None) == "lm"
+        if (self.loss != "rank-mean" or self.padded) and not lm:
+            raise ValueError(
+                f"loss={self.loss!r}, padded={self.padded}: token losses and padding need the "
+                "language model (an LMSpec)"
+            )
+        if self.empty_micro and not (self.padded and self.loss == "token-mean"):
+            raise ValueError(
+                "empty_micro=True needs padded=True and loss='token-mean' (the mean of an empty "
+                "micro-batch is not defined)"
+            )
+        if self.last_window is not None and not 1 <= self.last_window < self.accumulation:
+            raise ValueError(
+                f"last_window={self.last_window} must be None or in 1..accumulation-1="
+                f"{self.accumulation - 1}"
             )
 
     @property
@@ -316,10 +369,51 @@ def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
     spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
     if spec.kind == "lm":
         x = torch.randint(0, spec.vocab_size, (n, spec.context_length + 1), generator=g)
-        return x[:, :-1].to(device), x[:, 1:].to(device)
+        inputs, targets = x[:, :-1], x[:, 1:].clone()
+        if case.padded:
+            t = spec.context_length
+            valid = torch.randint(1, t + 1, (n,), generator=g)
+            if case.empty_micro and step == 0 and micro == 0 and rank == case.world_size - 1:
+                valid.zero_()
+            targets[torch.arange(t).expand(n, t) >= valid[:, None]] = IGNORE_INDEX
+        return inputs.to(device), targets.to(device)
     x = torch.randn(n, spec.in_features, generator=g, dtype=torch.float64)
     y = torch.randn(n, spec.out_features, generator=g, dtype=torch.float64)
     return x.to(device=device, dtype=case.torch_dtype), y.to(device=device, dtype=case.torch_dtype)
+
+
+def micro_batches(case: Case, step: int) -> int:
+    """How many micro-batches each rank has in ``step``: ``accumulation``, or ``last_window`` in the
+    last step."""
+    if case.last_window is not None and step == case.steps - 1:
+        return case.last_window
+    return case.accumulation
+
+
+def valid_tokens(case: Case, step: int) -> int:
+    """The valid (not ``IGNORE_INDEX``) targets of ``step`` over every rank and micro-batch."""
+    return sum(
+        int((batch_for(case, step, m, r)[1] != IGNORE_INDEX).sum())
+        for r in range(case.world_size)
+        for m in range(micro_batches(case, step))
+    )
+
+
+def step_loss(case: Case, output: torch.Tensor, target: torch.Tensor, step: int) -> torch.Tensor:
+    """A rank's share of ``step``'s loss from one micro-batch under ``case.loss`` (Note [Loss
+    semantics]): its gradient, summed over the rank's micro-batches and then over ranks (token-mean)
+    or averaged over ranks (the others), is the step's gradient."""
+    if case.loss == "rank-mean":
+        return loss_fn(case, output, target)
+    # In the logits' dtype, as a loop computes it (bfloat16 logits in float32).
+    logits = output.flatten(0, 1)
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    if case.loss == "token-mean":
+        ce = torch.nn.functional.cross_entropy(logits, target.flatten(), reduction="sum")
+        return ce / valid_tokens(case, step)
+    ce = torch.nn.functional.cross_entropy(logits, target.flatten())
+    return ce / micro_batches(case, step)
 
 
 def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -441,6 +535,17 @@ SCHEDULERS = {
     "step": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
     "lambda": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup),
 }
+
+
+def step_scheduler(scheduler) -> None:
+    """``scheduler.step()``, or nothing for None. A step the GradScaler skipped never called
+    ``optimizer.step()``, and torch warns that the schedule went first; it did not (it follows the
+    case's steps, as in real training), so that one warning is not shown."""
+    if scheduler is None:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        scheduler.step()
 
 
 def build_scheduler(case: Case, optimizer):

@@ -110,7 +110,7 @@ def pytest_addoption(parser):
         default=None,
         choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
         help="precision settings paracheck_check draws (as paracheck check --precision; default "
-        "fp64)",
+        "fp64, fp32 for loop targets)",
     )
     g.addoption(
         "--paracheck-database",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 __all__ = ["row_line", "run_selftest", "selftest_rows"]
 
@@ -41,7 +42,10 @@ def selftest_rows(
             (
                 "mutant",
                 m.name,
-                Target(
+                # A loop's loss semantics and clip come with its function (paracheck_loss, ...).
+                replace(resolve_target(m.path, "loop"), name=m.name)
+                if m.kind == "loop"
+                else Target(
                     m.name,
                     m.path,
                     m.kind,

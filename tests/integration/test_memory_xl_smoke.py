@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 26 s on 2 cores: ten designs, each in fresh gloo ranks; run with -m slow
 def test_memory_script_smoke_on_cpu(tmp_path):
     """Two gloo ranks, every design: the table comes out and every rank holds exactly the optimizer
     state bytes that paracheck.accounting.memory.training_memory predicts (last column 'yes')."""

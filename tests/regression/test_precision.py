@@ -176,3 +176,49 @@ def test_loss_scales_are_powers_of_two():
     for precision in PRECISIONS:
         for _, _, scale in precision_settings(precision):
             assert scale is None or math.frexp(scale)[0] == 0.5
+
+
+# -- Note [Anchored steps] ---------------------------------------------------------------------
+
+
+def _records_of(traj):
+    """A trajectory as a rank's record (every rank alike)."""
+    from paracheck.check.ranks.record import RankRecord, RankStep
+
+    steps = tuple(RankStep(s.params, s.grads) for s in traj.steps)
+    return RankRecord(traj.initial_params, traj.initial_buffers, steps)
+
+
+def test_anchoring_on_its_own_steps_changes_no_bit():
+    free = train(FP16)
+    again = train(FP16, anchors=[(s.params, s.grads) for s in free.steps])
+    for a, b in zip(free.steps, again.steps):
+        assert all(torch.equal(x, y) for x, y in zip(a.params + a.grads, b.params + b.grads))
+
+
+def test_an_anchored_step_starts_from_the_targets_parameters():
+    free = train(BF16)
+    moved = [p + 1.0 for p in free.steps[0].params]
+    anchored = train(BF16, anchors=[(moved, free.steps[0].grads)])
+    assert not torch.equal(anchored.steps[1].params[0], free.steps[1].params[0])
+    assert torch.equal(anchored.steps[0].params[0], free.steps[0].params[0])
+
+
+def test_an_error_after_step_0_is_judged_at_step_0s_tolerance():
+    """A parameter off by 2**-10 relative after step 1 (a quarter of bfloat16's unit roundoff) is
+    inside the compute dtype's tolerance (2e-2) a free trajectory needs, and caught by the anchored
+    comparison, which holds every step to float32's."""
+    from paracheck.check.properties._case import param_names
+    from paracheck.check.properties.equivalence import compare
+
+    free = train(BF16)
+    record = _records_of(free)
+    bad = list(record.steps)
+    bad[1] = replace(bad[1], params=[p * (1 + 2.0**-10) for p in bad[1].params])
+    record = replace(record, steps=tuple(bad))
+    ranks = [record] * BF16.world_size
+    names = param_names(BF16)
+    assert compare(free, ranks, names)[0] is None  # the free comparison's step-1 tolerance
+    anchored = train(BF16, anchors=[(s.params, s.grads) for s in record.steps])
+    div, _ = compare(anchored, ranks, names, anchored=True)
+    assert div is not None and div.step == 1 and div.property == "parameters", div

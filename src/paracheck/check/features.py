@@ -190,7 +190,7 @@ FEATURES: tuple[Feature, ...] = (
         "accumulation",
         "with gradient accumulation",
         lambda c: c.accumulation > 1,
-        lambda c: replace(c, accumulation=1, no_sync=False),
+        lambda c: replace(c, accumulation=1, no_sync=False, last_window=None),
     ),
     Feature(
         "no-sync",
@@ -288,6 +288,27 @@ FEATURES: tuple[Feature, ...] = (
         "loss-scaling",
         "with float16 loss scaling (torch.amp.GradScaler)",
         requires=("autocast",),
+    ),
+    # Training loops (Note [Loss semantics]).
+    Feature(
+        "padding",
+        "with padded targets (valid tokens differ by row, micro-batch and rank)",
+        lambda c: getattr(c, "padded", False),
+        lambda c: replace(c, padded=False, empty_micro=False),
+    ),
+    _flag(
+        "empty_micro",
+        False,
+        "empty-micro-batch",
+        "with a micro-batch that is all padding",
+        requires=("padding",),
+    ),
+    _flag(
+        "last_window",
+        None,
+        "partial-window",
+        "with a partial last accumulation window",
+        requires=("accumulation",),
     ),
 )
 

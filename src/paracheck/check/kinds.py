@@ -37,6 +37,12 @@ class Kind:
     # Whether the equivalence comparison reads each rank's optimizer state along the trajectory
     # (when "state" is selected), and runs whenever "state" is selected.
     compares_state: bool = False
+    # Whether the step-0 gradients meet the derived bound (Note [Step 0: a derived bound]): the
+    # ranks compute each local gradient by the oracle's operations. A user's loop scales its loss
+    # its own way (``paracheck.loop``): its gradients are judged at the dtype's tolerance.
+    derived_bound: bool = True
+    # ``Target`` fields passed to the strategy as keywords where set (the loop's loss semantics).
+    options: tuple[str, ...] = ()
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -74,6 +80,14 @@ KINDS: dict[str, Kind] = {
         default=_SHARDING_PROPERTIES,
         opt_in=("state-consolidated",),
         compares_state=True,
+    ),
+    "loop": Kind(
+        "loop",
+        "paracheck.check.ranks.loop:run_loop",
+        "paracheck.strategies._loop:loop_cases",
+        default=("equivalence",),
+        derived_bound=False,
+        options=("loss", "clip_norm"),
     ),
 }
 

@@ -285,7 +285,7 @@ def check_target(
     database=None,
     timeout: float | None = None,
     explicit: list[Case] = (),
-    dtype: str = "float64",
+    dtype: str | None = None,
     precision: str | None = None,
     contract: str = "full",
     features=None,
@@ -307,18 +307,26 @@ def check_target(
     the selftest and paracheck's own tests), any other value ``hypothesis.seed(seed)``; None draws
     at random. ``database`` (a directory, a ``CaseDatabase`` or None) saves the failing cases and
     replays the saved ones first (Note [Saved cases]). ``contract`` (``"full"`` or ``"cs336"``)
-    and ``features`` (``"-name,+name"``) choose the features drawn; ``precision`` (``fp64``,
+    and ``features`` (``"-name,+name"``) choose the features drawn; ``dtype`` (default float64,
+    float32 for a ``loop`` target) the parameters' dtype; ``precision`` (``fp64``,
     ``fp32``, ``bf16``, ``fp16`` or ``mixed``: Note [Precision from the seed]) replaces ``dtype``
     (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
     (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
     sizes = tuple(sorted(set(world_sizes)))
+    if precision is None and dtype is None:
+        # A loop computes its loss its own way: float32, where `.float()` on the logits, a common
+        # habit, changes nothing (Note [Loss semantics]); the wrappers, float64.
+        dtype = "float32" if target.kind == "loop" else "float64"
     if precision is None:
         precision = DTYPE_PRECISIONS.get(dtype)
         if precision is None:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
     dtype = nominal_dtype(precision)
     off = features_off(contract, features, dtype=dtype)
+    if target.kind == "loop":
+        # A loop's clip is its own declaration (Target.clip_norm), not a drawn feature.
+        off = tuple(f for f in off if f != "clip")
     if database is not None and not isinstance(database, CaseDatabase):
         database = CaseDatabase(database)
     checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
@@ -327,7 +335,14 @@ def check_target(
         # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
         # (which made duplicate examples). The sharding kinds draw more parameter groups and late
         # add_param_group calls (paracheck.strategies._sharding).
-        strategy = load_object(KINDS[target.kind].strategy)(world_sizes=sizes, precision=precision)
+        options = {
+            o: getattr(target, o)
+            for o in KINDS[target.kind].options
+            if getattr(target, o, None) is not None
+        }
+        strategy = load_object(KINDS[target.kind].strategy)(
+            world_sizes=sizes, precision=precision, **options
+        )
     else:
         # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
         # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.

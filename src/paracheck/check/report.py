@@ -222,6 +222,16 @@ def case_line(case) -> str:
     m = case.model
     model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
     groups = len(case.optimizer.groups)
+    loss = getattr(case, "loss", "rank-mean")
+    if loss != "rank-mean":  # a training loop's case: no bucket; its loss and windows
+        return (
+            f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
+            f"acc={case.accumulation} loss={loss}"
+            + (" padded" if case.padded else "")
+            + (" empty-micro" if case.empty_micro else "")
+            + (f" last-window={case.last_window}" if case.last_window is not None else "")
+            + (f" clip={case.clip_norm:g}" if case.clip_norm is not None else "")
+        )
     return (
         f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
         f"acc={case.accumulation} bucket="

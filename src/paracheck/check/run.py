@@ -16,6 +16,7 @@ from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.oracle import train
+from paracheck.oracle.tolerance import anchored
 from paracheck.world import World, WorldError
 
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
@@ -89,9 +90,9 @@ def _single_thread():
         torch.set_num_threads(n)
 
 
-def oracle_for(case: Case):
+def oracle_for(case: Case, anchors=None):
     with _single_thread():
-        return train(case)
+        return train(case, anchors)
 
 
 def run_case(
@@ -111,7 +112,8 @@ def run_case(
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
-    traj = oracle_for(case)  # computed while the ranks train
+    # Computed while the ranks train, except where it starts each step from theirs.
+    traj = None if anchored(case) else oracle_for(case)
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
@@ -127,6 +129,8 @@ def run_case(
         return CaseResult(
             case, extra={"skipped": ranks[0].skipped}, seconds=seconds, outputs=outputs
         )
+    if traj is None:  # Note [Anchored steps]: each step starts from rank 0's state after the last
+        traj = oracle_for(case, anchors=[(s.params, s.grads) for s in ranks[0].steps])
     row = KINDS[target.kind]
     notes = {}
     if row.compares_state:
@@ -141,7 +145,13 @@ def run_case(
         # Where the ranks compute: the case's device, else the backend's (nccl: each rank's GPU).
         ranks_on = device or ("cuda" if getattr(world, "backend", "gloo") == "nccl" else "cpu")
         div, worst = compare(
-            traj, ranks, param_names(case), check_state=check_state, device=ranks_on
+            traj,
+            ranks,
+            param_names(case),
+            check_state=check_state,
+            device=ranks_on,
+            anchored=anchored(case),
+            derived=row.derived_bound,
         )
         divs += [div] if div is not None else []
     evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)

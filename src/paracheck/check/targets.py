@@ -64,7 +64,7 @@ class TargetError(ValueError):
 class Target:
     name: str
     path: str  # "package.module:Class" or "/abs/file.py:function"
-    kind: str  # "ddp" | "sharded" | "zero"
+    kind: str  # "ddp" | "sharded" | "zero" | "loop"
     takes_bucket: bool = False
     # Which properties a check runs (None: the kind's defaults; paracheck.check.kinds).
     properties: frozenset[str] | None = None
@@ -76,6 +76,12 @@ class Target:
     stub_cuda_timing: bool = False
     # What resolving the target found worth saying (a plausible hook not used, ...); not checked.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # loop: the loss semantics the step minimises (Note [Loss semantics]): --loss, else the
+    # function's ``paracheck_loss`` attribute, else "token-mean".
+    loss: str | None = None
+    # loop: the global gradient norm the step clips to (``clip_grad_norm_``), or None: the
+    # function's ``paracheck_clip_norm`` attribute, or --clip-norm.
+    clip_norm: float | None = None
 
     @property
     def rank_fn(self) -> str:
@@ -103,6 +109,10 @@ class Target:
             out += f" --batch-start {self.batch_start}"
         if self.stub_cuda_timing:
             out += " --stub-cuda-timing"
+        if self.loss is not None:
+            out += f" --loss {self.loss}"
+        if self.clip_norm is not None:
+            out += f" --clip-norm {self.clip_norm:g}"
         return out
 
 
@@ -116,6 +126,8 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "sharded": ("paracheck.zero:ShardedOptimizer", "sharded"),
     "zero1": ("paracheck.zero:Zero1", "zero"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
+    "loop": ("paracheck.loop:train_step", "loop"),
+    "loop-batch-mean": ("paracheck.loop:train_step_batch_mean", "loop"),
 }
 
 # Built-ins checked on a subset of properties by default. torch's ZeroRedundancyOptimizer breaks
@@ -489,6 +501,48 @@ def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
     raise TargetError(_hook_message(cls, path))
 
 
+def _looks_like_a_step(obj) -> bool:
+    """``train_step(model, optimizer, micro_batches)``: a function whose third argument names
+    batches."""
+    if not inspect.isfunction(obj):
+        return False
+    try:
+        names = _param_names(obj)
+    except TargetError:
+        return False
+    return (
+        len(names) >= 3
+        and names[0].lower() in ("model", "module")
+        and "opt" in names[1].lower()
+        and "batch" in names[2].lower()
+    )
+
+
+def _loop_target(
+    name: str, path: str, obj, loss: str | None, clip_norm: float | None = None
+) -> Target:
+    """A ``loop`` target: ``obj`` is a function, or a class whose instance is called, as
+    ``step(model, optimizer, micro_batches)``."""
+    from paracheck.strategies._loop import LOOP_LOSSES
+
+    if not callable(obj):
+        raise TargetError(
+            f"target={name!r} is a {type(obj).__name__}: a loop target is a function "
+            "train_step(model, optimizer, micro_batches) or a class whose instances are called so"
+        )
+    if loss is None:
+        loss = getattr(obj, "paracheck_loss", None) or "token-mean"
+    if loss not in LOOP_LOSSES:
+        raise TargetError(f"loss={loss!r} must be one of {', '.join(LOOP_LOSSES)}")
+    if clip_norm is None:
+        clip_norm = getattr(obj, "paracheck_clip_norm", None)
+    if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0):
+        raise TargetError(f"clip_norm={clip_norm!r} must be a number > 0")
+    return Target(
+        name, path, "loop", loss=loss, clip_norm=None if clip_norm is None else float(clip_norm)
+    )
+
+
 def _companions(obj, path: str) -> dict:
     """A CS336 adapter constructor named by path (``adapters.py:get_ddp_bucketed``) brings its own
     hooks from its module, as ``--adapters`` checks it (``paracheck.check.adapters``)."""
@@ -504,11 +558,23 @@ def resolve_target(
     finish: str | None = None,
     batch_start: str | None = None,
     stub_cuda_timing: bool = False,
+    loss: str | None = None,
+    clip_norm: float | None = None,
 ) -> Target:
     """A built-in name or an import path -> Target (imports it here, to fail early and clearly).
 
-    ``finish`` / ``batch_start`` name the DDP hooks (Note [Readings of a DDP interface]).
+    ``finish`` / ``batch_start`` name the DDP hooks (Note [Readings of a DDP interface]);
+    ``loss`` the loss semantics of a ``loop`` target (Note [Loss semantics]) and ``clip_norm``
+    the global norm it clips its gradients to.
     """
+    from paracheck.check.kinds import KINDS
+
+    if kind is not None and kind not in KINDS:
+        raise TargetError(f"kind={kind!r} must be one of {', '.join(repr(k) for k in KINDS)}")
+    if name in BUILTIN_TARGETS and BUILTIN_TARGETS[name][1] == "loop":
+        return _loop_target(
+            name, BUILTIN_TARGETS[name][0], load_object(BUILTIN_TARGETS[name][0]), loss
+        )
     if name in BUILTIN_TARGETS:
         path, builtin_kind = BUILTIN_TARGETS[name]
         cls = load_object(path)
@@ -530,13 +596,16 @@ def resolve_target(
             f"target={name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)}) "
             f"nor an import path 'package.module:Class' or 'file.py:Name'"
         )
-    from paracheck.check.kinds import KINDS
-
-    if kind is not None and kind not in KINDS:
-        raise TargetError(f"kind={kind!r} must be 'ddp', 'sharded' or 'zero'")
     cls = load_object(name)
     module_part, _, attr = name.rpartition(":")
     path = f"{os.path.abspath(module_part)}:{attr}" if _is_file_spec(module_part) else name
+    if kind == "loop" or (kind is None and _looks_like_a_step(cls)):
+        return _loop_target(name, path, cls, loss, clip_norm)
+    if loss is not None or clip_norm is not None:
+        raise TargetError(
+            f"loss={loss!r}, clip_norm={clip_norm!r} are for loop targets; {name!r} is not one "
+            "(--kind loop)"
+        )
     hooks = _companions(cls, path) if inspect.isfunction(cls) else {}
     if finish is not None:
         hooks["finish"] = _resolve_hook("--finish", finish, cls, path.rpartition(":")[0], name)

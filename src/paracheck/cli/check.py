@@ -120,9 +120,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--kind",
-        choices=["ddp", "sharded", "zero"],
+        choices=["ddp", "sharded", "zero", "loop"],
         default=None,
-        help="interface of an import-path target (default: read from its constructor and methods)",
+        help="interface of an import-path target (default: read from its constructor and "
+        "methods); loop: a whole training step, train_step(model, optimizer, micro_batches)",
+    )
+    c.add_argument(
+        "--loss",
+        choices=["token-mean", "batch-mean"],
+        default=None,
+        help="loop targets: the loss the step minimises, the global token mean or the mean of "
+        "the micro-batches' means (default: the function's paracheck_loss attribute, else "
+        "token-mean)",
+    )
+    c.add_argument(
+        "--clip-norm",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="loop targets: the global gradient norm the step clips to with clip_grad_norm_ "
+        "(default: the function's paracheck_clip_norm attribute, else no clipping)",
     )
     c.add_argument(
         "--adapters",
@@ -159,15 +176,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default=None,
         choices=["float64", "float32"],
-        help="parameters' dtype: float64 (the default) or float32; the same as --precision fp64/fp32",
+        help="parameters' dtype: float64 (the default; float32 for loop targets) or float32; the "
+        "same as --precision fp64/fp32",
     )
     c.add_argument(
         "--precision",
         default=None,
         choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
-        help="the precision settings drawn: fp64 (the default), fp32, bf16 (bfloat16 autocast over "
-        "float32 parameters, or bfloat16 parameters), fp16 (float16 autocast, with or without a "
-        "GradScaler) or mixed (all of them); the oracle applies the same casts",
+        help="the precision settings drawn: fp64 (the default; fp32 for loop targets), fp32, bf16 "
+        "(bfloat16 autocast over float32 parameters, or bfloat16 parameters; a loop: bfloat16 "
+        "parameters), fp16 (float16 autocast, with or without a GradScaler) or mixed (all of "
+        "them); the oracle applies the same casts",
     )
     c.add_argument(
         "--case",
@@ -314,7 +333,9 @@ def cmd_check(args) -> int:
     from paracheck.check.property import DTYPE_PRECISIONS
     from paracheck.strategies._core import nominal_dtype
 
-    precision = args.precision or DTYPE_PRECISIONS[args.dtype or "float64"]
+    # None: each target's default (float64; float32 for a loop: paracheck.check.property).
+    explicit = args.precision or (None if args.dtype is None else DTYPE_PRECISIONS[args.dtype])
+    precision = explicit or "fp64"
     if args.precision is not None and args.dtype is not None:
         if DTYPE_PRECISIONS[args.dtype] != args.precision:
             raise UsageError(
@@ -325,6 +346,22 @@ def cmd_check(args) -> int:
         features_off(args.contract, args.features, dtype=nominal_dtype(precision))
     except FeatureError as exc:
         raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
+    from paracheck.strategies._loop import LOOP_PRECISIONS
+
+    if explicit and explicit not in LOOP_PRECISIONS and any(t.kind == "loop" for t in targets):
+        named = [t.name for t in targets if t.kind == "loop" and t.name in (args.targets or ())]
+        if named:
+            raise UsageError(
+                f"--precision={precision}: {named[0]} is a loop target, which applies autocast "
+                f"and loss scaling itself; loop targets are checked at {', '.join(LOOP_PRECISIONS)}"
+            )
+        print(
+            f"paracheck: note: --precision={precision}: the loop targets are not checked "
+            f"(a loop applies autocast and loss scaling itself; they run at "
+            f"{', '.join(LOOP_PRECISIONS)})",
+            file=sys.stderr,
+        )
+        targets = [t for t in targets if t.kind != "loop"]
     if (args.features is not None or args.contract != "full") and case is not None:
         print(
             "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",
@@ -362,7 +399,7 @@ def cmd_check(args) -> int:
                     seed=None if args.random else args.seed,
                     timeout=args.timeout,
                     database=database,
-                    precision=precision,
+                    precision=explicit,
                     contract=args.contract,
                     features=args.features,
                     first_failure=args.first_failure,
@@ -433,6 +470,8 @@ def _resolve_targets(args) -> list:
                 finish=args.finish,
                 batch_start=args.batch_start,
                 stub_cuda_timing=stub,
+                loss=args.loss,
+                clip_norm=args.clip_norm,
             )
             for n in (args.targets or list(BUILTIN_TARGETS))
         ]

@@ -15,7 +15,7 @@ __all__ = ["Mutant", "MUTANTS", "register"]
 class Mutant:
     name: str
     path: str  # "package.module:Class", checked like a user target
-    kind: str  # "ddp" | "sharded" | "zero"
+    kind: str  # "ddp" | "sharded" | "zero" | "loop"
     bug: str  # one sentence: what is wrong
     expect: str = "diverge"  # "diverge" | "hang" | "raise": how the check should catch it
     # The properties that kill it (None: the kind's default): a bug in a reading of the interface
@@ -173,3 +173,37 @@ try:  # later catalogues (sharding, ...) are optional until they land
     from paracheck.mutants import sharding as _sharding  # noqa: F401
 except ImportError:
     pass
+
+for _name, _fn, _bug in (
+    (
+        "loop-micro-batch-normalised",
+        "micro_batch_normalised",
+        "declares the global token mean but averages each micro-batch's own token mean",
+    ),
+    (
+        "loop-local-token-count",
+        "local_token_count",
+        "declares the global token mean but normalises by the rank's own valid tokens",
+    ),
+    (
+        "loop-averaged-twice",
+        "averaged_twice",
+        "normalises by the global token count and averages the gradients over ranks too",
+    ),
+    (
+        "loop-last-micro-batch-only",
+        "last_micro_batch_only",
+        "clears the gradients before every micro-batch: only the last one's gradient is kept",
+    ),
+    (
+        "loop-partial-window-not-rescaled",
+        "partial_window_not_rescaled",
+        "divides by the configured accumulation, not by the micro-batches of a partial last window",
+    ),
+    (
+        "loop-local-norm-clipped",
+        "local_norm_clipped",
+        "clips each rank's gradients by their local norm before the all-reduce",
+    ),
+):
+    register(_name, f"paracheck.mutants.loop:{_fn}", "loop", _bug)

@@ -4,7 +4,9 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
 
 * every rank starts from rank 0's initial model (a target must broadcast it);
 * rank r computes ``g_r = sum_m grad(mean loss of batch (step, m, r))``, exactly as its own
-  backward passes would, one rank at a time in this process;
+  backward passes would, one rank at a time in this process (under ``case.loss``, the loss of a
+  micro-batch is ``step_loss``'s share, and token-mean sums the g_r instead of averaging them:
+  Note [Loss semantics]);
 * the synchronised gradient is ``h + (g_0 + ... + g_{W-1}) / W``, a rank without a gradient
   contributing zeros, where ``h`` is the gradient the parameter held when the step began; a
   parameter that no rank used keeps ``h``, so the optimizer treats it exactly as in
@@ -45,8 +47,10 @@ from paracheck.cases import (
     build_optimizer,
     build_scheduler,
     forward_context,
-    loss_fn,
+    micro_batches,
     params_in_groups,
+    step_loss,
+    step_scheduler,
 )
 
 __all__ = ["StepRecord", "Trajectory", "clip_global_norm", "train"]
@@ -91,11 +95,11 @@ def _local_grads(case: Case, model, params, step: int, rank: int, scaler=None):
     for p in params:
         p.grad = None
     losses = []
-    for micro in range(case.accumulation):
+    for micro in range(micro_batches(case, step)):
         x, y = batch_for(case, step, micro, rank)
         with forward_context(case):
             out = model(x)
-        loss = loss_fn(case, out, y)
+        loss = step_loss(case, out, y, step)
         if scaler is not None:
             losses.append(loss.item())
             loss = scaler.scale(loss)
@@ -122,8 +126,30 @@ def clip_global_norm(grads: list[torch.Tensor], max_norm: float, scales=()) -> f
     return float(coef)
 
 
-def train(case: Case) -> Trajectory:
-    """Train ``case`` in this process and return the whole trajectory (see module docstring)."""
+def _anchor(params, held, anchor_params, anchor_grads):
+    """Set ``params`` to a target's (bitwise; a tensor of another shape is left as it is: the
+    comparison reports it) and return the held gradients to use: the target's where it recorded
+    them."""
+    with torch.no_grad():
+        for p, a in zip(params, anchor_params):
+            if a is not None and tuple(a.shape) == tuple(p.shape):
+                p.copy_(a)
+    if anchor_grads is None or len(anchor_grads) != len(params):
+        return held
+    return [
+        h if g is None or tuple(g.shape) != tuple(p.shape) else g.detach().to(p.dtype).clone()
+        for p, h, g in zip(params, held, anchor_grads)
+    ]
+
+
+def train(case: Case, anchors=None) -> Trajectory:
+    """Train ``case`` in this process and return the whole trajectory (see module docstring).
+
+    ``anchors``: a target's own steps, as (parameters after the step, synchronised gradients or
+    None) per step. Step k >= 1 then starts from the target's parameters after step k-1 (and
+    the gradients it held), not from the oracle's own: each step is the oracle's step from the
+    target's state (Note [Anchored steps] in ``paracheck.oracle.tolerance``). Optimizer state,
+    scaler and schedules stay the oracle's own."""
     model = build_case_model(case, rank=0)
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
@@ -136,6 +162,8 @@ def train(case: Case) -> Trajectory:
     held: list[torch.Tensor | None] = [None] * len(params)
     records = []
     for step in range(case.steps):
+        if anchors is not None and 0 < step <= len(anchors):
+            held = _anchor(params, held, *anchors[step - 1])
         add_late_groups(case, optimizer, params, step)
         inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
         held = [
@@ -165,7 +193,8 @@ def train(case: Case) -> Trajectory:
                 if g is not None:
                     total += g
                     mag += g.abs()
-            total /= W
+            if case.loss != "token-mean":  # Note [Loss semantics]: token-mean sums over ranks
+                total /= W
             h = held[i]
             if h is not None:
                 # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
@@ -209,8 +238,7 @@ def train(case: Case) -> Trajectory:
         else:
             optimizer.step()
         apply_lr_schedule(case, optimizer)
-        if scheduler is not None:
-            scheduler.step()
+        step_scheduler(scheduler)
         records.append(
             StepRecord(
                 losses=losses,

@@ -64,18 +64,26 @@ def compare(
     *,
     check_state: bool = False,
     device: str | None = None,
+    anchored: bool = False,
+    derived: bool = True,
 ) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
     reports). Only the first is meaningful: everything the ranks compute after it starts from a
     state the oracle never had (a gradient wrong at step k makes the parameters wrong after it),
     so the properties of the equivalence family (initial state, gradients, parameters, optimizer
     state, rank agreement) fail one per case; a target's other bugs show on other cases, which
-    ``paracheck.check.property`` searches for property by property."""
+    ``paracheck.check.property`` searches for property by property.
+
+    ``anchored``: ``traj`` is the oracle anchored on rank 0's steps (Note [Anchored steps]), and
+    every step is judged at step 0's tolerances. ``derived=False``: the ranks do not compute their
+    local gradients by the oracle's operations (a user's loop), and no step uses the derived bound.
+    """
     tol = tolerance_for(traj.case.dtype)
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
     # dtypes]).
     same_operations = device is None or torch.device(device).type == "cpu"
+    bound = derived and same_operations
     n_elements = sum(p.numel() for p in traj.initial_params)
     worst = 0.0
 
@@ -140,6 +148,7 @@ def compare(
                     "buffers must be broadcast from rank 0",
                 ), worst
     for k, oref in enumerate(traj.steps):
+        t = 0 if anchored else k  # the step whose tolerances apply
         for r, rec in enumerate(ranks):
             step = rec.steps[k]
             # A step the GradScaler skipped: its gradients are discarded by every design (and
@@ -154,9 +163,9 @@ def compare(
                         got,
                         ref,
                         step0_grad_rtol(traj.case, dtypes[i], n_elements)
-                        if k == 0 and same_operations
+                        if t == 0 and bound
                         else tensor_tolerance(
-                            traj.case, k, dtypes[i], dtypes, same_operations=same_operations
+                            traj.case, t, dtypes[i], dtypes, same_operations=same_operations
                         ).grads,
                         oref.grad_absum[i],
                     )
@@ -171,7 +180,7 @@ def compare(
                     got,
                     ref,
                     tensor_tolerance(
-                        traj.case, k, dtypes[i], dtypes, same_operations=same_operations
+                        traj.case, t, dtypes[i], dtypes, same_operations=same_operations
                     ).params,
                 )
                 if d:

@@ -12,6 +12,7 @@ from paracheck.cases import (
     build_grad_scaler,
     build_optimizer,
     build_scheduler,
+    step_scheduler,
 )
 from paracheck.check.ranks._common import (
     clip_gradients,
@@ -87,7 +88,6 @@ def run_ddp(payload: dict) -> RankRecord:
         grads = snapshot([p.grad for p in params])
         step_optimizer(scaler, optimizer)
         apply_lr_schedule(case, optimizer)
-        if scheduler is not None:
-            scheduler.step()
+        step_scheduler(scheduler)
         steps.append(RankStep(snapshot(params), grads, windows=tuple(windows)))
     return RankRecord(initial_params, initial_buffers, tuple(steps))

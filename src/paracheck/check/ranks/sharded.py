@@ -32,6 +32,7 @@ from paracheck.cases import (
     build_grad_scaler,
     build_optimizer,
     build_scheduler,
+    step_scheduler,
 )
 from paracheck.check.ranks._common import (
     clip_gradients,
@@ -131,8 +132,7 @@ def run_sharded(payload: dict) -> RankRecord:
                 step_optimizer(scaler, opt)
             traffic = rec.traffic()
         apply_lr_schedule(case, opt)
-        if scheduler is not None:
-            scheduler.step()
+        step_scheduler(scheduler)
         sd, state, how = on_every_rank(lambda: read_state(opt, index), device, "state_dict()")
         steps.append(
             RankStep(

@@ -16,7 +16,13 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from paracheck.accounting.traffic import record_collectives
-from paracheck.cases import Case, add_late_groups, apply_lr_schedule, build_case_model
+from paracheck.cases import (
+    Case,
+    add_late_groups,
+    apply_lr_schedule,
+    build_case_model,
+    step_scheduler,
+)
 from paracheck.check.ranks._common import (
     CLIP_SKIPPED,
     LOSS_SCALE_SKIPPED,
@@ -96,8 +102,7 @@ def run_zero(payload: dict) -> RankRecord:
                 zero.step()
             traffic = rec.traffic() + rec_step.traffic()
         apply_lr_schedule(case, zero)
-        if scheduler is not None:
-            scheduler.step()
+        step_scheduler(scheduler)
         sd, state, how = on_every_rank(lambda: read_state(zero, index), device, "state_dict()")
         steps.append(
             RankStep(

@@ -1,0 +1,101 @@
+"""Cases for whole training steps (the ``loop`` kind): a small language model whose targets carry
+padding, micro-batches whose valid tokens differ by rank and by micro-batch, and partial last
+accumulation windows (Note [Loss semantics] in ``paracheck.cases``)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from paracheck.cases import LOSSES, Case, GroupSpec, OptimizerSpec
+from paracheck.strategies._core import _check_bounds, _check_precision
+from paracheck.workloads.lm import LMSpec
+
+__all__ = ["LOOP_LOSSES", "LOOP_PRECISIONS", "loop_cases"]
+
+LOOP_LOSSES = tuple(loss for loss in LOSSES if loss != "rank-mean")
+# A loop computes in the parameters' dtype: the precisions without autocast or a scaler, which a
+# loop applies itself (``train_step`` takes neither).
+LOOP_PRECISIONS = ("fp64", "fp32", "bf16")
+
+
+@st.composite
+def loop_cases(
+    draw,
+    *,
+    world_sizes=None,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    max_steps: int = 3,
+    max_accumulation: int = 3,
+    dtype: str = "float64",
+    precision: str | None = None,
+    loss: str = "token-mean",
+    clip_norm: float | None = None,
+):
+    """Cases for a ``train_step`` that minimises ``loss`` (``"token-mean"`` or ``"batch-mean"``).
+
+    Drawn: world size, rows per rank (different ranks, different token counts), steps,
+    accumulation and a partial last window, padding (and, for token-mean, an all-padding
+    micro-batch), a one-group SGD/Adam/AdamW optimizer, and a language model of one or two layers.
+    ``precision`` is ``fp64``, ``fp32`` or ``bf16`` (bfloat16 parameters; it replaces ``dtype``).
+    ``clip_norm``: the step clips the global gradient norm to it (every case).
+    """
+    if loss not in LOOP_LOSSES:
+        raise ValueError(f"loss={loss!r} must be one of {list(LOOP_LOSSES)}")
+    if precision is not None:
+        _check_precision(precision)
+        if precision not in LOOP_PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r}: a training loop applies autocast and loss scaling "
+                f"itself; the loop kind draws {list(LOOP_PRECISIONS)}"
+            )
+        dtype = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16"}[precision]
+    _check_bounds("steps", 1, max_steps)
+    _check_bounds("accumulation", 1, max_accumulation)
+    if world_sizes is not None:
+        w = draw(st.sampled_from(sorted(set(world_sizes))))
+    else:
+        _check_bounds("world_size", min_world_size, max_world_size)
+        w = draw(st.integers(min_world_size, max_world_size))
+    padded = draw(st.booleans())
+    empty_micro = padded and loss == "token-mean" and draw(st.booleans())
+    accumulation = draw(st.integers(1, max_accumulation))
+    steps = draw(st.integers(1, max_steps))
+    last_window = None
+    if accumulation > 1 and draw(st.booleans()):
+        last_window = draw(st.integers(1, accumulation - 1))
+    rows = tuple(draw(st.lists(st.integers(1, 3), min_size=w, max_size=w)))
+    spec = LMSpec(
+        vocab_size=draw(st.sampled_from([7, 16])),
+        context_length=draw(st.integers(2, 5)),
+        d_model=8,
+        d_ff=draw(st.sampled_from([8, 12])),
+        num_layers=draw(st.integers(1, 2)),
+        num_heads=2,
+    )
+    name = draw(st.sampled_from(("sgd", "adam", "adamw")))
+    group = GroupSpec(
+        params=(),
+        lr=draw(st.sampled_from([0.05, 0.1] if name == "sgd" else [1e-3, 1e-2])),
+        weight_decay=draw(st.sampled_from([0.0, 0.1])),
+        momentum=draw(st.sampled_from([0.0, 0.9])) if name == "sgd" else 0.0,
+    )
+    if dtype == "bfloat16":
+        # Adam's first update is about lr * sign(g): a gradient within rounding of zero may take
+        # either sign in a correct loop (Note [Precision from the seed]).
+        name = "sgd"
+    return Case(
+        model=spec,
+        world_size=w,
+        batch_sizes=rows,
+        steps=steps,
+        accumulation=accumulation,
+        optimizer=OptimizerSpec(name=name, groups=(group,)),
+        seed=draw(st.integers(0, 2**16)),
+        dtype=dtype,
+        loss=loss,
+        padded=padded,
+        empty_micro=empty_micro,
+        last_window=last_window,
+        clip_norm=clip_norm,
+    )

@@ -1,0 +1,123 @@
+"""The loop kind: a whole training step, train_step(model, optimizer, micro_batches), against the
+oracle under the loss semantics it declares (Note [Loss semantics]); every loop mutant killed.
+
+Models: the small language models loop_cases draws (vocabulary 7 or 16, 2-5 tokens, 1-2 layers)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paracheck.cases import (
+    IGNORE_INDEX,
+    Case,
+    GroupSpec,
+    OptimizerSpec,
+    batch_for,
+    build_case_model,
+    micro_batches,
+)
+from paracheck.check.property import check_target
+from paracheck.check.targets import TargetError, resolve_target
+from paracheck.mutants import MUTANTS
+from paracheck.oracle.train import train
+from paracheck.workloads.lm import LMSpec
+
+LOOPS = Path(__file__).with_name("_loops.py")
+SIZES = (1, 2, 3)
+LOOP_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.kind == "loop")
+
+CASE = Case(
+    model=LMSpec(vocab_size=7, context_length=4, d_model=8, d_ff=8, num_layers=1, num_heads=2),
+    world_size=3,
+    batch_sizes=(1, 3, 2),
+    steps=2,
+    accumulation=3,
+    optimizer=OptimizerSpec("sgd", (GroupSpec(params=(), lr=0.1),)),
+    seed=5,
+    loss="token-mean",
+    padded=True,
+    empty_micro=True,
+    last_window=2,
+)
+
+
+def _check(world, target, n=20):
+    return check_target(target, world, world_sizes=SIZES, max_examples=n, labels=False)
+
+
+@pytest.mark.parametrize(
+    "name", ["loop", "loop-batch-mean", f"{LOOPS}:clipped_step", f"{LOOPS}:BatchMeanStep"]
+)
+def test_correct_loops_pass(world, name):
+    target = resolve_target(name, "loop" if name.endswith("Step") else None)
+    report = _check(world, target)
+    assert report.passed, report.failure.describe() if report.failure else report
+    assert report.examples >= 15
+
+
+@pytest.mark.parametrize("name", LOOP_MUTANTS)
+def test_loop_mutant_is_killed(world, name):
+    target = replace(resolve_target(MUTANTS[name].path, "loop"), name=name)
+    report = _check(world, target)
+    assert not report.passed, f"{name} survived"
+    # Caught in the gradients, at least ten times outside the (float32) tolerance: not by luck.
+    d = report.failure.divergence
+    assert d.property == "gradients" and d.max_abs_diff >= 10 * d.tolerance, d.describe()
+
+
+def test_the_token_mean_oracle_is_one_process_cross_entropy_over_every_valid_token():
+    """Step 0's gradient equals that of one cross-entropy over the valid tokens of every rank's
+    every micro-batch, computed in one call: the semantics, not its implementation."""
+    ref = train(CASE)
+    model = build_case_model(CASE, 0)  # rank 0's initial model, as the oracle's
+    batches = [batch_for(CASE, 0, m, r) for r in range(3) for m in range(3)]
+    logits = torch.cat([model(x).flatten(0, 1) for x, _ in batches])
+    targets = torch.cat([y.flatten() for _, y in batches])
+    assert (targets == IGNORE_INDEX).any() and (targets != IGNORE_INDEX).any()
+    F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX).backward()
+    for p, g in zip(model.parameters(), ref.steps[0].grads):
+        torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_padding_leaves_a_prefix_and_the_empty_micro_batch_is_empty():
+    for r in range(3):
+        for m in range(3):
+            y = batch_for(CASE, 0, m, r)[1]
+            valid = y != IGNORE_INDEX
+            # A valid prefix per row: once padding starts it does not stop.
+            assert torch.equal(valid, valid.cummin(dim=1).values)
+            assert valid.any() == (not (m == 0 and r == 2))
+
+
+def test_the_last_window_is_partial():
+    assert [micro_batches(CASE, k) for k in range(2)] == [3, 2]
+
+
+@pytest.mark.parametrize(
+    "changes, word",
+    [
+        (dict(loss="mean"), "loss="),
+        (dict(model=Case().model), "language model"),
+        (dict(loss="batch-mean"), "empty_micro"),
+        (dict(last_window=3), "last_window=3"),
+    ],
+)
+def test_bad_loop_cases_are_refused(changes, word):
+    with pytest.raises(ValueError, match=word):
+        replace(CASE, **changes)
+
+
+def test_a_step_function_is_read_as_a_loop_and_its_options_are_checked():
+    assert resolve_target(f"{LOOPS}:clipped_step").kind == "loop"
+    assert resolve_target(f"{LOOPS}:clipped_step").clip_norm == 0.01
+    assert resolve_target("loop-batch-mean").loss == "batch-mean"
+    assert resolve_target("loop", loss="batch-mean").loss == "batch-mean"
+    with pytest.raises(TargetError, match="loss='mean'"):
+        resolve_target("loop", loss="mean")
+    with pytest.raises(TargetError, match="clip_norm=-1"):
+        resolve_target(f"{LOOPS}:clipped_step", clip_norm=-1)
+    with pytest.raises(TargetError, match="for loop targets"):
+        resolve_target("paracheck.ddp:FlatDDP", loss="token-mean")
