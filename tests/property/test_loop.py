@@ -121,3 +121,17 @@ def test_a_step_function_is_read_as_a_loop_and_its_options_are_checked():
         resolve_target(f"{LOOPS}:clipped_step", clip_norm=-1)
     with pytest.raises(TargetError, match="for loop targets"):
         resolve_target("paracheck.ddp:FlatDDP", loss="token-mean")
+
+
+def test_the_update_is_applied_to_the_gradients_the_loop_stepped_with():
+    """Note [Anchored steps]: with target_gradients, the oracle's parameters are its update of the
+    loop's own gradients (SGD here: p - lr * g_loop), while its recorded gradients stay its own."""
+    free = train(CASE)
+    doubled = [(s.params, [2 * g for g in s.grads]) for s in free.steps]
+    anchored = train(CASE, anchors=doubled, target_gradients=True)
+    initial = free.initial_params
+    for p0, g, p1, mine in zip(
+        initial, free.steps[0].grads, anchored.steps[0].params, anchored.steps[0].grads
+    ):
+        torch.testing.assert_close(p1, p0 - 0.1 * (2 * g), rtol=0, atol=1e-15)
+        assert torch.equal(mine, g)

@@ -90,9 +90,9 @@ def _single_thread():
         torch.set_num_threads(n)
 
 
-def oracle_for(case: Case, anchors=None):
+def oracle_for(case: Case, anchors=None, *, target_gradients: bool = False):
     with _single_thread():
-        return train(case, anchors)
+        return train(case, anchors, target_gradients=target_gradients)
 
 
 def run_case(
@@ -113,7 +113,8 @@ def run_case(
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
-    traj = None if anchored(case) else oracle_for(case)
+    by_step = anchored(case) or target.kind == "loop"  # Note [Anchored steps]
+    traj = None if by_step else oracle_for(case)
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
@@ -130,7 +131,11 @@ def run_case(
             case, extra={"skipped": ranks[0].skipped}, seconds=seconds, outputs=outputs
         )
     if traj is None:  # Note [Anchored steps]: each step starts from rank 0's state after the last
-        traj = oracle_for(case, anchors=[(s.params, s.grads) for s in ranks[0].steps])
+        traj = oracle_for(
+            case,
+            anchors=[(s.params, s.grads) for s in ranks[0].steps],
+            target_gradients=target.kind == "loop",
+        )
     row = KINDS[target.kind]
     notes = {}
     if row.compares_state:
@@ -150,7 +155,7 @@ def run_case(
             param_names(case),
             check_state=check_state,
             device=ranks_on,
-            anchored=anchored(case),
+            anchored=by_step,
             derived=row.derived_bound,
         )
         divs += [div] if div is not None else []

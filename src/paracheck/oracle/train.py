@@ -142,14 +142,28 @@ def _anchor(params, held, anchor_params, anchor_grads):
     ]
 
 
-def train(case: Case, anchors=None) -> Trajectory:
+def _use_gradients(params, grads) -> None:
+    """Set each parameter's gradient to the target's (a tensor of another shape, or none, leaves
+    the oracle's: the gradient comparison reports it)."""
+    if grads is None or len(grads) != len(params):
+        return
+    for p, g in zip(params, grads):
+        if g is not None and tuple(g.shape) == tuple(p.shape) and p.grad is not None:
+            p.grad = g.detach().to(p.dtype).clone()
+
+
+def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajectory:
     """Train ``case`` in this process and return the whole trajectory (see module docstring).
 
     ``anchors``: a target's own steps, as (parameters after the step, synchronised gradients or
     None) per step. Step k >= 1 then starts from the target's parameters after step k-1 (and
     the gradients it held), not from the oracle's own: each step is the oracle's step from the
     target's state (Note [Anchored steps] in ``paracheck.oracle.tolerance``). Optimizer state,
-    scaler and schedules stay the oracle's own."""
+    scaler and schedules stay the oracle's own. With ``target_gradients``, each step's update is
+    applied to the gradients the target's step used (``anchors[k]``'s, where it recorded them)
+    instead of the oracle's: the parameters then judge the update alone (the recorded gradients,
+    the oracle's, judge the gradients), and no optimizer amplifies a rounding difference of the
+    gradients into the parameters (Note [Anchored steps])."""
     model = build_case_model(case, rank=0)
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
@@ -229,6 +243,8 @@ def train(case: Case, anchors=None) -> Trajectory:
             )
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
+        if target_gradients and anchors is not None and step < len(anchors):
+            _use_gradients(params, anchors[step][1])
         if scaling:
             before = scaler.get_scale()
             scaler.step(optimizer)

@@ -16,7 +16,11 @@ import torch
 from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
-from paracheck.oracle.tolerance import step0_grad_rtol, tensor_tolerance, tolerance_for
+from paracheck.oracle.tolerance import (
+    state_tolerance,
+    step0_grad_rtol,
+    tensor_tolerance,
+)
 
 __all__ = ["close", "compare"]
 
@@ -78,12 +82,12 @@ def compare(
     every step is judged at step 0's tolerances. ``derived=False``: the ranks do not compute their
     local gradients by the oracle's operations (a user's loop), and no step uses the derived bound.
     """
-    tol = tolerance_for(traj.case.dtype)
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
     # dtypes]).
     same_operations = device is None or torch.device(device).type == "cpu"
     bound = derived and same_operations
+    state_rtol = state_tolerance(traj.case, same_operations)
     n_elements = sum(p.numel() for p in traj.initial_params)
     worst = 0.0
 
@@ -186,7 +190,7 @@ def compare(
                 if d:
                     return d, worst
             if check_state:
-                d = _compare_state(k, r, step.state, oref.state, tol.state, names, check)
+                d = _compare_state(k, r, step.state, oref.state, state_rtol, names, check)
                 if d:
                     return d, worst
         # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).

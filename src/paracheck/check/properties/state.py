@@ -28,7 +28,7 @@ from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties.equivalence import close
 from paracheck.check.ranks.record import RankRecord
-from paracheck.oracle.tolerance import tolerance_for
+from paracheck.oracle.tolerance import state_tolerance
 
 __all__ = [
     "STATE_CONSOLIDATED",
@@ -130,10 +130,13 @@ def compare_state_union(
     return None
 
 
-def check_state(case, traj, ranks: list[RankRecord], props) -> Divergence | None:
-    """``state`` (the union over ranks, Note [State dict conventions]) and ``state-consolidated``."""
+def check_state(
+    case, traj, ranks: list[RankRecord], props, same_operations: bool = True
+) -> Divergence | None:
+    """``state`` (the union over ranks, Note [State dict conventions]) and ``state-consolidated``;
+    ``same_operations``: the ranks run on the CPU, as the oracle (``state_tolerance``)."""
     names = param_names(case)
-    rtol = tolerance_for(case.dtype).state
+    rtol = state_tolerance(case, same_operations)
     if any(len(rec.steps) != len(traj.steps) for rec in ranks):
         return None  # the structure divergence is paracheck.check.compare's
     for k, oref in enumerate(traj.steps):
