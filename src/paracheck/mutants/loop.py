@@ -26,6 +26,16 @@ def _ce(model, inputs, targets, reduction: str = "mean") -> torch.Tensor:
     )
 
 
+def _global_tokens(model, micro_batches) -> int:
+    """The valid tokens of the step on every rank (the reference's count)."""
+    device = next(model.parameters()).device
+    total = torch.tensor(
+        [sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)], device=device
+    )
+    dist.all_reduce(total)
+    return int(total.item())
+
+
 def micro_batch_normalised(model, optimizer, micro_batches) -> None:
     """Declares the global token mean, but each micro-batch's loss is its own token mean and the
     micro-batches are averaged: micro-batches with fewer valid tokens weigh more."""
@@ -51,13 +61,9 @@ def averaged_twice(model, optimizer, micro_batches) -> None:
     """Normalises by the global token count, then averages the gradients over ranks as well: the
     gradient is W times too small."""
     optimizer.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
-    total = torch.tensor(
-        [sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)], device=device
-    )
-    dist.all_reduce(total)
+    total = _global_tokens(model, micro_batches)
     for inputs, targets in micro_batches:
-        (_ce(model, inputs, targets, "sum") / int(total.item())).backward()
+        (_ce(model, inputs, targets, "sum") / total).backward()
     _all_reduce_gradients(model, divide_by=dist.get_world_size())  # BUG: already a global mean
     optimizer.step()
 
@@ -65,14 +71,10 @@ def averaged_twice(model, optimizer, micro_batches) -> None:
 def last_micro_batch_only(model, optimizer, micro_batches) -> None:
     """Clears the gradients before every micro-batch, not once per step: only the last
     micro-batch's gradient is kept (an accumulation engine that overwrites instead of adding)."""
-    device = next(model.parameters()).device
-    total = torch.tensor(
-        [sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)], device=device
-    )
-    dist.all_reduce(total)
+    total = _global_tokens(model, micro_batches)
     for inputs, targets in micro_batches:
         optimizer.zero_grad(set_to_none=True)  # BUG: inside the accumulation loop
-        (_ce(model, inputs, targets, "sum") / int(total.item())).backward()
+        (_ce(model, inputs, targets, "sum") / total).backward()
     _all_reduce_gradients(model)
     optimizer.step()
 
@@ -97,13 +99,9 @@ def local_norm_clipped(model, optimizer, micro_batches) -> None:
     """Clips to a global norm of 0.01, but computes the norm of this rank's gradients before they
     are synchronised: each rank scales by its own coefficient."""
     optimizer.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
-    total = torch.tensor(
-        [sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)], device=device
-    )
-    dist.all_reduce(total)
+    total = _global_tokens(model, micro_batches)
     for inputs, targets in micro_batches:
-        (_ce(model, inputs, targets, "sum") / int(total.item())).backward()
+        (_ce(model, inputs, targets, "sum") / total).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # BUG: before the all-reduce
     _all_reduce_gradients(model)
     optimizer.step()
