@@ -41,8 +41,13 @@ class Kind:
     # ranks compute each local gradient by the oracle's operations. A user's loop scales its loss
     # its own way (``paracheck.loop``): its gradients are judged at the dtype's tolerance.
     derived_bound: bool = True
-    # ``Target`` fields passed to the strategy as keywords where set (the loop's loss semantics).
+    # ``Target`` fields passed to the strategy as keywords where set (the loop's loss semantics and
+    # clip): the target's declarations, never removed from a case as drawn features are.
     options: tuple[str, ...] = ()
+    # Every step anchored on the target's and its update applied to the target's own gradients
+    # (Note [Anchored steps]): a loop computes its gradients its own way.
+    on_target_gradients: bool = False
+    dtype: str = "float64"  # the parameters' dtype where none is chosen
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -88,6 +93,10 @@ KINDS: dict[str, Kind] = {
         default=("equivalence",),
         derived_bound=False,
         options=("loss", "clip_norm"),
+        on_target_gradients=True,
+        # A loop computes its loss its own way: in float32, `.float()` on the logits (a common
+        # habit) changes nothing (Note [Loss semantics]).
+        dtype="float32",
     ),
 }
 

@@ -315,17 +315,15 @@ def check_target(
     """
     sizes = tuple(sorted(set(world_sizes)))
     if precision is None and dtype is None:
-        # A loop computes its loss its own way: float32, where `.float()` on the logits, a common
-        # habit, changes nothing (Note [Loss semantics]); the wrappers, float64.
-        dtype = "float32" if target.kind == "loop" else "float64"
+        dtype = KINDS[target.kind].dtype
     if precision is None:
         precision = DTYPE_PRECISIONS.get(dtype)
         if precision is None:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
     dtype = nominal_dtype(precision)
     off = features_off(contract, features, dtype=dtype)
-    if target.kind == "loop":
-        # A loop's clip is its own declaration (Target.clip_norm), not a drawn feature.
+    if "clip_norm" in KINDS[target.kind].options:
+        # The target's own declaration (Target.clip_norm), not a drawn feature.
         off = tuple(f for f in off if f != "clip")
     if database is not None and not isinstance(database, CaseDatabase):
         database = CaseDatabase(database)

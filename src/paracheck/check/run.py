@@ -113,7 +113,8 @@ def run_case(
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
-    by_step = anchored(case) or target.kind == "loop"  # Note [Anchored steps]
+    row = KINDS[target.kind]
+    by_step = anchored(case) or row.on_target_gradients  # Note [Anchored steps]
     traj = None if by_step else oracle_for(case)
     try:
         ranks = world.collect(ticket)
@@ -134,9 +135,8 @@ def run_case(
         traj = oracle_for(
             case,
             anchors=[(s.params, s.grads) for s in ranks[0].steps],
-            target_gradients=target.kind == "loop",
+            target_gradients=row.on_target_gradients,
         )
-    row = KINDS[target.kind]
     notes = {}
     if row.compares_state:
         notes = sharding_notes(traj, ranks)

@@ -228,13 +228,9 @@ def _gamma(k: int, u: float) -> float:
 #   loop's own gradients: each judges one thing, and nothing amplifies.
 def anchored(case) -> bool:
     """Whether ``case`` is compared step by step from the target's own parameters (Note [Anchored
-    steps]): it computes below float32 (autocast, or bfloat16 parameters), or is a training loop's
-    (a loss other than rank-mean)."""
-    return (
-        getattr(case, "autocast", None) is not None
-        or case.dtype in ("bfloat16", "float16")
-        or getattr(case, "loss", "rank-mean") != "rank-mean"
-    )
+    steps]): it computes below float32 (autocast, or bfloat16 parameters). A training loop is
+    anchored at every precision (``paracheck.check.kinds.Kind.on_target_gradients``)."""
+    return getattr(case, "autocast", None) is not None or case.dtype in ("bfloat16", "float16")
 
 
 def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
