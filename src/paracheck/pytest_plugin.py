@@ -12,6 +12,8 @@ Options:
                                        --properties``)
     --paracheck-contract full|cs336    the case features drawn (as ``paracheck check --contract``)
     --paracheck-precision NAME         fp64 (default), fp32, bf16, fp16 or mixed (as --precision)
+    --paracheck-loss token-mean|batch-mean  a loop target's loss semantics (as --loss)
+    --paracheck-clip-norm NORM         the global norm a loop target clips to (as --clip-norm)
     --paracheck-features=-name,+name   features never drawn / drawn again (as ``--features``; give
                                        it with ``=``: pytest reads a value starting with - as an option)
     --paracheck-database PATH          failing cases saved and replayed first (default
@@ -113,6 +115,21 @@ def pytest_addoption(parser):
         "fp64, fp32 for loop targets)",
     )
     g.addoption(
+        "--paracheck-loss",
+        default=None,
+        choices=["token-mean", "batch-mean"],
+        help="loop targets: the loss the step minimises (as paracheck check --loss; default: the "
+        "function's paracheck_loss attribute, else token-mean)",
+    )
+    g.addoption(
+        "--paracheck-clip-norm",
+        default=None,
+        type=float,
+        metavar="NORM",
+        help="loop targets: the global gradient norm the step clips to (as paracheck check "
+        "--clip-norm; default: the function's paracheck_clip_norm attribute, else none)",
+    )
+    g.addoption(
         "--paracheck-database",
         default=None,
         metavar="PATH",
@@ -169,7 +186,7 @@ def pytest_configure(config):
         from paracheck.check.kinds import KINDS
 
         every = {p for row in KINDS.values() for p in row.properties}
-        unknown = sorted(set(names) - every)
+        unknown = sorted({n.removeprefix("+") for n in names} - every)
         if unknown or not names:
             raise pytest.UsageError(
                 f"--paracheck-properties={config.getoption('--paracheck-properties')}: "
@@ -327,9 +344,10 @@ def _database(config):
 def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
     """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report.
 
-    ``properties`` (names, or "a,b"), ``contract``, ``features`` and ``precision`` default to
-    the ``--paracheck-*`` options (``features`` applies after the option's); other keywords go to
-    ``check_target`` (``database=None`` saves nothing)."""
+    ``properties`` (names, or "a,b"), ``contract``, ``features``, ``precision`` and a loop's
+    ``loss`` and ``clip_norm`` default to the ``--paracheck-*`` options (``features`` applies
+    after the option's); other keywords go to ``check_target`` (``database=None`` saves
+    nothing)."""
     from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
 
@@ -354,13 +372,26 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         contract=None,
         features=None,
         precision=None,
+        loss=None,
+        clip_norm=None,
         **kwargs,
     ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
         if isinstance(target, str):
-            t = resolve_target(
-                target, kind, finish=finish, batch_start=batch_start, stub_cuda_timing=stub
-            )
+            hooks = dict(finish=finish, batch_start=batch_start, stub_cuda_timing=stub)
+            t = resolve_target(target, kind, loss=loss, clip_norm=clip_norm, **hooks)
+            # The options apply to loop targets only, as --paracheck-properties to the kinds
+            # that have the property; keywords given here win over them.
+            opt_loss = pytestconfig.getoption("--paracheck-loss")
+            opt_clip = pytestconfig.getoption("--paracheck-clip-norm")
+            if t.kind == "loop" and (opt_loss or opt_clip is not None):
+                t = resolve_target(
+                    target,
+                    kind,
+                    loss=loss or opt_loss,
+                    clip_norm=clip_norm if clip_norm is not None else opt_clip,
+                    **hooks,
+                )
         else:
             t = target
         t = _with_properties(t, properties, pytestconfig)

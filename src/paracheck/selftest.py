@@ -12,7 +12,14 @@ import statistics
 import time
 from dataclasses import replace
 
-__all__ = ["row_line", "run_selftest", "selftest_rows"]
+__all__ = [
+    "margin",
+    "margin_text",
+    "markdown_table",
+    "row_line",
+    "run_selftest",
+    "selftest_rows",
+]
 
 
 def selftest_rows(
@@ -90,10 +97,67 @@ def selftest_rows(
                 "case": case_line(report.failure.case) if report.failure is not None else "",
                 "detail": report.failures[0].header(name) if report.failures else "",
                 "properties": [f.property for f in report.failures],
+                "margin": margin(report.failures[0]) if report.failures else None,
             }
     finally:
         if own:
             world.close()
+
+
+# The properties judged under a rounding tolerance; the rest are exact rules (bitwise agreement,
+# counts, bytes, bucket layouts), whose margin is reported as "exact".
+_TOLERANCED = frozenset(
+    {
+        "gradients",
+        "parameters",
+        "optimizer-state",
+        "state-consolidated",
+        "world-size-relation",
+        "bucket-size-independence",
+    }
+)
+
+
+def margin(failure) -> float | None:
+    """How far past its tolerance the killing divergence went: ``max |got - expected|`` over the
+    largest allowed difference on the shrunk case (a lower bound on the worst element's ratio).
+    inf ("exact") where the property is an exact rule or nothing could be compared numerically (a
+    tensor absent, or not finite where the oracle's is); None where the target raised, hung or
+    died."""
+    d = failure.result.divergence_of(failure.property)
+    if d is None or failure.result.error is not None:
+        return None
+    if failure.property not in _TOLERANCED or d.tolerance <= 0 or d.max_abs_diff != d.max_abs_diff:
+        return float("inf")
+    return d.max_abs_diff / d.tolerance
+
+
+def margin_text(value: float | None) -> str:
+    """``margin`` for a table: "2.5e+02", "exact" (inf) or "-" (None)."""
+    if value is None:
+        return "-"
+    return "exact" if value == float("inf") else f"{value:.1e}"
+
+
+def markdown_table(rows: list[dict], dtype: str) -> str:
+    """The mutants of ``rows`` as a Markdown table: what is wrong, the property that killed it, the
+    examples needed and the margin (error over tolerance, ``margin``) at ``dtype``."""
+    from paracheck.mutants import MUTANTS
+
+    out = [
+        f"| mutant | kind | bug | killed by | examples | margin ({dtype}) |",
+        "| --- | --- | --- | --- | ---: | ---: |",
+    ]
+    for row in rows:
+        if row["role"] != "mutant":
+            continue
+        m = MUTANTS[row["name"]]
+        by = row["properties"][0] if row["ok"] and row["properties"] else row["verdict"]
+        out.append(
+            f"| `{m.name}` | {m.kind} | {m.bug} | {by} | {row['examples']} | "
+            f"{margin_text(row.get('margin'))} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def _takes_bucket(path: str) -> bool:
@@ -106,10 +170,11 @@ def _takes_bucket(path: str) -> bool:
 
 
 def row_line(row: dict) -> str:
-    """One row of the table: name, role, verdict, examples, seconds and the shrunk case."""
+    """One row of the table: name, role, verdict, examples, seconds, margin (error over tolerance,
+    ``margin_text``) and the shrunk case."""
     return (
         f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
-        f"{row['seconds']:>8.1f}  {row['case']}"
+        f"{row['seconds']:>8.1f} {margin_text(row.get('margin')):>8}  {row['case']}"
     ).rstrip()
 
 
@@ -129,7 +194,10 @@ def run_selftest(
     them)."""
     t0 = time.monotonic()
     rows = [] if rows is None else rows
-    print(f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8}  shrunk case")
+    print(
+        f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8} {'margin':>8}  "
+        "shrunk case"
+    )
     for row in selftest_rows(
         profile=profile,
         only=only,

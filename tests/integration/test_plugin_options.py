@@ -108,3 +108,31 @@ def test_search_settings_follow_paracheck_then_hypothesis_options(options, expec
     """--paracheck-profile first, then --hypothesis-profile (its max_examples, derandomised or
     not), then ci; --hypothesis-seed fixes the sequence whatever the profile."""
     assert _search_settings(_Config(**options)) == expected
+
+
+LOSS_TEST = """
+import pytest
+
+
+def test_loss_option_reaches_loop_targets(paracheck_check):
+    report = paracheck_check("loop-batch-mean", world_sizes=(1, 2), max_examples=2)
+    assert (report.target.loss, report.target.clip_norm) == ("batch-mean", None)
+    # Other kinds are untouched by a loop option.
+    assert paracheck_check("flat", world_sizes=(1,), max_examples=1).target.loss is None
+
+
+def test_a_token_mean_loop_is_not_a_batch_mean_one(paracheck_check):
+    with pytest.raises(pytest.fail.Exception, match="FAIL loop"):
+        paracheck_check("loop", world_sizes=(1, 2), max_examples=5)
+
+
+def test_keyword_wins_over_the_option(paracheck_check):
+    report = paracheck_check("loop", world_sizes=(1,), max_examples=1, loss="token-mean")
+    assert report.target.loss == "token-mean"
+"""
+
+
+def test_loss_option_applies_to_loop_targets(inner):
+    """``--paracheck-loss`` declares a loop target's loss semantics, as ``--loss`` does."""
+    inner.makepyfile(test_loss=LOSS_TEST)
+    inner.runpytest(*ARGS, "--paracheck-loss", "batch-mean").assert_outcomes(passed=3)

@@ -10,7 +10,7 @@ def test_selftest_fast_profile_kills_and_passes(world, capsys):
         "zero1",
         "ddp-no-divide",
         "ddp-last-bucket-never-reduced",
-        "sharded-count-partition",
+        "sharded-hyperparams-dropped",  # sharded-count-partition is killed in test_sharding_mutants
     ]
     code = run_selftest(only=only, world_sizes=(1, 2, 3, 4), world=world)  # the selftest defaults
     out = capsys.readouterr().out
@@ -18,6 +18,8 @@ def test_selftest_fast_profile_kills_and_passes(world, capsys):
     assert "kill rate: 3/3 = 100%" in out and "built-in targets passing: 2/2" in out
     for name in only:
         assert name in out
+    # The margin column: the mutants' errors over their tolerances (all far past them here).
+    assert "margin" in out.splitlines()[0]
 
 
 def test_selftest_reports_a_surviving_mutant_as_failure(world, monkeypatch):
@@ -30,3 +32,27 @@ def test_selftest_reports_a_surviving_mutant_as_failure(world, monkeypatch):
     )
     rows = list(selftest_rows(only=[name], world_sizes=(1, 2), world=world, max_examples=5))
     assert rows[0]["verdict"] == "SURVIVED" and not rows[0]["ok"]
+
+
+def test_margin_is_error_over_tolerance_or_exact():
+    """A toleranced property's margin is the error over the allowed difference; an exact rule's,
+    or a tensor that could not be compared, is "exact"; a raise has none."""
+    from paracheck.cases import Case
+    from paracheck.check.properties import Divergence
+    from paracheck.check.report import PropertyFailure
+    from paracheck.check.run import CaseResult
+    from paracheck.selftest import margin, margin_text
+
+    case = Case(seed=0)
+
+    def failure(what, diff, tol):
+        d = Divergence(0, what, 0, 0, "w", diff, tol)
+        return PropertyFailure(d.property, CaseResult(case, d))
+
+    assert margin(failure("grad", 3e-3, 1e-5)) == 3e-3 / 1e-5
+    assert margin_text(margin(failure("grad", 3e-3, 1e-5))) == "3.0e+02"
+    assert margin_text(margin(failure("param", float("nan"), 1e-5))) == "exact"
+    assert margin_text(margin(failure("bucket-structure", 3.0, 2.0))) == "exact"
+    assert margin_text(margin(failure("repeatability", 1e-16, 0.0))) == "exact"
+    raised = PropertyFailure("raised", CaseResult(case, error=object()))
+    assert margin(raised) is None and margin_text(None) == "-"

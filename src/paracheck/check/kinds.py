@@ -67,7 +67,7 @@ KINDS: dict[str, Kind] = {
         "paracheck.check.ranks.ddp:run_ddp",
         "paracheck.strategies:cases",
         default=("equivalence", "bucket-structure"),
-        opt_in=("world-size-relation", "bucket-size-independence"),
+        opt_in=("world-size-relation", "bucket-size-independence", "repeatability"),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
     ),
     "sharded": Kind(
@@ -75,7 +75,7 @@ KINDS: dict[str, Kind] = {
         "paracheck.check.ranks.sharded:run_sharded",
         "paracheck.strategies._sharding:sharding_cases",
         default=_SHARDING_PROPERTIES,
-        opt_in=("state-consolidated",),
+        opt_in=("state-consolidated", "repeatability"),
         compares_state=True,
     ),
     "zero": Kind(
@@ -83,7 +83,7 @@ KINDS: dict[str, Kind] = {
         "paracheck.check.ranks.zero:run_zero",
         "paracheck.strategies._sharding:sharding_cases",
         default=_SHARDING_PROPERTIES,
-        opt_in=("state-consolidated",),
+        opt_in=("state-consolidated", "repeatability"),
         compares_state=True,
     ),
     "loop": Kind(
@@ -91,6 +91,7 @@ KINDS: dict[str, Kind] = {
         "paracheck.check.ranks.loop:run_loop",
         "paracheck.strategies._loop:loop_cases",
         default=("equivalence",),
+        opt_in=("repeatability",),
         derived_bound=False,
         options=("loss", "clip_norm"),
         on_target_gradients=True,
@@ -166,6 +167,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "bucket-size-independence": _rerun(
         "paracheck.check.properties.bucket_size_independence", "check_bucket_size_independence"
     ),
+    "repeatability": _rerun("paracheck.check.properties.repeatability", "check_repeatability"),
 }
 
 
@@ -177,10 +179,14 @@ def default_properties(kind: str, takes_bucket: bool = False) -> frozenset[str]:
 
 def resolve_properties(kind: str, names, *, takes_bucket: bool = False) -> frozenset[str]:
     """None -> ``default_properties``; otherwise ``names`` as a set, each one a property of
-    ``kind`` (a bucket-only one needs ``takes_bucket``): ValueError naming the rest."""
+    ``kind`` (a bucket-only one needs ``takes_bucket``): ValueError naming the rest. ``+NAME``
+    adds NAME to the default properties (or to the plain names given)."""
     if names is None:
         return default_properties(kind, takes_bucket)
-    row, chosen = KINDS[kind], frozenset(names)
+    plus = frozenset(n[1:] for n in names if n.startswith("+"))
+    row, chosen = KINDS[kind], frozenset(n for n in names if not n.startswith("+"))
+    if plus:  # "+NAME": the defaults (or the plain names) and NAME
+        chosen = (chosen or default_properties(kind, takes_bucket)) | plus
     unknown = sorted(chosen - set(row.properties))
     if unknown:
         raise ValueError(
@@ -198,11 +204,15 @@ def resolve_properties(kind: str, names, *, takes_bucket: bool = False) -> froze
 
 def select_properties(targets, names) -> tuple[list, list[str]]:
     """The ``targets`` with ``Target.properties`` set to what ``names`` select of each one's
-    properties, and warnings. ValueError for a name no kind has. A target of which ``names``
-    select nothing keeps its own properties (a warning says so)."""
+    properties, and warnings. A name written ``+NAME`` adds NAME to the target's default
+    properties (or to the plain names selected of it), so ``+repeatability`` checks the defaults
+    and repeatability. ValueError for a name no kind has. A target of which ``names`` select
+    nothing keeps its own properties (a warning says so)."""
     import dataclasses
 
-    chosen = frozenset(names)
+    plus = frozenset(n[1:] for n in names if n.startswith("+"))
+    plain = frozenset(n for n in names if not n.startswith("+"))
+    chosen = plain | plus
     every = {p for row in KINDS.values() for p in row.properties}
     unknown = sorted(chosen - every)
     if unknown:
@@ -210,20 +220,26 @@ def select_properties(targets, names) -> tuple[list, list[str]]:
     out, warnings, used = [], [], set()
     for t in targets:
         row = KINDS[t.kind]
-        mine = {
-            p for p in chosen & set(row.properties) if t.takes_bucket or p not in row.bucket_only
-        }
-        if not mine:
+
+        def of_target(ps, row=row, t=t):
+            return {
+                p for p in ps & set(row.properties) if t.takes_bucket or p not in row.bucket_only
+            }
+
+        mine, added = of_target(plain), of_target(plus)
+        if not mine and not added:
             warnings.append(
                 f"--properties selects none of {t.name}'s properties ({', '.join(row.properties)}"
                 f"{'' if t.takes_bucket else '; it takes no bucket size'}): it runs its default ones"
             )
             out.append(t)
             continue
-        used |= mine
+        used |= mine | added
+        base = mine or default_properties(t.kind, t.takes_bucket)
         out.append(
             dataclasses.replace(
-                t, properties=resolve_properties(t.kind, mine, takes_bucket=t.takes_bucket)
+                t,
+                properties=resolve_properties(t.kind, base | added, takes_bucket=t.takes_bucket),
             )
         )
     unused = sorted(chosen - used)

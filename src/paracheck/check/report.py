@@ -121,6 +121,12 @@ PROPERTIES: dict[str, Property] = {
         "every bucket, the last partly filled one included, must be reduced and copied back "
         "whatever the cap",
     ),
+    "repeatability": Property(
+        "two runs of the same case differ bitwise: the result cannot be reproduced",
+        "reduce in an order fixed by the ranks and buckets, not by when contributions arrive; "
+        "wait for every communication before reading its buffer; avoid atomics and "
+        "nondeterministic kernels (torch.use_deterministic_algorithms)",
+    ),
 }
 
 

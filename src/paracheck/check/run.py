@@ -22,7 +22,7 @@ from paracheck.world import World, WorldError
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
 
 # The properties that run the target again (paracheck.check.kinds): checked after the others.
-_RERUNS = frozenset({"world-size-relation", "bucket-size-independence"})
+_RERUNS = frozenset({"world-size-relation", "bucket-size-independence", "repeatability"})
 
 
 @dataclass

@@ -200,7 +200,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "sharding targets equivalence,state,state-consolidated,memory,balance,traffic (default: "
         "every one but the opt-in state-consolidated); DDP targets equivalence,bucket-structure "
         "(the default) and the opt-in world-size-relation and bucket-size-independence (the "
-        "bucket ones for targets that take a bucket size)",
+        "bucket ones for targets that take a bucket size); every kind the opt-in repeatability. "
+        "+NAME adds NAME to the defaults: --properties +repeatability",
     )
     c.add_argument(
         "--contract",
@@ -264,6 +265,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--dtype", default="float64", choices=["float64", "float32"], help="default %(default)s"
+    )
+    s.add_argument(
+        "--table",
+        metavar="PATH",
+        default=None,
+        help="also write the mutants as a Markdown table (bug, killing property, examples, "
+        "margin: error over tolerance) to PATH (default: none)",
     )
     c.set_defaults(run=cmd_check)
     s.set_defaults(run=cmd_selftest)
@@ -492,7 +500,7 @@ def _stop(world, progress) -> None:
 
 
 def cmd_selftest(args) -> int:
-    from paracheck.selftest import row_line, run_selftest
+    from paracheck.selftest import markdown_table, row_line, run_selftest
 
     sizes = _world_sizes(args.world_sizes)
     _check_rank_limit(args, "--world-sizes", args.world_sizes, sizes)
@@ -514,5 +522,8 @@ def cmd_selftest(args) -> int:
         report_stop(exc, [row_line(r) for r in rows], "check" if len(rows) == 1 else "checks")
         raise
     finally:
+        if args.table is not None and rows:
+            with open(args.table, "w", encoding="utf-8") as f:
+                f.write(markdown_table(rows, args.dtype))
         if world is not None:
             world.close()

@@ -43,6 +43,14 @@ register(
     "float32/float64 gradients are rounded to bfloat16 and summed in bfloat16 for the all-reduce",
 )
 register(
+    "ddp-arrival-order",
+    "paracheck.mutants.ddp:ArrivalOrderDDP",
+    "ddp",
+    "rank 0 adds each parameter's contributions in the order they arrive (any order, run to run) "
+    "and broadcasts the sums: correct within rounding, never reproducible",
+    properties=("equivalence", "repeatability"),
+)
+register(
     "ddp-no-divide",
     "paracheck.mutants.ddp:NoDivideDDP",
     "ddp",

@@ -6,6 +6,7 @@ docstring's first line: a subclass that overrides one small step of the correct 
 from __future__ import annotations
 
 import functools
+import random
 import weakref
 
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "MixedDtypeBucketDDP",
     "FlatBufferFirstDtypeDDP",
     "ReducedInBfloat16DDP",
+    "ArrivalOrderDDP",
 ]
 
 
@@ -339,5 +341,37 @@ class ReducedInBfloat16DDP(FlatDDP):
         low = flat.to(torch.bfloat16)  # BUG: reduced in bfloat16
         dist.all_reduce(low, group=self.process_group)
         flat.copy_(low)
+        n = flat.numel() - len(params)
+        self._scatter_back(params, self._average(flat[:n]), flat[n:])
+
+
+class ArrivalOrderDDP(FlatDDP):
+    """FlatDDP reducing as a parameter server does: rank 0 adds each parameter's contributions in
+    the order they arrive and broadcasts the sums. The order changes from run to run (here a
+    fresh order per parameter and step, from the operating system's entropy), so the sums round
+    differently in each run: within every tolerance of the oracle, identical on every rank, and
+    never reproducible bitwise."""
+
+    _order = random.SystemRandom()
+
+    def finish_gradient_synchronization(self) -> None:
+        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
+            return
+        params = self.trainable
+        flat = self._flatten(params)
+        parts = [torch.empty_like(flat) for _ in range(self.world_size)]
+        dist.all_gather(parts, flat, group=self.process_group)
+        if dist.get_rank(self.process_group) == 0:
+            start = 0
+            for length in [p.numel() for p in params] + [len(params)]:
+                ranks = list(range(self.world_size))
+                self._order.shuffle(ranks)  # BUG: the order contributions arrive in
+                piece = flat[start : start + length]
+                piece.copy_(parts[ranks[0]][start : start + length])
+                for r in ranks[1:]:
+                    piece.add_(parts[r][start : start + length])
+                start += length
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.broadcast(flat, src=src, group=self.process_group)
         n = flat.numel() - len(params)
         self._scatter_back(params, self._average(flat[:n]), flat[n:])
