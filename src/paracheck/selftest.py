@@ -36,7 +36,7 @@ def selftest_rows(
     from paracheck.check.kinds import KINDS
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.report import case_line
-    from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
+    from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target, with_reduce_dtype
     from paracheck.mutants import MUTANTS
     from paracheck.world import World
 
@@ -44,7 +44,7 @@ def selftest_rows(
     own = world is None
     world = world or World(max(world_sizes), timeout=timeout)
     try:
-        items = [("target", name, resolve_target(name)) for name in BUILTIN_TARGETS]
+        items = [("target", name, resolve_target(name), None) for name in BUILTIN_TARGETS]
         items += [
             (
                 "mutant",
@@ -52,18 +52,22 @@ def selftest_rows(
                 # A loop's loss semantics and clip come with its function (paracheck_loss, ...).
                 replace(resolve_target(m.path, "loop"), name=m.name)
                 if m.kind == "loop"
-                else Target(
-                    m.name,
-                    m.path,
-                    m.kind,
-                    _takes_bucket(m.path),
-                    None if m.properties is None else frozenset(m.properties),
+                # A declared reduction dtype (paracheck_reduce_dtype) comes with the class.
+                else with_reduce_dtype(
+                    Target(
+                        m.name,
+                        m.path,
+                        m.kind,
+                        _takes_bucket(m.path),
+                        None if m.properties is None else frozenset(m.properties),
+                    )
                 ),
+                m.precision,
             )
             for m in MUTANTS.values()
             if m.kind in KINDS
         ]
-        for role, name, target in items:
+        for role, name, target, precision in items:
             if only and name not in only:
                 continue
             t0 = time.monotonic()
@@ -76,6 +80,7 @@ def selftest_rows(
                 seed=0,
                 timeout=timeout,
                 dtype=dtype,
+                precision=precision,  # a mutant's own (None: dtype's)
                 first_failure=True,
                 labels=False,
             )

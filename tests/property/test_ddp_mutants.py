@@ -34,19 +34,31 @@ from __future__ import annotations
 import pytest
 
 from paracheck.check.property import check_target
-from paracheck.check.targets import Target, resolve_target
+from paracheck.check.targets import Target, resolve_target, with_reduce_dtype
 from paracheck.mutants import MUTANTS
 
 _DDP = sorted(m.name for m in MUTANTS.values() if m.kind == "ddp")
 _SLOW_FULL = {"ddp-handles-per-step", "ddp-flat-buffer-first-dtype"}
-_FAST = [n for n in _DDP if MUTANTS[n].expect != "hang" and n not in _SLOW_FULL]
+# Mutants of an opt-in or declared property, killed (and shown to pass the rest) in its own tests.
+_OWN_TESTS = {
+    "ddp-arrival-order": "test_repeatability.py",
+    "ddp-cast-after-communicating": "test_reduce_dtype.py",
+}
+_FAST = [
+    n for n in _DDP if MUTANTS[n].expect != "hang" and n not in _SLOW_FULL and n not in _OWN_TESTS
+]
 _HANGING = [n for n in _DDP if MUTANTS[n].expect == "hang"]
 
 
 def _kill(world, world_sizes, name, record_property):
     m = MUTANTS[name]
-    target = Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket)
-    report = check_target(target, world, world_sizes=world_sizes, max_examples=40, seed=0)
+    props = None if m.properties is None else frozenset(m.properties)
+    target = with_reduce_dtype(
+        Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket, props)
+    )
+    report = check_target(
+        target, world, world_sizes=world_sizes, max_examples=40, seed=0, precision=m.precision
+    )
     assert not report.passed, f"{name} survived 40 examples: {m.bug}"
     record_property("examples_to_kill", report.examples)
     failure = report.failure

@@ -121,6 +121,8 @@ class CollectiveCall:
     payload_bytes: int
     world_size: int
     group: object = field(default=None, compare=False, repr=False)
+    # The payload's element type ("float32"; "" where it holds no tensor).
+    dtype: str = field(default="", compare=False)
 
     @property
     def bus_bytes(self) -> float:
@@ -267,8 +269,10 @@ class Recorder(TorchDispatchMode):
             else:
                 payload = _nbytes(args[0]) if args else 0
             group = _process_group(args, kwargs)
+            first = next(iter(_tensors(args[0] if args else ())), None)
+            dtype = "" if first is None else str(first.dtype).removeprefix("torch.")
             self.calls.append(
-                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(group), group)
+                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(group), group, dtype)
             )
         return out
 

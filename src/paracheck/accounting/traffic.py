@@ -144,6 +144,15 @@ class RecordedCollectives:
             if c.kind not in _NOT_TRAFFIC and self._matches(c)
         ]
 
+    @property
+    def typed_calls(self) -> list[tuple[str, str, int]]:
+        """``calls`` with each payload's element type: (kind, dtype, payload bytes)."""
+        return [
+            (c.kind, c.dtype, c.payload_bytes)
+            for c in self._recorder.calls
+            if c.kind not in _NOT_TRAFFIC and self._matches(c)
+        ]
+
     def traffic(self) -> StepTraffic:
         d: dict[str, tuple[int, int]] = {}
         for name, b in self.calls:

@@ -67,7 +67,8 @@ KINDS: dict[str, Kind] = {
         "paracheck.check.ranks.ddp:run_ddp",
         "paracheck.strategies:cases",
         default=("equivalence", "bucket-structure"),
-        opt_in=("world-size-relation", "bucket-size-independence", "repeatability"),
+        # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
+        opt_in=("world-size-relation", "bucket-size-independence", "repeatability", "reduce-dtype"),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
     ),
     "sharded": Kind(
@@ -142,6 +143,12 @@ def _bucket_structure(e: Evidence):
     return check_bucket_structure(e.case, e.ranks)
 
 
+def _reduce_dtype(e: Evidence):
+    from paracheck.check.properties.reduce_dtype import check_reduce_dtype
+
+    return check_reduce_dtype(e.case, e.ranks, getattr(e.target, "reduce_dtype", None))
+
+
 def _rerun(module: str, fn: str):
     def check(e: Evidence):
         import importlib
@@ -167,6 +174,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "bucket-size-independence": _rerun(
         "paracheck.check.properties.bucket_size_independence", "check_bucket_size_independence"
     ),
+    "reduce-dtype": _reduce_dtype,
     "repeatability": _rerun("paracheck.check.properties.repeatability", "check_repeatability"),
 }
 

@@ -315,7 +315,9 @@ def check_target(
     """
     sizes = tuple(sorted(set(world_sizes)))
     if precision is None and dtype is None:
-        dtype = KINDS[target.kind].dtype
+        # A declared reduction dtype (Note [Declared reduction dtype]) is judged on parameters
+        # no wider than it: float32 parameters for a float32 reduction.
+        dtype = getattr(target, "reduce_dtype", None) or KINDS[target.kind].dtype
     if precision is None:
         precision = DTYPE_PRECISIONS.get(dtype)
         if precision is None:

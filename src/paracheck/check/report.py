@@ -111,6 +111,11 @@ PROPERTIES: dict[str, Property] = {
         "communicate only trainable parameters, once per step, with the collectives the "
         "design calls for",
     ),
+    "reduce-dtype": Property(
+        "gradients were communicated in another dtype than the one the target declares",
+        "cast the gradients to the declared dtype before the all-reduce (not after it), and "
+        "reduce every gradient in it (Note [Declared reduction dtype])",
+    ),
     "world-size-relation": Property(
         "W ranks fed equal batches do not train like one rank fed all of them",
         "average the summed gradients over the world size, and reduce every trainable "

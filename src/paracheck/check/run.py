@@ -109,6 +109,19 @@ def run_case(
     if target.kind == "zero" and not case.zero_grad_module:
         # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
         case = replace(case, zero_grad_module=True)
+    if target.reduce_dtype is not None:
+        from paracheck.check.properties.reduce_dtype import narrower_than
+
+        wider = narrower_than(target.reduce_dtype, case)
+        if wider is not None:  # Note [Declared reduction dtype]: a compressed reduction
+            return CaseResult(
+                case,
+                extra={
+                    "skipped": f"the declared reduction dtype {target.reduce_dtype} is narrower "
+                    f"than the parameters' {wider}: a compressed reduction rounds the mean "
+                    "itself, which is not judged"
+                },
+            )
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)

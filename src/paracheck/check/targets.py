@@ -53,6 +53,7 @@ __all__ = [
     "TargetError",
     "load_object",
     "plausible_hooks",
+    "with_reduce_dtype",
 ]
 
 
@@ -82,6 +83,9 @@ class Target:
     # loop: the global gradient norm the step clips to (``clip_grad_norm_``), or None: the
     # function's ``paracheck_clip_norm`` attribute, or --clip-norm.
     clip_norm: float | None = None
+    # ddp: the dtype the target declares it reduces gradients in (Note [Declared reduction
+    # dtype]): --reduce-dtype, else the class's ``paracheck_reduce_dtype`` attribute, else None.
+    reduce_dtype: str | None = None
 
     @property
     def rank_fn(self) -> str:
@@ -113,6 +117,8 @@ class Target:
             out += f" --loss {self.loss}"
         if self.clip_norm is not None:
             out += f" --clip-norm {self.clip_norm:g}"
+        if self.reduce_dtype is not None:
+            out += f" --reduce-dtype {self.reduce_dtype}"
         return out
 
 
@@ -560,13 +566,51 @@ def resolve_target(
     stub_cuda_timing: bool = False,
     loss: str | None = None,
     clip_norm: float | None = None,
+    reduce_dtype: str | None = None,
 ) -> Target:
     """A built-in name or an import path -> Target (imports it here, to fail early and clearly).
 
     ``finish`` / ``batch_start`` name the DDP hooks (Note [Readings of a DDP interface]);
     ``loss`` the loss semantics of a ``loop`` target (Note [Loss semantics]) and ``clip_norm``
-    the global norm it clips its gradients to.
+    the global norm it clips its gradients to; ``reduce_dtype`` the dtype a DDP target reduces
+    its gradients in (Note [Declared reduction dtype]; default: its class's
+    ``paracheck_reduce_dtype``).
     """
+    target = _resolve(name, kind, finish, batch_start, stub_cuda_timing, loss, clip_norm)
+    return with_reduce_dtype(target, reduce_dtype)
+
+
+def with_reduce_dtype(target: Target, given=None) -> Target:
+    """``target`` with its declared reduction dtype (``given``, else its class's attribute) and
+    the ``reduce-dtype`` property added to its defaults; a TargetError for a bad declaration."""
+    import dataclasses
+
+    from paracheck.check.kinds import default_properties
+    from paracheck.check.properties.reduce_dtype import REDUCE_DTYPES
+
+    declared = given
+    if declared is None:
+        declared = getattr(load_object(target.path), "paracheck_reduce_dtype", None)
+        if declared is None:
+            return target
+    text = str(declared).removeprefix("torch.")
+    if text not in REDUCE_DTYPES:
+        raise TargetError(
+            f"reduce_dtype={declared!r} must be one of {', '.join(REDUCE_DTYPES)} "
+            f"(target {target.name!r})"
+        )
+    if target.kind != "ddp":
+        raise TargetError(
+            f"reduce_dtype={text!r} is declared for DDP targets; {target.name!r} is a "
+            f"{target.kind} target"
+        )
+    base = target.properties or default_properties("ddp", target.takes_bucket)
+    return dataclasses.replace(
+        target, reduce_dtype=text, properties=frozenset(base) | {"reduce-dtype"}
+    )
+
+
+def _resolve(name, kind, finish, batch_start, stub_cuda_timing, loss, clip_norm) -> Target:
     from paracheck.check.kinds import KINDS
 
     if kind is not None and kind not in KINDS:

@@ -142,6 +142,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(default: the function's paracheck_clip_norm attribute, else no clipping)",
     )
     c.add_argument(
+        "--reduce-dtype",
+        choices=["float64", "float32", "bfloat16"],
+        default=None,
+        help="DDP targets: the dtype the target reduces its gradients in, checked on every "
+        "all-reduce (default: the class's paracheck_reduce_dtype attribute, else not checked); "
+        "cases whose parameters are wider are skipped",
+    )
+    c.add_argument(
         "--adapters",
         default=None,
         metavar="PATH_OR_MODULE",
@@ -480,6 +488,7 @@ def _resolve_targets(args) -> list:
                 stub_cuda_timing=stub,
                 loss=args.loss,
                 clip_norm=args.clip_norm,
+                reduce_dtype=args.reduce_dtype,
             )
             for n in (args.targets or list(BUILTIN_TARGETS))
         ]

@@ -98,15 +98,15 @@ class DDPBase(nn.Module):
 
     @staticmethod
     def _scatter_back(params, flat: torch.Tensor, flags: torch.Tensor) -> None:
-        """Write the reduced ``flat`` (concatenated gradients) into each ``.grad``;
-        see Note [Gradients that exist on some ranks only]."""
+        """Write the reduced ``flat`` (concatenated gradients) into each ``.grad``, in the
+        parameter's dtype; see Note [Gradients that exist on some ranks only]."""
         offset = 0
         for p, flag in zip(params, flags.tolist()):
             n = p.numel()
             if flag == 0:
                 p.grad = None
             elif p.grad is None:
-                p.grad = flat[offset : offset + n].view_as(p).clone()
+                p.grad = flat[offset : offset + n].view_as(p).to(p.dtype, copy=True)
             else:
                 p.grad.copy_(flat[offset : offset + n].view_as(p))
             offset += n

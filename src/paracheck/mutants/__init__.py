@@ -21,18 +21,27 @@ class Mutant:
     # The properties that kill it (None: the kind's default): a bug in a reading of the interface
     # that a default property accepts is caught by an opt-in one.
     properties: tuple[str, ...] | None = None
+    # The precision its cases are drawn in (None: the selftest's dtype): a bug that shows only
+    # below float32.
+    precision: str | None = None
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
 def register(
-    name: str, path: str, kind: str, bug: str, expect: str = "diverge", properties=None
+    name: str,
+    path: str,
+    kind: str,
+    bug: str,
+    expect: str = "diverge",
+    properties=None,
+    precision: str | None = None,
 ) -> None:
     if name in MUTANTS:
         raise ValueError(f"mutant name={name!r} is registered twice")
     MUTANTS[name] = Mutant(
-        name, path, kind, bug, expect, None if properties is None else tuple(properties)
+        name, path, kind, bug, expect, None if properties is None else tuple(properties), precision
     )
 
 
@@ -49,6 +58,14 @@ register(
     "rank 0 adds each parameter's contributions in the order they arrive (any order, run to run) "
     "and broadcasts the sums: correct within rounding, never reproducible",
     properties=("equivalence", "repeatability"),
+)
+register(
+    "ddp-cast-after-communicating",
+    "paracheck.mutants.ddp:CastAfterCommunicatingDDP",
+    "ddp",
+    "declares a float32 reduction but all-reduces bfloat16 gradients in bfloat16 and casts the "
+    "sums to float32 afterwards",
+    precision="bf16",
 )
 register(
     "ddp-no-divide",

@@ -42,6 +42,7 @@ __all__ = [
     "FlatBufferFirstDtypeDDP",
     "ReducedInBfloat16DDP",
     "ArrivalOrderDDP",
+    "CastAfterCommunicatingDDP",
 ]
 
 
@@ -373,5 +374,24 @@ class ArrivalOrderDDP(FlatDDP):
                 start += length
         src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
         dist.broadcast(flat, src=src, group=self.process_group)
+        n = flat.numel() - len(params)
+        self._scatter_back(params, self._average(flat[:n]), flat[n:])
+
+
+class CastAfterCommunicatingDDP(FlatDDP):
+    """FlatDDP declaring a float32 reduction (Note [Declared reduction dtype]) that casts after
+    communicating: each gradient is all-reduced in its own dtype and only the sums are cast to
+    float32, so bfloat16 gradients are summed in bfloat16 (a bit lost per addition) and sent in
+    it, where the declaration promises float32 sums."""
+
+    paracheck_reduce_dtype = "float32"
+
+    def finish_gradient_synchronization(self) -> None:
+        if self.world_size == 1 or not self._sync_enabled or not self.trainable:
+            return
+        params = self.trainable
+        flat = self._flatten(params)
+        dist.all_reduce(flat, group=self.process_group)
+        flat = flat.float()  # BUG: the cast belongs before the all-reduce
         n = flat.numel() - len(params)
         self._scatter_back(params, self._average(flat[:n]), flat[n:])

@@ -102,6 +102,7 @@ def train_micro_steps(
                         tuple(recorder.calls),
                         synced,
                         all(p.grad is not None for p in trainable),
+                        tuple(recorder.typed_calls),
                     )
                 )
                 recorder, synced = None, 0

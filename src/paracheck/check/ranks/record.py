@@ -22,6 +22,8 @@ class Window:
     calls: tuple[tuple[str, int], ...]
     backwards: int
     all_present: bool
+    # The same calls with each payload's element type: (name, dtype, payload bytes).
+    typed: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
