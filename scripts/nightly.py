@@ -4,9 +4,10 @@ checks at once, and a table of what each one ran and found.
     python scripts/nightly.py [--precision mixed] [--per-target 1250] [--jobs 8]
         [--targets naive,flat,...] [--properties +repeatability] [--json out.json]
 
-Each design is one ``paracheck check NAME --precision P --max-examples N --random --no-database``
-(gloo, world sizes 1,2,3,4, the random search rather than the derandomised ci sequence), run as a
-process of its own, ``--jobs`` at a time; a correct design must pass every one. Prints one row per
+Each design is one ``paracheck check NAME --precision P --max-examples N --seed S --no-database``
+(gloo, world sizes 1,2,3,4, a seeded search rather than the derandomised ci sequence, so any
+failure replays with its row's seed), run as a process of its own, ``--jobs`` at a time; a
+correct design must pass every one. Prints one row per
 design (cases run, verdict, seconds, worst relative error, the failing properties) and the totals,
 and exits 1 if any design failed. The default is the built-ins that take every precision (the loop
 references compute in their parameters' dtype: ``--precision bf16`` or ``fp32`` checks them).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -27,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 WRAPPERS = "naive,flat,overlapped,bucketed,torch-ddp,sharded,zero1,torch-zero"
 
 
-def _one(name: str, args, out_dir: str) -> dict:
-    path = os.path.join(out_dir, f"{name}.json")
+def _one(job: tuple[int, str], args, out_dir: str) -> dict:
+    index, name = job
+    seed = args.seed + index
+    path = os.path.join(out_dir, f"{index}-{name}.json")
     cmd = [
         sys.executable,
         "-m",
@@ -39,7 +43,8 @@ def _one(name: str, args, out_dir: str) -> dict:
         args.precision,
         "--max-examples",
         str(args.per_target),
-        "--random",
+        "--seed",
+        str(seed),
         "--no-database",
         "--world-sizes",
         args.world_sizes,
@@ -57,8 +62,19 @@ def _one(name: str, args, out_dir: str) -> dict:
         verdict = data["targets"][0]
     except (OSError, ValueError, KeyError, IndexError):
         verdict = {"passed": False, "cases_run": 0, "failed_properties": ["no verdict"]}
+    failures = [
+        {
+            "property": f.get("property"),
+            "detail": f.get("detail"),
+            "replay": f.get("replay"),
+            "case": f.get("case"),
+        }
+        for f in verdict.get("failures", [])
+    ]
     return {
         "target": name,
+        "seed": seed,
+        "failures": failures,
         "passed": bool(verdict.get("passed")) and proc.returncode == 0,
         "cases": verdict.get("cases_run", 0),
         "seconds": seconds,
@@ -80,22 +96,38 @@ def main(argv=None) -> int:
     p.add_argument("--world-sizes", default="1,2,3,4")
     p.add_argument("--properties", default=None, help="as paracheck check --properties")
     p.add_argument("--json", default=None, help="write the rows as JSON to this path")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the first check's Hypothesis seed, the next one's + 1, ... (default: drawn and "
+        "printed): a failure is replayed with its row's seed",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="run each design this many times, seeds apart"
+    )
     args = p.parse_args(argv)
     if args.per_target < 1:
         p.error(f"--per-target={args.per_target} must be >= 1")
     if args.jobs < 1:
         p.error(f"--jobs={args.jobs} must be >= 1")
-    names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 2**31)
+    names = [n.strip() for n in args.targets.split(",") if n.strip()] * args.repeat
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as out_dir, ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda n: _one(n, args, out_dir), names))
+        rows = list(pool.map(lambda job: _one(job, args, out_dir), enumerate(names)))
     wall = time.monotonic() - t0
-    print(f"{'target':12} {'verdict':8} {'cases':>6} {'seconds':>8} {'worst':>9}  failed")
+    print(
+        f"{'target':12} {'seed':>11} {'verdict':8} {'cases':>6} {'seconds':>8} {'worst':>9}  failed"
+    )
     for r in rows:
         print(
-            f"{r['target']:12} {'pass' if r['passed'] else 'FAIL':8} {r['cases']:>6} "
-            f"{r['seconds']:>8.1f} {r['worst']:>9.1e}  {','.join(r['failed'])}"
+            f"{r['target']:12} {r['seed']:>11} {'pass' if r['passed'] else 'FAIL':8} "
+            f"{r['cases']:>6} {r['seconds']:>8.1f} {r['worst']:>9.1e}  {','.join(r['failed'])}"
         )
+        for f in r["failures"]:
+            print(f"    {f['property']}: {f['detail']}\n    replay: {f['replay']}")
         if r["stderr"]:
             print(r["stderr"], file=sys.stderr)
     total = sum(r["cases"] for r in rows)

@@ -442,7 +442,9 @@ def _with_properties(target, properties, config):
 
     if properties is not None:
         names = _items(properties)
-        chosen = resolve_properties(target.kind, names, takes_bucket=target.takes_bucket)
+        chosen = resolve_properties(
+            target.kind, names, takes_bucket=target.takes_bucket, base=target.properties
+        )
         return dataclasses.replace(target, properties=chosen)
     names = _properties(config)
     if names is None:

@@ -57,6 +57,9 @@ def test_plus_adds_to_the_defaults():
         "repeatability",
     }
     assert all("repeatability" in row.opt_in for row in KINDS.values())
+    # A built-in that checks fewer than its kind (torch-zero: not balance, not traffic) keeps them.
+    (tz,), _ = select_properties([resolve_target("torch-zero")], ["+repeatability"])
+    assert tz.properties == resolve_target("torch-zero").properties | {"repeatability"}
     assert "repeatability" not in default_properties("ddp", takes_bucket=True)
 
 

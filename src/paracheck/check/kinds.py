@@ -185,16 +185,20 @@ def default_properties(kind: str, takes_bucket: bool = False) -> frozenset[str]:
     return frozenset(p for p in row.default if takes_bucket or p not in row.bucket_only)
 
 
-def resolve_properties(kind: str, names, *, takes_bucket: bool = False) -> frozenset[str]:
+def resolve_properties(
+    kind: str, names, *, takes_bucket: bool = False, base=None
+) -> frozenset[str]:
     """None -> ``default_properties``; otherwise ``names`` as a set, each one a property of
     ``kind`` (a bucket-only one needs ``takes_bucket``): ValueError naming the rest. ``+NAME``
-    adds NAME to the default properties (or to the plain names given)."""
+    adds NAME to the default properties (``base``, a target's own, where given), or to the plain
+    names given."""
     if names is None:
         return default_properties(kind, takes_bucket)
     plus = frozenset(n[1:] for n in names if n.startswith("+"))
     row, chosen = KINDS[kind], frozenset(n for n in names if not n.startswith("+"))
     if plus:  # "+NAME": the defaults (or the plain names) and NAME
-        chosen = (chosen or default_properties(kind, takes_bucket)) | plus
+        own = frozenset(base) if base is not None else default_properties(kind, takes_bucket)
+        chosen = (chosen or own) | plus
     unknown = sorted(chosen - set(row.properties))
     if unknown:
         raise ValueError(
@@ -243,7 +247,9 @@ def select_properties(targets, names) -> tuple[list, list[str]]:
             out.append(t)
             continue
         used |= mine | added
-        base = mine or default_properties(t.kind, t.takes_bucket)
+        # "+NAME" adds to what the target checks by default (a built-in may check fewer than
+        # its kind: torch-zero).
+        base = mine or resolve_properties(t.kind, t.properties, takes_bucket=t.takes_bucket)
         out.append(
             dataclasses.replace(
                 t,
