@@ -11,6 +11,8 @@ with the oracle's ``Trajectory`` under the tolerance policy (``paracheck.oracle.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from paracheck.check.properties._divergence import Divergence
@@ -22,7 +24,34 @@ from paracheck.oracle.tolerance import (
     tensor_tolerance,
 )
 
-__all__ = ["close", "compare"]
+__all__ = ["close", "compare", "state_terms", "update_terms"]
+
+
+# Note [Terms of an update]
+#   A parameter after a step is p + d (d the update), a momentum buffer mu * b + g, Adam's first
+#   moment beta * m + (1 - beta) * g: sums whose result can be far smaller than its terms. A
+#   correct design computes the terms by the same formula from values within rounding of the
+#   oracle's, so their results differ by a few units in the last place *of the terms*, and
+#   rounded in the parameters' dtype that can be many ulps of a result near zero (measured on
+#   correct designs with bfloat16 parameters: a 1-element weight off by 4.9e-4 after an SGD step
+#   from 5e-2 to 1e-3, against an allowed 5.9e-5; a momentum buffer of 2e-2 built from terms
+#   near 1, off by 2**-7 against an allowed 9.4e-4). So the comparison's scale is the largest
+#   magnitude among the terms, not only the result's: the parameters before the step, and for
+#   the state, its value before the step and the step's gradient (``update_terms``); the relative
+#   tolerance itself is unchanged. A wrong update still differs by its own size, which is the
+#   size of the terms it got wrong.
+def update_terms(*tensors) -> torch.Tensor | None:
+    """The finite elements of every given tensor, flattened into one float64 vector: the scale
+    source of Note [Terms of an update]. None where no tensor is given."""
+    parts = [
+        t.detach().to(torch.float64).cpu().flatten()
+        for t in tensors
+        if isinstance(t, torch.Tensor) and t.numel()
+    ]
+    if not parts:
+        return None
+    flat = torch.cat(parts)
+    return flat[torch.isfinite(flat)]
 
 
 def close(got, ref, rtol: float, scale_src=None):
@@ -46,7 +75,9 @@ def close(got, ref, rtol: float, scale_src=None):
             scale_src = scale_src[torch.isfinite(scale_src)]
     src = ref if scale_src is None else scale_src.detach().to(torch.float64).cpu()
     scale = src.abs().max().item() if src.numel() else 0.0
-    allowed = rtol * (ref.abs() + scale)
+    # An infinite rtol (a derived bound that says nothing: Note [Step 0: a derived bound] with
+    # too many terms for the dtype) allows everything, zeros included (inf * 0 is nan).
+    allowed = torch.full_like(ref, float("inf")) if math.isinf(rtol) else rtol * (ref.abs() + scale)
     diff = (got - ref).abs()
     ok = bool((diff <= allowed).all())
     denom = ref.abs() + scale
@@ -175,6 +206,7 @@ def compare(
                     )
                     if d:
                         return d, worst
+            before = traj.steps[k - 1].params if k else traj.initial_params
             for i, (got, ref) in enumerate(zip(step.params, oref.params)):
                 d = check(
                     k,
@@ -186,11 +218,14 @@ def compare(
                     tensor_tolerance(
                         traj.case, t, dtypes[i], dtypes, same_operations=same_operations
                     ).params,
+                    update_terms(ref, before[i]),  # Note [Terms of an update]
                 )
                 if d:
                     return d, worst
             if check_state:
-                d = _compare_state(k, r, step.state, oref.state, state_rtol, names, check)
+                d = _compare_state(
+                    k, r, step.state, oref.state, state_rtol, names, check, state_terms(traj, k)
+                )
                 if d:
                     return d, worst
         # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).
@@ -211,7 +246,26 @@ def compare(
     return None, worst
 
 
-def _compare_state(k, r, got_state, ref_state, rtol, names, check):
+def state_terms(traj, k: int):
+    """``terms(i, key)``: the scale source of parameter ``i``'s state ``key`` after step ``k`` of
+    ``traj`` (Note [Terms of an update]): its value after step k and before it, and the step's
+    gradient where it has the state's shape."""
+    prev = traj.steps[k - 1].state if k else {}
+    now, grads = traj.steps[k].state, traj.steps[k].grads
+
+    def terms(i: int, key: str):
+        ref = now.get(i, {}).get(key)
+        if not isinstance(ref, torch.Tensor):
+            return None
+        before = prev.get(i, {}).get(key)
+        g = grads[i] if i < len(grads) else None
+        g = g if isinstance(g, torch.Tensor) and g.numel() == ref.numel() else None
+        return update_terms(ref, before if isinstance(before, torch.Tensor) else None, g)
+
+    return terms
+
+
+def _compare_state(k, r, got_state, ref_state, rtol, names, check, terms=None):
     """Rank ``r``'s optimizer state against the oracle's, parameter by parameter: every parameter
     whose state the rank returns must have the oracle's state. Which parameters each rank returns
     (its shard, or all of them) is judged across ranks by ``compare_state_union``, as is a
@@ -245,6 +299,7 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check):
                 got.reshape(ref.shape) if got.numel() == ref.numel() else got,
                 ref,
                 rtol,
+                None if terms is None else terms(i, key),
             )
             if d:
                 d.detail = f"state {key!r}. " + d.detail

@@ -26,7 +26,7 @@ import torch
 
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence, diverge
-from paracheck.check.properties.equivalence import close
+from paracheck.check.properties.equivalence import close, state_terms
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle.tolerance import state_tolerance
 
@@ -59,13 +59,15 @@ def state_convention(states: list[dict], ref_state: dict) -> str | None:
 
 
 def compare_state_union(
-    k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str]
+    k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str], terms=None
 ) -> Divergence | None:
     """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
     ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
     that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
     (each parameter's state on its owner, or identically on several ranks) and consolidated state.
-    An empty state entry (a touched ``defaultdict``) counts as no state, on either side."""
+    An empty state entry (a touched ``defaultdict``) counts as no state, on either side.
+    ``terms(i, key)``: the scale source of each comparison (Note [Terms of an update];
+    ``paracheck.check.properties.equivalence.state_terms``), None: the oracle's value."""
     ref_state = {i: st for i, st in ref_state.items() if st}
     states = [{i: st for i, st in s.items() if st} for s in states]
     holders: dict[int, list[int]] = {}
@@ -122,7 +124,7 @@ def compare_state_union(
                     k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing"
                 )
             got = got.reshape(ref.shape) if got.numel() == ref.numel() else got
-            ok, diff, allowed, ratio = close(got, ref, rtol)
+            ok, diff, allowed, ratio = close(got, ref, rtol, terms and terms(i, key))
             if not ok:
                 return Divergence(
                     k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio
@@ -151,7 +153,7 @@ def check_state(
                     f"rank {r}'s state_dict() cannot be read: {step.state_read}",
                 )
             states.append(step.state)
-        d = compare_state_union(k, states, oref.state, rtol, names)
+        d = compare_state_union(k, states, oref.state, rtol, names, state_terms(traj, k))
         if d is not None:
             return d
         if "state-consolidated" in props:
