@@ -24,7 +24,7 @@ from paracheck.oracle.tolerance import (
     tensor_tolerance,
 )
 
-__all__ = ["close", "compare", "state_terms", "update_terms"]
+__all__ = ["close", "compare", "grad_rtol", "state_rtol_of", "state_terms", "update_terms"]
 
 
 # Note [Terms of an update]
@@ -119,6 +119,7 @@ def compare(
     same_operations = device is None or torch.device(device).type == "cpu"
     bound = derived and same_operations
     state_rtol = state_tolerance(traj.case, same_operations)
+    where = dict(anchored=anchored, bound=bound, same_operations=same_operations)
     n_elements = sum(p.numel() for p in traj.initial_params)
     worst = 0.0
 
@@ -224,7 +225,14 @@ def compare(
                     return d, worst
             if check_state:
                 d = _compare_state(
-                    k, r, step.state, oref.state, state_rtol, names, check, state_terms(traj, k)
+                    k,
+                    r,
+                    step.state,
+                    oref.state,
+                    lambda i, k=k: state_rtol_of(traj, k, i, state_rtol, **where),
+                    names,
+                    check,
+                    state_terms(traj, k),
                 )
                 if d:
                     return d, worst
@@ -246,12 +254,38 @@ def compare(
     return None, worst
 
 
+def grad_rtol(traj, k: int, i: int, *, anchored: bool, bound: bool, same_operations: bool):
+    """The tolerance parameter ``i``'s synchronised gradient of step ``k`` is judged at: the
+    derived bound where the step is a step 0 on the CPU (Note [Step 0: a derived bound]), else its
+    dtype's tolerance."""
+    dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
+    t = 0 if anchored else k
+    if t == 0 and bound:
+        n_elements = sum(p.numel() for p in traj.initial_params)
+        return step0_grad_rtol(traj.case, dtypes[i], n_elements)
+    return tensor_tolerance(traj.case, t, dtypes[i], dtypes, same_operations=same_operations).grads
+
+
+def state_rtol_of(traj, k: int, i: int, base: float, **where) -> float:
+    """The tolerance of parameter ``i``'s optimizer state after step ``k`` (Note [Terms of an
+    update]): the state's own (``base``), or, where larger, what the gradients it sums may carry:
+    a momentum buffer or moment is a combination of the gradients of steps 0..k with coefficients
+    at most 1 (twice the gradient's relative error for a squared one), so it differs from the
+    oracle's by at most 2 (k + 1) times the gradients' tolerance. That matters below float32,
+    where every step is anchored and its gradients judged by the derived bound (bfloat16 at world
+    size 4: about 8e-2 a step); elsewhere the state's own tolerance stands."""
+    if not where.get("anchored"):
+        return base
+    return max(base, 2 * (k + 1) * grad_rtol(traj, k, i, **where))
+
+
 def state_terms(traj, k: int):
     """``terms(i, key)``: the scale source of parameter ``i``'s state ``key`` after step ``k`` of
     ``traj`` (Note [Terms of an update]): its value after step k and before it, and the step's
     gradient where it has the state's shape."""
     prev = traj.steps[k - 1].state if k else {}
     now, grads = traj.steps[k].state, traj.steps[k].grads
+    absums = getattr(traj.steps[k], "grad_absum", None) or []
 
     def terms(i: int, key: str):
         ref = now.get(i, {}).get(key)
@@ -260,12 +294,15 @@ def state_terms(traj, k: int):
         before = prev.get(i, {}).get(key)
         g = grads[i] if i < len(grads) else None
         g = g if isinstance(g, torch.Tensor) and g.numel() == ref.numel() else None
-        return update_terms(ref, before if isinstance(before, torch.Tensor) else None, g)
+        # The scale the gradient itself was judged on (Note [Step 0: a derived bound]).
+        absum = absums[i] if i < len(absums) else None
+        absum = absum if isinstance(absum, torch.Tensor) and absum.numel() == ref.numel() else None
+        return update_terms(ref, before if isinstance(before, torch.Tensor) else None, g, absum)
 
     return terms
 
 
-def _compare_state(k, r, got_state, ref_state, rtol, names, check, terms=None):
+def _compare_state(k, r, got_state, ref_state, rtol_of, names, check, terms=None):
     """Rank ``r``'s optimizer state against the oracle's, parameter by parameter: every parameter
     whose state the rank returns must have the oracle's state. Which parameters each rank returns
     (its shard, or all of them) is judged across ranks by ``compare_state_union``, as is a
@@ -298,7 +335,7 @@ def _compare_state(k, r, got_state, ref_state, rtol, names, check, terms=None):
                 i,
                 got.reshape(ref.shape) if got.numel() == ref.numel() else got,
                 ref,
-                rtol,
+                rtol_of(i),
                 None if terms is None else terms(i, key),
             )
             if d:

@@ -26,9 +26,9 @@ import torch
 
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence, diverge
-from paracheck.check.properties.equivalence import close, state_terms
+from paracheck.check.properties.equivalence import close, state_rtol_of, state_terms
 from paracheck.check.ranks.record import RankRecord
-from paracheck.oracle.tolerance import state_tolerance
+from paracheck.oracle.tolerance import anchored, state_tolerance
 
 __all__ = [
     "STATE_CONSOLIDATED",
@@ -59,14 +59,15 @@ def state_convention(states: list[dict], ref_state: dict) -> str | None:
 
 
 def compare_state_union(
-    k: int, states: list[dict], ref_state: dict, rtol: float, names: list[str], terms=None
+    k: int, states: list[dict], ref_state: dict, rtol, names: list[str], terms=None
 ) -> Divergence | None:
     """The optimizer state of step ``k`` held across ranks against the oracle's: the union over
     ranks must have state for exactly the oracle's parameters, each within ``rtol`` of it, and ranks
     that return the same parameter's state must return it bitwise identical. Accepts per-rank shards
     (each parameter's state on its owner, or identically on several ranks) and consolidated state.
     An empty state entry (a touched ``defaultdict``) counts as no state, on either side.
-    ``terms(i, key)``: the scale source of each comparison (Note [Terms of an update];
+    ``rtol``: a number, or parameter index -> number (``state_rtol_of``). ``terms(i, key)``: the
+    scale source of each comparison (Note [Terms of an update];
     ``paracheck.check.properties.equivalence.state_terms``), None: the oracle's value."""
     ref_state = {i: st for i, st in ref_state.items() if st}
     states = [{i: st for i, st in s.items() if st} for s in states]
@@ -124,7 +125,8 @@ def compare_state_union(
                     k, "state", rs[0], i, names[i], float("inf"), 0.0, f"state key {key!r} missing"
                 )
             got = got.reshape(ref.shape) if got.numel() == ref.numel() else got
-            ok, diff, allowed, ratio = close(got, ref, rtol, terms and terms(i, key))
+            tol = rtol(i) if callable(rtol) else rtol
+            ok, diff, allowed, ratio = close(got, ref, tol, terms and terms(i, key))
             if not ok:
                 return Divergence(
                     k, "state", rs[0], i, names[i], diff, allowed, f"state {key!r}.", ratio
@@ -139,6 +141,9 @@ def check_state(
     ``same_operations``: the ranks run on the CPU, as the oracle (``state_tolerance``)."""
     names = param_names(case)
     rtol = state_tolerance(case, same_operations)
+    # As the equivalence comparison judges the gradients (paracheck.check.run): anchored below
+    # float32, the derived bound on the CPU.
+    where = dict(anchored=anchored(case), bound=same_operations, same_operations=same_operations)
     if any(len(rec.steps) != len(traj.steps) for rec in ranks):
         return None  # the structure divergence is paracheck.check.compare's
     for k, oref in enumerate(traj.steps):
@@ -153,7 +158,14 @@ def check_state(
                     f"rank {r}'s state_dict() cannot be read: {step.state_read}",
                 )
             states.append(step.state)
-        d = compare_state_union(k, states, oref.state, rtol, names, state_terms(traj, k))
+        d = compare_state_union(
+            k,
+            states,
+            oref.state,
+            lambda i, k=k: state_rtol_of(traj, k, i, rtol, **where),
+            names,
+            state_terms(traj, k),
+        )
         if d is not None:
             return d
         if "state-consolidated" in props:
