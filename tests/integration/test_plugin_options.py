@@ -123,7 +123,9 @@ def test_loss_option_reaches_loop_targets(paracheck_check):
 
 def test_a_token_mean_loop_is_not_a_batch_mean_one(paracheck_check):
     with pytest.raises(pytest.fail.Exception, match="FAIL loop"):
-        paracheck_check("loop", world_sizes=(1, 2), max_examples=5)
+        paracheck_check(
+            "loop", world_sizes=(1, 2), max_examples=5, first_failure=True, labels=False
+        )
 
 
 def test_keyword_wins_over_the_option(paracheck_check):

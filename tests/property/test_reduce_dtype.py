@@ -44,7 +44,7 @@ def test_float32_reduction_passes(world, paracheck_world_sizes, precision):
         resolve_target(CONTROL),
         world,
         world_sizes=paracheck_world_sizes,
-        max_examples=20,
+        max_examples=12,
         seed=0,
         precision=precision,
     )
@@ -54,7 +54,7 @@ def test_float32_reduction_passes(world, paracheck_world_sizes, precision):
 def test_cast_after_communicating_is_caught_by_the_declared_dtype(world, paracheck_world_sizes):
     target = resolve_target(MUTANT)
     report = check_target(
-        target, world, world_sizes=paracheck_world_sizes, max_examples=20, seed=0, precision="bf16"
+        target, world, world_sizes=paracheck_world_sizes, max_examples=12, seed=0, precision="bf16"
     )
     assert not report.passed
     assert report.failures[0].property == "reduce-dtype", report.text()
@@ -63,7 +63,7 @@ def test_cast_after_communicating_is_caught_by_the_declared_dtype(world, parache
         dataclasses.replace(target, properties=frozenset({"equivalence"})),
         world,
         world_sizes=paracheck_world_sizes,
-        max_examples=20,
+        max_examples=12,
         seed=0,
         precision="bf16",
     )

@@ -70,7 +70,7 @@ def test_arrival_order_passes_equivalence(world, paracheck_world_sizes):
         _target(ARRIVAL, ["equivalence"]),
         world,
         world_sizes=paracheck_world_sizes,
-        max_examples=15,
+        max_examples=10,
         seed=0,
     )
     assert report.passed, report.text()
