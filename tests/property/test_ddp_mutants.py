@@ -56,8 +56,16 @@ def _kill(world, world_sizes, name, record_property):
     target = with_reduce_dtype(
         Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket, props)
     )
+    # The kill and the kind of failure are what is asserted: the shrinking beyond a couple of
+    # seconds is the selftest's to show (test time).
     report = check_target(
-        target, world, world_sizes=world_sizes, max_examples=40, seed=0, precision=m.precision
+        target,
+        world,
+        world_sizes=world_sizes,
+        max_examples=40,
+        seed=0,
+        precision=m.precision,
+        shrink_seconds=2.0,
     )
     assert not report.passed, f"{name} survived 40 examples: {m.bug}"
     record_property("examples_to_kill", report.examples)

@@ -59,7 +59,16 @@ def test_sharding_mutant_is_killed(world, paracheck_world_sizes, mutant):
         )
         assert passed.passed, passed.failure.describe()
         target = replace(target, properties=frozenset(mutant.properties))
-    report = check_target(target, world, world_sizes=paracheck_world_sizes, max_examples=40, seed=0)
+    # The kill, its kind and the features of the failing case are asserted: shrinking beyond a
+    # couple of seconds is the selftest's to show (test time).
+    report = check_target(
+        target,
+        world,
+        world_sizes=paracheck_world_sizes,
+        max_examples=40,
+        seed=0,
+        shrink_seconds=2.0,
+    )
     assert not report.passed, f"{mutant.name} survived {report.examples} cases: {mutant.bug}"
     failure = report.failure
     if mutant.name in ONLY_SEEN_BY:
