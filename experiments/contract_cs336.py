@@ -15,9 +15,9 @@ import time
 from paracheck.check.features import features_off
 from paracheck.check.kinds import KINDS
 from paracheck.check.property import check_target
-from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
+from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
 from paracheck.mutants import MUTANTS
-from paracheck.selftest import _takes_bucket
+from paracheck.selftest import mutant_target
 from paracheck.world import World
 
 # Mutants whose bug needs a feature cs336 does not draw (from their bug and their shrunk cases
@@ -49,25 +49,15 @@ def main() -> None:
     args = p.parse_args()
     sizes = tuple(int(s) for s in args.world_sizes.split(","))
     print(f"cs336 turns off: {', '.join(features_off('cs336'))}")
-    items = [("target", n, resolve_target(n)) for n in BUILTIN_TARGETS]
+    items = [("target", n, resolve_target(n), None) for n in BUILTIN_TARGETS]
     items += [
-        (
-            "mutant",
-            m.name,
-            Target(
-                m.name,
-                m.path,
-                m.kind,
-                _takes_bucket(m.path),
-                None if m.properties is None else frozenset(m.properties),
-            ),
-        )
+        ("mutant", m.name, mutant_target(m), m.precision)
         for m in MUTANTS.values()
         if m.kind in KINDS
     ]
     world = World(max(sizes), timeout=10.0)
     try:
-        for role, name, target in items:
+        for role, name, target, precision in items:
             if args.only and name not in args.only:
                 continue
             t0 = time.monotonic()
@@ -79,6 +69,7 @@ def main() -> None:
                 seed=0,
                 timeout=10.0,
                 contract="cs336",
+                precision=precision,  # a mutant's own (None: float64)
                 labels=False,
             )
             if role == "target":

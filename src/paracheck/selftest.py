@@ -16,6 +16,7 @@ __all__ = [
     "margin",
     "margin_text",
     "markdown_table",
+    "mutant_target",
     "row_line",
     "run_selftest",
     "selftest_rows",
@@ -36,7 +37,7 @@ def selftest_rows(
     from paracheck.check.kinds import KINDS
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.report import case_line
-    from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target, with_reduce_dtype
+    from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
     from paracheck.mutants import MUTANTS
     from paracheck.world import World
 
@@ -46,24 +47,7 @@ def selftest_rows(
     try:
         items = [("target", name, resolve_target(name), None) for name in BUILTIN_TARGETS]
         items += [
-            (
-                "mutant",
-                m.name,
-                # A loop's loss semantics and clip come with its function (paracheck_loss, ...).
-                replace(resolve_target(m.path, "loop"), name=m.name)
-                if m.kind == "loop"
-                # A declared reduction dtype (paracheck_reduce_dtype) comes with the class.
-                else with_reduce_dtype(
-                    Target(
-                        m.name,
-                        m.path,
-                        m.kind,
-                        _takes_bucket(m.path),
-                        None if m.properties is None else frozenset(m.properties),
-                    )
-                ),
-                m.precision,
-            )
+            ("mutant", m.name, mutant_target(m), m.precision)
             for m in MUTANTS.values()
             if m.kind in KINDS
         ]
@@ -163,6 +147,18 @@ def markdown_table(rows: list[dict], dtype: str) -> str:
             f"{margin_text(row.get('margin'))} |"
         )
     return "\n".join(out) + "\n"
+
+
+def mutant_target(m):
+    """The ``Target`` a mutant is checked as: a loop with the loss semantics and clip its function
+    declares, any other with the properties the mutant names and the reduction dtype its class
+    declares (``paracheck_reduce_dtype``)."""
+    from paracheck.check.targets import Target, resolve_target, with_reduce_dtype
+
+    if m.kind == "loop":
+        return replace(resolve_target(m.path, "loop"), name=m.name)
+    props = None if m.properties is None else frozenset(m.properties)
+    return with_reduce_dtype(Target(m.name, m.path, m.kind, _takes_bucket(m.path), props))
 
 
 def _takes_bucket(path: str) -> bool:

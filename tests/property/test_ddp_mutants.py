@@ -34,8 +34,8 @@ from __future__ import annotations
 import pytest
 
 from paracheck.check.property import check_target
-from paracheck.check.targets import Target, resolve_target, with_reduce_dtype
 from paracheck.mutants import MUTANTS
+from paracheck.selftest import mutant_target
 
 _DDP = sorted(m.name for m in MUTANTS.values() if m.kind == "ddp")
 _SLOW_FULL = {"ddp-handles-per-step", "ddp-flat-buffer-first-dtype"}
@@ -52,10 +52,7 @@ _HANGING = [n for n in _DDP if MUTANTS[n].expect == "hang"]
 
 def _kill(world, world_sizes, name, record_property):
     m = MUTANTS[name]
-    props = None if m.properties is None else frozenset(m.properties)
-    target = with_reduce_dtype(
-        Target(m.name, m.path, m.kind, resolve_target(m.path).takes_bucket, props)
-    )
+    target = mutant_target(m)
     # The kill and the kind of failure are what is asserted: the shrinking beyond a couple of
     # seconds is the selftest's to show (test time).
     report = check_target(

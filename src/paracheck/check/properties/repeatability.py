@@ -66,7 +66,7 @@ def _largest_difference(x, y) -> float:
     return d.max().item() if d.numel() else 0.0
 
 
-def first_difference(a: list[RankRecord], b: list[RankRecord], names: list[str]):
+def first_difference(a: list[RankRecord], b: list[RankRecord]):
     """The first (step, what, rank, index, max |difference|) at which the two runs' records
     differ (step -1: after construction), or None where every rank's record is bitwise equal."""
     for rank, (ra, rb) in enumerate(zip(a, b)):
@@ -108,7 +108,7 @@ def check_repeatability(
     again = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     if ranks[0].skipped is not None or again[0].skipped is not None:
         return None
-    found = first_difference(ranks, again, param_names(case))
+    found = first_difference(ranks, again)
     if found is None:
         return None
     step, what, rank, index, diff = found
