@@ -15,7 +15,12 @@ What it minimises is its declared loss semantics (Note [Loss semantics] in ``par
   every rank's micro-batches, divided by their number. The number is all-reduced before any
   backward, so each rank's backward is already its share and the gradients are summed;
 * ``train_step_batch_mean`` (``paracheck_loss = "batch-mean"``): the mean over ranks and
-  micro-batches of each micro-batch's mean, divided by the micro-batches this step has.
+  micro-batches of each micro-batch's mean, divided by the micro-batches this step has;
+* ``train_step_fp16``: ``train_step`` under float16 autocast with a ``torch.amp.GradScaler``
+  (``paracheck_autocast = "float16"`` and a ``scaler`` parameter: Note [A loop's own precision]
+  in ``paracheck.check.targets``): losses scaled, gradients unscaled after the all-reduce, and the
+  step skipped on every rank alike where a gradient is not finite (every rank unscales the same
+  summed gradients).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 
 from paracheck.cases import IGNORE_INDEX
 
-__all__ = ["IGNORE_INDEX", "train_step", "train_step_batch_mean"]
+__all__ = ["IGNORE_INDEX", "train_step", "train_step_batch_mean", "train_step_fp16"]
 
 
 def _logits(model, inputs: torch.Tensor) -> torch.Tensor:
@@ -54,14 +59,19 @@ def _all_reduce_gradients(model, divide_by: int = 1) -> None:
             offset += p.numel()
 
 
-def train_step(model, optimizer, micro_batches) -> None:
-    """One step minimising the global token mean of the cross-entropy."""
-    optimizer.zero_grad(set_to_none=True)
+def global_tokens(model, micro_batches) -> int:
+    """The valid tokens of this step's micro-batches on every rank (one all-reduce)."""
     device = next(model.parameters()).device
     local = sum(int((targets != IGNORE_INDEX).sum()) for _, targets in micro_batches)
     total = torch.tensor([local], dtype=torch.int64, device=device)
     dist.all_reduce(total)
-    tokens = int(total.item())
+    return int(total.item())
+
+
+def train_step(model, optimizer, micro_batches) -> None:
+    """One step minimising the global token mean of the cross-entropy."""
+    optimizer.zero_grad(set_to_none=True)
+    tokens = global_tokens(model, micro_batches)
     for inputs, targets in micro_batches:
         ce = F.cross_entropy(
             _logits(model, inputs), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
@@ -69,6 +79,32 @@ def train_step(model, optimizer, micro_batches) -> None:
         (ce / tokens).backward()
     _all_reduce_gradients(model)
     optimizer.step()
+
+
+def train_step_fp16(model, optimizer, micro_batches, scaler) -> None:
+    """``train_step`` with float16 autocast and loss scaling: the scaled losses' gradients are
+    summed over ranks, unscaled, and stepped by ``scaler`` (skipped on every rank where one is not
+    finite)."""
+    optimizer.zero_grad(set_to_none=True)
+    tokens = global_tokens(model, micro_batches)
+    device_type = next(model.parameters()).device.type
+    for inputs, targets in micro_batches:
+        with torch.autocast(device_type, dtype=torch.float16):
+            logits = model(inputs)
+        ce = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            targets.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        scaler.scale(ce / tokens).backward()
+    _all_reduce_gradients(model)
+    scaler.unscale_(optimizer)  # before anything reads the gradients (a clip would go here)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+train_step_fp16.paracheck_autocast = "float16"  # type: ignore[attr-defined]
 
 
 def train_step_batch_mean(model, optimizer, micro_batches) -> None:

@@ -42,3 +42,26 @@ class BatchMeanStep:
         for p in model.parameters():
             dist.all_reduce(p.grad)
         optimizer.step()
+
+
+def fp16_clipped_step(model, optimizer, micro_batches, scaler):
+    """Global token mean under float16 autocast with a GradScaler: gradients all-reduced one
+    parameter at a time, unscaled, clipped to a global norm of 0.01 and stepped by the scaler."""
+    optimizer.zero_grad()
+    count = torch.tensor(float(sum(int((y != IGNORE).sum()) for _, y in micro_batches)))
+    dist.all_reduce(count)
+    for x, y in micro_batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum") / count
+        scaler.scale(loss).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+fp16_clipped_step.paracheck_autocast = "float16"
+fp16_clipped_step.paracheck_clip_norm = 0.01

@@ -20,7 +20,7 @@ from paracheck.cases import (
     micro_batches,
 )
 from paracheck.check.property import check_target
-from paracheck.check.targets import TargetError, resolve_target
+from paracheck.check.targets import TargetError, _loop_target, resolve_target
 from paracheck.mutants import MUTANTS
 from paracheck.oracle.train import train
 from paracheck.workloads.lm import LMSpec
@@ -49,7 +49,15 @@ def _check(world, target, n=12):
 
 
 @pytest.mark.parametrize(
-    "name", ["loop", "loop-batch-mean", f"{LOOPS}:clipped_step", f"{LOOPS}:BatchMeanStep"]
+    "name",
+    [
+        "loop",
+        "loop-batch-mean",
+        f"{LOOPS}:clipped_step",
+        f"{LOOPS}:BatchMeanStep",
+        "paracheck.loop:train_step_fp16",
+        f"{LOOPS}:fp16_clipped_step",
+    ],
 )
 def test_correct_loops_pass(world, name):
     target = resolve_target(name, "loop" if name.endswith("Step") else None)
@@ -135,3 +143,47 @@ def test_the_update_is_applied_to_the_gradients_the_loop_stepped_with():
     ):
         torch.testing.assert_close(p1, p0 - 0.1 * (2 * g), rtol=0, atol=1e-15)
         assert torch.equal(mine, g)
+
+
+def test_a_loop_declares_its_own_autocast_and_scaler():
+    """Note [A loop's own precision]: the declaration, not --precision, fixes a loop's casts; a
+    step with a scaler parameter is a float16 step; declarations that cannot hold are refused."""
+    from paracheck.strategies._loop import loop_precision
+
+    amp = resolve_target(f"{LOOPS}:fp16_clipped_step")
+    assert (amp.autocast, amp.scaler, amp.clip_norm) == ("float16", True, 0.01)
+    assert (resolve_target("loop").autocast, resolve_target("loop").scaler) == (None, False)
+    assert loop_precision(None, "float16") == loop_precision("fp32", "float16") == "fp16"
+    with pytest.raises(ValueError, match="precision='bf16'.*autocast='float16'"):
+        loop_precision("bf16", "float16")
+    with pytest.raises(ValueError, match="precision='fp16'.*paracheck_autocast"):
+        loop_precision("fp16", None)
+
+    def bad(model, optimizer, micro_batches, scaler):
+        pass
+
+    bad.paracheck_autocast = "bfloat16"
+    with pytest.raises(TargetError, match="paracheck_autocast='bfloat16' with a scaler"):
+        _loop_target("bad", "m:bad", bad, None)
+    bad.paracheck_autocast = "float8"
+    with pytest.raises(TargetError, match="paracheck_autocast='float8' must be one of"):
+        _loop_target("bad", "m:bad", bad, None)
+
+
+def test_fp16_loop_cases_scale_the_loss_with_and_without_an_overflowing_first_backward():
+    """Every case of a scaler loop scales its loss, and both scales are drawn: a skipped first
+    step on every rank, and none."""
+    from hypothesis import given, settings
+
+    from paracheck.strategies._loop import loop_cases
+
+    seen = set()
+
+    @settings(max_examples=30, derandomize=True, database=None)
+    @given(loop_cases(world_sizes=SIZES, autocast="float16", scaler=True))
+    def draw(case):
+        assert (case.dtype, case.autocast, case.optimizer.name) == ("float32", "float16", "sgd")
+        seen.add(case.loss_scale)
+
+    draw()
+    assert seen == {2.0**40, 2.0**8}

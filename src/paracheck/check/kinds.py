@@ -94,7 +94,7 @@ KINDS: dict[str, Kind] = {
         default=("equivalence",),
         opt_in=("repeatability",),
         derived_bound=False,
-        options=("loss", "clip_norm"),
+        options=("loss", "clip_norm", "autocast", "scaler"),
         on_target_gradients=True,
         # A loop computes its loss its own way: in float32, `.float()` on the logits (a common
         # habit) changes nothing (Note [Loss semantics]).

@@ -240,8 +240,9 @@ class _Checker:
         feature was tried before ``deadline``)."""
         self.phase = f"labelling {prop}"
         out, complete = [], True
+        declared = declared_features(self.target)
         for f in FEATURES:
-            if not f.has(case):
+            if not f.has(case) or f.name in declared:
                 continue
             try:
                 simpler = without(case, f.name)
@@ -260,6 +261,20 @@ class _Checker:
                 out.append(f.name)
         self.phase = "searching"
         return essential(out), complete
+
+
+def declared_features(target) -> frozenset[str]:
+    """The case features that are ``target``'s declarations, not draws: a loop's clip and its own
+    autocast and loss scaling (Note [A loop's own precision]). Every case has them; none is turned
+    off, labelled as needed, or searched without (a case without one is not the target's)."""
+    out = set()
+    if "clip_norm" in KINDS[target.kind].options and getattr(target, "clip_norm", None):
+        out.add("clip")
+    if getattr(target, "autocast", None) is not None:
+        out |= {"low-precision", "autocast"}
+        if getattr(target, "scaler", False):
+            out.add("loss-scaling")
+    return frozenset(out)
 
 
 def sequence_name(path: str) -> str:
@@ -322,11 +337,15 @@ def check_target(
         precision = DTYPE_PRECISIONS.get(dtype)
         if precision is None:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
+    if getattr(target, "autocast", None) is not None:
+        # A loop's own autocast fixes its precision (Note [A loop's own precision]).
+        from paracheck.strategies._loop import loop_precision
+
+        precision = loop_precision(precision, target.autocast)
     dtype = nominal_dtype(precision)
     off = features_off(contract, features, dtype=dtype)
-    if "clip_norm" in KINDS[target.kind].options:
-        # The target's own declaration (Target.clip_norm), not a drawn feature.
-        off = tuple(f for f in off if f != "clip")
+    declared = declared_features(target)
+    off = tuple(f for f in off if f not in declared)
     if database is not None and not isinstance(database, CaseDatabase):
         database = CaseDatabase(database)
     checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)

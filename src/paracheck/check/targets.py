@@ -86,6 +86,11 @@ class Target:
     # ddp: the dtype the target declares it reduces gradients in (Note [Declared reduction
     # dtype]): --reduce-dtype, else the class's ``paracheck_reduce_dtype`` attribute, else None.
     reduce_dtype: str | None = None
+    # loop: the dtype the step's forwards autocast to (Note [A loop's own precision]): the
+    # function's ``paracheck_autocast`` attribute, else None; and whether the step takes a
+    # ``scaler`` (a ``torch.amp.GradScaler``, passed where the case scales its loss).
+    autocast: str | None = None
+    scaler: bool = False
 
     @property
     def rank_fn(self) -> str:
@@ -102,6 +107,7 @@ class Target:
             "takes_bucket": self.takes_bucket,
             "finish": self.finish,
             "batch_start": self.batch_start,
+            "scaler": self.scaler,
         }
 
     def cli_options(self) -> str:
@@ -544,9 +550,55 @@ def _loop_target(
         clip_norm = getattr(obj, "paracheck_clip_norm", None)
     if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0):
         raise TargetError(f"clip_norm={clip_norm!r} must be a number > 0")
+    autocast, scaler = _loop_precision(name, obj)
     return Target(
-        name, path, "loop", loss=loss, clip_norm=None if clip_norm is None else float(clip_norm)
+        name,
+        path,
+        "loop",
+        loss=loss,
+        clip_norm=None if clip_norm is None else float(clip_norm),
+        autocast=autocast,
+        scaler=scaler,
     )
+
+
+# Note [A loop's own precision]
+#   A training step opens its own ``torch.autocast`` and drives its own ``GradScaler``, so what it
+#   computes in is the step's declaration, not a draw: ``paracheck_autocast = "float16"`` (or
+#   ``"bfloat16"``) on the function or class says its forwards run under ``torch.autocast(
+#   device_type, dtype)`` over float32 parameters, and every case is drawn so (the oracle applies
+#   the same casts: Note [Precision of a case]). A step with a parameter named ``scaler`` is given
+#   a ``torch.amp.GradScaler`` as ``scaler=`` and must scale its losses, ``unscale_`` before
+#   anything reads the gradients (a clip), ``step`` and ``update`` it; its cases scale the loss as
+#   the fp16 precision's do (a first backward that overflows on every rank, or none). A scaler is
+#   for float16 compute: a step taking one declares ``paracheck_autocast = "float16"``, or gets it.
+
+
+def _loop_precision(name: str, obj) -> tuple[str | None, bool]:
+    """A loop's declared autocast dtype and whether it takes a ``scaler`` (Note [A loop's own
+    precision]); a TargetError for a declaration that cannot be checked."""
+    from paracheck.cases import AUTOCAST_DTYPES
+
+    fn = obj.__call__ if inspect.isclass(obj) else obj
+    try:
+        scaler = "scaler" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        scaler = False
+    declared = getattr(obj, "paracheck_autocast", None)
+    if declared is None:
+        return ("float16" if scaler else None), scaler
+    text = str(declared).removeprefix("torch.")
+    if text not in AUTOCAST_DTYPES:
+        raise TargetError(
+            f"paracheck_autocast={declared!r} must be one of {', '.join(sorted(AUTOCAST_DTYPES))} "
+            f"(target {name!r})"
+        )
+    if scaler and text != "float16":
+        raise TargetError(
+            f"paracheck_autocast={text!r} with a scaler parameter (target {name!r}): a "
+            "GradScaler is for float16 compute; declare 'float16'"
+        )
+    return text, scaler
 
 
 def _companions(obj, path: str) -> dict:

@@ -362,22 +362,29 @@ def cmd_check(args) -> int:
         features_off(args.contract, args.features, dtype=nominal_dtype(precision))
     except FeatureError as exc:
         raise UsageError(f"--{exc.argument}={exc.value}: {exc.rule}") from None
-    from paracheck.strategies._loop import LOOP_PRECISIONS
+    from paracheck.strategies._loop import loop_precision
 
-    if explicit and explicit not in LOOP_PRECISIONS and any(t.kind == "loop" for t in targets):
-        named = [t.name for t in targets if t.kind == "loop" and t.name in (args.targets or ())]
+    def loop_refuses(t) -> str | None:
+        """Why a loop target is not checked at the explicit precision (None: it is)."""
+        try:
+            loop_precision(explicit, t.autocast)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    refused = {t.name: loop_refuses(t) for t in targets if t.kind == "loop" and explicit}
+    refused = {name: why for name, why in refused.items() if why}
+    if refused:
+        named = [name for name in refused if name in (args.targets or ())]
         if named:
-            raise UsageError(
-                f"--precision={precision}: {named[0]} is a loop target, which applies autocast "
-                f"and loss scaling itself; loop targets are checked at {', '.join(LOOP_PRECISIONS)}"
-            )
+            raise UsageError(f"{named[0]}: {refused[named[0]]}")
         print(
-            f"paracheck: note: --precision={precision}: the loop targets are not checked "
-            f"(a loop applies autocast and loss scaling itself; they run at "
-            f"{', '.join(LOOP_PRECISIONS)})",
+            f"paracheck: note: --precision={precision}: the loop targets "
+            f"{', '.join(refused)} are not checked (a loop applies autocast and loss scaling "
+            "itself)",
             file=sys.stderr,
         )
-        targets = [t for t in targets if t.kind != "loop"]
+        targets = [t for t in targets if t.name not in refused]
     if (args.features is not None or args.contract != "full") and case is not None:
         print(
             "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",

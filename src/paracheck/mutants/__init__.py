@@ -232,3 +232,10 @@ for _name, _fn, _bug in (
     ),
 ):
     register(_name, f"paracheck.mutants.loop:{_fn}", "loop", _bug)
+register(
+    "loop-unscale-skipped-on-one-rank",
+    "paracheck.mutants.loop:unscale_skipped_on_one_rank",
+    "loop",
+    "float16 with a GradScaler: one rank clips its gradients before unscaling them",
+    precision="fp16",  # its own declaration (paracheck_autocast), whatever the selftest's dtype
+)

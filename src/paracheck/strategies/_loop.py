@@ -6,16 +6,43 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from paracheck.cases import LOSSES, Case, GroupSpec, OptimizerSpec
-from paracheck.strategies._core import _check_bounds, _check_precision
+from paracheck.cases import AUTOCAST_DTYPES, LOSSES, Case, GroupSpec, OptimizerSpec
+from paracheck.strategies._core import _check_bounds, _check_precision, precision_settings
 from paracheck.workloads.lm import LMSpec
 
-__all__ = ["LOOP_LOSSES", "LOOP_PRECISIONS", "loop_cases"]
+__all__ = ["AUTOCAST_PRECISIONS", "LOOP_LOSSES", "LOOP_PRECISIONS", "loop_cases", "loop_precision"]
 
 LOOP_LOSSES = tuple(loss for loss in LOSSES if loss != "rank-mean")
 # A loop computes in the parameters' dtype: the precisions without autocast or a scaler, which a
 # loop applies itself (``train_step`` takes neither).
 LOOP_PRECISIONS = ("fp64", "fp32", "bf16")
+# The precision family of a loop that declares its autocast dtype (Note [A loop's own precision]).
+AUTOCAST_PRECISIONS = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def loop_precision(precision: str | None, autocast: str | None) -> str | None:
+    """The precision a loop's cases are drawn at: ``precision`` as given for a loop without its
+    own autocast, the autocast's family (fp16, bf16) for one with it; a ValueError where the two
+    disagree."""
+    if precision is not None:
+        _check_precision(precision)
+    if autocast is None:
+        if precision is not None and precision not in LOOP_PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r}: a training loop applies autocast and loss scaling "
+                f"itself; a loop without a declared autocast (paracheck_autocast) is checked at "
+                f"{', '.join(LOOP_PRECISIONS)}"
+            )
+        return precision
+    if autocast not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast={autocast!r} must be one of {sorted(AUTOCAST_DTYPES)}")
+    family = AUTOCAST_PRECISIONS[autocast]
+    if precision not in (None, "fp32", family):
+        raise ValueError(
+            f"precision={precision!r}: the loop declares autocast={autocast!r} "
+            f"(paracheck_autocast), so its cases are {family}: give --precision {family} or none"
+        )
+    return family
 
 
 @st.composite
@@ -31,6 +58,8 @@ def loop_cases(
     precision: str | None = None,
     loss: str = "token-mean",
     clip_norm: float | None = None,
+    autocast: str | None = None,
+    scaler: bool = False,
 ):
     """Cases for a ``train_step`` that minimises ``loss`` (``"token-mean"`` or ``"batch-mean"``).
 
@@ -38,17 +67,19 @@ def loop_cases(
     accumulation and a partial last window, padding (and, for token-mean, an all-padding
     micro-batch), a one-group SGD/Adam/AdamW optimizer, and a language model of one or two layers.
     ``precision`` is ``fp64``, ``fp32`` or ``bf16`` (bfloat16 parameters; it replaces ``dtype``).
-    ``clip_norm``: the step clips the global gradient norm to it (every case).
+    ``clip_norm``: the step clips the global gradient norm to it (every case). ``autocast``: the
+    step runs its forwards under ``torch.autocast`` in this dtype (``"float16"``, ``"bfloat16"``)
+    over float32 parameters, and ``scaler``: it takes a GradScaler (float16 only), so every case
+    scales its loss, overflowing in its first backward or not (Note [A loop's own precision]).
     """
     if loss not in LOOP_LOSSES:
         raise ValueError(f"loss={loss!r} must be one of {list(LOOP_LOSSES)}")
-    if precision is not None:
-        _check_precision(precision)
-        if precision not in LOOP_PRECISIONS:
-            raise ValueError(
-                f"precision={precision!r}: a training loop applies autocast and loss scaling "
-                f"itself; the loop kind draws {list(LOOP_PRECISIONS)}"
-            )
+    precision = loop_precision(precision, autocast)
+    if scaler and autocast != "float16":
+        raise ValueError(f"scaler=True with autocast={autocast!r}: a GradScaler is for float16")
+    if autocast is not None:
+        dtype = "float32"
+    elif precision is not None:
         dtype = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16"}[precision]
     _check_bounds("steps", 1, max_steps)
     _check_bounds("accumulation", 1, max_accumulation)
@@ -80,10 +111,16 @@ def loop_cases(
         weight_decay=draw(st.sampled_from([0.0, 0.1])),
         momentum=draw(st.sampled_from([0.0, 0.9])) if name == "sgd" else 0.0,
     )
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" or autocast is not None:
         # Adam's first update is about lr * sign(g): a gradient within rounding of zero may take
         # either sign in a correct loop (Note [Precision from the seed]).
         name = "sgd"
+    seed = draw(st.integers(0, 2**16))
+    loss_scale = None
+    if scaler:
+        # The fp16 precision's scales (Note [Precision from the seed]), from the seed as there.
+        scales = [s for _, a, s in precision_settings("fp16") if s is not None]
+        loss_scale = scales[((seed * 0x9E3779B1) >> 16) % len(scales)]
     return Case(
         model=spec,
         world_size=w,
@@ -91,8 +128,10 @@ def loop_cases(
         steps=steps,
         accumulation=accumulation,
         optimizer=OptimizerSpec(name=name, groups=(group,)),
-        seed=draw(st.integers(0, 2**16)),
+        seed=seed,
         dtype=dtype,
+        autocast=autocast,
+        loss_scale=loss_scale,
         loss=loss,
         padded=padded,
         empty_micro=empty_micro,

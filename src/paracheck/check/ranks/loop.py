@@ -1,5 +1,6 @@
 """The ``loop`` kind's rank program: a user's whole training step, ``train_step(model, optimizer,
-micro_batches)`` (``paracheck.loop`` states the interface), called once per step of a case.
+micro_batches)``, with ``scaler=`` where it takes one (``paracheck.loop`` states the interface),
+called once per step of a case.
 
 Every rank builds the case's model from rank 0's initial parameters (the step is checked, not
 the initial broadcast) and the case's optimizer over its parameters; the step does everything
@@ -15,7 +16,14 @@ from __future__ import annotations
 
 import inspect
 
-from paracheck.cases import Case, batch_for, build_case_model, build_optimizer, micro_batches
+from paracheck.cases import (
+    Case,
+    batch_for,
+    build_case_model,
+    build_grad_scaler,
+    build_optimizer,
+    micro_batches,
+)
 from paracheck.check.ranks._common import rank_device, snapshot, target_object
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
@@ -36,6 +44,8 @@ def run_loop(payload: dict) -> RankRecord:
     params = list(model.parameters())
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     optimizer = build_optimizer(case, params)
+    # A step that takes a scaler gets one for the case's loss scale (Note [A loop's own precision]).
+    extra = {"scaler": build_grad_scaler(case, device)} if payload.get("scaler") else {}
     seen: list = []
 
     def before_step(opt, args, kwargs):
@@ -49,7 +59,7 @@ def run_loop(payload: dict) -> RankRecord:
             batch_for(case, step, m, rank, device=device) for m in range(micro_batches(case, step))
         ]
         seen.clear()
-        step_fn(model, optimizer, batches)
+        step_fn(model, optimizer, batches, **extra)
         # Never stepped: no gradients to compare; the parameters say what happened.
         steps.append(RankStep(snapshot(params), seen[0] if seen else None))
     return RankRecord(initial_params, initial_buffers, tuple(steps))
