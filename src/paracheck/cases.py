@@ -177,6 +177,11 @@ class Case:
     one token); ``empty_micro``: besides, the last rank's first micro-batch of step 0 is all
     padding (token-mean only). ``last_window``: the last step has this many micro-batches instead
     of ``accumulation`` (a partial last accumulation window).
+
+    ``autocast_cache``: autocast keeps one cast of each leaf parameter per forward (torch's
+    default); False casts at every use, as it does for a parameter that is not a leaf (one an
+    FSDP gathers): a tied weight's contributions are then summed in the parameter's dtype, not
+    in the autocast dtype (Note [Cases an FSDP is checked on]).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -207,6 +212,7 @@ class Case:
     padded: bool = False
     empty_micro: bool = False
     last_window: int | None = None
+    autocast_cache: bool = True
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -448,7 +454,11 @@ def forward_context(case: Case, device="cpu"):
     ``device``'s type, or nothing."""
     if case.autocast is None:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=AUTOCAST_DTYPES[case.autocast])
+    return torch.autocast(
+        torch.device(device).type,
+        dtype=AUTOCAST_DTYPES[case.autocast],
+        cache_enabled=case.autocast_cache,
+    )
 
 
 def build_grad_scaler(case: Case, device="cpu"):

@@ -87,6 +87,13 @@ KINDS: dict[str, Kind] = {
         opt_in=("state-consolidated", "repeatability"),
         compares_state=True,
     ),
+    "fsdp": Kind(
+        "fsdp",
+        "paracheck.check.ranks.fsdp:run_fsdp",
+        "paracheck.strategies._fsdp:fsdp_cases",
+        default=("equivalence",),
+        opt_in=("repeatability",),
+    ),
     "loop": Kind(
         "loop",
         "paracheck.check.ranks.loop:run_loop",

@@ -65,7 +65,7 @@ class TargetError(ValueError):
 class Target:
     name: str
     path: str  # "package.module:Class" or "/abs/file.py:function"
-    kind: str  # "ddp" | "sharded" | "zero" | "loop"
+    kind: str  # "ddp" | "sharded" | "zero" | "fsdp" | "loop"
     takes_bucket: bool = False
     # Which properties a check runs (None: the kind's defaults; paracheck.check.kinds).
     properties: frozenset[str] | None = None
@@ -138,6 +138,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "sharded": ("paracheck.zero:ShardedOptimizer", "sharded"),
     "zero1": ("paracheck.zero:Zero1", "zero"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
+    "fsdp": ("paracheck.fsdp:FSDP", "fsdp"),
     "loop": ("paracheck.loop:train_step", "loop"),
     "loop-batch-mean": ("paracheck.loop:train_step_batch_mean", "loop"),
 }
@@ -500,6 +501,10 @@ def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
         len(names) >= 2 and _is_optimizer_arg(names[1])
     ):
         return "sharded", False
+    from paracheck.check.ranks.fsdp import GATHER_METHODS
+
+    if inspect.isclass(cls) and any(hasattr(cls, m) for m in GATHER_METHODS):
+        return "fsdp", False  # a wrapper that can give its sharded parameters whole
     if (
         inspect.isfunction(cls)
         or finish is not None

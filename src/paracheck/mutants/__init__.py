@@ -239,3 +239,50 @@ register(
     "float16 with a GradScaler: one rank clips its gradients before unscaling them",
     precision="fp16",  # its own declaration (paracheck_autocast), whatever the selftest's dtype
 )
+
+
+for _name, _cls, _bug, _expect in (
+    (
+        "fsdp-no-divide",
+        "NoDivideFSDP",
+        "sharded gradients are summed over ranks, never divided by the world size",
+        "diverge",
+    ),
+    (
+        "fsdp-padding-at-front",
+        "PaddingAtFrontFSDP",
+        "a gathered parameter is unpadded from the front: elements shift where numel % W != 0",
+        "diverge",
+    ),
+    (
+        "fsdp-replicated-never-reduced",
+        "ReplicatedNeverReducedFSDP",
+        "replicated parameters (biases, norm weights) keep their local gradients",
+        "diverge",
+    ),
+    (
+        "fsdp-no-sync-dropped",
+        "NoSyncDroppedFSDP",
+        "inside no_sync() the sharded gradients are dropped instead of kept for the next backward",
+        "diverge",
+    ),
+    (
+        "fsdp-accumulation-overwrites",
+        "AccumulationOverwritesFSDP",
+        "each reduce-scatter overwrites the shard's gradient: only the last micro-batch's is kept",
+        "diverge",
+    ),
+    (
+        "fsdp-no-initial-broadcast",
+        "NoInitialBroadcastFSDP",
+        "each rank shards its own initial parameters: no broadcast from rank 0",
+        "diverge",
+    ),
+    (
+        "fsdp-freed-before-backward",
+        "FreedBeforeBackwardFSDP",
+        "gathered parameters are freed after forward and never gathered again for backward",
+        "raise",
+    ),
+):
+    register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, _expect)

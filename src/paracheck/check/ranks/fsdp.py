@@ -1,0 +1,123 @@
+"""The ``fsdp`` kind's rank program: a fully sharded wrapper ``Class(module)`` (``paracheck.fsdp``)
+with ``forward``, ``finish_gradient_synchronization()`` after each backward outside ``no_sync()``
+(optional), and a method that returns every parameter whole (Note [Reading an FSDP]).
+
+Every rank builds the case's model, wraps it, and builds the case's optimizer over the wrapper's
+``parameters()`` (its shards and replicated parameters). Per step: the micro-steps by the case's
+protocol, then ``optimizer.step()``; recorded: the gathered parameters and, where the wrapper
+offers ``full_gradients()``, the gathered gradients.
+
+Note [Reading an FSDP]
+    No rank holds a sharded parameter whole, so the check asks the wrapper for it: the first of
+    ``GATHER_METHODS`` it has, returning a list in the unwrapped module's ``parameters()`` order or
+    a dict keyed by its ``named_parameters()`` names (a wrapper's prefixes, ``module.`` and
+    ``_fsdp_wrapped_module.``, are dropped). ``full_gradients()`` (optional, the same forms) lets the
+    gradients be compared too. Both are collectives: every rank calls them, at the same points.
+    The optimizer's groups are built by parameter index, so a case with several groups needs
+    the wrapper's ``parameters()`` to be one per module parameter, in order; where it is not,
+    such a case is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from paracheck.cases import (
+    Case,
+    add_late_groups,
+    apply_lr_schedule,
+    build_case_model,
+    build_optimizer,
+    build_scheduler,
+    step_scheduler,
+)
+from paracheck.check.ranks._common import (
+    on_every_rank,
+    rank_device,
+    snapshot,
+    target_object,
+    train_micro_steps,
+)
+from paracheck.check.ranks._drive import DDPDriver
+from paracheck.check.ranks.record import RankRecord, RankStep
+from paracheck.world import set_step
+
+__all__ = ["GATHER_METHODS", "run_fsdp"]
+
+GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
+_PREFIXES = ("module.", "_fsdp_wrapped_module.")
+
+
+def _strip(name: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if name.startswith(prefix):
+                name, changed = name[len(prefix) :], True
+    return name.replace("._fsdp_wrapped_module", "").replace("_fsdp_wrapped_module.", "")
+
+
+def in_module_order(got, names: list[str], what: str) -> list:
+    """``got`` (a list in parameter order, or a dict by name) as a list in ``names``' order."""
+    if isinstance(got, dict):
+        by_name = {_strip(str(k)): v for k, v in got.items()}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(
+                f"{what} returned a dict without {missing[0]!r} (keys: {sorted(by_name)[:6]})"
+            )
+        return [by_name[n] for n in names]
+    got = list(got)
+    if len(got) != len(names):
+        raise ValueError(f"{what} returned {len(got)} tensors for {len(names)} parameters")
+    return got
+
+
+def run_fsdp(payload: dict) -> RankRecord:
+    case: Case = payload["case"]
+    rank = dist.get_rank()
+    device = rank_device(payload.get("device"))
+    cls = target_object(payload["path"])
+    model = build_case_model(case, rank, device=device)
+    names = [n for n, _ in model.named_parameters()]
+    wrapper = on_every_rank(lambda: cls(model), device, "constructing the wrapper")
+    gather_name = next((m for m in GATHER_METHODS if callable(getattr(wrapper, m, None))), None)
+    if gather_name is None:
+        raise TypeError(
+            f"{payload['path']} has none of {', '.join(GATHER_METHODS)}: the check cannot read "
+            "the parameters whole (Note [Reading an FSDP] in paracheck.check.ranks.fsdp)"
+        )
+    gather = getattr(wrapper, gather_name)
+    full_gradients = getattr(wrapper, "full_gradients", None)
+    params = list(wrapper.parameters())
+    if len(params) != len(names) and len(case.optimizer.groups) > 1:
+        return RankRecord.skip(
+            f"the wrapper's parameters() gives {len(params)} tensors for the module's "
+            f"{len(names)}: parameter groups by index cannot be built"
+        )
+    optimizer = build_optimizer(case, params)
+    scheduler = build_scheduler(case, optimizer)
+
+    def whole(fn, what):
+        return snapshot(in_module_order(fn(), names, what))
+
+    initial_params = whole(gather, f"{gather_name}()")
+    initial_buffers, steps = snapshot(model.buffers()), []
+    drv = DDPDriver(
+        wrapper=wrapper,
+        forward=wrapper,
+        finish=lambda optimizer: wrapper.finish_gradient_synchronization(),
+        no_sync=getattr(wrapper, "no_sync", None),
+    )
+    for step in range(case.steps):
+        set_step(step)  # named if the rank exceeds its memory cap
+        add_late_groups(case, optimizer, params, step)
+        optimizer.zero_grad(set_to_none=case.set_to_none)
+        train_micro_steps(case, drv, optimizer, rank, device, step)
+        grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
+        optimizer.step()
+        apply_lr_schedule(case, optimizer)
+        step_scheduler(scheduler)
+        steps.append(RankStep(whole(gather, f"{gather_name}()"), grads))
+    return RankRecord(initial_params, initial_buffers, tuple(steps))

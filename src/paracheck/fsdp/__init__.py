@@ -1,0 +1,232 @@
+"""FSDP: fully sharded data parallelism (ZeRO-3) in the teaching style of ``paracheck.ddp``.
+
+Every trainable parameter of two or more dimensions (linear and embedding weights) is sharded:
+rank r keeps only its 1-D chunk of the flattened, zero-padded tensor, and the module holds that
+chunk as the parameter (an optimizer built over ``fsdp.parameters()`` steps shards). Other
+parameters (biases, norm weights) are replicated and all-reduced, as in DDP.
+
+Note [FSDP data flow]
+    Layout: parameter i of ``numel`` elements is padded to ``W * c`` (``c = ceil(numel / W)``) and
+    rank r holds elements ``[r * c, (r + 1) * c)`` (``shard_range``); the padding is zero and its
+    gradient is zero, so it stays zero under SGD, Adam and AdamW.
+
+    Forward: a forward pre-hook on each module that owns sharded parameters all-gathers them
+    (``_Gather``, an autograd function) and puts the full tensor in the module's ``__dict__``, where
+    attribute lookup finds it before the shard registered in ``_parameters``; the post-hook removes
+    it. What the module's operations save for backward is packed by a saved-tensors hook: a tensor
+    on a gathered parameter's storage is kept as (parameter, view), not as memory, so the full
+    tensor is freed when the module's forward returns. At most one module's full parameters are
+    alive at a time (no prefetch).
+
+    Backward: unpacking such a saved tensor all-gathers the parameter again; ``_Gather``'s backward
+    reduce-scatters the full gradient (summed over ranks, divided by W) into the shard's gradient,
+    which autograd accumulates (a second backward, or a second use of a tied weight, adds). Inside
+    ``no_sync()`` the full gradient is kept locally instead and added to the next synchronised one.
+    ``finish_gradient_synchronization()`` reduce-scatters what ``no_sync()`` still holds and
+    all-reduces the replicated parameters' gradients (and divides by W).
+
+    Every rank must run the same modules in the same order: each call of a sharded module is a
+    collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["FSDP", "shard_range"]
+
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s elements ``[start, stop)`` of a flattened parameter of ``numel`` elements,
+    padded to a multiple of ``world_size`` (Note [FSDP data flow]); ``stop`` may pass ``numel``."""
+    chunk = math.ceil(numel / world_size)
+    return rank * chunk, (rank + 1) * chunk
+
+
+class _Sharded:
+    """One sharded parameter: its shard (the registered parameter), full shape and owners."""
+
+    def __init__(self, index: int, shard: nn.Parameter, shape: torch.Size, numel: int):
+        self.index, self.shard, self.shape, self.numel = index, shard, shape, numel
+        self.pending: torch.Tensor | None = None  # gradient held locally inside no_sync()
+
+
+class _Gather(torch.autograd.Function):
+    """shard -> full parameter (all-gather); backward: full gradient -> shard gradient
+    (reduce-scatter, divided by W)."""
+
+    @staticmethod
+    def forward(ctx, shard, fsdp, entry):
+        ctx.fsdp, ctx.entry = fsdp, entry
+        return fsdp._all_gather(entry)
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        return ctx.fsdp._reduce_gradient(ctx.entry, grad_full), None, None
+
+
+class FSDP(nn.Module):
+    """Fully sharded data parallelism: ``FSDP(module)``; ``forward``; after each backward outside
+    ``no_sync()``, ``finish_gradient_synchronization()``; an optimizer over ``fsdp.parameters()``
+    (the shards and the replicated parameters, in ``module.parameters()`` order).
+
+    ``gather_full_params()`` and ``full_gradients()`` return every parameter and gradient whole,
+    in that order (collectives: every rank calls them). Contract: equal to single-process
+    training on the rank-averaged gradient up to summation order, with the modules every rank
+    runs the same. ``compute_dtype`` (casting before communication) is not implemented: only
+    None is accepted.
+    """
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        if compute_dtype is not None:
+            raise ValueError(f"compute_dtype={compute_dtype!r}: only None is implemented")
+        self.module = module
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self._sync = True
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, src=0)
+        self._entries: list[_Sharded] = []
+        self._replicated: list[nn.Parameter] = []
+        self._by_module: dict[nn.Module, list[tuple[str, _Sharded]]] = {}
+        seen: dict[int, _Sharded] = {}
+        for index, p in enumerate(module.parameters()):
+            if p.requires_grad and p.dim() >= 2:
+                seen[id(p)] = self._shard(index, p)
+            else:
+                self._replicated.append(p)
+        for owner in module.modules():
+            for name, p in list(owner._parameters.items()):
+                if p is not None and id(p) in seen:
+                    entry = seen[id(p)]
+                    owner._parameters[name] = entry.shard
+                    self._by_module.setdefault(owner, []).append((name, entry))
+        for owner in self._by_module:
+            owner.register_forward_pre_hook(self._gather_into)
+            owner.register_forward_hook(self._release)
+        self._live: dict[int, _Sharded] = {}  # storage pointer -> gathered parameter
+
+    # -- layout -------------------------------------------------------------------------------
+    def _shard(self, index: int, p: nn.Parameter) -> _Sharded:
+        start, stop = shard_range(p.numel(), self.world_size, self.rank)
+        flat = p.detach().reshape(-1)
+        chunk = torch.zeros(stop - start, dtype=p.dtype, device=p.device)
+        have = flat[start : min(stop, p.numel())]
+        chunk[: have.numel()] = have
+        entry = _Sharded(index, nn.Parameter(chunk), p.shape, p.numel())
+        self._entries.append(entry)
+        return entry
+
+    def _all_gather(self, entry: _Sharded) -> torch.Tensor:
+        shard = entry.shard.detach()
+        padded = torch.empty(
+            shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
+        )
+        _all_gather_into_tensor(padded, shard)
+        return padded[: entry.numel].view(entry.shape)
+
+    def _reduce_gradient(self, entry: _Sharded, grad_full: torch.Tensor) -> torch.Tensor | None:
+        grad = grad_full.reshape(-1)
+        if entry.pending is not None:
+            grad = grad + entry.pending
+            entry.pending = None
+        if not self._sync:
+            entry.pending = grad.clone()
+            return None
+        return self._reduce_scatter(entry, grad)
+
+    def _reduce_scatter(self, entry: _Sharded, grad: torch.Tensor) -> torch.Tensor:
+        c = entry.shard.numel()
+        padded = torch.zeros(c * self.world_size, dtype=grad.dtype, device=grad.device)
+        padded[: entry.numel] = grad
+        out = torch.empty(c, dtype=grad.dtype, device=grad.device)
+        _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM)
+        return out.div_(self.world_size)
+
+    # -- forward ------------------------------------------------------------------------------
+    def _gather_into(self, owner: nn.Module, args) -> None:
+        for name, entry in self._by_module[owner]:
+            full = _Gather.apply(entry.shard, self, entry)
+            self._live[full.untyped_storage().data_ptr()] = entry
+            owner.__dict__[name] = full
+
+    def _release(self, owner: nn.Module, args, output) -> None:
+        for name, _ in self._by_module[owner]:
+            full = owner.__dict__.pop(name)
+            self._live.pop(full.untyped_storage().data_ptr(), None)
+
+    def _pack(self, t: torch.Tensor):
+        entry = self._live.get(t.untyped_storage().data_ptr()) if t.numel() else None
+        if entry is None:
+            return t
+        return (entry, t.size(), t.stride(), t.storage_offset())
+
+    def _unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        entry, size, stride, offset = packed
+        with torch.no_grad():
+            full = self._all_gather(entry)
+        return full.as_strided(size, stride, offset)
+
+    def forward(self, *args, **kwargs):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            return self.module(*args, **kwargs)
+
+    # -- synchronisation ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside keep their gradients locally (full size); the first backward
+        outside reduces them with its own."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def finish_gradient_synchronization(self) -> None:
+        for entry in self._entries:
+            if entry.pending is not None:
+                grad, entry.pending = entry.pending, None
+                reduced = self._reduce_scatter(entry, grad)
+                if entry.shard.grad is None:
+                    entry.shard.grad = reduced
+                else:
+                    entry.shard.grad.add_(reduced)
+        for p in self._replicated:
+            if p.requires_grad and p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(self.world_size)
+
+    # -- whole tensors, for checking ----------------------------------------------------------
+    def _whole(self, tensors) -> list[torch.Tensor | None]:
+        by_index = {e.index: e for e in self._entries}
+        out: list[torch.Tensor | None] = []
+        for index, t in enumerate(tensors):
+            entry = by_index.get(index)
+            if entry is None or t is None:
+                out.append(None if t is None else t.detach().clone())
+                continue
+            padded = torch.empty(t.numel() * self.world_size, dtype=t.dtype, device=t.device)
+            _all_gather_into_tensor(padded, t.detach().contiguous())
+            out.append(padded[: entry.numel].view(entry.shape).clone())
+        return out
+
+    def gather_full_params(self) -> list[torch.Tensor]:
+        """Every parameter, whole, in ``module.parameters()`` order (a collective)."""
+        return self._whole(list(self.module.parameters()))  # type: ignore[return-value]
+
+    def full_gradients(self) -> list[torch.Tensor | None]:
+        """Every parameter's synchronised gradient, whole (None where there is none; a
+        collective)."""
+        return self._whole([p.grad for p in self.module.parameters()])

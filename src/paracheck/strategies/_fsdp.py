@@ -1,0 +1,38 @@
+"""Cases for fully sharded wrappers (the ``fsdp`` kind): the DDP cases without the features a
+wrapper that all-gathers per module call cannot take part in (Note [Cases an FSDP is checked on])."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paracheck.check.features import without_all
+from paracheck.strategies._core import cases
+
+__all__ = ["FSDP_OFF", "fsdp_cases"]
+
+# Note [Cases an FSDP is checked on]
+#   A sharded module's forward is a collective (its all-gather), so every rank must run the same
+#   modules: a branch used on some ranks only (unused-some-ranks) hangs any FSDP, torch's too,
+#   and is not drawn. The optimizer is the case's, over the wrapper's parameters, driven by the
+#   harness: the features of a sharded optimizer's own interface (step(closure), a state reload,
+#   a clip by the wrapper) are not drawn yet, nor is loss scaling; neither is zero_grad() on the
+#   module (the wrapper's parameters are the module's). Bucket caps mean nothing to it.
+#   A gathered parameter is not a leaf, and autocast caches the cast of leaves only: a tied
+#   weight used twice is cast twice and its two contributions summed in float32, where one cached
+#   cast would sum them in bfloat16 or float16. The cases say so (``Case.autocast_cache=False``),
+#   and the oracle casts at every use too: the same casts in the same places.
+FSDP_OFF = (
+    "unused-some-ranks",
+    "closure",
+    "reload",
+    "clip",
+    "loss-scaling",
+    "zero-grad-module",
+)
+
+
+def fsdp_cases(**kwargs):
+    """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered)."""
+    return cases(**kwargs).map(
+        lambda c: replace(without_all(c, FSDP_OFF), autocast_cache=c.autocast is None)
+    )

@@ -1,0 +1,60 @@
+"""Rank jobs for the FSDP tests: what one rank holds, and when gathered parameters die."""
+
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paracheck.fsdp import FSDP
+
+# Weights of 35, 20 and 12 elements (uneven at W = 2, 3, 4), sharded; biases replicated.
+WIDTHS = (7, 5, 4, 3)
+
+
+def _model():
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(WIDTHS[:-1], WIDTHS[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1]).double()
+
+
+def held(_payload):
+    """(bytes of parameters this rank holds, numel of each parameter it holds)."""
+    fsdp = FSDP(_model())
+    return (
+        sum(p.numel() * p.element_size() for p in fsdp.parameters()),
+        [p.numel() for p in fsdp.parameters()],
+    )
+
+
+class _Watched(FSDP):
+    def __init__(self, module):
+        super().__init__(module)
+        self.refs, self.live_at_gather = [], []
+
+    def _gather_into(self, owner, args):
+        self.live_at_gather.append(len(self._live))
+        super()._gather_into(owner, args)
+        self.refs += [weakref.ref(owner.__dict__[name]) for name, _ in self._by_module[owner]]
+
+
+def lifetimes(_payload):
+    """(parameters gathered in forward, how many of them are alive after it, other modules'
+    gathered parameters alive at each gather, whether backward then gave every shard a
+    gradient)."""
+    fsdp = _Watched(_model())
+    x = torch.randn(
+        3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(dist.get_rank())
+    )
+    loss = fsdp(x).square().sum()
+    alive = sum(r() is not None for r in fsdp.refs)
+    loss.backward()
+    fsdp.finish_gradient_synchronization()
+    return (
+        len(fsdp.refs),
+        alive,
+        fsdp.live_at_gather,
+        all(p.grad is not None for p in fsdp.parameters() if p.requires_grad),
+    )

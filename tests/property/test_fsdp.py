@@ -1,0 +1,90 @@
+"""The fsdp kind: the reference FSDP (paracheck.fsdp) equals the oracle, holds only its shards,
+frees every gathered parameter when its module's forward returns; every FSDP mutant is killed."""
+
+import math
+
+import pytest
+
+from paracheck.check.property import check_target
+from paracheck.check.targets import resolve_target
+from paracheck.mutants import MUTANTS
+from paracheck.selftest import mutant_target
+
+JOBS = "tests.property._fsdp_jobs"
+FSDP_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.kind == "fsdp")
+
+
+def test_fsdp_matches_oracle(world):
+    report = check_target(resolve_target("fsdp"), world, world_sizes=(1, 2, 3, 4), max_examples=30)
+    assert report.passed, report.failure.describe()
+    assert report.examples >= 25
+
+
+def test_fsdp_matches_oracle_in_mixed_precision(world):
+    """bf16 and fp16 autocast (a tied weight cast at each use: Note [Cases an FSDP is checked
+    on]), bfloat16 parameters and float32."""
+    report = check_target(
+        resolve_target("fsdp"), world, world_sizes=(1, 2, 3), max_examples=30, precision="mixed"
+    )
+    assert report.passed, report.failure.describe()
+
+
+def test_fsdp_catalogue_has_at_least_seven_bugs():
+    assert len(FSDP_MUTANTS) >= 7
+
+
+@pytest.mark.parametrize("name", FSDP_MUTANTS)
+def test_fsdp_mutant_is_killed(world, name):
+    m = MUTANTS[name]
+    report = check_target(
+        mutant_target(m),
+        world,
+        world_sizes=(1, 2, 3, 4),
+        max_examples=40,
+        shrink_seconds=2.0,
+    )
+    assert not report.passed, f"{name} survived 40 examples: {m.bug}"
+    failure = report.failure
+    if m.expect == "diverge":
+        d = failure.divergence
+        assert d is not None, failure.describe()
+        # Not by luck: far outside the tolerance, or an exact rule.
+        assert d.tolerance == 0 or d.max_abs_diff >= 10 * d.tolerance, d.describe()
+    else:
+        assert failure.error is not None and failure.error.kind == "raised", failure.describe()
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4])
+def test_each_rank_holds_its_shards_and_the_replicated_parameters_only(world, w):
+    """Exact: a weight of n elements costs ceil(n / W) elements on every rank; biases whole."""
+    from tests.property._fsdp_jobs import WIDTHS
+
+    weights = [a * b for a, b in zip(WIDTHS[:-1], WIDTHS[1:])]
+    biases = list(WIDTHS[1:])
+    expected = []
+    for n, b in zip(weights, biases):
+        expected += [math.ceil(n / w), b]
+    for held_bytes, numels in world.run(f"{JOBS}:held", None, world_size=w):
+        assert numels == expected
+        assert held_bytes == 8 * sum(expected)
+
+
+def test_gathered_parameters_live_only_during_their_modules_forward(world):
+    """Every gathered weight is dead once the forward returns (backward gathers it again), and
+    no other module's gathered weight is alive when a module gathers its own."""
+    for gathered, alive, live_at_gather, all_grads in world.run(
+        f"{JOBS}:lifetimes", None, world_size=3
+    ):
+        assert gathered == 3 and alive == 0
+        assert live_at_gather == [0, 0, 0]
+        assert all_grads
+
+
+def test_an_fsdp_class_is_read_as_the_fsdp_kind_and_bad_arguments_are_named():
+    import torch
+
+    from paracheck.fsdp import FSDP
+
+    assert resolve_target("paracheck.mutants.fsdp:NoDivideFSDP").kind == "fsdp"
+    with pytest.raises(ValueError, match="compute_dtype=torch.bfloat16"):
+        FSDP(torch.nn.Linear(2, 2), compute_dtype=torch.bfloat16)
