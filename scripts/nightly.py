@@ -26,13 +26,13 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-WRAPPERS = "naive,flat,overlapped,bucketed,torch-ddp,sharded,zero1,torch-zero"
+WRAPPERS = "naive,flat,overlapped,bucketed,torch-ddp,sharded,zero1,torch-zero,fsdp"
 
 
 def _one(job: tuple[int, str], args, out_dir: str) -> dict:
     index, name = job
     seed = args.seed + index
-    path = os.path.join(out_dir, f"{index}-{name}.json")
+    path = os.path.join(out_dir, f"{index}-{name.replace(os.sep, '_').replace(':', '_')}.json")
     cmd = [
         sys.executable,
         "-m",

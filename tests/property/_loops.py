@@ -48,10 +48,13 @@ def fp16_clipped_step(model, optimizer, micro_batches, scaler):
     """Global token mean under float16 autocast with a GradScaler: gradients all-reduced one
     parameter at a time, unscaled, clipped to a global norm of 0.01 and stepped by the scaler."""
     optimizer.zero_grad()
-    count = torch.tensor(float(sum(int((y != IGNORE).sum()) for _, y in micro_batches)))
+    device = next(model.parameters()).device
+    count = torch.tensor(
+        float(sum(int((y != IGNORE).sum()) for _, y in micro_batches)), device=device
+    )
     dist.all_reduce(count)
     for x, y in micro_batches:
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(device.type, dtype=torch.float16):
             logits = model(x)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum") / count
         scaler.scale(loss).backward()
