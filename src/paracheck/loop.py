@@ -31,7 +31,13 @@ import torch.nn.functional as F
 
 from paracheck.cases import IGNORE_INDEX
 
-__all__ = ["IGNORE_INDEX", "train_step", "train_step_batch_mean", "train_step_fp16"]
+__all__ = [
+    "IGNORE_INDEX",
+    "fp16_gradients",
+    "train_step",
+    "train_step_batch_mean",
+    "train_step_fp16",
+]
 
 
 def _logits(model, inputs: torch.Tensor) -> torch.Tensor:
@@ -81,10 +87,9 @@ def train_step(model, optimizer, micro_batches) -> None:
     optimizer.step()
 
 
-def train_step_fp16(model, optimizer, micro_batches, scaler) -> None:
-    """``train_step`` with float16 autocast and loss scaling: the scaled losses' gradients are
-    summed over ranks, unscaled, and stepped by ``scaler`` (skipped on every rank where one is not
-    finite)."""
+def fp16_gradients(model, optimizer, micro_batches, scaler) -> None:
+    """``train_step``'s gradients under float16 autocast: each micro-batch's loss scaled by
+    ``scaler`` before backward, the scaled gradients summed over ranks (not yet unscaled)."""
     optimizer.zero_grad(set_to_none=True)
     tokens = global_tokens(model, micro_batches)
     device_type = next(model.parameters()).device.type
@@ -99,6 +104,13 @@ def train_step_fp16(model, optimizer, micro_batches, scaler) -> None:
         )
         scaler.scale(ce / tokens).backward()
     _all_reduce_gradients(model)
+
+
+def train_step_fp16(model, optimizer, micro_batches, scaler) -> None:
+    """``train_step`` with float16 autocast and loss scaling: the scaled losses' gradients are
+    summed over ranks, unscaled, and stepped by ``scaler`` (skipped on every rank where one is not
+    finite)."""
+    fp16_gradients(model, optimizer, micro_batches, scaler)
     scaler.unscale_(optimizer)  # before anything reads the gradients (a clip would go here)
     scaler.step(optimizer)
     scaler.update()

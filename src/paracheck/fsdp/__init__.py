@@ -127,13 +127,16 @@ class FSDP(nn.Module):
         self._entries.append(entry)
         return entry
 
-    def _all_gather(self, entry: _Sharded) -> torch.Tensor:
-        shard = entry.shard.detach()
+    def _gather_padded(self, shard: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``shard`` (a 1-D chunk) concatenated: the flat, padded whole."""
         padded = torch.empty(
             shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
         )
         _all_gather_into_tensor(padded, shard)
-        return padded[: entry.numel].view(entry.shape)
+        return padded
+
+    def _all_gather(self, entry: _Sharded) -> torch.Tensor:
+        return self._gather_padded(entry.shard.detach())[: entry.numel].view(entry.shape)
 
     def _reduce_gradient(self, entry: _Sharded, grad_full: torch.Tensor) -> torch.Tensor | None:
         grad = grad_full.reshape(-1)
@@ -217,8 +220,7 @@ class FSDP(nn.Module):
             if entry is None or t is None:
                 out.append(None if t is None else t.detach().clone())
                 continue
-            padded = torch.empty(t.numel() * self.world_size, dtype=t.dtype, device=t.device)
-            _all_gather_into_tensor(padded, t.detach().contiguous())
+            padded = self._gather_padded(t.detach().contiguous())
             out.append(padded[: entry.numel].view(entry.shape).clone())
         return out
 

@@ -3,12 +3,9 @@ of the kind FSDP and ZeRO-3 implementations are reported with."""
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
 import torch.distributed as dist
 
-from paracheck.fsdp import FSDP, _all_gather_into_tensor
+from paracheck.fsdp import FSDP
 
 __all__ = [
     "AccumulationOverwritesFSDP",
@@ -34,11 +31,7 @@ class PaddingAtFrontFSDP(FSDP):
     shifted by the padding (the shards themselves are right)."""
 
     def _all_gather(self, entry):
-        shard = entry.shard.detach()
-        padded = torch.empty(
-            shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
-        )
-        _all_gather_into_tensor(padded, shard)
+        padded = self._gather_padded(entry.shard.detach())
         pad = padded.numel() - entry.numel
         return padded[pad:].view(entry.shape)  # BUG: the padding is at the end
 
@@ -97,5 +90,4 @@ class FreedBeforeBackwardFSDP(FSDP):
             owner.__dict__.pop(name).untyped_storage().resize_(0)  # BUG: autograd saved it
 
     def forward(self, *args, **kwargs):
-        with contextlib.nullcontext():  # BUG: no saved-tensor hooks to gather it again
-            return self.module(*args, **kwargs)
+        return self.module(*args, **kwargs)  # BUG: no saved-tensor hooks to gather it again

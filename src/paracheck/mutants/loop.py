@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from paracheck.cases import IGNORE_INDEX
-from paracheck.loop import _all_reduce_gradients, _logits, global_tokens
+from paracheck.loop import _all_reduce_gradients, _logits, fp16_gradients
 
 __all__ = [
     "averaged_twice",
@@ -115,20 +115,7 @@ def unscale_skipped_on_one_rank(model, optimizer, micro_batches, scaler) -> None
     """float16 autocast with a GradScaler, clipping the global norm to 0.01, but the last rank
     never calls ``scaler.unscale_`` before clipping: it clips the scaled gradients (a norm the
     loss scale times too large), and ``scaler.step`` unscales them afterwards."""
-    optimizer.zero_grad(set_to_none=True)
-    tokens = global_tokens(model, micro_batches)
-    device_type = next(model.parameters()).device.type
-    for inputs, targets in micro_batches:
-        with torch.autocast(device_type, dtype=torch.float16):
-            logits = model(inputs)
-        ce = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            targets.flatten(),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
-        scaler.scale(ce / tokens).backward()
-    _all_reduce_gradients(model)
+    fp16_gradients(model, optimizer, micro_batches, scaler)
     if dist.get_rank() != dist.get_world_size() - 1:  # BUG: every rank must unscale
         scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)

@@ -383,12 +383,16 @@ def precision_settings(precision: str) -> tuple[tuple[str, str | None, float | N
     return _PRECISION_SETTINGS[precision]
 
 
+def from_seed(seed: int, choices):
+    """The one of ``choices`` a case's seed picks (Note [Precision from the seed])."""
+    # A multiplicative hash: Hypothesis draws many small seeds, and seed // k put most of them in
+    # the first choice. Seed 0, where shrinking goes, keeps the first (the simplest).
+    return choices[((seed * 0x9E3779B1) >> 16) % len(choices)]
+
+
 def with_precision(case: Case, precision: str) -> Case:
     """``case`` in the setting of ``precision`` its seed picks (Note [Precision from the seed])."""
-    settings = precision_settings(precision)
-    # A multiplicative hash: Hypothesis draws many small seeds, and seed // k put most of them in
-    # the first setting. Seed 0, where shrinking goes, keeps the first (the simplest).
-    dtype, autocast, scale = settings[((case.seed * 0x9E3779B1) >> 16) % len(settings)]
+    dtype, autocast, scale = from_seed(case.seed, precision_settings(precision))
     case = replace(case, dtype=dtype, autocast=autocast, loss_scale=None if case.closure else scale)
     if dtype == "bfloat16" or autocast is not None:
         case = replace(case, optimizer=replace(case.optimizer, name="sgd"))

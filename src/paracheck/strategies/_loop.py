@@ -7,7 +7,12 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from paracheck.cases import AUTOCAST_DTYPES, LOSSES, Case, GroupSpec, OptimizerSpec
-from paracheck.strategies._core import _check_bounds, _check_precision, precision_settings
+from paracheck.strategies._core import (
+    _check_bounds,
+    _check_precision,
+    from_seed,
+    precision_settings,
+)
 from paracheck.workloads.lm import LMSpec
 
 __all__ = ["AUTOCAST_PRECISIONS", "LOOP_LOSSES", "LOOP_PRECISIONS", "loop_cases", "loop_precision"]
@@ -119,8 +124,7 @@ def loop_cases(
     loss_scale = None
     if scaler:
         # The fp16 precision's scales (Note [Precision from the seed]), from the seed as there.
-        scales = [s for _, a, s in precision_settings("fp16") if s is not None]
-        loss_scale = scales[((seed * 0x9E3779B1) >> 16) % len(scales)]
+        loss_scale = from_seed(seed, [s for _, _, s in precision_settings("fp16") if s])
     return Case(
         model=spec,
         world_size=w,

@@ -45,17 +45,15 @@ from paracheck.world import set_step
 __all__ = ["GATHER_METHODS", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
-_PREFIXES = ("module.", "_fsdp_wrapped_module.")
 
 
 def _strip(name: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _PREFIXES:
-            if name.startswith(prefix):
-                name, changed = name[len(prefix) :], True
-    return name.replace("._fsdp_wrapped_module", "").replace("_fsdp_wrapped_module.", "")
+    """A wrapper's parameter name as the unwrapped module's: ``_fsdp_wrapped_module.`` anywhere
+    and leading ``module.`` dropped."""
+    name = name.replace("_fsdp_wrapped_module.", "")
+    while name.startswith("module."):
+        name = name.removeprefix("module.")
+    return name
 
 
 def in_module_order(got, names: list[str], what: str) -> list:
