@@ -182,6 +182,9 @@ class Case:
     default); False casts at every use, as it does for a parameter that is not a leaf (one an
     FSDP gathers): a tied weight's contributions are then summed in the parameter's dtype, not
     in the autocast dtype (Note [Cases an FSDP is checked on]).
+
+    ``master_weights`` (bfloat16 parameters only): the optimizer steps float32 copies of the
+    parameters, not the parameters (Note [Master weights]).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -213,6 +216,7 @@ class Case:
     empty_micro: bool = False
     last_window: int | None = None
     autocast_cache: bool = True
+    master_weights: bool = False
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -267,6 +271,11 @@ class Case:
                 raise ValueError(
                     "loss_scale with closure=True: GradScaler.step() takes no closure; choose one"
                 )
+        if self.master_weights and self.dtype != "bfloat16":
+            raise ValueError(
+                f"master_weights=True with dtype={self.dtype!r}: master weights are float32 "
+                "copies of parameters narrower than float32; use dtype='bfloat16'"
+            )
         if self.finish_once and self.no_sync:
             raise ValueError(
                 "finish_once=True and no_sync=True are two accumulation protocols: choose one"
@@ -446,6 +455,21 @@ def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Ten
 #   step is skipped is never decided by a value within rounding of float16's largest (65504), where
 #   a rank and the oracle summing in another order could decide differently.
 GROWTH_INTERVAL = 2**10
+
+
+# Note [Master weights]
+#   Mixed-precision training keeps the model's parameters in bfloat16 for the forward and the
+#   backward, and lets the optimizer step float32 copies of them, the master weights (ZeRO's and
+#   Megatron's "fp32 master params"): an update smaller than half a bfloat16 ulp of its parameter
+#   (lr 1e-3 on a weight of 0.5: the ulp is 2**-8) would be rounded away every step if the
+#   bfloat16 parameter itself were stepped, and a model with its learning rate at such values stops
+#   learning. With ``Case.master_weights`` the oracle does what such an optimizer does: its
+#   optimizer holds one float32 master per parameter (every piece of optimizer state is float32
+#   too); before each step a master's gradient is its parameter's synchronised gradient in
+#   float32 (exact), and after it each parameter is its master rounded to bfloat16
+#   (``paracheck.oracle.train.train``). A sharding target declares master weights with a
+#   ``master_params()`` method (``paracheck.check.targets.Target.master_weights``), and its masters
+#   are compared with the oracle's after every step (Note [Comparing master weights]).
 BACKOFF = 2.0**-32
 
 

@@ -100,6 +100,7 @@ _TOLERANCED = frozenset(
         "gradients",
         "parameters",
         "optimizer-state",
+        "master-weights",
         "state-consolidated",
         "world-size-relation",
         "bucket-size-independence",

@@ -82,6 +82,13 @@ PROPERTIES: dict[str, Property] = {
         "the update is wrong although the gradients were right: check the optimizer's groups "
         "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner",
     ),
+    "master-weights": Property(
+        "a float32 master weight differs from the oracle's: the update was not applied to a "
+        "float32 copy of the parameter",
+        "keep a float32 master of every bfloat16 parameter the optimizer steps, step the masters "
+        "on the gradients cast to float32, then copy each master into its parameter; "
+        "master_params() returns them, one per parameter of param_groups",
+    ),
     "optimizer-state": Property(
         "optimizer state differs from the oracle's",
         "the state every rank's state_dict() returns (its own shard, or every shard "

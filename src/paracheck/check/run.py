@@ -109,6 +109,8 @@ def run_case(
     if target.kind == "zero" and not case.zero_grad_module:
         # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
         case = replace(case, zero_grad_module=True)
+    if target.master_weights and case.dtype == "bfloat16" and not case.master_weights:
+        case = replace(case, master_weights=True)  # Note [Master weights]
     if target.reduce_dtype is not None:
         from paracheck.check.properties.reduce_dtype import narrower_than
 
@@ -127,7 +129,10 @@ def run_case(
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     row = KINDS[target.kind]
-    by_step = anchored(case) or row.on_target_gradients  # Note [Anchored steps]
+    # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
+    # [Comparing master weights]).
+    on_gradients = row.on_target_gradients or case.master_weights
+    by_step = anchored(case) or on_gradients
     traj = None if by_step else oracle_for(case)
     try:
         ranks = world.collect(ticket)
@@ -147,8 +152,8 @@ def run_case(
     if traj is None:  # Note [Anchored steps]: each step starts from rank 0's state after the last
         traj = oracle_for(
             case,
-            anchors=[(s.params, s.grads) for s in ranks[0].steps],
-            target_gradients=row.on_target_gradients,
+            anchors=[(s.params, s.grads, s.masters) for s in ranks[0].steps],
+            target_gradients=on_gradients,
         )
     notes = {}
     if row.compares_state:

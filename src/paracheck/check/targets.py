@@ -35,6 +35,7 @@ Each kind's rank program and properties, and how a target selects a subset
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -93,6 +94,12 @@ class Target:
     scaler: bool = False
 
     @property
+    def master_weights(self) -> bool:
+        """A sharding target that keeps float32 master weights of bfloat16 parameters, declared by
+        a ``master_params()`` method (Note [Master weights] in ``paracheck.cases``)."""
+        return self.kind in ("sharded", "zero") and _has_master_params(self.path)
+
+    @property
     def rank_fn(self) -> str:
         """The rank program of the target's kind (``paracheck.check.kinds.KINDS``)."""
         from paracheck.check.kinds import KINDS
@@ -136,6 +143,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "bucketed": ("paracheck.ddp.bucketed:BucketedDDP", "ddp"),
     "torch-ddp": ("paracheck.ddp.torch_ddp:TorchDDP", "ddp"),
     "sharded": ("paracheck.zero:ShardedOptimizer", "sharded"),
+    "sharded-master": ("paracheck.zero:MasterWeightsShardedOptimizer", "sharded"),
     "zero1": ("paracheck.zero:Zero1", "zero"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
     "fsdp": ("paracheck.fsdp:FSDP", "fsdp"),
@@ -211,6 +219,14 @@ def import_module(module: str):
             raise
         sys.path.append(cwd)
         return importlib.import_module(module)
+
+
+@functools.cache
+def _has_master_params(path: str) -> bool:
+    try:
+        return callable(getattr(load_object(path), "master_params", None))
+    except TargetError:
+        return False
 
 
 def load_object(path: str):

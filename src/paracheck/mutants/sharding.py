@@ -17,7 +17,7 @@ import torch
 
 from paracheck.mutants._edit import edited
 from paracheck.zero.partition import ParamPartition
-from paracheck.zero.sharded import ShardedOptimizer, _param_weight
+from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer, _param_weight
 from paracheck.zero.zero1 import Zero1
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "EmptyShardRaises",
     "ClosureIgnored",
     "LoadStateDictSkipsWrapped",
+    "MastersInParameterDtype",
+    "MastersNotSaved",
 ]
 
 
@@ -261,6 +263,21 @@ class Zero1LocalStateDict(Zero1):
         return [obj]  # BUG: no all_gather_object
 
 
+class MastersInParameterDtype(MasterWeightsShardedOptimizer):
+    """The masters are kept in the parameters' own dtype: a bfloat16 model is stepped in bfloat16."""
+
+    def _new_master(self, p: torch.Tensor) -> torch.Tensor:
+        return p.detach().clone().requires_grad_(True)  # BUG: should be .to(torch.float32)
+
+
+class MastersNotSaved(MasterWeightsShardedOptimizer):
+    """``state_dict()`` leaves the masters out: a reloaded optimizer restarts them from the rounded
+    parameters."""
+
+    def state_dict(self) -> dict:
+        return ShardedOptimizer.state_dict(self)  # BUG: the masters are not saved
+
+
 from paracheck.mutants import register  # noqa: E402  (after the classes: paracheck.mutants imports us)
 
 _M = "paracheck.mutants.sharding"
@@ -391,4 +408,18 @@ register(
     f"{_M}:Zero1LocalStateDict",
     "zero",
     "state_dict() does not gather the other ranks' pieces",
+)
+register(
+    "sharded-master-in-param-dtype",
+    f"{_M}:MastersInParameterDtype",
+    "sharded",
+    "the master weights of bfloat16 parameters are kept in bfloat16, not float32",
+    precision="bf16",
+)
+register(
+    "sharded-masters-not-saved",
+    f"{_M}:MastersNotSaved",
+    "sharded",
+    "state_dict() leaves the float32 masters out: a reload restarts them from the bfloat16 parameters",
+    precision="bf16",
 )

@@ -94,6 +94,7 @@ __all__ = [
     "TOLERANCES",
     "Tolerance",
     "anchored",
+    "master_rtol",
     "rms_norm_tolerance",
     "rounding_depth",
     "state_tolerance",
@@ -243,6 +244,32 @@ def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
     if getattr(case, "clip_norm", None) is not None:
         rtol += 2 * _gamma(n_elements + 4, u)
     return rtol
+
+
+# Note [Comparing master weights]
+#   A target's float32 masters (Note [Master weights] in ``paracheck.cases``) after step k are
+#   compared with the oracle's step from the same start: the oracle's step k begins at rank 0's
+#   masters after step k-1 (anchored, like every step of a bfloat16 case: Note [Anchored steps])
+#   and its update is applied to the gradients the target's step used, as the target recorded
+#   them (``train(..., target_gradients=True)``; the gradients themselves are judged against the
+#   oracle's by the gradients property). Both sides then compute the same elementwise float32
+#   formula on the same inputs: SGD's m - lr * b, b = mu * b + g + wd * m, at most 8 roundings
+#   on each side (16 for Adam's), and the oracle's momentum buffer, its own, was built by the
+#   same formula from the same gradients at every earlier step: at most 16 (k + 1) roundings of
+#   terms no larger than the masters before and after the step (the update is their
+#   difference). Hence, elementwise and with no measured constant,
+#
+#       |got - ref| <= 2 * gamma_{16(k+1)} * (|ref| + max over the tensor of |ref|, |before|)
+#
+#   with u = 2**-24 (float32): 1.9e-6 at step 0. A master kept in bfloat16 is off by its own
+#   rounding (up to 2**-9 of it) or, where the update is below half its ulp, by the whole update:
+#   lr * |g|, which at lr 1e-3 and gradients of 1e-2 is already 10 times the bound at a master of
+#   0.5. Masters are compared only at steps whose gradients the target recorded (without them the
+#   oracle's own gradients would differ from the target's at bfloat16's rounding).
+def master_rtol(step: int) -> float:
+    """The relative tolerance of a float32 master weight after step ``step`` (Note [Comparing
+    master weights])."""
+    return 2 * _gamma(16 * (step + 1), _UNIT_ROUNDOFF["float32"])
 
 
 # -- the RMSNorm kernels against the float64 reference (paracheck.oracle.rmsnorm) ----------------

@@ -24,7 +24,9 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
 * with ``case.clip_norm``, the synchronised gradients of the parameters in the optimizer's groups
   are clipped to that global norm (``clip_global_norm``);
 * the optimizer (the case's torch optimizer, with its groups, late ``add_param_group`` calls,
-  lr schedule and LR scheduler) then steps once.
+  lr schedule and LR scheduler) then steps once: the parameters, or with
+  ``case.master_weights`` their float32 masters, each parameter then being its master rounded
+  (Note [Master weights] in ``paracheck.cases``).
 
 Besides parameters, gradients and optimizer state after every step, the trajectory keeps, per
 gradient element, ``sum_r |g_r|`` (``grad_absum``): the scale that bounds any reordering of the
@@ -68,6 +70,9 @@ class StepRecord:
     # The GradScaler found a gradient that is not finite and skipped the step (``Case.loss_scale``):
     # the step's gradients are discarded by every design and are not compared.
     skipped: bool = False
+    # ``Case.master_weights``: the float32 master of every parameter in the optimizer's groups
+    # after the step (None for one outside them, or frozen); None without master weights.
+    masters: list[torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -126,20 +131,52 @@ def clip_global_norm(grads: list[torch.Tensor], max_norm: float, scales=()) -> f
     return float(coef)
 
 
-def _anchor(params, held, anchor_params, anchor_grads):
+def _anchor(params, held, anchor_params, anchor_grads, anchor_masters=None, masters=None):
     """Set ``params`` to a target's (bitwise; a tensor of another shape is left as it is: the
-    comparison reports it) and return the held gradients to use: the target's where it recorded
-    them."""
+    comparison reports it), and ``masters`` to its masters where it recorded them (else to its
+    parameters in float32), and return the held gradients to use: the target's where it
+    recorded them."""
     with torch.no_grad():
         for p, a in zip(params, anchor_params):
             if a is not None and tuple(a.shape) == tuple(p.shape):
                 p.copy_(a)
+        for i, m in enumerate(masters or ()):
+            a = anchor_masters[i] if anchor_masters is not None else None
+            ok = a is not None and tuple(a.shape) == tuple(m.shape)
+            m.copy_(a if ok else params[i])
     if anchor_grads is None or len(anchor_grads) != len(params):
         return held
     return [
         h if g is None or tuple(g.shape) != tuple(p.shape) else g.detach().to(p.dtype).clone()
         for p, h, g in zip(params, held, anchor_grads)
     ]
+
+
+def _inside(optimizer, params, stepped) -> set[int]:
+    """The ids of the parameters whose tensor (itself, or its master) the optimizer holds."""
+    held = {id(t) for g in optimizer.param_groups for t in g["params"]}
+    return {id(p) for p, t in zip(params, stepped) if id(t) in held}
+
+
+def _step_masters(optimizer, params, masters) -> None:
+    """One step of the masters on the parameters' gradients, then every parameter rounded from
+    its master (Note [Master weights])."""
+    for p, m in zip(params, masters):
+        m.grad = None if p.grad is None else p.grad.detach().to(m.dtype)
+    optimizer.step()
+    with torch.no_grad():
+        for p, m in zip(params, masters):
+            p.copy_(m)
+    for m in masters:
+        m.grad = None
+
+
+def _masters_held(optimizer, masters) -> list | None:
+    """A clone of each master the optimizer holds and steps (trainable), None for the others."""
+    if masters is None:
+        return None
+    held = {id(t) for g in optimizer.param_groups for t in g["params"]}
+    return [m.detach().clone() if id(m) in held and m.requires_grad else None for m in masters]
 
 
 def _use_gradients(params, grads) -> None:
@@ -168,7 +205,12 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
-    optimizer = build_optimizer(case, params)
+    # What the optimizer steps: the parameters, or their float32 masters (Note [Master weights]).
+    masters = None
+    if case.master_weights:
+        masters = [p.detach().to(torch.float32).requires_grad_(p.requires_grad) for p in params]
+    stepped = params if masters is None else masters
+    optimizer = build_optimizer(case, stepped)
     scheduler = build_scheduler(case, optimizer)
     scaler = build_grad_scaler(case)
     W = case.world_size
@@ -177,9 +219,10 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     records = []
     for step in range(case.steps):
         if anchors is not None and 0 < step <= len(anchors):
-            held = _anchor(params, held, *anchors[step - 1])
-        add_late_groups(case, optimizer, params, step)
-        inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            anchor = tuple(anchors[step - 1]) + (None,)  # (params, grads[, masters])
+            held = _anchor(params, held, anchor[0], anchor[1], anchor[2], masters)
+        add_late_groups(case, optimizer, stepped, step)
+        inside = _inside(optimizer, params, stepped)
         held = [
             h
             if (id(p) not in inside and not case.zero_grad_module) or h is None
@@ -227,7 +270,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
             # is a power of two, so grad_absum is unscaled exactly alike.
             inv = 1.0 / scaler.get_scale()
             scaler.unscale_(optimizer)
-            inside = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            inside = _inside(optimizer, params, stepped)
             synced = [
                 p.grad if id(p) in inside and g is not None else g for p, g in zip(params, synced)
             ]
@@ -251,6 +294,8 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
             scaler.update()
             # The scale never grows within a case (GROWTH_INTERVAL): it falls iff a step is skipped.
             skipped = scaler.get_scale() < before
+        elif masters is not None:
+            _step_masters(optimizer, params, masters)
         else:
             optimizer.step()
         apply_lr_schedule(case, optimizer)
@@ -261,8 +306,9 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
                 grads=[None if g is None else g.clone() for g in synced],
                 grad_absum=absum,
                 params=[p.detach().clone() for p in params],
-                state=optimizer_state(optimizer, params),
+                state=optimizer_state(optimizer, stepped),
                 skipped=skipped,
+                masters=_masters_held(optimizer, masters),
             )
         )
         held = [None if g is None else g.clone() for g in synced]

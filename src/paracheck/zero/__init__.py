@@ -10,12 +10,13 @@ from paracheck.zero.partition import (
     flat_layout,
     partition_by_size,
 )
-from paracheck.zero.sharded import ShardedOptimizer
+from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer
 from paracheck.zero.zero1 import Zero1, Zero1Optimizer
 
 __all__ = [
     "Bucket",
     "FlatLayout",
+    "MasterWeightsShardedOptimizer",
     "ParamPartition",
     "Piece",
     "ShardedOptimizer",

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from paracheck.zero.partition import ParamPartition, partition_by_size
 
-__all__ = ["ShardedOptimizer"]
+__all__ = ["MasterWeightsShardedOptimizer", "ShardedOptimizer"]
 
 
 def check_optimizer_cls(optimizer_cls) -> type[torch.optim.Optimizer]:
@@ -116,7 +116,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
         """Give the wrapped optimizer this rank's parameters of ``group``, with its options."""
-        add_local_group(self, group, mine, names)
+        add_local_group(self, group, [self._local_tensor(p) for p in mine], names)
+
+    def _local_tensor(self, p: torch.Tensor) -> torch.Tensor:
+        """The tensor the wrapped optimizer steps for owned parameter ``p``: ``p`` itself."""
+        return p
+
+    def _param_of(self, t: torch.Tensor) -> torch.Tensor:
+        """The parameter whose local tensor ``t`` is (the inverse of ``_local_tensor``)."""
+        return t
 
     def _sync_hyperparameters(self) -> None:
         sync_hyperparameters(self)
@@ -186,11 +194,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         nothing (hyper-parameters are read from ``self.param_groups``, synced only by ``step()``)."""
         index = {id(p): i for i, p in enumerate(self._params)}
         local = {
-            index[id(p)]: {
+            index[id(self._param_of(t))]: {
                 k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v)
                 for k, v in st.items()
             }
-            for p, st in self.local_optimizer.state.items()
+            for t, st in self.local_optimizer.state.items()
         }
         state = {}
         for part in self._gather(local):
@@ -233,13 +241,121 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 packed["param_names"] = list(lg["param_names"])
             local_groups.append(packed)
         local_state = {
-            local_index[id(p)]: st
+            local_index[id(t)]: st
             for i, st in state_dict["state"].items()
-            if id(p := by_saved_index[i]) in local_index
+            if id(t := self._local_tensor(by_saved_index[i])) in local_index
         }
         self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
         # torch's load_state_dict replaces the state mapping: keep self.state pointing at it.
         self.state = self.local_optimizer.state
+
+
+class MasterWeightsShardedOptimizer(ShardedOptimizer):
+    """``ShardedOptimizer`` with float32 master weights (Note [Master weights] in
+    ``paracheck.cases``): the owner of every trainable parameter narrower than float32 (bfloat16,
+    float16) keeps a float32 copy of it, its *master*, and the wrapped optimizer steps the masters
+    (so its state is float32 too). ``step()`` sets each owned master's gradient to its
+    parameter's (already averaged) gradient in float32, steps, copies every owned master into its
+    parameter (rounding it) and broadcasts the parameters as ``ShardedOptimizer`` does: a
+    bfloat16 model whose updates are smaller than half a bfloat16 ulp still learns. A parameter
+    of float32 or wider is its own master.
+
+    Memory: 4 bytes per owned element of a narrower parameter beside the optimizer state (a
+    master is not optimizer state: it replaces the parameter as what the optimizer steps).
+    ``state_dict()`` carries the masters beside ``state`` and ``param_groups``, as ``"masters"``
+    (parameter index -> float32 tensor), so that a reload resumes from the masters, not from the
+    rounded parameters; ``load_state_dict()`` of a dict without it (a plain optimizer's) starts the
+    masters from the parameters. ``master_params()`` (a collective, for
+    checks) returns every master, one per parameter of ``param_groups``.
+    """
+
+    _NARROW = (torch.bfloat16, torch.float16)
+
+    def __init__(self, params, optimizer_cls, *, process_group=None, **kwargs):
+        self._masters: dict[int, torch.Tensor] = {}  # id(parameter) -> its master
+        self._owner_of_master: dict[int, torch.Tensor] = {}  # id(master) -> its parameter
+        super().__init__(params, optimizer_cls, process_group=process_group, **kwargs)
+
+    def _new_master(self, p: torch.Tensor) -> torch.Tensor:
+        return p.detach().to(torch.float32).requires_grad_(True)
+
+    def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
+        for p in mine:
+            if p.requires_grad and p.dtype in self._NARROW:
+                m = self._new_master(p)
+                self._masters[id(p)] = m
+                self._owner_of_master[id(m)] = p
+        super()._add_local_group(group, mine, names)
+
+    def _local_tensor(self, p: torch.Tensor) -> torch.Tensor:
+        return self._masters.get(id(p), p)
+
+    def _param_of(self, t: torch.Tensor) -> torch.Tensor:
+        return self._owner_of_master.get(id(t), t)
+
+    def step(self, closure=None, **kwargs):
+        """Step this rank's masters on their parameters' gradients, copy them into the parameters,
+        then broadcast every trainable parameter from its owner. A collective."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for p in self._params:
+            m = self._masters.get(id(p))
+            if m is not None:
+                m.grad = None if p.grad is None else p.grad.detach().to(m.dtype)
+        self._sync_hyperparameters()
+        self.local_optimizer.step(**kwargs)
+        with torch.no_grad():
+            for p in self._params:
+                m = self._masters.get(id(p))
+                if m is not None:
+                    p.copy_(m)
+                    m.grad = None
+        self._broadcast_parameters()
+        return loss
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        index = {id(p): i for i, p in enumerate(self._params)}
+        local = {
+            index[pid]: m.detach().to("cpu", copy=True)
+            for pid, m in self._masters.items()
+            if pid in index
+        }
+        sd["masters"] = {}
+        for part in self._gather(local):
+            sd["masters"].update(part)
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        masters = state_dict.get("masters", {})
+        super().load_state_dict(state_dict)
+        saved_index = [i for g in state_dict["param_groups"] for i in g["params"]]
+        with torch.no_grad():
+            for i, p in zip(saved_index, self._params):
+                m = self._masters.get(id(p))
+                if m is not None:
+                    m.copy_(masters[i] if i in masters else p)
+
+    def master_params(self) -> list[torch.Tensor | None]:
+        """The master of every parameter of ``param_groups`` (flattened, in order), gathered from
+        its owner: float32 for a narrower trainable parameter, the parameter itself for a wider
+        one, None for a frozen one. A collective; for checks (it copies every master to every
+        rank)."""
+        index = {id(p): i for i, p in enumerate(self._params)}
+        owned = {index[pid]: m.detach().to("cpu", copy=True) for pid, m in self._masters.items()}
+        gathered: dict[int, torch.Tensor] = {}
+        for part in self._gather(owned):
+            gathered.update(part)
+        return [
+            None
+            if not p.requires_grad
+            else gathered[i].to(p.device)
+            if i in gathered
+            else p.detach()
+            for i, p in enumerate(self._params)
+        ]
 
 
 _NOT_HYPER = ("params", "param_names")

@@ -41,6 +41,7 @@ _WHAT_TO_PROPERTY = {
     "grad": "gradients",
     "param": "parameters",
     "state": "optimizer-state",
+    "master": "master-weights",
     "buffer": "initial-state",
 }
 

@@ -18,11 +18,13 @@ __all__ = ["CaseFacts", "owners_disagree"]
 @dataclass(frozen=True)
 class CaseFacts:
     """The case's parameters as the oracle builds them, with per parameter index its element
-    size, its bytes, the step its group is added at (None: constructor; absent: in no group), its
+    size, the element size of its optimizer state (its master's, float32, with
+    ``Case.master_weights``: Note [Master weights]), its bytes, the step its group is added at (None: constructor; absent: in no group), its
     optimizer's state model, and the trainable indices."""
 
     params: list
     esize: list[int]
+    state_esize: list[int]
     nbytes: list[int]
     added: dict[int, int | None]
     models: list
@@ -35,6 +37,7 @@ class CaseFacts:
         return cls(
             params,
             [p.element_size() for p in params],
+            [max(p.element_size(), 4) if case.master_weights else p.element_size() for p in params],
             [p.numel() * p.element_size() for p in params],
             added,
             [

@@ -19,6 +19,7 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import (
+    master_rtol,
     state_tolerance,
     step0_grad_rtol,
     tensor_tolerance,
@@ -223,6 +224,9 @@ def compare(
                 )
                 if d:
                     return d, worst
+            d = _compare_masters(k, r, step, oref, traj, ranks, check)
+            if d:
+                return d, worst
             if check_state:
                 d = _compare_state(
                     k,
@@ -252,6 +256,31 @@ def compare(
                         "ranks must hold bitwise identical parameters after each step",
                     ), worst
     return None, worst
+
+
+def _compare_masters(k, r, step, oref, traj, ranks, check):
+    """Rank ``r``'s float32 masters after step ``k`` against the oracle's step from rank 0's
+    masters (Note [Comparing master weights]): where the case keeps master weights and the rank
+    recorded the step's gradients (the oracle's update was applied to them). A master the oracle
+    keeps must be there."""
+    got_all = getattr(step, "masters", None)
+    ref_all = getattr(oref, "masters", None)
+    if ref_all is None or step.grads is None:
+        return None
+    if got_all is None:
+        got_all = [None] * len(ref_all)
+    before = ranks[0].steps[k - 1].masters if k else None
+    for i, ref in enumerate(ref_all):
+        if ref is None:
+            continue
+        prev = before[i] if before is not None and i < len(before) else None
+        got = got_all[i] if i < len(got_all) else None
+        d = check(k, "master", r, i, got, ref, master_rtol(k), update_terms(ref, prev))
+        if d:
+            if got is not None:
+                d.detail = f"master weight ({got.dtype}). " + d.detail
+            return d
+    return None
 
 
 def grad_rtol(traj, k: int, i: int, *, anchored: bool, bound: bool, same_operations: bool):

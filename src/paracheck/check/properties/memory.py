@@ -45,7 +45,7 @@ def _sharded(k, ranks, facts: CaseFacts, stateful) -> Divergence | None:
             owners,
             r,
             numels=[p.numel() for p in facts.params],
-            element_sizes=facts.esize,
+            element_sizes=facts.state_esize,
             models=facts.models,
             stateful=stateful,
         )
@@ -66,7 +66,7 @@ def _sharded(k, ranks, facts: CaseFacts, stateful) -> Divergence | None:
 def _zero(k, ranks, facts: CaseFacts, stateful) -> Divergence | None:
     if ranks[0].pieces is None:
         return None
-    e = facts.params[facts.trainable[0]].element_size()
+    e = facts.state_esize[facts.trainable[0]]
     for r, rec in enumerate(ranks):
         pieces = [Piece(i, s, n, 0, 0) for i, s, n in rec.pieces]
         expected = flat_state_bytes(pieces, element_size=e, models=facts.models, stateful=stateful)

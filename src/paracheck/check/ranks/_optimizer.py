@@ -19,11 +19,40 @@ __all__ = [
     "build_zero",
     "declared_owners",
     "minus",
+    "read_masters",
     "read_state",
     "scheduler_or_skip",
     "state_by_param",
     "state_bytes",
 ]
+
+
+def read_masters(opt, index: dict[int, int], n: int) -> list | None:
+    """The target's ``master_params()`` (a collective where it gathers them): one tensor (float32
+    for a correct target; compared by value, so a master kept in bfloat16 shows as such) or None
+    per parameter of its ``param_groups`` (flattened, in order), mapped to the model's
+    ``n`` parameters by ``index`` and copied to the CPU (Note [Master weights] in
+    ``paracheck.cases``). A ValueError names a list of another length or a master of another
+    shape."""
+    got = list(opt.master_params())
+    order = [p for g in opt.param_groups for p in g["params"]]
+    if len(got) != len(order):
+        raise ValueError(
+            f"master_params() returned {len(got)} tensors for the {len(order)} parameters of "
+            f"param_groups: it must return one (or None) per parameter, in their order"
+        )
+    out: list = [None] * n
+    for p, m in zip(order, got):
+        if m is None or id(p) not in index:
+            continue
+        if not torch.is_tensor(m) or tuple(m.shape) != tuple(p.shape):
+            what = f"shape {tuple(m.shape)}" if torch.is_tensor(m) else type(m).__name__
+            raise ValueError(
+                f"master_params() returned {what} for a parameter of shape {tuple(p.shape)}: "
+                f"each master must be a tensor of its parameter's shape"
+            )
+        out[index[id(p)]] = m.detach().to("cpu", copy=True)
+    return out
 
 
 def inner_optimizers(opt):

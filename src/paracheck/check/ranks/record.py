@@ -42,6 +42,9 @@ class RankStep:
     state_bytes: int | None = None  # bytes of optimizer state this rank holds (None: no state)
     traffic: tuple = ()  # the step's collectives, ``StepTraffic.entries``
     owners: tuple | None = None  # sharded: the declared owner of each parameter
+    # Sharding kinds with master weights (Note [Master weights]): each parameter's float32 master
+    # after the step, from the target's master_params() (None for one it keeps none of).
+    masters: list | None = None
 
 
 @dataclass(frozen=True)

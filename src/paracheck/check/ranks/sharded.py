@@ -49,6 +49,7 @@ from paracheck.check.ranks._optimizer import (
     Closure,
     declared_owners,
     minus,
+    read_masters,
     read_state,
     scheduler_or_skip,
     state_bytes,
@@ -133,6 +134,11 @@ def run_sharded(payload: dict) -> RankRecord:
             traffic = rec.traffic()
         apply_lr_schedule(case, opt)
         step_scheduler(scheduler)
+        masters = None
+        if case.master_weights:  # Note [Master weights]
+            masters = on_every_rank(
+                lambda: read_masters(opt, index, len(params)), device, "master_params()"
+            )
         sd, state, how = on_every_rank(lambda: read_state(opt, index), device, "state_dict()")
         steps.append(
             RankStep(
@@ -142,6 +148,7 @@ def run_sharded(payload: dict) -> RankRecord:
                 state_read=how,
                 state_bytes=state_bytes(opt),
                 traffic=traffic.entries,
+                masters=masters,
                 owners=declared_owners(opt, index, len(params)),
             )
         )

@@ -37,6 +37,7 @@ from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks._optimizer import (
     Closure,
     build_zero,
+    read_masters,
     read_state,
     scheduler_or_skip,
     state_bytes,
@@ -103,6 +104,11 @@ def run_zero(payload: dict) -> RankRecord:
             traffic = rec.traffic() + rec_step.traffic()
         apply_lr_schedule(case, zero)
         step_scheduler(scheduler)
+        masters = None
+        if case.master_weights:  # Note [Master weights]
+            masters = on_every_rank(
+                lambda: read_masters(zero, index, len(params)), device, "master_params()"
+            )
         sd, state, how = on_every_rank(lambda: read_state(zero, index), device, "state_dict()")
         steps.append(
             RankStep(
@@ -112,6 +118,7 @@ def run_zero(payload: dict) -> RankRecord:
                 state_read=how,
                 state_bytes=state_bytes(zero),
                 traffic=traffic.entries,
+                masters=masters,
             )
         )
     pieces = getattr(zero, "pieces", None)

@@ -1,0 +1,149 @@
+"""Master weights (Note [Master weights]): the oracle steps float32 copies of bfloat16
+parameters, the reference ``MasterWeightsShardedOptimizer`` does the same, its masters survive
+``state_dict()`` / ``load_state_dict()``, and a sharding target declares them by
+``master_params()``.
+
+Model: MLP 4 -> 5 -> 3 with biases, bfloat16 parameters, SGD at lr 1e-3 (updates below half a
+bfloat16 ulp of most weights: what masters are for)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from paracheck.cases import Case, GroupSpec, OptimizerSpec
+from paracheck.check.ranks._optimizer import read_masters
+from paracheck.check.targets import Target, resolve_target
+from paracheck.oracle.tolerance import master_rtol
+from paracheck.oracle.train import train
+from paracheck.workloads import MLPSpec
+from paracheck.zero import MasterWeightsShardedOptimizer, ShardedOptimizer
+
+CASE = Case(
+    model=MLPSpec(in_features=4, widths=(5, 3), bias=True),
+    world_size=2,
+    batch_sizes=(2, 3),
+    steps=4,
+    dtype="bfloat16",
+    optimizer=OptimizerSpec("sgd", (GroupSpec(params=(), lr=1e-3, momentum=0.9),)),
+    seed=3,
+    master_weights=True,
+)
+
+
+def test_master_weights_need_bfloat16_parameters():
+    with pytest.raises(ValueError, match="master_weights=True with dtype='float32'"):
+        replace(CASE, dtype="float32")
+
+
+def test_oracle_masters_are_float32_and_round_to_the_parameters():
+    """Every recorded master is float32, and each parameter is its master rounded to bfloat16."""
+    traj = train(CASE)
+    for rec in traj.steps:
+        assert rec.masters is not None
+        for m, p in zip(rec.masters, rec.params):
+            assert m.dtype == torch.float32
+            assert torch.equal(m.to(torch.bfloat16), p)
+
+
+def test_oracle_masters_learn_what_bfloat16_parameters_lose():
+    """At lr 1e-3 the masters move every step, while stepping the bfloat16 parameters themselves
+    loses most updates: the two oracles end apart (what the property exists to tell)."""
+    with_masters = train(CASE)
+    without = train(replace(CASE, master_weights=False))
+    moved = [
+        (m - p0.float()).abs().max().item()
+        for m, p0 in zip(with_masters.steps[-1].masters, with_masters.initial_params)
+    ]
+    assert min(moved) > 0
+    differ = [
+        not torch.equal(a, b)
+        for a, b in zip(with_masters.steps[-1].params, without.steps[-1].params)
+    ]
+    assert any(differ)
+
+
+def _reference(lr=1e-3):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    opt = MasterWeightsShardedOptimizer(model.parameters(), torch.optim.SGD, lr=lr, momentum=0.9)
+    return model, opt
+
+
+def _step(model, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 4, generator=g).to(torch.bfloat16)
+    opt.zero_grad()
+    model(x).float().square().mean().backward()
+    opt.step()
+
+
+def test_reference_steps_float32_masters_and_rounds_the_parameters():
+    model, opt = _reference()
+    before = [p.detach().float().clone() for p in model.parameters()]
+    for s in range(3):
+        _step(model, opt, s)
+    masters = opt.master_params()
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert all(torch.equal(m.to(torch.bfloat16), p) for m, p in zip(masters, model.parameters()))
+    assert all((m - b).abs().max() > 0 for m, b in zip(masters, before))
+    # The wrapped optimizer's state is the masters': float32.
+    assert all(
+        st["momentum_buffer"].dtype == torch.float32 for st in opt.local_optimizer.state.values()
+    )
+
+
+def test_reference_masters_survive_a_reload():
+    """state_dict() carries the masters; a fresh instance that loads it continues exactly as the
+    original does, not from the rounded parameters."""
+    model, opt = _reference()
+    _step(model, opt, 0)
+    saved = opt.state_dict()
+    assert set(saved["masters"]) == {0, 1}
+    fresh = MasterWeightsShardedOptimizer(
+        model.parameters(), torch.optim.SGD, lr=1e-3, momentum=0.9
+    )
+    fresh.load_state_dict(saved)
+    for a, b in zip(fresh.master_params(), opt.master_params()):
+        assert torch.equal(a, b)
+    # A plain optimizer's dict (no masters) starts them from the parameters.
+    plain = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=1e-3, momentum=0.9)
+    plain.load_state_dict({k: v for k, v in saved.items() if k != "masters"})
+    other = MasterWeightsShardedOptimizer(
+        model.parameters(), torch.optim.SGD, lr=1e-3, momentum=0.9
+    )
+    other.load_state_dict(plain.state_dict())
+    for m, p in zip(other.master_params(), model.parameters()):
+        assert torch.equal(m, p.float())
+
+
+def test_master_params_declares_master_weights():
+    assert resolve_target("sharded-master").master_weights
+    assert not resolve_target("sharded").master_weights
+    assert not Target("x", "paracheck.fsdp:FSDP", "fsdp").master_weights
+
+
+def test_read_masters_names_a_list_of_the_wrong_length():
+    model, opt = _reference()
+    opt.master_params = lambda: [None]
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    with pytest.raises(ValueError, match="returned 1 tensors for the 2 parameters"):
+        read_masters(opt, index, 2)
+
+
+def test_master_tolerance_is_derived_from_float32_roundoff():
+    """2 * gamma_{16(k+1)} at u = 2**-24: about 1.9e-6 at step 0, growing linearly."""
+    u = 2.0**-24
+    assert master_rtol(0) == pytest.approx(2 * 16 * u / (1 - 16 * u))
+    assert master_rtol(3) == pytest.approx(2 * 64 * u / (1 - 64 * u))
+    assert master_rtol(0) < 2e-6
+
+
+def test_a_lost_update_is_far_outside_the_master_tolerance():
+    """At lr 1e-3, the update a bfloat16 master loses is at least ten times the allowed difference
+    for the largest master of every weight matrix of the oracle's first step."""
+    traj = train(CASE)
+    for m, p0 in zip(traj.steps[0].masters, traj.initial_params):
+        update = (m - p0.float()).abs().max().item()
+        allowed = master_rtol(0) * 2 * max(m.abs().max().item(), p0.float().abs().max().item())
+        assert update >= 10 * allowed, (update, allowed)
