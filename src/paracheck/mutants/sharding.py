@@ -19,6 +19,7 @@ from paracheck.mutants._edit import edited
 from paracheck.zero.partition import ParamPartition
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer, _param_weight
 from paracheck.zero.zero1 import Zero1
+from paracheck.zero.zero2 import Zero2
 
 __all__ = [
     "BroadcastFromRankZero",
@@ -44,6 +45,7 @@ __all__ = [
     "LoadStateDictSkipsWrapped",
     "MastersInParameterDtype",
     "MastersNotSaved",
+    "Zero2LastMicroBatchOnly",
 ]
 
 
@@ -212,8 +214,8 @@ class Zero1NoAverage(Zero1):
     finish_gradient_synchronization = edited(
         Zero1.finish_gradient_synchronization,
         (
-            "shard = self._grad_shard[b].div_(self.world_size)",
-            "shard = self._grad_shard[b]  # BUG: no .div_(self.world_size): a sum over ranks",
+            "chunk = self._reduced_chunk(b).div_(self.world_size)",
+            "chunk = self._reduced_chunk(b)  # BUG: no .div_(self.world_size): a sum over ranks",
         ),
     )
 
@@ -250,10 +252,22 @@ class Zero1AccumulationOverwrites(Zero1):
     _start_bucket = edited(
         Zero1._start_bucket,
         (
-            "self._saved[b] = self._grad_shard[b].clone()",
+            "self._saved[b] = self._kept(b)",
             "pass  # BUG: the accumulated chunk is not kept aside",
         ),
     )
+
+
+# -- Zero2 --------------------------------------------------------------------------------------
+
+
+class Zero2LastMicroBatchOnly(Zero2):
+    """Each synchronisation's averaged chunk is copied into the shard, never added to what the
+    step's earlier synchronisations left there: with accumulation only the last micro-batch's
+    gradient is kept."""
+
+    def _kept(self, b: int):
+        return None  # BUG: the shard's accumulated gradient is not added to the new chunk
 
 
 class Zero1LocalStateDict(Zero1):
@@ -422,4 +436,10 @@ register(
     "sharded",
     "state_dict() leaves the float32 masters out: a reload restarts them from the bfloat16 parameters",
     precision="bf16",
+)
+register(
+    "zero2-last-micro-batch-only",
+    f"{_M}:Zero2LastMicroBatchOnly",
+    "zero",
+    "ZeRO-2: each synchronisation overwrites the gradient shard: only the last micro-batch's gradient is kept",
 )

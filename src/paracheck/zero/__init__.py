@@ -1,6 +1,7 @@
-"""Optimizer-state sharding: the CS336 owner-broadcast ``ShardedOptimizer``, a true ZeRO-1
-(``Zero1``), torch's ``ZeroRedundancyOptimizer`` behind the same interface (``TorchZero``), and
-the pure partition plans they consume."""
+"""Optimizer-state sharding: the CS336 owner-broadcast ``ShardedOptimizer`` (and
+``MasterWeightsShardedOptimizer``, with float32 master weights), a true ZeRO-1 (``Zero1``),
+ZeRO-2 (``Zero2``: gradients kept only as shards), torch's ``ZeroRedundancyOptimizer`` behind the
+same interface (``TorchZero``), and the pure partition plans they consume."""
 
 from paracheck.zero.partition import (
     Bucket,
@@ -12,6 +13,7 @@ from paracheck.zero.partition import (
 )
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer
 from paracheck.zero.zero1 import Zero1, Zero1Optimizer
+from paracheck.zero.zero2 import Zero2
 
 __all__ = [
     "Bucket",
@@ -23,6 +25,7 @@ __all__ = [
     "TorchZero",
     "Zero1",
     "Zero1Optimizer",
+    "Zero2",
     "flat_layout",
     "partition_by_size",
 ]

@@ -197,11 +197,9 @@ class Zero1:
                     p.data = view.view_as(p)
                     self._where[i] = (b, off)
                 self._param_flat.append(flat)
-                grad = torch.zeros(bucket.padded, **kw)
+                grad, shard = self._gradient_buffers(bucket.padded, kw)
                 self._grad_flat.append(grad)
-                # A view, not a buffer: Note [Zero1 in-place reduce-scatter].
-                s = bucket.padded // self.world_size
-                self._grad_shard.append(grad.narrow(0, self.rank * s, s))
+                self._grad_shard.append(shard)
         # This rank's pieces: parameter views the wrapped optimizer steps, and their gradient views.
         self.pieces = self.layout.pieces(self.rank)
         self._piece_params, self._piece_grads = [], []
@@ -214,6 +212,43 @@ class Zero1:
         self._pieces_of = [[] for _ in self.trainable]
         for k, pc in enumerate(self.pieces):
             self._pieces_of[pc.param].append(k)
+
+    # -- where gradients live (Zero2 overrides these: Note [Zero2 gradient lifetime]) ------------
+    def _gradient_buffers(self, padded: int, kw: dict):
+        """A bucket's full gradient buffer and this rank's chunk of it: a view, not a buffer
+        (Note [Zero1 in-place reduce-scatter])."""
+        grad = torch.zeros(padded, **kw)
+        s = padded // self.world_size
+        return grad, grad.narrow(0, self.rank * s, s)
+
+    def _flat(self, b: int) -> torch.Tensor:
+        """Bucket b's full gradient buffer, which the hooks write and the reduce-scatter reads."""
+        return self._grad_flat[b]
+
+    def _reduced_chunk(self, b: int) -> torch.Tensor:
+        """Where bucket b's reduce-scatter leaves this rank's sum: the shard itself."""
+        return self._grad_shard[b]
+
+    def _kept(self, b: int) -> torch.Tensor:
+        """Bucket b's accumulated chunk, kept before the round's first write (Note [Zero1 gradient
+        accumulation]): a copy, since the chunk is part of the buffer the round overwrites."""
+        return self._grad_shard[b].clone()
+
+    def _release(self, b: int) -> None:
+        """Bucket b's round is over: its averaged chunk is in the shard."""
+
+    def gradient_bytes(self) -> int:
+        """Bytes of gradient storage this rank holds now: its bucket buffers and shards (each
+        storage once) and any gradient left on a parameter (accumulated under ``no_sync()``)."""
+        seen, total = set(), 0
+        tensors = [t for t in self._grad_flat if t is not None] + list(self._grad_shard)
+        tensors += [p.grad for p in self.trainable if p.grad is not None]
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
 
     def pieces_of(self, p: torch.Tensor) -> list[torch.Tensor]:
         """The piece tensors of parameter ``p`` this rank steps (empty for a frozen parameter or one
@@ -272,7 +307,7 @@ class Zero1:
             )
         b, off = self._where[i]
         self._start_bucket(b)
-        self._grad_flat[b][off : off + p.numel()].copy_(p.grad.reshape(-1))
+        self._flat(b)[off : off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None
         self._fired[i] = True
         self._present[i] = 1
@@ -285,7 +320,7 @@ class Zero1:
             return
         self._started[b] = True
         if not self._fresh[b]:
-            self._saved[b] = self._grad_shard[b].clone()
+            self._saved[b] = self._kept(b)
 
     def _launch_ready(self) -> None:
         while self._next < len(self.layout.buckets) and self._pending[self._next] == 0:
@@ -296,13 +331,13 @@ class Zero1:
         self._start_bucket(b)
         for i, off in zip(bucket.params, bucket.offsets):
             if not self._fired[i]:  # unused on this rank: contributes zeros
-                self._grad_flat[b][off : off + self.trainable[i].numel()].zero_()
+                self._flat(b)[off : off + self.trainable[i].numel()].zero_()
         # In place: the output is this rank's chunk of the input (Note [Zero1 in-place reduce-scatter]).
         # One rank: the chunk is the whole buffer, already holding the "sum".
         handle = None
         if self.world_size > 1:
             handle = _reduce_scatter_tensor(
-                self._grad_shard[b], self._grad_flat[b], group=self.process_group, async_op=True
+                self._reduced_chunk(b), self._flat(b), group=self.process_group, async_op=True
             )
         self._fresh[b] = False
         self._inflight.append((b, handle))
@@ -325,9 +360,12 @@ class Zero1:
         for b, handle in self._inflight:
             if handle is not None:
                 handle.wait()
-            shard = self._grad_shard[b].div_(self.world_size)
+            chunk = self._reduced_chunk(b).div_(self.world_size)
             if self._saved[b] is not None:
-                shard.add_(self._saved[b])
+                chunk.add_(self._saved[b])
+            if chunk is not self._grad_shard[b]:
+                self._grad_shard[b].copy_(chunk)
+            self._release(b)
         for i, flag in enumerate(self._present.tolist()):
             if flag:
                 self._has_grad[i] = True
