@@ -37,3 +37,13 @@ def test_every_option_has_help_with_its_default(command, action):
         return
     text = action.help % {"default": default, "prog": "paracheck", "dest": action.dest}
     assert "default" in text, f"{what}: default {default!r} not stated in {text!r}"
+
+
+def test_kind_accepts_every_kind():
+    """``--kind`` offers every kind the checker has (fsdp included)."""
+    from paracheck.check.kinds import KINDS
+
+    top, commands = _parser()
+    kind = next(a for a in commands["check"]._actions if "--kind" in a.option_strings)
+    assert list(kind.choices) == list(KINDS)
+    assert "fsdp" in kind.choices

@@ -74,6 +74,8 @@ def _check_rank_limit(args, option: str, value: str, sizes: tuple[int, ...]) -> 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` and ``selftest`` to the subcommands ``sub``."""
+    from paracheck.check.kinds import KINDS
+
     c = sub.add_parser("check", help="check targets against the oracle")
     c.add_argument(
         "targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)"
@@ -120,7 +122,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--kind",
-        choices=["ddp", "sharded", "zero", "loop"],
+        choices=list(KINDS),
         default=None,
         help="interface of an import-path target (default: read from its constructor and "
         "methods); loop: a whole training step, train_step(model, optimizer, micro_batches)",
