@@ -455,6 +455,7 @@ def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Ten
 #   step is skipped is never decided by a value within rounding of float16's largest (65504), where
 #   a rank and the oracle summing in another order could decide differently.
 GROWTH_INTERVAL = 2**10
+BACKOFF = 2.0**-32
 
 
 # Note [Master weights]
@@ -470,7 +471,6 @@ GROWTH_INTERVAL = 2**10
 #   (``paracheck.oracle.train.train``). A sharding target declares master weights with a
 #   ``master_params()`` method (``paracheck.check.targets.Target.master_weights``), and its masters
 #   are compared with the oracle's after every step (Note [Comparing master weights]).
-BACKOFF = 2.0**-32
 
 
 def forward_context(case: Case, device="cpu"):

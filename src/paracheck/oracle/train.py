@@ -131,11 +131,13 @@ def clip_global_norm(grads: list[torch.Tensor], max_norm: float, scales=()) -> f
     return float(coef)
 
 
-def _anchor(params, held, anchor_params, anchor_grads, anchor_masters=None, masters=None):
-    """Set ``params`` to a target's (bitwise; a tensor of another shape is left as it is: the
-    comparison reports it), and ``masters`` to its masters where it recorded them (else to its
-    parameters in float32), and return the held gradients to use: the target's where it
-    recorded them."""
+def _anchor(params, held, anchor, masters):
+    """Set ``params`` to a target's ``anchor`` = (parameters, gradients[, masters]) (bitwise; a
+    tensor of another shape is left as it is: the comparison reports it), and ``masters`` to its
+    masters where it recorded them (else to its parameters in float32), and return the held
+    gradients to use: the target's where it recorded them."""
+    anchor_params, anchor_grads, *rest = anchor
+    anchor_masters = rest[0] if rest else None
     with torch.no_grad():
         for p, a in zip(params, anchor_params):
             if a is not None and tuple(a.shape) == tuple(p.shape):
@@ -193,7 +195,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     """Train ``case`` in this process and return the whole trajectory (see module docstring).
 
     ``anchors``: a target's own steps, as (parameters after the step, synchronised gradients or
-    None) per step. Step k >= 1 then starts from the target's parameters after step k-1 (and
+    None[, float32 masters or None]) per step. Step k >= 1 then starts from the target's parameters after step k-1 (and
     the gradients it held), not from the oracle's own: each step is the oracle's step from the
     target's state (Note [Anchored steps] in ``paracheck.oracle.tolerance``). Optimizer state,
     scaler and schedules stay the oracle's own. With ``target_gradients``, each step's update is
@@ -219,8 +221,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     records = []
     for step in range(case.steps):
         if anchors is not None and 0 < step <= len(anchors):
-            anchor = tuple(anchors[step - 1]) + (None,)  # (params, grads[, masters])
-            held = _anchor(params, held, anchor[0], anchor[1], anchor[2], masters)
+            held = _anchor(params, held, anchors[step - 1], masters)
         add_late_groups(case, optimizer, stepped, step)
         inside = _inside(optimizer, params, stepped)
         held = [

@@ -19,8 +19,9 @@ __all__ = ["CaseFacts", "owners_disagree"]
 class CaseFacts:
     """The case's parameters as the oracle builds them, with per parameter index its element
     size, the element size of its optimizer state (its master's, float32, with
-    ``Case.master_weights``: Note [Master weights]), its bytes, the step its group is added at (None: constructor; absent: in no group), its
-    optimizer's state model, and the trainable indices."""
+    ``Case.master_weights``: Note [Master weights]), its bytes, the step its group is added at
+    (None: constructor; absent: in no group), its optimizer's state model, and the trainable
+    indices."""
 
     params: list
     esize: list[int]

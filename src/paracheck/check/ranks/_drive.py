@@ -47,6 +47,17 @@ class DDPDriver:
     batch_start: Callable | None = None  # batch_start(optimizer)
     no_sync: Callable | None = None  # no_sync() -> context manager
 
+    @classmethod
+    def of(cls, wrapper) -> DDPDriver:
+        """The driver of a wrapper with the method interface: called as the forward,
+        ``finish_gradient_synchronization()`` after each backward, ``no_sync()`` where it has one."""
+        return cls(
+            wrapper=wrapper,
+            forward=wrapper,
+            finish=lambda optimizer: wrapper.finish_gradient_synchronization(),
+            no_sync=getattr(wrapper, "no_sync", None),
+        )
+
     def sync_context(self, skip: bool):
         return self.no_sync() if skip and self.no_sync is not None else contextlib.nullcontext()
 

@@ -20,6 +20,7 @@ __all__ = [
     "declared_owners",
     "minus",
     "read_masters",
+    "record_masters",
     "read_state",
     "scheduler_or_skip",
     "state_by_param",
@@ -27,7 +28,15 @@ __all__ = [
 ]
 
 
-def read_masters(opt, index: dict[int, int], n: int) -> list | None:
+def record_masters(case: Case, opt, index: dict[int, int], n: int, device) -> list | None:
+    """What a step of ``case`` records of the target's master weights: ``read_masters`` on every
+    rank where the case keeps them (Note [Master weights] in ``paracheck.cases``), else None."""
+    if not case.master_weights:
+        return None
+    return on_every_rank(lambda: read_masters(opt, index, n), device, "master_params()")
+
+
+def read_masters(opt, index: dict[int, int], n: int) -> list:
     """The target's ``master_params()`` (a collective where it gathers them): one tensor (float32
     for a correct target; compared by value, so a master kept in bfloat16 shows as such) or None
     per parameter of its ``param_groups`` (flattened, in order), mapped to the model's

@@ -102,12 +102,7 @@ def run_fsdp(payload: dict) -> RankRecord:
 
     initial_params = whole(gather, f"{gather_name}()")
     initial_buffers, steps = snapshot(model.buffers()), []
-    drv = DDPDriver(
-        wrapper=wrapper,
-        forward=wrapper,
-        finish=lambda optimizer: wrapper.finish_gradient_synchronization(),
-        no_sync=getattr(wrapper, "no_sync", None),
-    )
+    drv = DDPDriver.of(wrapper)
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, optimizer, params, step)

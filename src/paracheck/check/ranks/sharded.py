@@ -49,8 +49,8 @@ from paracheck.check.ranks._optimizer import (
     Closure,
     declared_owners,
     minus,
-    read_masters,
     read_state,
+    record_masters,
     scheduler_or_skip,
     state_bytes,
 )
@@ -88,12 +88,7 @@ def run_sharded(payload: dict) -> RankRecord:
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
     model = build_case_model(case, rank, device=device)
-    ddp = DDPDriver(
-        wrapper=(flat := FlatDDP(model)),
-        forward=flat,
-        finish=lambda optimizer: flat.finish_gradient_synchronization(),
-        no_sync=flat.no_sync,
-    )
+    ddp = DDPDriver.of(FlatDDP(model))
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
     cls = target_object(payload["path"])
@@ -134,11 +129,7 @@ def run_sharded(payload: dict) -> RankRecord:
             traffic = rec.traffic()
         apply_lr_schedule(case, opt)
         step_scheduler(scheduler)
-        masters = None
-        if case.master_weights:  # Note [Master weights]
-            masters = on_every_rank(
-                lambda: read_masters(opt, index, len(params)), device, "master_params()"
-            )
+        masters = record_masters(case, opt, index, len(params), device)
         sd, state, how = on_every_rank(lambda: read_state(opt, index), device, "state_dict()")
         steps.append(
             RankStep(

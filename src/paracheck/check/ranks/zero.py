@@ -37,8 +37,8 @@ from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks._optimizer import (
     Closure,
     build_zero,
-    read_masters,
     read_state,
+    record_masters,
     scheduler_or_skip,
     state_bytes,
 )
@@ -72,12 +72,7 @@ def run_zero(payload: dict) -> RankRecord:
         return RankRecord.skip(LOSS_SCALE_SKIPPED)
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     full_gradients = getattr(zero, "full_gradients", None)
-    drv = DDPDriver(
-        wrapper=zero,
-        forward=zero,
-        finish=lambda optimizer: zero.finish_gradient_synchronization(),
-        no_sync=getattr(zero, "no_sync", None),
-    )
+    drv = DDPDriver.of(zero)
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, zero, params, step)
@@ -104,11 +99,7 @@ def run_zero(payload: dict) -> RankRecord:
             traffic = rec.traffic() + rec_step.traffic()
         apply_lr_schedule(case, zero)
         step_scheduler(scheduler)
-        masters = None
-        if case.master_weights:  # Note [Master weights]
-            masters = on_every_rank(
-                lambda: read_masters(zero, index, len(params)), device, "master_params()"
-            )
+        masters = record_masters(case, zero, index, len(params), device)
         sd, state, how = on_every_rank(lambda: read_state(zero, index), device, "state_dict()")
         steps.append(
             RankStep(
