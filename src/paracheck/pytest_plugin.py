@@ -374,11 +374,14 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         precision=None,
         loss=None,
         clip_norm=None,
+        gather=None,
         **kwargs,
     ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
         if isinstance(target, str):
-            hooks = dict(finish=finish, batch_start=batch_start, stub_cuda_timing=stub)
+            hooks = dict(
+                finish=finish, batch_start=batch_start, stub_cuda_timing=stub, gather=gather
+            )
             t = resolve_target(target, kind, loss=loss, clip_norm=clip_norm, **hooks)
             # The options apply to loop targets only, as --paracheck-properties to the kinds
             # that have the property; keywords given here win over them.

@@ -58,3 +58,38 @@ def lifetimes(_payload):
         fsdp.live_at_gather,
         all(p.grad is not None for p in fsdp.parameters() if p.requires_grad),
     )
+
+
+class OwnNames(nn.Module):
+    """A user's FSDP whose whole-parameter reader has a name of its own: ``materialize()``."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.inner = FSDP(module)
+
+    def forward(self, *args):
+        return self.inner(*args)
+
+    def finish_gradient_synchronization(self):
+        self.inner.finish_gradient_synchronization()
+
+    def no_sync(self):
+        return self.inner.no_sync()
+
+    def materialize(self):
+        return dict(zip(self._names(), self.inner.gather_full_params()))
+
+    def _names(self):
+        return [n for n, _ in self.inner.module.named_parameters()]
+
+
+def gather_all(wrapper):
+    """The ``module:function`` reading of the same wrapper."""
+    return wrapper.inner.gather_full_params()
+
+
+class MyFSDP(OwnNames):
+    """The CS336 constructor ``FSDP(module, compute_dtype=None)`` and a reader of its own."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__(module)

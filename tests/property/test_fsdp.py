@@ -88,3 +88,35 @@ def test_an_fsdp_class_is_read_as_the_fsdp_kind_and_bad_arguments_are_named():
     assert resolve_target("paracheck.mutants.fsdp:NoDivideFSDP").kind == "fsdp"
     with pytest.raises(ValueError, match="compute_dtype=torch.bfloat16"):
         FSDP(torch.nn.Linear(2, 2), compute_dtype=torch.bfloat16)
+
+
+def test_torch_fully_shard_matches_oracle(world):
+    """torch's FSDP2 behind the CS336 interface (target torch-fsdp) passes what the reference
+    passes."""
+    report = check_target(
+        resolve_target("torch-fsdp"), world, world_sizes=(1, 2, 3), max_examples=15
+    )
+    assert report.passed, report.failure.describe()
+    assert report.examples >= 12
+
+
+@pytest.mark.parametrize("gather", ["materialize", "tests.property._fsdp_jobs:gather_all"])
+def test_a_declared_gather_reads_a_wrapper_with_its_own_names(world, gather):
+    target = resolve_target("tests.property._fsdp_jobs:OwnNames", gather=gather)
+    assert target.kind == "fsdp" and target.gather == gather
+    assert f"--gather {gather}" in target.cli_options()
+    report = check_target(target, world, world_sizes=(1, 3), max_examples=6)
+    assert report.passed, report.failure.describe()
+
+
+def test_a_bad_gather_is_named():
+    from paracheck.check.targets import TargetError
+
+    with pytest.raises(TargetError, match="gather='full'.*materialize"):
+        resolve_target("tests.property._fsdp_jobs:OwnNames", gather="full")
+    with pytest.raises(TargetError, match="gather='materialize' is for fsdp targets"):
+        resolve_target("naive", gather="materialize")
+    # The CS336 constructor without a known reader: named, with the method it has.
+    with pytest.raises(TargetError, match="looks like a fully sharded.*materialize.*--gather"):
+        resolve_target("tests.property._fsdp_jobs:MyFSDP")
+    assert resolve_target("tests.property._fsdp_jobs:MyFSDP", gather="materialize").kind == "fsdp"

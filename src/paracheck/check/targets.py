@@ -92,6 +92,9 @@ class Target:
     # ``scaler`` (a ``torch.amp.GradScaler``, passed where the case scales its loss).
     autocast: str | None = None
     scaler: bool = False
+    # fsdp: how the check reads the parameters whole (Note [Reading an FSDP]): a method name, or
+    # "module:function" called as f(wrapper); None: the first of GATHER_METHODS the wrapper has.
+    gather: str | None = None
 
     @property
     def master_weights(self) -> bool:
@@ -115,6 +118,7 @@ class Target:
             "finish": self.finish,
             "batch_start": self.batch_start,
             "scaler": self.scaler,
+            "gather": self.gather,
         }
 
     def cli_options(self) -> str:
@@ -132,6 +136,8 @@ class Target:
             out += f" --clip-norm {self.clip_norm:g}"
         if self.reduce_dtype is not None:
             out += f" --reduce-dtype {self.reduce_dtype}"
+        if self.gather is not None:
+            out += f" --gather {self.gather}"
         return out
 
 
@@ -148,6 +154,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "zero2": ("paracheck.zero:Zero2", "zero"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
     "fsdp": ("paracheck.fsdp:FSDP", "fsdp"),
+    "torch-fsdp": ("paracheck.fsdp.torch_fsdp:TorchFSDP", "fsdp"),
     "loop": ("paracheck.loop:train_step", "loop"),
     "loop-batch-mean": ("paracheck.loop:train_step_batch_mean", "loop"),
 }
@@ -522,6 +529,18 @@ def _infer_kind(cls, path: str, finish: str | None = None) -> tuple[str, bool]:
 
     if inspect.isclass(cls) and any(hasattr(cls, m) for m in GATHER_METHODS):
         return "fsdp", False  # a wrapper that can give its sharded parameters whole
+    if inspect.isclass(cls) and (
+        "compute_dtype" in names or "fsdp" in cls.__name__.lower().replace("_", "")
+    ):
+        # The CS336 FSDP(module, compute_dtype=None), or a class named so, without a reader.
+        others = _gather_candidates(cls)
+        hint = f"; it has {', '.join(m + '()' for m in others)}" if others else ""
+        raise TargetError(
+            f"target={path!r} looks like a fully sharded wrapper but has none of "
+            f"{', '.join(m + '()' for m in GATHER_METHODS)}{hint}: name the method (or "
+            "module:function called as f(wrapper)) that returns every parameter whole with "
+            "--gather NAME (gather=... in paracheck_check)"
+        )
     if (
         inspect.isfunction(cls)
         or finish is not None
@@ -641,6 +660,7 @@ def resolve_target(
     loss: str | None = None,
     clip_norm: float | None = None,
     reduce_dtype: str | None = None,
+    gather: str | None = None,
 ) -> Target:
     """A built-in name or an import path -> Target (imports it here, to fail early and clearly).
 
@@ -648,10 +668,55 @@ def resolve_target(
     ``loss`` the loss semantics of a ``loop`` target (Note [Loss semantics]) and ``clip_norm``
     the global norm it clips its gradients to; ``reduce_dtype`` the dtype a DDP target reduces
     its gradients in (Note [Declared reduction dtype]; default: its class's
-    ``paracheck_reduce_dtype``).
+    ``paracheck_reduce_dtype``); ``gather`` how an FSDP target's parameters are read whole (a
+    method name or ``module:function`` called as ``f(wrapper)``; it makes the kind ``fsdp``).
     """
+    if gather is not None and kind is None and name not in BUILTIN_TARGETS:
+        kind = "fsdp"
     target = _resolve(name, kind, finish, batch_start, stub_cuda_timing, loss, clip_norm)
-    return with_reduce_dtype(target, reduce_dtype)
+    return with_gather(with_reduce_dtype(target, reduce_dtype), gather)
+
+
+def _gather_candidates(cls) -> list[str]:
+    """``cls``'s own public methods whose names suggest they return whole parameters."""
+    import torch
+
+    words = ("gather", "full", "material", "unshard", "param")
+    return [
+        m
+        for m in dir(cls)
+        if not m.startswith("_")
+        and m not in dir(torch.nn.Module)
+        and callable(getattr(cls, m, None))
+        and any(w in m.lower() for w in words)
+    ]
+
+
+def with_gather(target: Target, gather: str | None) -> Target:
+    """``target`` reading its parameters whole through ``gather`` (Note [Reading an FSDP]); a
+    TargetError naming the value where it is neither a method of the class nor a function."""
+    import dataclasses
+
+    if gather is None:
+        return target
+    if target.kind != "fsdp":
+        raise TargetError(
+            f"gather={gather!r} is for fsdp targets; {target.name!r} is a {target.kind} target"
+        )
+    if ":" in gather:
+        fn = load_object(gather)
+        if not callable(fn):
+            raise TargetError(f"gather={gather!r} is a {type(fn).__name__}, not a function")
+        return dataclasses.replace(target, gather=gather)
+    cls = load_object(target.path)
+    if inspect.isclass(cls) and not callable(getattr(cls, gather, None)):
+        others = _gather_candidates(cls)
+        hint = f"; it has {', '.join(m + '()' for m in others)}" if others else ""
+        raise TargetError(
+            f"gather={gather!r}: target {target.name!r} has no method {gather}(){hint} (or name "
+            "a module:function called as f(wrapper))"
+        )
+    return dataclasses.replace(target, gather=gather)
 
 
 def with_reduce_dtype(target: Target, given=None) -> Target:

@@ -166,6 +166,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(default finish_gradient_synchronization)",
     )
     c.add_argument(
+        "--gather",
+        default=None,
+        metavar="NAME",
+        help="FSDP targets: how to read every parameter whole, a method name or module:function "
+        "called as f(wrapper), returning a list in module.parameters() order or a dict by name "
+        "(default: gather_full_params, full_parameters or gather_params; implies --kind fsdp)",
+    )
+    c.add_argument(
         "--batch-start",
         default=None,
         metavar="NAME",
@@ -498,6 +506,7 @@ def _resolve_targets(args) -> list:
                 loss=args.loss,
                 clip_norm=args.clip_norm,
                 reduce_dtype=args.reduce_dtype,
+                gather=args.gather,
             )
             for n in (args.targets or list(BUILTIN_TARGETS))
         ]

@@ -131,7 +131,9 @@ def compare(
             worst = max(worst, ratio)
             return None
         detail = ""
-        if (got is None) != (ref is None):
+        if got is not None and ref is not None and got.shape != ref.shape:
+            detail = f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+        elif (got is None) != (ref is None):
             detail = f"expected {'no gradient' if ref is None else 'a gradient'}, got {'None' if got is None else 'a tensor'}"
         elif got is not None and not torch.isfinite(got.detach().double()).all():
             detail = "non-finite values"
@@ -161,6 +163,19 @@ def compare(
                 f"expected {len(traj.steps)} / {len(traj.initial_params)}",
             ), worst
         for i, (got, ref) in enumerate(zip(rec.initial_params, traj.initial_params)):
+            if got.shape != ref.shape:
+                return Divergence(
+                    -1,
+                    "structure",
+                    r,
+                    i,
+                    names[i],
+                    float("inf"),
+                    0.0,
+                    f"rank returned parameter {names[i]} of shape {tuple(got.shape)}; the "
+                    f"module's is {tuple(ref.shape)} (a wrapper holding shards is read whole "
+                    "by the fsdp kind: --kind fsdp, --gather NAME)",
+                ), worst
             if not torch.equal(got.double(), ref.double()):
                 return Divergence(
                     -1,

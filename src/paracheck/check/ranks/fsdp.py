@@ -8,8 +8,9 @@ protocol, then ``optimizer.step()``; recorded: the gathered parameters and, wher
 offers ``full_gradients()``, the gathered gradients.
 
 Note [Reading an FSDP]
-    No rank holds a sharded parameter whole, so the check asks the wrapper for it: the first of
-    ``GATHER_METHODS`` it has, returning a list in the unwrapped module's ``parameters()`` order or
+    No rank holds a sharded parameter whole, so the check asks the wrapper for it: through the
+    declared ``gather`` (``--gather``: a method name, or ``module:function`` called as
+    ``f(wrapper)``), else the first of ``GATHER_METHODS`` it has, either returning a list in the unwrapped module's ``parameters()`` order or
     a dict keyed by its ``named_parameters()`` names (a wrapper's prefixes, ``module.`` and
     ``_fsdp_wrapped_module.``, are dropped). ``full_gradients()`` (optional, the same forms) lets the
     gradients be compared too. Both are collectives: every rank calls them, at the same points.
@@ -40,6 +41,7 @@ from paracheck.check.ranks._common import (
 )
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import RankRecord, RankStep
+from paracheck.check.targets import load_object
 from paracheck.world import set_step
 
 __all__ = ["GATHER_METHODS", "run_fsdp"]
@@ -72,6 +74,24 @@ def in_module_order(got, names: list[str], what: str) -> list:
     return got
 
 
+def _gather(payload: dict, wrapper):
+    """(name, f()) reading every parameter whole: the declared ``gather`` (a method name, or a
+    ``module:function`` called as ``f(wrapper)``), else the first of ``GATHER_METHODS``."""
+    spec = payload.get("gather")
+    if spec is not None and ":" in spec:
+        fn = load_object(spec)
+        return spec, lambda: fn(wrapper)
+    name = spec or next((m for m in GATHER_METHODS if callable(getattr(wrapper, m, None))), None)
+    if name is None or not callable(getattr(wrapper, name, None)):
+        have = f"no method {name}()" if name else f"none of {', '.join(GATHER_METHODS)}"
+        raise TypeError(
+            f"{payload['path']} has {have}: the check cannot read the parameters whole; name the "
+            "method or module:function that does with --gather (Note [Reading an FSDP] in "
+            "paracheck.check.ranks.fsdp)"
+        )
+    return name, getattr(wrapper, name)
+
+
 def run_fsdp(payload: dict) -> RankRecord:
     case: Case = payload["case"]
     rank = dist.get_rank()
@@ -80,13 +100,7 @@ def run_fsdp(payload: dict) -> RankRecord:
     model = build_case_model(case, rank, device=device)
     names = [n for n, _ in model.named_parameters()]
     wrapper = on_every_rank(lambda: cls(model), device, "constructing the wrapper")
-    gather_name = next((m for m in GATHER_METHODS if callable(getattr(wrapper, m, None))), None)
-    if gather_name is None:
-        raise TypeError(
-            f"{payload['path']} has none of {', '.join(GATHER_METHODS)}: the check cannot read "
-            "the parameters whole (Note [Reading an FSDP] in paracheck.check.ranks.fsdp)"
-        )
-    gather = getattr(wrapper, gather_name)
+    gather_name, gather = _gather(payload, wrapper)
     full_gradients = getattr(wrapper, "full_gradients", None)
     params = list(wrapper.parameters())
     if len(params) != len(names) and len(case.optimizer.groups) > 1:

@@ -1,0 +1,93 @@
+"""TorchFSDP: PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) behind the CS336 FSDP
+interface, so paracheck checks PyTorch's fully sharded training with the properties its own
+``paracheck.fsdp.FSDP`` meets (target ``torch-fsdp``).
+
+Note [Wrapping with fully_shard]
+    * Groups: ``fully_shard`` is applied to every submodule that owns parameters directly, then
+      to the root (the usual per-layer wrapping: one all-gather per layer). A parameter reached
+      from two modules (a tied weight) must belong to one group, so a module owning one is left
+      to the root's group, as torch's documentation asks for shared parameters.
+    * Initial state: ``fully_shard`` shards each rank's own tensors and assumes they are equal;
+      the constructor broadcasts parameters and buffers from rank 0 first (as torch DDP does).
+    * Accumulation: ``no_sync()`` is ``set_requires_gradient_sync(False)`` on every group for
+      the block (FSDP2 then keeps the unsharded gradients and reduces their sum at the next
+      synchronised backward); ``finish_gradient_synchronization()`` has nothing to do: FSDP2
+      waits for its reduce-scatters at the end of backward.
+    * Reading: ``gather_full_params()`` and ``full_gradients()`` are each DTensor's
+      ``full_tensor()`` (collectives), in ``module.parameters()`` order.
+    * The parameters are DTensors sharded on dim 0 (``torch.chunk``: uneven, the last ranks'
+      shards may be smaller or empty); the optimizer is built over them as over any parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["TorchFSDP"]
+
+
+def _shared(module: nn.Module) -> set[int]:
+    """The ids of the parameters owned by more than one module (tied weights)."""
+    owners: dict[int, int] = {}
+    for m in module.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                owners[id(p)] = owners.get(id(p), 0) + 1
+    return {i for i, n in owners.items() if n > 1}
+
+
+class TorchFSDP(nn.Module):
+    """``fully_shard`` per parameter-owning submodule and on the root, with the CS336 interface;
+    see Note [Wrapping with fully_shard]. The constructor and every forward and backward are
+    collectives."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, src=0)
+        device = next(iter(module.parameters()), torch.empty(0)).device
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=compute_dtype)
+        shared = _shared(module)
+        self._groups = []
+        for m in list(module.modules())[1:]:
+            own = [p for p in m._parameters.values() if p is not None]
+            if own and not any(id(p) in shared for p in own):
+                self._groups.append(fully_shard(m, mesh=mesh, mp_policy=policy))
+        self.module = fully_shard(module, mesh=mesh, mp_policy=policy)
+        self._groups.append(self.module)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        for g in self._groups:
+            g.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            for g in self._groups:
+                g.set_requires_gradient_sync(True)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing to do: FSDP2 has reduced every gradient when backward returns."""
+
+    def gather_full_params(self) -> list[torch.Tensor]:
+        return [_full(p) for p in self.module.parameters()]
+
+    def full_gradients(self) -> list[torch.Tensor | None]:
+        return [None if p.grad is None else _full(p.grad) for p in self.module.parameters()]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).detach().clone()
