@@ -93,3 +93,37 @@ class MyFSDP(OwnNames):
 
     def __init__(self, module, compute_dtype=None):
         super().__init__(module)
+
+
+class _CalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 2, bias=False)
+
+    def forward(self, x):
+        return self.b(self.a(torch.tanh(self.a(x))))
+
+
+def torch_fsdp_reductions(payload):
+    """The gradient collectives of one synchronised backward of a module called twice per
+    forward, plain and after a no_sync() micro-batch, as (kind, payload bytes): through torch's
+    fully_shard (``TorchFSDP``), or the wrapper ``payload`` names."""
+    from paracheck.accounting.traffic import record_collectives
+    from paracheck.check.targets import load_object
+    from paracheck.fsdp.torch_fsdp import TorchFSDP
+
+    cls = TorchFSDP if payload is None else load_object(payload)
+    out = []
+    for no_sync in (False, True):
+        torch.manual_seed(0)
+        m = cls(_CalledTwice().double())
+        x = torch.randn(3, 4, dtype=torch.float64)
+        with record_collectives() as rec:
+            if no_sync:
+                with m.no_sync():
+                    m(x).sum().backward()
+            m(x).sum().backward()
+            m.finish_gradient_synchronization()
+        out.append([c for c in rec.calls if c[0] != "all_gather"])
+    return out

@@ -129,6 +129,16 @@ class CollectiveCall:
         return bus_bytes(self.kind, self.payload_bytes, self.world_size)
 
 
+def collective_kind(name: str) -> str | None:
+    """The kind (``COLLECTIVE_KINDS``) of a c10d or functional collective operator's name."""
+    return _C10D_KINDS.get(name)
+
+
+def tensors_in(obj):
+    """Every tensor in ``obj`` (a tensor, or lists and tuples of them, nested)."""
+    return _tensors(obj)
+
+
 def _tensors(obj):
     if isinstance(obj, torch.Tensor):
         yield obj

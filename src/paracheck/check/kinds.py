@@ -91,7 +91,7 @@ KINDS: dict[str, Kind] = {
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
         "paracheck.strategies._fsdp:fsdp_cases",
-        default=("equivalence",),
+        default=("equivalence", "reduced-once", "freed"),
         opt_in=("repeatability",),
     ),
     "loop": Kind(
@@ -175,6 +175,8 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "state": _state(frozenset({"state"})),
     "state-consolidated": _state(frozenset({"state-consolidated"})),
     "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
+    "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
+    "freed": _driver("paracheck.check.properties.freed", "check_freed"),
     "world-size-relation": _rerun(
         "paracheck.check.properties.world_size_relation", "check_world_size_relation"
     ),

@@ -118,6 +118,17 @@ PROPERTIES: dict[str, Property] = {
         "communicate only trainable parameters, once per step, with the collectives the "
         "design calls for",
     ),
+    "reduced-once": Property(
+        "a gradient was communicated more than once per synchronised backward, or inside "
+        "no_sync()",
+        "reduce each parameter's gradient once per synchronised backward (sum a tied weight's "
+        "uses locally first) and keep gradients local inside no_sync()",
+    ),
+    "freed": Property(
+        "whole parameters gathered during a step are still held after its backward",
+        "free every gathered parameter after its layer's forward and again after its backward "
+        "(drop every reference, or resize its storage to zero)",
+    ),
     "reduce-dtype": Property(
         "gradients were communicated in another dtype than the one the target declares",
         "cast the gradients to the declared dtype before the all-reduce (not after it), and "

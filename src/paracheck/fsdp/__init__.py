@@ -19,8 +19,10 @@ Note [FSDP data flow]
     alive at a time (no prefetch).
 
     Backward: unpacking such a saved tensor all-gathers the parameter again; ``_Gather``'s backward
-    reduce-scatters the full gradient (summed over ranks, divided by W) into the shard's gradient,
-    which autograd accumulates (a second backward, or a second use of a tied weight, adds). Inside
+    adds the full gradient of that use to the parameter's local sum, and at its last use (the
+    forward counted the uses: a tied weight has two) reduce-scatters the sum (summed over ranks,
+    divided by W) into the shard's gradient, which autograd accumulates (a second backward adds):
+    one reduce-scatter per parameter and synchronised backward, a tied weight's included. Inside
     ``no_sync()`` the full gradient is kept locally instead and added to the next synchronised one.
     ``finish_gradient_synchronization()`` reduce-scatters what ``no_sync()`` still holds and
     all-reduces the replicated parameters' gradients (and divides by W).
@@ -57,6 +59,9 @@ class _Sharded:
     def __init__(self, index: int, shard: nn.Parameter, shape: torch.Size, numel: int):
         self.index, self.shard, self.shape, self.numel = index, shard, shape, numel
         self.pending: torch.Tensor | None = None  # gradient held locally inside no_sync()
+        self.uses = 0  # gathers with autograd in the current forward
+        self.seen = 0  # of them, backwards run since the last reduction
+        self.partial: torch.Tensor | None = None  # their gradients' sum so far
 
 
 class _Gather(torch.autograd.Function):
@@ -140,6 +145,13 @@ class FSDP(nn.Module):
 
     def _reduce_gradient(self, entry: _Sharded, grad_full: torch.Tensor) -> torch.Tensor | None:
         grad = grad_full.reshape(-1)
+        entry.seen += 1
+        if entry.seen < entry.uses:  # a tied weight: wait for its last use's gradient
+            entry.partial = grad.clone() if entry.partial is None else entry.partial.add_(grad)
+            return None
+        if entry.partial is not None:
+            grad, entry.partial = entry.partial.add_(grad), None
+        entry.seen = 0
         if entry.pending is not None:
             grad = grad + entry.pending
             entry.pending = None
@@ -159,6 +171,7 @@ class FSDP(nn.Module):
     # -- forward ------------------------------------------------------------------------------
     def _gather_into(self, owner: nn.Module, args) -> None:
         for name, entry in self._by_module[owner]:
+            entry.uses += torch.is_grad_enabled()
             full = _Gather.apply(entry.shard, self, entry)
             self._live[full.untyped_storage().data_ptr()] = entry
             owner.__dict__[name] = full
@@ -183,6 +196,8 @@ class FSDP(nn.Module):
         return full.as_strided(size, stride, offset)
 
     def forward(self, *args, **kwargs):
+        for entry in self._entries:  # a new graph: count its uses afresh
+            entry.uses, entry.seen, entry.partial = 0, 0, None
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             return self.module(*args, **kwargs)
 

@@ -284,5 +284,47 @@ for _name, _cls, _bug, _expect in (
         "gathered parameters are freed after forward and never gathered again for backward",
         "raise",
     ),
+    (
+        "fsdp-tied-reduced-twice",
+        "TiedReducedTwiceFSDP",
+        "a tied weight's gradient is reduce-scattered at each of its uses, twice per backward",
+        "diverge",
+    ),
+    (
+        "fsdp-reduce-in-no-sync",
+        "ReduceInNoSyncFSDP",
+        "gradients are reduce-scattered inside no_sync() too: right values, no saving",
+        "diverge",
+    ),
+    (
+        "fsdp-gathered-never-freed",
+        "GatheredNeverFreedFSDP",
+        "gathered parameters stay referenced after their module's forward, whole, between steps",
+        "diverge",
+    ),
+    (
+        "fsdp-cached-gather",
+        "CachedGatherFSDP",
+        "each parameter is gathered once and the whole tensor reused: stale after the first step",
+        "diverge",
+    ),
+    (
+        "fsdp-reversed-chunks",
+        "ReversedChunksFSDP",
+        "the reduce-scatter input has the ranks' chunks reversed: rank r gets rank W-1-r's sums",
+        "diverge",
+    ),
+    (
+        "fsdp-shard-offset-floor",
+        "ShardOffsetFloorFSDP",
+        "a shard starts at r * (numel // W) under a layout padded to ceil(numel / W) per rank",
+        "diverge",
+    ),
+    (
+        "fsdp-all-gather-not-waited",
+        "AllGatherNotWaitedFSDP",
+        "every all-gather is asynchronous and never waited on: shards read before they arrive",
+        "diverge",
+    ),
 ):
     register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, _expect)

@@ -3,12 +3,22 @@ of the kind FSDP and ZeRO-3 implementations are reported with."""
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.distributed as dist
 
-from paracheck.fsdp import FSDP
+from paracheck.fsdp import FSDP, _all_gather_into_tensor, _reduce_scatter_tensor
 
 __all__ = [
     "AccumulationOverwritesFSDP",
+    "AllGatherNotWaitedFSDP",
+    "CachedGatherFSDP",
+    "GatheredNeverFreedFSDP",
+    "ReduceInNoSyncFSDP",
+    "ReversedChunksFSDP",
+    "ShardOffsetFloorFSDP",
+    "TiedReducedTwiceFSDP",
     "FreedBeforeBackwardFSDP",
     "NoDivideFSDP",
     "NoInitialBroadcastFSDP",
@@ -91,3 +101,84 @@ class FreedBeforeBackwardFSDP(FSDP):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)  # BUG: no saved-tensor hooks to gather it again
+
+
+class TiedReducedTwiceFSDP(FSDP):
+    """Reduce-scatters a gradient at every use of its parameter: a tied weight used twice is
+    reduced twice per backward (right values, twice its traffic)."""
+
+    def _reduce_gradient(self, entry, grad_full):
+        entry.uses = 0  # BUG: no waiting for the last use's gradient
+        return super()._reduce_gradient(entry, grad_full)
+
+
+class ReduceInNoSyncFSDP(FSDP):
+    """Reduce-scatters every backward's gradients, inside ``no_sync()`` too: the shards accumulate
+    the right sums, and ``no_sync()`` saves nothing."""
+
+    def _reduce_gradient(self, entry, grad_full):
+        sync, self._sync = self._sync, True  # BUG: communicates inside no_sync()
+        try:
+            return super()._reduce_gradient(entry, grad_full)
+        finally:
+            self._sync = sync
+
+
+class GatheredNeverFreedFSDP(FSDP):
+    """Keeps a reference to every module's gathered parameters after its forward: the values are
+    right, and every rank holds the whole model between steps."""
+
+    def _release(self, owner, args, output):
+        kept = self.__dict__.setdefault("_kept", {})
+        kept[owner] = [owner.__dict__[name] for name, _ in self._by_module[owner]]  # BUG
+        super()._release(owner, args, output)
+
+
+class CachedGatherFSDP(FSDP):
+    """Gathers each parameter once and reuses the whole tensor in later forwards: after the first
+    optimizer step the forward runs on stale weights."""
+
+    def _all_gather(self, entry):
+        cache = self.__dict__.setdefault("_cache", {})
+        if entry.index not in cache:
+            cache[entry.index] = super()._all_gather(entry)
+        return cache[entry.index]  # BUG: never gathered again after the shards change
+
+
+class ReversedChunksFSDP(FSDP):
+    """Builds the reduce-scatter input with the ranks' chunks in reverse order: rank r receives
+    the summed gradient of rank W - 1 - r's elements."""
+
+    def _reduce_scatter(self, entry, grad):
+        c, W = entry.shard.numel(), self.world_size
+        padded = torch.zeros(c * W, dtype=grad.dtype, device=grad.device)
+        padded[: entry.numel] = grad
+        padded = padded.view(W, c).flip(0).reshape(-1)  # BUG: chunk r is rank W-1-r's
+        out = torch.empty(c, dtype=grad.dtype, device=grad.device)
+        _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM)
+        return out.div_(W)
+
+
+class ShardOffsetFloorFSDP(FSDP):
+    """Rank r's shard starts at ``r * (numel // W)`` while the layout pads to ``ceil(numel / W)``
+    per rank: where ``numel % W != 0`` the shards overlap and the last elements are lost."""
+
+    def _shard(self, index, p):
+        entry = super()._shard(index, p)
+        floor, c = p.numel() // self.world_size, math.ceil(p.numel() / self.world_size)
+        start = self.rank * floor  # BUG: the start of an unpadded, floor-sized chunk
+        have = p.detach().reshape(-1)[start : min(start + c, p.numel())]
+        with torch.no_grad():
+            entry.shard.zero_()
+            entry.shard[: have.numel()] = have
+        return entry
+
+
+class AllGatherNotWaitedFSDP(FSDP):
+    """Issues every all-gather asynchronously and never waits for it: the whole tensor is read
+    while the ranks' shards are still arriving."""
+
+    def _gather_padded(self, shard):
+        padded = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device)
+        _all_gather_into_tensor(padded, shard, async_op=True)  # BUG: the work is never waited on
+        return padded

@@ -21,7 +21,12 @@ Note [Reading an FSDP]
 
 from __future__ import annotations
 
+import weakref
+
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from paracheck.accounting.record import collective_kind, tensors_in
 
 from paracheck.cases import (
     Case,
@@ -44,7 +49,7 @@ from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.targets import load_object
 from paracheck.world import set_step
 
-__all__ = ["GATHER_METHODS", "run_fsdp"]
+__all__ = ["GATHER_METHODS", "GatherWatch", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
 
@@ -121,10 +126,56 @@ def run_fsdp(payload: dict) -> RankRecord:
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
-        train_micro_steps(case, drv, optimizer, rank, device, step)
+        windows: list = []
+        with GatherWatch() as watch:
+            train_micro_steps(case, drv, optimizer, rank, device, step, windows)
+        gathered = watch.alive()
         grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)
-        steps.append(RankStep(whole(gather, f"{gather_name}()"), grads))
+        steps.append(
+            RankStep(
+                whole(gather, f"{gather_name}()"),
+                grads,
+                windows=tuple(windows),
+                gathered=gathered,
+            )
+        )
     return RankRecord(initial_params, initial_buffers, tuple(steps))
+
+
+class GatherWatch(TorchDispatchMode):
+    """Watches the full tensor of every all-gather dispatched inside the block (the larger of its
+    input and output: ``paracheck.accounting.record``'s reading of a gather's message);
+    ``alive()`` gives how many of their storages are still referenced and hold bytes, and how
+    many bytes (Note [Gathered parameters die with the step] in ``paracheck.check.properties.
+    freed``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._watched: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = getattr(func, "overloadpacket", None)
+        name = getattr(packet, "__name__", str(func)).split(".")[-1]
+        ns = getattr(func, "namespace", "")
+        if ns in ("c10d", "_c10d_functional", "c10d_functional") and (
+            collective_kind(name) == "all_gather"
+        ):
+            tensors = [t for t in tensors_in((*args, *kwargs.values(), out)) if t.numel()]
+            if tensors:
+                full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
+                self._watched.append(weakref.ref(full.untyped_storage()))
+        return out
+
+    def alive(self) -> tuple[int, int]:
+        """(storages still alive with bytes, their bytes), each storage once."""
+        live = {}
+        for ref in self._watched:
+            st = ref()
+            if st is not None and st.nbytes() > 0:
+                live[st._cdata] = st.nbytes()
+        return len(live), sum(live.values())

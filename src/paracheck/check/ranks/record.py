@@ -45,6 +45,9 @@ class RankStep:
     # Sharding kinds with master weights (Note [Master weights]): each parameter's float32 master
     # after the step, from the target's master_params() (None for one it keeps none of).
     masters: list | None = None
+    # fsdp: the storages of the step's all-gathers still holding bytes after its last
+    # synchronisation, as (count, bytes) (Note [Gathered parameters die with the step]).
+    gathered: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
