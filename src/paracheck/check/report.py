@@ -119,8 +119,7 @@ PROPERTIES: dict[str, Property] = {
         "design calls for",
     ),
     "reduced-once": Property(
-        "a gradient was communicated more than once per synchronised backward, or inside "
-        "no_sync()",
+        "a gradient was communicated more than once per synchronised backward, or inside no_sync()",
         "reduce each parameter's gradient once per synchronised backward (sum a tied weight's "
         "uses locally first) and keep gradients local inside no_sync()",
     ),

@@ -179,6 +179,8 @@ class AllGatherNotWaitedFSDP(FSDP):
     while the ranks' shards are still arriving."""
 
     def _gather_padded(self, shard):
-        padded = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device)
+        padded = torch.empty(
+            shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
+        )
         _all_gather_into_tensor(padded, shard, async_op=True)  # BUG: the work is never waited on
         return padded

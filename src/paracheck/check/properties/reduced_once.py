@@ -17,18 +17,23 @@ Note [A bound on the gradient bytes an FSDP reduces]
     reduces each trainable parameter's gradient at most once per synchronised backward (once per
     window is enough), and nothing inside ``no_sync()``: P <= b * (G + A), where
 
-    * G = sum over the trainable parameters (each once: a tied weight is one parameter) of its
-      bytes padded as the roomiest common layout pads it: dim 0 rounded up to a multiple of W
+    * G = sum over the parameters (each once: a tied weight is one parameter) of its elements
+      padded as the roomiest common layout pads them: dim 0 rounded up to a multiple of W
       (torch's ``fully_shard``, ``Shard(0)``), ``ceil(d0 / W) * W * numel / d0`` elements, which is
       at least the flat layout's ``ceil(numel / W) * W`` and at least a replicated parameter's
-      ``numel`` (all-reduced whole); one flat buffer per module or per model pads less;
+      ``numel`` (all-reduced whole); one flat buffer per module or per model pads less. Each
+      element counts ``max(element_size, 4)`` bytes: a design may reduce bfloat16 or float16
+      gradients in float32 (the usual reduce dtype). Frozen parameters count too: a flat buffer
+      that holds frozen and trainable parameters together (torch's FSDP1 flat parameters) reduces
+      the frozen ones' zeros with the rest, which costs bytes but is no error;
     * A = 8 n bytes, n the number of parameters: room for one presence flag or count per
       parameter of up to 8 bytes, sent with the gradients or on their own.
 
-    A tied weight reduced at each of its two uses adds its padded bytes once more, and a
-    reduce-scatter in each of m no_sync micro-steps adds (m - 1) G': both pass the bound once they
-    outweigh the slack G - G' + A of the case, where G' is what the design actually sends; the
-    strategies draw cases where they do. World size 1 is not judged (nothing needs to be sent).
+    A tied weight reduced at each of its two uses adds its padded bytes once more: it passes the
+    bound once it outweighs the slack G - G' + A of the case, where G' is what the design
+    actually sends; the strategies draw cases where it does. Inside ``no_sync()`` the rule is
+    exact: no reducing collective at all (its whole point is to send no gradient). World size 1
+    is not judged (nothing needs to be sent).
 """
 
 from __future__ import annotations
@@ -49,10 +54,9 @@ def gradient_bound(case: Case) -> int:
     """G + A of Note [A bound on the gradient bytes an FSDP reduces], in bytes."""
     facts, W = CaseFacts.of(case), case.world_size
     padded = 0
-    for i in facts.trainable:
-        p = facts.params[i]
+    for i, p in enumerate(facts.params):
         d0 = p.shape[0] if p.dim() else 1
-        padded += math.ceil(d0 / W) * W * (p.numel() // max(d0, 1)) * facts.esize[i]
+        padded += math.ceil(d0 / W) * W * (p.numel() // max(d0, 1)) * max(facts.esize[i], 4)
     return padded + 8 * len(facts.params)
 
 
@@ -64,6 +68,18 @@ def check_reduced_once(case: Case, traj, ranks: list[RankRecord], kind: str) -> 
     for k in range(len(traj.steps)):
         for r, rec in enumerate(ranks):
             for w, window in enumerate(rec.steps[k].windows):
+                inside = [(name, b) for name, b in window.in_no_sync if name in REDUCING]
+                if inside:
+                    return diverge(
+                        k,
+                        "reduced-once",
+                        r,
+                        f"rank {r} issued {len(inside)} reducing collective(s) of "
+                        f"{sum(b for _, b in inside)} bytes inside no_sync() in synchronisation "
+                        f"window {w} ({inside[0][0]} first): no_sync() must send no gradient",
+                        sum(b for _, b in inside),
+                        0,
+                    )
                 calls = [(name, b) for name, b in window.calls if name in REDUCING]
                 sent = sum(b for _, b in calls)
                 allowed = window.backwards * bound
@@ -74,8 +90,8 @@ def check_reduced_once(case: Case, traj, ranks: list[RankRecord], kind: str) -> 
                         r,
                         f"rank {r}'s synchronisation window {w} reduced {sent} bytes in "
                         f"{len(calls)} calls for {window.backwards} synchronised backward(s); "
-                        f"reducing every trainable gradient once per synchronised backward, "
-                        f"padded, sends at most {allowed} (a gradient reduced twice, or inside "
+                        f"reducing every gradient once per synchronised backward, padded, "
+                        f"sends at most {allowed} (a gradient reduced twice, or inside "
                         "no_sync())",
                         sent,
                         allowed,

@@ -67,17 +67,19 @@ def train_micro_steps(
 
     With ``windows`` (a list), appends a ``Window`` per synchronisation window (from its first
     forward to its ``finish``): the collectives recorded in it as (name, payload bytes), the number
-    of synchronised backward passes in it, and whether every parameter of ``trainable`` has a
+    of synchronised backward passes in it, those of its calls made inside ``no_sync()``, and
+    whether every parameter of ``trainable`` has a
     gradient after the finish (``paracheck.check.properties.bucket_structure``).
     """
     last = case.accumulation - 1
     per_micro = 2 if case.double_backward else 1
-    recorder, synced = None, 0
+    recorder, synced, unsynced = None, 0, []
     for micro in range(case.accumulation):
         skip = case.no_sync and drv.no_sync is not None and micro < last
         if windows is not None and recorder is None:
             recording = record_collectives()
             recorder = recording.__enter__()
+        before = len(recorder.calls) if recorder is not None else 0
         with drv.sync_context(skip):
             x, y = batch_for(case, step, micro, rank, device=device)
             with forward_context(case, device):
@@ -89,6 +91,8 @@ def train_micro_steps(
                 loss.backward(retain_graph=True)
             loss.backward()
         synced += 0 if skip else per_micro
+        if skip and recorder is not None:
+            unsynced += recorder.calls[before:]
         if not skip and (not case.finish_once or micro == last):
             # CS336 protocol: synchronise before anything reads .grad. Accumulating without
             # no_sync() synchronises after every backward (as torch DDP does), or, with
@@ -103,9 +107,10 @@ def train_micro_steps(
                         synced,
                         all(p.grad is not None for p in trainable),
                         tuple(recorder.typed_calls),
+                        tuple(unsynced),
                     )
                 )
-                recorder, synced = None, 0
+                recorder, synced, unsynced = None, 0, []
     if recorder is not None:  # a target without no_sync() still ends every window with finish
         recording.__exit__(None, None, None)
 

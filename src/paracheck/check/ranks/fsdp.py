@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paracheck.accounting.record import collective_kind, tensors_in
-
 from paracheck.cases import (
     Case,
     add_late_groups,

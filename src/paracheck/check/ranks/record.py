@@ -24,6 +24,8 @@ class Window:
     all_present: bool
     # The same calls with each payload's element type: (name, dtype, payload bytes).
     typed: tuple[tuple[str, str, int], ...] = ()
+    # Of ``calls``, those issued inside ``no_sync()`` micro-steps, in order.
+    in_no_sync: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
