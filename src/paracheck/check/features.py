@@ -152,7 +152,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "tied",
         "with a tied (shared) parameter",
-        lambda c: _is_mlp(c) and c.model.tied,
+        # The MLP's square block applied twice, or the toy model's tied variant.
+        lambda c: getattr(c.model, "kind", None) in ("mlp", "toy") and c.model.tied,
         lambda c: _model(c, tied=False),
     ),
     Feature(

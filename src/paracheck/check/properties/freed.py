@@ -11,9 +11,10 @@ Note [Gathered parameters die with the step]
     gathered storage still holding bytes then is memory a correct design does not hold: the
     "gathered weights never freed" bug, whose values are right and whose memory is ZeRO-2's.
 
-    What is watched: the full tensor of every all-gather dispatched during the step's forward and
-    backward passes (the output of ``all_gather_into_tensor``, whichever the larger side of the
-    call). A storage counts as freed when nothing references it, or when it was resized to zero
+    What is watched: the full tensor of every floating-point all-gather dispatched during the
+    step's forward and backward passes (the output of ``all_gather_into_tensor``, whichever the
+    larger side of the call); integer and byte gathers (sizes, ``all_gather_object``) carry
+    metadata a design may keep. A storage counts as freed when nothing references it, or when it was resized to zero
     bytes (torch's ``fully_shard`` frees its unsharded parameters that way). A design that
     all-gathers into a buffer, copies out into storages of its own and keeps those is not seen
     here. World size 1 is not judged (a design may skip the all-gather there).

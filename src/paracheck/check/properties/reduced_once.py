@@ -26,8 +26,9 @@ Note [A bound on the gradient bytes an FSDP reduces]
       gradients in float32 (the usual reduce dtype). Frozen parameters count too: a flat buffer
       that holds frozen and trainable parameters together (torch's FSDP1 flat parameters) reduces
       the frozen ones' zeros with the rest, which costs bytes but is no error;
-    * A = 8 n bytes, n the number of parameters: room for one presence flag or count per
-      parameter of up to 8 bytes, sent with the gradients or on their own.
+    * A = 16 n bytes, n the number of parameters: room for one presence flag or count per
+      parameter of up to 8 bytes, sent with the gradients or on their own, or for aligning each
+      parameter to 16 bytes inside a flat buffer (torch's FSDP1 flat parameters do).
 
     A tied weight reduced at each of its two uses adds its padded bytes once more: it passes the
     bound once it outweighs the slack G - G' + A of the case, where G' is what the design
@@ -57,7 +58,7 @@ def gradient_bound(case: Case) -> int:
     for i, p in enumerate(facts.params):
         d0 = p.shape[0] if p.dim() else 1
         padded += math.ceil(d0 / W) * W * (p.numel() // max(d0, 1)) * max(facts.esize[i], 4)
-    return padded + 8 * len(facts.params)
+    return padded + 16 * len(facts.params)
 
 
 def check_reduced_once(case: Case, traj, ranks: list[RankRecord], kind: str) -> Divergence | None:

@@ -145,8 +145,9 @@ def run_fsdp(payload: dict) -> RankRecord:
 
 
 class GatherWatch(TorchDispatchMode):
-    """Watches the full tensor of every all-gather dispatched inside the block (the larger of its
-    input and output: ``paracheck.accounting.record``'s reading of a gather's message);
+    """Watches the full tensor of every floating-point all-gather dispatched inside the block (the
+    larger of its input and output: ``paracheck.accounting.record``'s reading of a gather's
+    message; integer and byte gathers carry metadata and objects, not parameters);
     ``alive()`` gives how many of their storages are still referenced and hold bytes, and how
     many bytes (Note [Gathered parameters die with the step] in ``paracheck.check.properties.
     freed``)."""
@@ -164,7 +165,11 @@ class GatherWatch(TorchDispatchMode):
         if ns in ("c10d", "_c10d_functional", "c10d_functional") and (
             collective_kind(name) == "all_gather"
         ):
-            tensors = [t for t in tensors_in((*args, *kwargs.values(), out)) if t.numel()]
+            tensors = [
+                t
+                for t in tensors_in((*args, *kwargs.values(), out))
+                if t.numel() and t.is_floating_point()
+            ]
             if tensors:
                 full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
                 self._watched.append(weakref.ref(full.untyped_storage()))
