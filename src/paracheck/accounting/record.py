@@ -129,9 +129,17 @@ class CollectiveCall:
         return bus_bytes(self.kind, self.payload_bytes, self.world_size)
 
 
-def collective_kind(name: str) -> str | None:
-    """The kind (``COLLECTIVE_KINDS``) of a c10d or functional collective operator's name."""
-    return _C10D_KINDS.get(name)
+def collective_kind(func) -> str | None:
+    """The kind (``COLLECTIVE_KINDS``) of a dispatched operator, or None where it is not a c10d or
+    functional collective."""
+    if getattr(func, "namespace", "") not in ("c10d", "_c10d_functional", "c10d_functional"):
+        return None
+    return _C10D_KINDS.get(_op_name(func))
+
+
+def _op_name(func) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", str(func)).split(".")[-1]
 
 
 def tensors_in(obj):
@@ -263,13 +271,9 @@ class Recorder(TorchDispatchMode):
         if self._after_collective and self.track_memory:
             self._after_collective = False
             self.settle()
-        packet = getattr(func, "overloadpacket", None)
-        ns = getattr(func, "namespace", "")
-        name = getattr(packet, "__name__", str(func)).split(".")[-1]
-        kind = None
-        if ns in ("c10d", "_c10d_functional", "c10d_functional") and name in _C10D_KINDS:
+        kind = collective_kind(func)
+        if kind is not None:
             self._after_collective = True
-            kind = _C10D_KINDS[name]
         out = self._run(func, args, kwargs)
         if kind is not None:
             if kind in _SHARDED_KINDS:
@@ -282,7 +286,14 @@ class Recorder(TorchDispatchMode):
             first = next(iter(_tensors(args[0] if args else ())), None)
             dtype = "" if first is None else str(first.dtype).removeprefix("torch.")
             self.calls.append(
-                CollectiveCall(kind, f"{ns}.{name}", payload, _group_size(group), group, dtype)
+                CollectiveCall(
+                    kind,
+                    f"{getattr(func, 'namespace', '')}.{_op_name(func)}",
+                    payload,
+                    _group_size(group),
+                    group,
+                    dtype,
+                )
             )
         return out
 

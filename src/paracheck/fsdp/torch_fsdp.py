@@ -9,12 +9,13 @@ Note [Wrapping with fully_shard]
       to the root's group, as torch's documentation asks for shared parameters.
     * Initial state: ``fully_shard`` shards each rank's own tensors and assumes they are equal;
       the constructor broadcasts parameters and buffers from rank 0 first (as torch DDP does).
-    * Accumulation: ``no_sync()`` is ``set_requires_gradient_sync(False)`` on every group for
-      the block (FSDP2 then keeps the unsharded gradients and reduces their sum at the next
+    * Accumulation: ``no_sync()`` is ``set_requires_gradient_sync(False)`` on the root (which
+      sets every group below it) for the block (FSDP2 then keeps the unsharded gradients and reduces their sum at the next
       synchronised backward); ``finish_gradient_synchronization()`` has nothing to do: FSDP2
       waits for its reduce-scatters at the end of backward.
     * Reading: ``gather_full_params()`` and ``full_gradients()`` are each DTensor's
       ``full_tensor()`` (collectives), in ``module.parameters()`` order.
+    * ``compute_dtype``: only None, as for ``paracheck.fsdp.FSDP`` (no case passes another).
     * The parameters are DTensors sharded on dim 0 (``torch.chunk``: uneven, the last ranks'
       shards may be smaller or empty); the optimizer is built over them as over any parameters.
 """
@@ -48,35 +49,33 @@ class TorchFSDP(nn.Module):
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
         super().__init__()
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
+
+        if compute_dtype is not None:
+            raise ValueError(f"compute_dtype={compute_dtype!r}: only None is implemented")
 
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=0)
         device = next(iter(module.parameters()), torch.empty(0)).device
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=compute_dtype)
         shared = _shared(module)
-        self._groups = []
         for m in list(module.modules())[1:]:
             own = [p for p in m._parameters.values() if p is not None]
             if own and not any(id(p) in shared for p in own):
-                self._groups.append(fully_shard(m, mesh=mesh, mp_policy=policy))
-        self.module = fully_shard(module, mesh=mesh, mp_policy=policy)
-        self._groups.append(self.module)
+                fully_shard(m, mesh=mesh)
+        self.module = fully_shard(module, mesh=mesh)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
-        for g in self._groups:
-            g.set_requires_gradient_sync(False)
+        self.module.set_requires_gradient_sync(False)  # recurse=True: every group below too
         try:
             yield
         finally:
-            for g in self._groups:
-                g.set_requires_gradient_sync(True)
+            self.module.set_requires_gradient_sync(True)
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: FSDP2 has reduced every gradient when backward returns."""

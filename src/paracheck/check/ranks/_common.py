@@ -68,8 +68,8 @@ def train_micro_steps(
     With ``windows`` (a list), appends a ``Window`` per synchronisation window (from its first
     forward to its ``finish``): the collectives recorded in it as (name, payload bytes), the number
     of synchronised backward passes in it, those of its calls made inside ``no_sync()``, and
-    whether every parameter of ``trainable`` has a
-    gradient after the finish (``paracheck.check.properties.bucket_structure``).
+    whether every parameter of ``trainable`` has a gradient after the finish
+    (``paracheck.check.properties.bucket_structure``).
     """
     last = case.accumulation - 1
     per_micro = 2 if case.double_backward else 1

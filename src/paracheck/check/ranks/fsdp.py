@@ -159,12 +159,7 @@ class GatherWatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = getattr(func, "overloadpacket", None)
-        name = getattr(packet, "__name__", str(func)).split(".")[-1]
-        ns = getattr(func, "namespace", "")
-        if ns in ("c10d", "_c10d_functional", "c10d_functional") and (
-            collective_kind(name) == "all_gather"
-        ):
+        if collective_kind(func) == "all_gather":
             tensors = [
                 t
                 for t in tensors_in((*args, *kwargs.values(), out))
