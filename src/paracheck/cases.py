@@ -184,7 +184,11 @@ class Case:
     in the autocast dtype (Note [Cases an FSDP is checked on]).
 
     ``master_weights`` (bfloat16 parameters only): the optimizer steps float32 copies of the
-    parameters, not the parameters (Note [Master weights]).
+    parameters, not the parameters (Note [Master weights]). ``masters_from_float32`` (with
+    ``master_weights``): the masters start as the model built in float32 and the parameters as
+    those masters rounded, where otherwise the masters start as the bfloat16 parameters: what a
+    fully sharded wrapper given the float32 model and ``compute_dtype=torch.bfloat16`` trains
+    (Note [Compute dtype of an FSDP]).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -217,6 +221,7 @@ class Case:
     last_window: int | None = None
     autocast_cache: bool = True
     master_weights: bool = False
+    masters_from_float32: bool = False
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -275,6 +280,11 @@ class Case:
             raise ValueError(
                 f"master_weights=True with dtype={self.dtype!r}: master weights are float32 "
                 "copies of parameters narrower than float32; use dtype='bfloat16'"
+            )
+        if self.masters_from_float32 and not self.master_weights:
+            raise ValueError(
+                "masters_from_float32=True needs master_weights=True: it says where the masters "
+                "start"
             )
         if self.finish_once and self.no_sync:
             raise ValueError(
@@ -356,10 +366,15 @@ def init_seed(case: Case, rank: int) -> int:
     return _mix(case.seed, 1, rank if case.rank_dependent_init else 0)
 
 
-def build_case_model(case: Case, rank: int, device="cpu"):
-    return build_model(
-        case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device
-    )
+def build_case_model(case: Case, rank: int, device="cpu", *, masters: bool = False):
+    """Rank ``rank``'s model of ``case``, in ``case.dtype``; with ``case.masters_from_float32``
+    built in float32 and then rounded (or, with ``masters``, left in float32: the masters)."""
+    if not case.masters_from_float32:
+        return build_model(
+            case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device
+        )
+    model = build_model(case.model, seed=init_seed(case, rank), dtype=torch.float32, device=device)
+    return model if masters else model.to(case.torch_dtype)
 
 
 def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
@@ -471,6 +486,23 @@ BACKOFF = 2.0**-32
 #   (``paracheck.oracle.train.train``). A sharding target declares master weights with a
 #   ``master_params()`` method (``paracheck.check.targets.Target.master_weights``), and its masters
 #   are compared with the oracle's after every step (Note [Comparing master weights]).
+
+
+# Note [Compute dtype of an FSDP]
+#   ``FSDP(module, compute_dtype=torch.bfloat16)`` over a float32 module keeps the float32
+#   parameters, sharded, as what the optimizer steps, and runs every forward and backward on
+#   their bfloat16 copies: the float32 shards are the master weights, and the bfloat16
+#   parameters exist only while a module runs. That is ``Case.master_weights`` with the masters
+#   starting as the float32 model (``masters_from_float32``): the oracle builds the model in
+#   float32, keeps those as its masters and computes with them rounded to bfloat16 (one
+#   rounding, float32 -> bfloat16, as the wrapper's cast is). The inputs are the case's, in
+#   bfloat16 (a wrapper that casts its floating inputs to ``compute_dtype`` changes nothing).
+#   Where the wrapper reduces the bfloat16 gradients (in bfloat16, or upcast to float32 first:
+#   torch's ``MixedPrecisionPolicy`` offers both) rounds the mean differently, never what it
+#   is: the gradients are compared at bfloat16's tolerance, and the float32 masters' update is
+#   judged on the wrapper's own gradients (Note [Comparing master weights]). A buffer or a layer
+#   kept in float32 is computed in float32 beside bfloat16 activations, which neither the
+#   wrapper nor torch's casts; such cases are not drawn (``paracheck.check.run``).
 
 
 def forward_context(case: Case, device="cpu"):

@@ -127,3 +127,65 @@ def torch_fsdp_reductions(payload):
             m.finish_gradient_synchronization()
         out.append([c for c in rec.calls if c[0] != "all_gather"])
     return out
+
+
+def compute_dtype_ledger(_payload):
+    """One step of the reference with compute_dtype=torch.bfloat16 over a float32 model: (dtypes
+    of the floating all-gathers, of the reductions, of the shards, of their gradients, of the
+    output)."""
+    from paracheck.accounting.traffic import record_collectives
+
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(WIDTHS[:-1], WIDTHS[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    fsdp = FSDP(nn.Sequential(*layers[:-1]), compute_dtype=torch.bfloat16)
+    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(dist.get_rank()))
+    with record_collectives() as rec:
+        out = fsdp(x)
+        out.float().square().sum().backward()
+        fsdp.finish_gradient_synchronization()
+    typed = rec.typed_calls
+    return (
+        {d for name, d, _ in typed if name == "all_gather"},
+        {d for name, d, _ in typed if name in ("all_reduce", "reduce_scatter")},
+        {str(p.dtype).removeprefix("torch.") for p in fsdp.parameters()},
+        {str(p.grad.dtype).removeprefix("torch.") for p in fsdp.parameters()},
+        str(out.dtype).removeprefix("torch."),
+    )
+
+
+class _WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 2)
+        self.unused = nn.Linear(4, 2)  # never called
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def torch_fsdp_unused_group_in_no_sync(reduce_dtype):
+    """One backward inside ``set_requires_gradient_sync(False)`` of a model whose submodule
+    ``unused`` never runs, each submodule and the root under ``fully_shard`` with
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=...)`` ("float32" or None): None,
+    or the error it raised as "Type: message"."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = _WithUnused()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16,
+        reduce_dtype=None if reduce_dtype is None else getattr(torch, reduce_dtype),
+    )
+    for m in (model.used, model.unused):
+        fully_shard(m, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    model.set_requires_gradient_sync(False)
+    try:
+        model(torch.randn(3, 4)).float().sum().backward()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

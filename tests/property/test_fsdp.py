@@ -29,8 +29,30 @@ def test_fsdp_matches_oracle_in_mixed_precision(world):
     assert report.passed, report.failure.describe()
 
 
-def test_fsdp_catalogue_has_at_least_fourteen_bugs():
-    assert len(FSDP_MUTANTS) >= 14
+def test_fsdp_with_a_compute_dtype_matches_oracle(world):
+    """bfloat16 cases give the reference FSDP ``compute_dtype=torch.bfloat16`` over the float32
+    model (Note [Compute dtype of an FSDP]): masters, gathers in bfloat16, a float32 reduction."""
+    target = resolve_target("fsdp")
+    assert target.master_weights and target.reduce_dtype == "float32"
+    assert {"gather-dtype", "reduce-dtype"} <= target.properties
+    report = check_target(
+        target, world, world_sizes=(1, 2, 3, 4), max_examples=30, precision="bf16"
+    )
+    assert report.passed, report.failure.describe()
+
+
+def test_a_compute_dtype_gathers_in_it_and_reduces_in_float32(world):
+    """Exact, one step at W = 3 through the reference with compute_dtype=torch.bfloat16: every
+    all-gather in bfloat16, every reduction in float32, shards and their gradients float32."""
+    for gathers, reductions, shards, grads, out in world.run(
+        f"{JOBS}:compute_dtype_ledger", None, world_size=3
+    ):
+        assert gathers == {"bfloat16"} and reductions == {"float32"}
+        assert shards == grads == {"float32"} and out == "bfloat16"
+
+
+def test_fsdp_catalogue_has_at_least_seventeen_bugs():
+    assert len(FSDP_MUTANTS) >= 17
 
 
 @pytest.mark.parametrize("name", FSDP_MUTANTS)
@@ -42,6 +64,7 @@ def test_fsdp_mutant_is_killed(world, name):
         world_sizes=(1, 2, 3, 4),
         max_examples=40,
         shrink_seconds=2.0,
+        precision=m.precision,
     )
     assert not report.passed, f"{name} survived 40 examples: {m.bug}"
     failure = report.failure
@@ -86,8 +109,9 @@ def test_an_fsdp_class_is_read_as_the_fsdp_kind_and_bad_arguments_are_named():
     from paracheck.fsdp import FSDP
 
     assert resolve_target("paracheck.mutants.fsdp:NoDivideFSDP").kind == "fsdp"
-    with pytest.raises(ValueError, match="compute_dtype=torch.bfloat16"):
-        FSDP(torch.nn.Linear(2, 2), compute_dtype=torch.bfloat16)
+    for bad in (torch.int32, "bfloat16"):
+        with pytest.raises(ValueError, match=f"compute_dtype={bad!r} must be None or a floating"):
+            FSDP(torch.nn.Linear(2, 2), compute_dtype=bad)
 
 
 def test_torch_fully_shard_matches_oracle(world):
@@ -98,6 +122,11 @@ def test_torch_fully_shard_matches_oracle(world):
     )
     assert report.passed, report.failure.describe()
     assert report.examples >= 12
+    # With a compute dtype: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32).
+    report = check_target(
+        resolve_target("torch-fsdp"), world, world_sizes=(2, 3), max_examples=8, precision="bf16"
+    )
+    assert report.passed, report.failure.describe()
 
 
 @pytest.mark.parametrize("gather", ["materialize", "tests.property._fsdp_jobs:gather_all"])
@@ -138,3 +167,13 @@ def test_the_fsdp_reference_reduces_a_tied_weight_once(world):
         f"{JOBS}:torch_fsdp_reductions", "paracheck.fsdp:FSDP", world_size=2
     ):
         assert plain == after_no_sync == [("reduce_scatter", 64), ("reduce_scatter", 128)]
+
+
+def test_torch_fully_shard_raises_in_no_sync_for_an_unused_group_with_a_float32_reduction(world):
+    """Pinned finding (docs/findings-torch-fsdp.md): with reduce_dtype=float32 under a bfloat16
+    param_dtype, FSDP2's backward inside set_requires_gradient_sync(False) raises for a group
+    whose forward never ran; with the default reduce_dtype it does not."""
+    for raised in world.run(f"{JOBS}:torch_fsdp_unused_group_in_no_sync", "float32", world_size=2):
+        assert raised is not None and "_unsharded_param" in raised, raised
+    for raised in world.run(f"{JOBS}:torch_fsdp_unused_group_in_no_sync", None, world_size=2):
+        assert raised is None

@@ -118,9 +118,33 @@ def test_reference_masters_survive_a_reload():
 
 
 def test_master_params_declares_master_weights():
+    """A sharding target by master_params(); an FSDP by a constructor taking compute_dtype."""
     assert resolve_target("sharded-master").master_weights
     assert not resolve_target("sharded").master_weights
-    assert not Target("x", "paracheck.fsdp:FSDP", "fsdp").master_weights
+    assert Target("x", "paracheck.fsdp:FSDP", "fsdp").master_weights
+    assert not Target("x", "tests.property._fsdp_jobs:OwnNames", "fsdp").master_weights
+
+
+def test_masters_from_float32_start_as_the_float32_model():
+    """Note [Compute dtype of an FSDP]: the masters start as the model built in float32 (not as
+    its bfloat16 rounding), and every parameter is its master rounded once, at every step."""
+    from paracheck.cases import build_case_model
+
+    case = replace(CASE, masters_from_float32=True)
+    float32 = [p.detach() for p in build_case_model(case, 0, masters=True).parameters()]
+    assert all(p.dtype == torch.float32 for p in float32)
+    traj = train(case)
+    for p0, m in zip(traj.initial_params, float32):
+        assert torch.equal(p0, m.to(torch.bfloat16))
+    # The first step starts from the float32 masters: starting from the rounded ones differs.
+    assert not all(
+        torch.equal(a, b) for a, b in zip(traj.steps[0].masters, train(CASE).steps[0].masters)
+    )
+    for rec in traj.steps:
+        for m, p in zip(rec.masters, rec.params):
+            assert torch.equal(m.to(torch.bfloat16), p)
+    with pytest.raises(ValueError, match="masters_from_float32=True needs master_weights=True"):
+        replace(CASE, master_weights=False, masters_from_float32=True)
 
 
 def test_read_masters_names_a_list_of_the_wrong_length():

@@ -91,8 +91,9 @@ KINDS: dict[str, Kind] = {
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
         "paracheck.strategies._fsdp:fsdp_cases",
-        default=("equivalence", "reduced-once", "freed"),
-        opt_in=("repeatability",),
+        default=("equivalence", "reduced-once", "freed", "gather-dtype"),
+        # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
+        opt_in=("repeatability", "reduce-dtype"),
     ),
     "loop": Kind(
         "loop",
@@ -153,7 +154,9 @@ def _bucket_structure(e: Evidence):
 def _reduce_dtype(e: Evidence):
     from paracheck.check.properties.reduce_dtype import check_reduce_dtype
 
-    return check_reduce_dtype(e.case, e.ranks, getattr(e.target, "reduce_dtype", None))
+    return check_reduce_dtype(
+        e.case, e.ranks, getattr(e.target, "reduce_dtype", None), fsdp=e.kind == "fsdp"
+    )
 
 
 def _rerun(module: str, fn: str):
@@ -177,6 +180,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
     "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
     "freed": _driver("paracheck.check.properties.freed", "check_freed"),
+    "gather-dtype": _driver("paracheck.check.properties.gather_dtype", "check_gather_dtype"),
     "world-size-relation": _rerun(
         "paracheck.check.properties.world_size_relation", "check_world_size_relation"
     ),

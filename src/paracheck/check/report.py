@@ -128,6 +128,11 @@ PROPERTIES: dict[str, Property] = {
         "free every gathered parameter after its layer's forward and again after its backward "
         "(drop every reference, or resize its storage to zero)",
     ),
+    "gather-dtype": Property(
+        "parameters were all-gathered in another dtype than the compute dtype",
+        "cast each shard to the compute dtype before its all-gather, not the gathered "
+        "parameter after it (Note [Gathering in the compute dtype])",
+    ),
     "reduce-dtype": Property(
         "gradients were communicated in another dtype than the one the target declares",
         "cast the gradients to the declared dtype before the all-reduce (not after it), and "

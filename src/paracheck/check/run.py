@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from paracheck.cases import Case
+from paracheck.check.features import without_all
 from paracheck.check.kinds import KINDS, PROPERTY_CHECKS, Evidence, resolve_properties
 from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
@@ -17,6 +18,7 @@ from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
+from paracheck.strategies._fsdp import FSDP_COMPUTE_OFF
 from paracheck.world import World, WorldError
 
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
@@ -111,7 +113,9 @@ def run_case(
         case = replace(case, zero_grad_module=True)
     if target.master_weights and case.dtype == "bfloat16" and not case.master_weights:
         case = replace(case, master_weights=True)  # Note [Master weights]
-    if target.reduce_dtype is not None:
+        if target.kind == "fsdp":  # Note [Compute dtype of an FSDP]
+            case = replace(without_all(case, FSDP_COMPUTE_OFF), masters_from_float32=True)
+    if target.reduce_dtype is not None and target.kind != "fsdp":
         from paracheck.check.properties.reduce_dtype import narrower_than
 
         wider = narrower_than(target.reduce_dtype, case)

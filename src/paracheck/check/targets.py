@@ -99,7 +99,11 @@ class Target:
     @property
     def master_weights(self) -> bool:
         """A sharding target that keeps float32 master weights of bfloat16 parameters, declared by
-        a ``master_params()`` method (Note [Master weights] in ``paracheck.cases``)."""
+        a ``master_params()`` method (Note [Master weights] in ``paracheck.cases``), or a fully
+        sharded wrapper whose constructor takes ``compute_dtype`` (its float32 shards are the
+        masters of the parameters it computes with: Note [Compute dtype of an FSDP])."""
+        if self.kind == "fsdp":
+            return _takes_compute_dtype(self.path)
         return self.kind in ("sharded", "zero") and _has_master_params(self.path)
 
     @property
@@ -165,7 +169,7 @@ BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
     "torch-zero": frozenset({"equivalence", "state", "memory"}),
     # torch's fully_shard reduce-scatters a module called twice per forward twice in the backward
     # after a no_sync() micro-batch (docs/findings-torch-fsdp.md): select reduced-once to see it.
-    "torch-fsdp": frozenset({"equivalence", "freed"}),
+    "torch-fsdp": frozenset({"equivalence", "freed", "gather-dtype"}),
 }
 
 
@@ -237,6 +241,14 @@ def _has_master_params(path: str) -> bool:
     try:
         return callable(getattr(load_object(path), "master_params", None))
     except TargetError:
+        return False
+
+
+@functools.cache
+def _takes_compute_dtype(path: str) -> bool:
+    try:
+        return "compute_dtype" in inspect.signature(load_object(path)).parameters
+    except (TargetError, TypeError, ValueError):
         return False
 
 
@@ -741,12 +753,12 @@ def with_reduce_dtype(target: Target, given=None) -> Target:
             f"reduce_dtype={declared!r} must be one of {', '.join(REDUCE_DTYPES)} "
             f"(target {target.name!r})"
         )
-    if target.kind != "ddp":
+    if target.kind not in ("ddp", "fsdp"):
         raise TargetError(
-            f"reduce_dtype={text!r} is declared for DDP targets; {target.name!r} is a "
+            f"reduce_dtype={text!r} is declared for DDP and FSDP targets; {target.name!r} is a "
             f"{target.kind} target"
         )
-    base = target.properties or default_properties("ddp", target.takes_bucket)
+    base = target.properties or default_properties(target.kind, target.takes_bucket)
     return dataclasses.replace(
         target, reduce_dtype=text, properties=frozenset(base) | {"reduce-dtype"}
     )

@@ -29,6 +29,17 @@ Note [FSDP data flow]
 
     Every rank must run the same modules in the same order: each call of a sharded module is a
     collective.
+
+Note [Casting before communication]
+    With ``compute_dtype`` (bfloat16, say) the registered parameters stay in their own dtype
+    (float32): they are the master weights the optimizer steps. A shard is cast to
+    ``compute_dtype`` before its all-gather, so the gather moves half the bytes and the full
+    parameter exists only in ``compute_dtype``; a replicated parameter is cast as its module
+    runs (the cast's backward gives its gradient back in float32), and floating inputs are cast
+    on the way in. A full gradient arrives in ``compute_dtype`` and is upcast to the shard's
+    dtype before anything sums it (another use's, a ``no_sync()`` micro-batch's, other ranks'):
+    the reduce-scatter runs in float32 (``paracheck_reduce_dtype``), so a sum of W bfloat16
+    gradients is rounded once, to float32, not W times to bfloat16.
 """
 
 from __future__ import annotations
@@ -86,14 +97,24 @@ class FSDP(nn.Module):
     ``gather_full_params()`` and ``full_gradients()`` return every parameter and gradient whole,
     in that order (collectives: every rank calls them). Contract: equal to single-process
     training on the rank-averaged gradient up to summation order, with the modules every rank
-    runs the same. ``compute_dtype`` (casting before communication) is not implemented: only
-    None is accepted.
+    runs the same. ``compute_dtype``: every forward and backward computes with the parameters
+    cast to it, and the registered parameters, in their own dtype, are the master weights
+    (Note [Casting before communication]); then equal to that training with float32 masters,
+    up to the rounding of the reduced mean.
     """
+
+    # The dtype the gradients are reduced in where a compute dtype is given (the shards').
+    paracheck_reduce_dtype = "float32"
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
         super().__init__()
-        if compute_dtype is not None:
-            raise ValueError(f"compute_dtype={compute_dtype!r}: only None is implemented")
+        if compute_dtype is not None and not (
+            isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"compute_dtype={compute_dtype!r} must be None or a floating torch.dtype"
+            )
+        self.compute_dtype = compute_dtype
         self.module = module
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
@@ -104,6 +125,8 @@ class FSDP(nn.Module):
         self._entries: list[_Sharded] = []
         self._replicated: list[nn.Parameter] = []
         self._by_module: dict[nn.Module, list[tuple[str, _Sharded]]] = {}
+        # Replicated parameters a module casts to compute_dtype as it runs, by name.
+        self._casts: dict[nn.Module, list[str]] = {}
         seen: dict[int, _Sharded] = {}
         for index, p in enumerate(module.parameters()):
             if p.requires_grad and p.dim() >= 2:
@@ -116,7 +139,9 @@ class FSDP(nn.Module):
                     entry = seen[id(p)]
                     owner._parameters[name] = entry.shard
                     self._by_module.setdefault(owner, []).append((name, entry))
-        for owner in self._by_module:
+                elif p is not None and compute_dtype is not None and p.is_floating_point():
+                    self._casts.setdefault(owner, []).append(name)
+        for owner in {**self._by_module, **self._casts}:
             owner.register_forward_pre_hook(self._gather_into)
             owner.register_forward_hook(self._release)
         self._live: dict[int, _Sharded] = {}  # storage pointer -> gathered parameter
@@ -141,10 +166,19 @@ class FSDP(nn.Module):
         return padded
 
     def _all_gather(self, entry: _Sharded) -> torch.Tensor:
-        return self._gather_padded(entry.shard.detach())[: entry.numel].view(entry.shape)
+        """The full parameter, in ``compute_dtype`` where one is given: the shard is cast before
+        the gather (Note [Casting before communication])."""
+        shard = entry.shard.detach()
+        if self.compute_dtype is not None:
+            shard = shard.to(self.compute_dtype)
+        return self._gather_padded(shard)[: entry.numel].view(entry.shape)
+
+    def _upcast(self, entry: _Sharded, grad: torch.Tensor) -> torch.Tensor:
+        """A use's full gradient in the shard's dtype, before anything sums it."""
+        return grad.to(entry.shard.dtype)
 
     def _reduce_gradient(self, entry: _Sharded, grad_full: torch.Tensor) -> torch.Tensor | None:
-        grad = grad_full.reshape(-1)
+        grad = self._upcast(entry, grad_full.reshape(-1))
         entry.seen += 1
         if entry.seen < entry.uses:  # a tied weight: wait for its last use's gradient
             entry.partial = grad.clone() if entry.partial is None else entry.partial.add_(grad)
@@ -166,18 +200,22 @@ class FSDP(nn.Module):
         padded[: entry.numel] = grad
         out = torch.empty(c, dtype=grad.dtype, device=grad.device)
         _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM)
-        return out.div_(self.world_size)
+        return out.div_(self.world_size).to(entry.shard.dtype)
 
     # -- forward ------------------------------------------------------------------------------
     def _gather_into(self, owner: nn.Module, args) -> None:
-        for name, entry in self._by_module[owner]:
+        for name in self._casts.get(owner, ()):
+            owner.__dict__[name] = owner._parameters[name].to(self.compute_dtype)
+        for name, entry in self._by_module.get(owner, ()):
             entry.uses += torch.is_grad_enabled()
             full = _Gather.apply(entry.shard, self, entry)
             self._live[full.untyped_storage().data_ptr()] = entry
             owner.__dict__[name] = full
 
     def _release(self, owner: nn.Module, args, output) -> None:
-        for name, _ in self._by_module[owner]:
+        for name in self._casts.get(owner, ()):
+            owner.__dict__.pop(name)
+        for name, _ in self._by_module.get(owner, ()):
             full = owner.__dict__.pop(name)
             self._live.pop(full.untyped_storage().data_ptr(), None)
 
@@ -198,6 +236,11 @@ class FSDP(nn.Module):
     def forward(self, *args, **kwargs):
         for entry in self._entries:  # a new graph: count its uses afresh
             entry.uses, entry.seen, entry.partial = 0, 0, None
+        if self.compute_dtype is not None:
+            args = tuple(
+                a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+                for a in args
+            )
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             return self.module(*args, **kwargs)
 

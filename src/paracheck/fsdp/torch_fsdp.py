@@ -15,7 +15,13 @@ Note [Wrapping with fully_shard]
       waits for its reduce-scatters at the end of backward.
     * Reading: ``gather_full_params()`` and ``full_gradients()`` are each DTensor's
       ``full_tensor()`` (collectives), in ``module.parameters()`` order.
-    * ``compute_dtype``: only None, as for ``paracheck.fsdp.FSDP`` (no case passes another).
+    * ``compute_dtype``: ``MixedPrecisionPolicy(param_dtype=compute_dtype)`` on every group:
+      FSDP2 casts each shard before its all-gather and the floating inputs on the way in, and
+      reduces the gradients in ``compute_dtype`` (its default), into float32 shards; it declares
+      so (``paracheck_reduce_dtype``). The reference reduces in float32 instead: between them
+      both readings are checked. ``reduce_dtype=torch.float32`` is not used because FSDP2 then
+      raises in the backward inside ``no_sync()`` when a group has not run its forward
+      (``docs/findings-torch-fsdp.md``).
     * The parameters are DTensors sharded on dim 0 (``torch.chunk``: uneven, the last ranks'
       shards may be smaller or empty); the optimizer is built over them as over any parameters.
 """
@@ -46,13 +52,17 @@ class TorchFSDP(nn.Module):
     see Note [Wrapping with fully_shard]. The constructor and every forward and backward are
     collectives."""
 
+    # The dtype the gradients are reduced in where a compute dtype is given (the policy's).
+    paracheck_reduce_dtype = "bfloat16"
+
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
         super().__init__()
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = MixedPrecisionPolicy()
         if compute_dtype is not None:
-            raise ValueError(f"compute_dtype={compute_dtype!r}: only None is implemented")
+            policy = MixedPrecisionPolicy(param_dtype=compute_dtype)
 
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
@@ -63,8 +73,8 @@ class TorchFSDP(nn.Module):
         for m in list(module.modules())[1:]:
             own = [p for p in m._parameters.values() if p is not None]
             if own and not any(id(p) in shared for p in own):
-                fully_shard(m, mesh=mesh)
-        self.module = fully_shard(module, mesh=mesh)
+                fully_shard(m, mesh=mesh, mp_policy=policy)
+        self.module = fully_shard(module, mesh=mesh, mp_policy=policy)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -328,3 +328,26 @@ for _name, _cls, _bug, _expect in (
     ),
 ):
     register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, _expect)
+
+# Bugs of the compute dtype: they show only in cases that give the wrapper one (bfloat16
+# parameters, Note [Compute dtype of an FSDP]).
+for _name, _cls, _bug in (
+    (
+        "fsdp-cast-after-communication",
+        "CastAfterGatherFSDP",
+        "the float32 shards are all-gathered and the whole parameter cast to the compute dtype "
+        "after: right values, twice the gathered bytes",
+    ),
+    (
+        "fsdp-gradients-in-low-precision",
+        "LowPrecisionGradientsFSDP",
+        "gradients of the compute dtype are summed and reduce-scattered in it, where the "
+        "wrapper declares a float32 reduction",
+    ),
+    (
+        "fsdp-shards-in-compute-dtype",
+        "ShardsInComputeDtypeFSDP",
+        "the module is cast to the compute dtype before sharding: no float32 master weights",
+    ),
+):
+    register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, precision="bf16")

@@ -14,10 +14,13 @@ __all__ = [
     "AccumulationOverwritesFSDP",
     "AllGatherNotWaitedFSDP",
     "CachedGatherFSDP",
+    "CastAfterGatherFSDP",
     "GatheredNeverFreedFSDP",
+    "LowPrecisionGradientsFSDP",
     "ReduceInNoSyncFSDP",
     "ReversedChunksFSDP",
     "ShardOffsetFloorFSDP",
+    "ShardsInComputeDtypeFSDP",
     "TiedReducedTwiceFSDP",
     "FreedBeforeBackwardFSDP",
     "NoDivideFSDP",
@@ -184,3 +187,30 @@ class AllGatherNotWaitedFSDP(FSDP):
         )
         _all_gather_into_tensor(padded, shard, async_op=True)  # BUG: the work is never waited on
         return padded
+
+
+class CastAfterGatherFSDP(FSDP):
+    """All-gathers the float32 shards and casts the whole parameter to the compute dtype after:
+    the same values, twice the bytes on the wire and in the gathered layer."""
+
+    def _all_gather(self, entry):
+        full = self._gather_padded(entry.shard.detach())[: entry.numel].view(entry.shape)
+        return full if self.compute_dtype is None else full.to(self.compute_dtype)  # BUG: after
+
+
+class LowPrecisionGradientsFSDP(FSDP):
+    """Leaves each full gradient in the compute dtype: the uses, the micro-batches and the ranks
+    are summed in bfloat16, though the class declares a float32 reduction."""
+
+    def _upcast(self, entry, grad):
+        return grad  # BUG: no upcast before the sums
+
+
+class ShardsInComputeDtypeFSDP(FSDP):
+    """Casts the module to the compute dtype, then shards it: the optimizer steps bfloat16
+    shards, so the float32 masters are gone and a small update is rounded away."""
+
+    def __init__(self, module, compute_dtype=None):
+        if compute_dtype is not None:
+            module = module.to(compute_dtype)  # BUG: the masters are rounded
+        super().__init__(module, compute_dtype)

@@ -160,11 +160,18 @@ def _inside(optimizer, params, stepped) -> set[int]:
     return {id(p) for p, t in zip(params, stepped) if id(t) in held}
 
 
-def _step_masters(optimizer, params, masters) -> None:
+def _step_masters(optimizer, params, masters, own=None) -> None:
     """One step of the masters on the parameters' gradients, then every parameter rounded from
-    its master (Note [Master weights])."""
-    for p, m in zip(params, masters):
-        m.grad = None if p.grad is None else p.grad.detach().to(m.dtype)
+    its master (Note [Master weights]). ``own``: the target's gradients where it recorded them,
+    used whole where the parameter holds one (a float32 gradient of a wrapper that reduces in
+    float32 is not rounded to the parameter's dtype first: Note [Compute dtype of an FSDP])."""
+    for i, (p, m) in enumerate(zip(params, masters)):
+        g = own[i] if own is not None and len(own) == len(params) else None
+        if p.grad is None:
+            m.grad = None
+            continue
+        use = g if g is not None and tuple(g.shape) == tuple(p.shape) else p.grad
+        m.grad = use.detach().to(m.dtype)
     optimizer.step()
     with torch.no_grad():
         for p, m in zip(params, masters):
@@ -210,7 +217,13 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     # What the optimizer steps: the parameters, or their float32 masters (Note [Master weights]).
     masters = None
     if case.master_weights:
-        masters = [p.detach().to(torch.float32).requires_grad_(p.requires_grad) for p in params]
+        start = params
+        if case.masters_from_float32:  # Note [Compute dtype of an FSDP]
+            start = list(build_case_model(case, rank=0, masters=True).parameters())
+        masters = [
+            s.detach().to(torch.float32).requires_grad_(p.requires_grad)
+            for s, p in zip(start, params)
+        ]
     stepped = params if masters is None else masters
     optimizer = build_optimizer(case, stepped)
     scheduler = build_scheduler(case, optimizer)
@@ -287,8 +300,10 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
             )
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
+        own = None
         if target_gradients and anchors is not None and step < len(anchors):
-            _use_gradients(params, anchors[step][1])
+            own = anchors[step][1]
+            _use_gradients(params, own)
         if scaling:
             before = scaler.get_scale()
             scaler.step(optimizer)
@@ -296,7 +311,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
             # The scale never grows within a case (GROWTH_INTERVAL): it falls iff a step is skipped.
             skipped = scaler.get_scale() < before
         elif masters is not None:
-            _step_masters(optimizer, params, masters)
+            _step_masters(optimizer, params, masters, own)
         else:
             optimizer.step()
         apply_lr_schedule(case, optimizer)

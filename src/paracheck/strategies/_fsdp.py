@@ -8,7 +8,7 @@ from dataclasses import replace
 from paracheck.check.features import without_all
 from paracheck.strategies._core import cases
 
-__all__ = ["FSDP_OFF", "fsdp_cases"]
+__all__ = ["FSDP_COMPUTE_OFF", "FSDP_OFF", "fsdp_cases"]
 
 # Note [Cases an FSDP is checked on]
 #   A sharded module's forward is a collective (its all-gather), so every rank must run the same
@@ -29,6 +29,10 @@ FSDP_OFF = (
     "loss-scaling",
     "zero-grad-module",
 )
+# A wrapper with a compute dtype casts parameters, not buffers or a layer's own float32 casts:
+# those features compute in float32 beside bfloat16 activations (Note [Compute dtype of an FSDP]
+# in ``paracheck.cases``), and are turned off where the case gets master weights.
+FSDP_COMPUTE_OFF = ("buffer", "float32-layer")
 
 
 def fsdp_cases(**kwargs):

@@ -6,6 +6,8 @@ what the property means, what it reads from the ``RankRecord``s and what it comp
   ``parameters``, ``optimizer-state``, ``rank-agreement``, ``structure``);
 * ``state``: the union over ranks of the optimizer state, and ``state-consolidated``;
 * ``memory``, ``balance``, ``traffic``: the sharding kinds' resources against their models;
+* ``reduced_once``, ``freed``, ``gather_dtype``: an FSDP's collectives and gathered storages;
+* ``reduce_dtype``: the dtype a target declares it reduces gradients in;
 * ``bucket_structure``: a bucketed DDP's all-reduce calls against its cap;
 * ``world_size_relation``, ``bucket_size_independence``: oracle-free, two runs of the target.
 

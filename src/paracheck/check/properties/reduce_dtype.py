@@ -23,6 +23,11 @@ Note [Declared reduction dtype]
     rounded, never what it is. A dtype narrower than the parameters' (bfloat16 compression of
     float32 gradients) rounds the mean itself; such cases are not judged (``narrower_than``):
     check compressed designs at the parameters' dtype with ``--precision bf16``.
+
+    A fully sharded wrapper declares the dtype it reduces the gradients of its compute dtype in
+    (Note [Compute dtype of an FSDP] in ``paracheck.cases``): the rule is judged in the cases
+    that give it a compute dtype, and says nothing of the others, where the gradients are
+    reduced in the parameters' own dtype.
 """
 
 from __future__ import annotations
@@ -71,10 +76,15 @@ def window_breaks(typed, declared: str, n_params: int) -> str | None:
     )
 
 
-def check_reduce_dtype(case: Case, ranks: list[RankRecord], declared: str | None):
+def check_reduce_dtype(
+    case: Case, ranks: list[RankRecord], declared: str | None, *, fsdp: bool = False
+):
     """The first window on any rank that breaks Note [Declared reduction dtype], as a Divergence,
-    or None (nothing declared, world size 1, or a dtype narrower than the parameters')."""
+    or None (nothing declared, world size 1, a dtype narrower than the parameters', or with
+    ``fsdp`` a case without a compute dtype)."""
     if declared is None or case.world_size < 2 or narrower_than(declared, case) is not None:
+        return None
+    if fsdp and not case.masters_from_float32:
         return None
     trainable = [p for p in case_params(case) if p.requires_grad]
     for r, rec in enumerate(ranks):

@@ -101,9 +101,22 @@ def run_fsdp(payload: dict) -> RankRecord:
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
     cls = target_object(payload["path"])
-    model = build_case_model(case, rank, device=device)
+    # Note [Compute dtype of an FSDP]: the float32 model, wrapped with the case's dtype to compute
+    # in; the gathered float32 parameters are the masters.
+    compute = case.torch_dtype if case.masters_from_float32 else None
+    model = build_case_model(case, rank, device=device, masters=compute is not None)
     names = [n for n, _ in model.named_parameters()]
-    wrapper = on_every_rank(lambda: cls(model), device, "constructing the wrapper")
+    try:
+        wrapper = on_every_rank(
+            lambda: cls(model) if compute is None else cls(model, compute_dtype=compute),
+            device,
+            "constructing the wrapper",
+        )
+    except NotImplementedError as exc:
+        return RankRecord.skip(
+            f"{payload['path']}(module, compute_dtype={compute}) raised NotImplementedError "
+            f"({exc}): the compute dtype is not checked"
+        )
     gather_name, gather = _gather(payload, wrapper)
     full_gradients = getattr(wrapper, "full_gradients", None)
     params = list(wrapper.parameters())
@@ -118,7 +131,13 @@ def run_fsdp(payload: dict) -> RankRecord:
     def whole(fn, what):
         return snapshot(in_module_order(fn(), names, what))
 
+    def computed(masters: list) -> list:
+        """The parameters a forward computes with: the masters rounded to the compute dtype."""
+        return [m if m is None or not m.is_floating_point() else m.to(compute) for m in masters]
+
     initial_params = whole(gather, f"{gather_name}()")
+    if compute is not None:
+        initial_params = computed(initial_params)
     initial_buffers, steps = snapshot(model.buffers()), []
     drv = DDPDriver.of(wrapper)
     for step in range(case.steps):
@@ -133,12 +152,14 @@ def run_fsdp(payload: dict) -> RankRecord:
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)
+        after = whole(gather, f"{gather_name}()")
         steps.append(
             RankStep(
-                whole(gather, f"{gather_name}()"),
+                after if compute is None else computed(after),
                 grads,
                 windows=tuple(windows),
                 gathered=gathered,
+                masters=None if compute is None else after,
             )
         )
     return RankRecord(initial_params, initial_buffers, tuple(steps))
