@@ -189,3 +189,12 @@ def torch_fsdp_unused_group_in_no_sync(reduce_dtype):
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+class RefusesComputeDtype(FSDP):
+    """The CS336 constructor with the compute dtype left unimplemented, refused by name."""
+
+    def __init__(self, module, compute_dtype=None):
+        if compute_dtype is not None:
+            raise ValueError(f"compute_dtype={compute_dtype} is not supported")
+        super().__init__(module)

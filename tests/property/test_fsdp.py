@@ -51,6 +51,20 @@ def test_a_compute_dtype_gathers_in_it_and_reduces_in_float32(world):
         assert shards == grads == {"float32"} and out == "bfloat16"
 
 
+def test_a_wrapper_refusing_a_compute_dtype_is_skipped_not_failed(world):
+    """A constructor that refuses compute_dtype by name gets no verdict in those cases."""
+    from paracheck.cases import Case
+    from paracheck.check.run import run_case
+
+    target = resolve_target("tests.property._fsdp_jobs:RefusesComputeDtype")
+    assert target.master_weights
+    result = run_case(world, target, Case(dtype="bfloat16"))
+    assert result.ok and result.case.masters_from_float32
+    assert "the compute dtype is not checked" in result.extra["skipped"]
+    report = check_target(target, world, world_sizes=(1, 2), max_examples=10, precision="bf16")
+    assert report.passed, report.failure.describe()
+
+
 def test_fsdp_catalogue_has_at_least_seventeen_bugs():
     assert len(FSDP_MUTANTS) >= 17
 

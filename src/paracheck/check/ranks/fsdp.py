@@ -5,7 +5,12 @@ with ``forward``, ``finish_gradient_synchronization()`` after each backward outs
 Every rank builds the case's model, wraps it, and builds the case's optimizer over the wrapper's
 ``parameters()`` (its shards and replicated parameters). Per step: the micro-steps by the case's
 protocol, then ``optimizer.step()``; recorded: the gathered parameters and, where the wrapper
-offers ``full_gradients()``, the gathered gradients.
+offers ``full_gradients()``, the gathered gradients. In a case with master weights (bfloat16,
+for a wrapper whose constructor takes ``compute_dtype``) the model is built in float32 and wrapped
+as ``Class(module, compute_dtype=torch.bfloat16)``: the gathered float32 parameters are recorded
+as the masters and, rounded, as the parameters (Note [Compute dtype of an FSDP]); a constructor
+that refuses the argument (NotImplementedError, or an error naming ``compute_dtype``) skips the
+case with a note.
 
 Note [Reading an FSDP]
     No rank holds a sharded parameter whole, so the check asks the wrapper for it: through the
@@ -112,10 +117,16 @@ def run_fsdp(payload: dict) -> RankRecord:
             device,
             "constructing the wrapper",
         )
-    except NotImplementedError as exc:
+    except (NotImplementedError, ValueError, TypeError) as exc:
+        # A constructor that refuses a compute dtype (NotImplementedError, or an error naming
+        # the argument) declares it out of its interface: no verdict, never a failure.
+        if compute is None or not (
+            isinstance(exc, NotImplementedError) or "compute_dtype" in str(exc)
+        ):
+            raise
         return RankRecord.skip(
-            f"{payload['path']}(module, compute_dtype={compute}) raised NotImplementedError "
-            f"({exc}): the compute dtype is not checked"
+            f"{payload['path']}(module, compute_dtype={compute}) raised "
+            f"{type(exc).__name__} ({exc}): the compute dtype is not checked"
         )
     gather_name, gather = _gather(payload, wrapper)
     full_gradients = getattr(wrapper, "full_gradients", None)
