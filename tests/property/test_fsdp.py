@@ -61,8 +61,6 @@ def test_a_wrapper_refusing_a_compute_dtype_is_skipped_not_failed(world):
     result = run_case(world, target, Case(dtype="bfloat16"))
     assert result.ok and result.case.masters_from_float32
     assert "the compute dtype is not checked" in result.extra["skipped"]
-    report = check_target(target, world, world_sizes=(1, 2), max_examples=10, precision="bf16")
-    assert report.passed, report.failure.describe()
 
 
 def test_fsdp_catalogue_has_at_least_seventeen_bugs():

@@ -34,7 +34,7 @@ def test_declaration_is_read_from_the_class_and_adds_the_property():
     assert resolve_target("flat", reduce_dtype="bfloat16").reduce_dtype == "bfloat16"
     with pytest.raises(TargetError, match="reduce_dtype='int8' must be one of"):
         resolve_target("flat", reduce_dtype="int8")
-    with pytest.raises(TargetError, match="for DDP targets"):
+    with pytest.raises(TargetError, match="for DDP and FSDP targets"):
         resolve_target("zero1", reduce_dtype="float32")
 
 

@@ -106,8 +106,8 @@ def run_fsdp(payload: dict) -> RankRecord:
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
     cls = target_object(payload["path"])
-    # Note [Compute dtype of an FSDP]: the float32 model, wrapped with the case's dtype to compute
-    # in; the gathered float32 parameters are the masters.
+    # The float32 model, wrapped with the case's dtype to compute in; the gathered float32
+    # parameters are the masters (Note [Compute dtype of an FSDP]).
     compute = case.torch_dtype if case.masters_from_float32 else None
     model = build_case_model(case, rank, device=device, masters=compute is not None)
     names = [n for n, _ in model.named_parameters()]
