@@ -326,6 +326,13 @@ for _name, _cls, _bug, _expect in (
         "every all-gather is asynchronous and never waited on: shards read before they arrive",
         "diverge",
     ),
+    (
+        "fsdp-reduce-scatter-not-waited",
+        "ReduceScatterNotWaitedFSDP",
+        "every reduce-scatter is asynchronous and never waited on: the gradient is read before "
+        "the other ranks' parts arrive",
+        "diverge",
+    ),
 ):
     register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, _expect)
 

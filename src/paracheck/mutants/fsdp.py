@@ -18,6 +18,7 @@ __all__ = [
     "GatheredNeverFreedFSDP",
     "LowPrecisionGradientsFSDP",
     "ReduceInNoSyncFSDP",
+    "ReduceScatterNotWaitedFSDP",
     "ReversedChunksFSDP",
     "ShardOffsetFloorFSDP",
     "ShardsInComputeDtypeFSDP",
@@ -214,3 +215,16 @@ class ShardsInComputeDtypeFSDP(FSDP):
         if compute_dtype is not None:
             module = module.to(compute_dtype)  # BUG: the masters are rounded
         super().__init__(module, compute_dtype)
+
+
+class ReduceScatterNotWaitedFSDP(FSDP):
+    """Issues every reduce-scatter asynchronously and never waits for it: the shard's gradient is
+    divided and handed to autograd while the other ranks' contributions are still arriving."""
+
+    def _reduce_scatter(self, entry, grad):
+        c, W = entry.shard.numel(), self.world_size
+        padded = torch.zeros(c * W, dtype=grad.dtype, device=grad.device)
+        padded[: entry.numel] = grad
+        out = torch.empty(c, dtype=grad.dtype, device=grad.device)
+        _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM, async_op=True)  # BUG: no wait
+        return out.div_(W).to(entry.shard.dtype)
