@@ -188,7 +188,9 @@ class Case:
     ``master_weights``): the masters start as the model built in float32 and the parameters as
     those masters rounded, where otherwise the masters start as the bfloat16 parameters: what a
     fully sharded wrapper given the float32 model and ``compute_dtype=torch.bfloat16`` trains
-    (Note [Compute dtype of an FSDP]).
+    (Note [Compute dtype of an FSDP]). ``prefetch`` (k >= 0): a fully sharded wrapper whose
+    constructor takes ``prefetch`` is built with ``prefetch=k`` (at most k module calls'
+    parameters gathered ahead of the running one; what the case computes is unchanged).
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -222,6 +224,7 @@ class Case:
     autocast_cache: bool = True
     master_weights: bool = False
     masters_from_float32: bool = False
+    prefetch: int = 0
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -281,6 +284,8 @@ class Case:
                 f"master_weights=True with dtype={self.dtype!r}: master weights are float32 "
                 "copies of parameters narrower than float32; use dtype='bfloat16'"
             )
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch={self.prefetch} must be >= 0")
         if self.masters_from_float32 and not self.master_weights:
             raise ValueError(
                 "masters_from_float32=True needs master_weights=True: it says where the masters "

@@ -198,3 +198,29 @@ class RefusesComputeDtype(FSDP):
         if compute_dtype is not None:
             raise ValueError(f"compute_dtype={compute_dtype} is not supported")
         super().__init__(module)
+
+
+def prefetch_peaks(depth):
+    """(the most gathered storages alive at once in a second forward and backward of a 4-layer
+    model without biases through the reference with ``prefetch=depth``, whether its gradients
+    equal those without prefetch bit for bit)."""
+    from paracheck.check.ranks.fsdp import GatherWatch
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(*(nn.Linear(5, 5, bias=False) for _ in range(4))).double()
+
+    x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for d in (depth, 0):
+        fsdp = FSDP(model(), prefetch=d)
+        fsdp(x).sum().backward()  # the first forward records the order
+        for p in fsdp.parameters():
+            p.grad = None
+        with GatherWatch() as watch:
+            fsdp(x).sum().backward()
+        fsdp.finish_gradient_synchronization()
+        grads.append([p.grad.clone() for p in fsdp.parameters()])
+        if d == depth:
+            peak = watch.peak
+    return peak, all(torch.equal(a, b) for a, b in zip(*grads))

@@ -63,8 +63,16 @@ def test_a_wrapper_refusing_a_compute_dtype_is_skipped_not_failed(world):
     assert "the compute dtype is not checked" in result.extra["skipped"]
 
 
-def test_fsdp_catalogue_has_at_least_eighteen_bugs():
-    assert len(FSDP_MUTANTS) >= 18
+@pytest.mark.parametrize("depth", [0, 1, 2, 5])
+def test_prefetch_gathers_depth_plus_one_modules_at_once(world, depth):
+    """Exact: four layers, one matrix each, W = 2: min(depth + 1, 4) gathered at once, and the
+    same gradients bit for bit as without prefetch."""
+    for peak, same in world.run(f"{JOBS}:prefetch_peaks", depth, world_size=2):
+        assert peak == min(depth + 1, 4) and same
+
+
+def test_fsdp_catalogue_has_at_least_twenty_bugs():
+    assert len(FSDP_MUTANTS) >= 20
 
 
 @pytest.mark.parametrize("name", FSDP_MUTANTS)

@@ -201,6 +201,7 @@ FEATURES: tuple[Feature, ...] = (
         implies=("accumulation",),
     ),
     _flag("set_to_none", True, "zero-grad-to-zeros", "with zero_grad(set_to_none=False)"),
+    _flag("prefetch", 0, "prefetch", "with a prefetch depth (an FSDP taking prefetch=)"),
     Feature(
         "several-groups",
         "with several parameter groups",

@@ -91,7 +91,7 @@ KINDS: dict[str, Kind] = {
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
         "paracheck.strategies._fsdp:fsdp_cases",
-        default=("equivalence", "reduced-once", "freed", "gather-dtype"),
+        default=("equivalence", "reduced-once", "freed", "gather-dtype", "gathered-layers"),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("repeatability", "reduce-dtype"),
     ),
@@ -180,6 +180,9 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
     "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
     "freed": _driver("paracheck.check.properties.freed", "check_freed"),
+    "gathered-layers": _driver(
+        "paracheck.check.properties.gathered_layers", "check_gathered_layers"
+    ),
     "gather-dtype": _driver("paracheck.check.properties.gather_dtype", "check_gather_dtype"),
     "world-size-relation": _rerun(
         "paracheck.check.properties.world_size_relation", "check_world_size_relation"

@@ -128,6 +128,11 @@ PROPERTIES: dict[str, Property] = {
         "free every gathered parameter after its layer's forward and again after its backward "
         "(drop every reference, or resize its storage to zero)",
     ),
+    "gathered-layers": Property(
+        "more modules' parameters were gathered at once than the prefetch depth allows",
+        "gather at most prefetch modules ahead of the running one, and free each module's "
+        "parameters after use (Note [Gathered layers and the prefetch depth])",
+    ),
     "gather-dtype": Property(
         "parameters were all-gathered in another dtype than the compute dtype",
         "cast each shard to the compute dtype before its all-gather, not the gathered "
@@ -269,6 +274,8 @@ def case_line(case) -> str:
         f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
         f"acc={case.accumulation} bucket="
         + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
+        + (f" prefetch={case.prefetch}" if getattr(case, "prefetch", 0) else "")
+        + (" compute=bfloat16" if getattr(case, "masters_from_float32", False) else "")
     )
 
 

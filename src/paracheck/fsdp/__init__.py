@@ -15,8 +15,8 @@ Note [FSDP data flow]
     attribute lookup finds it before the shard registered in ``_parameters``; the post-hook removes
     it. What the module's operations save for backward is packed by a saved-tensors hook: a tensor
     on a gathered parameter's storage is kept as (parameter, view), not as memory, so the full
-    tensor is freed when the module's forward returns. At most one module's full parameters are
-    alive at a time (no prefetch).
+    tensor is freed when the module's forward returns. Without prefetch at most one module's full
+    parameters are alive at a time (Note [Prefetching the next modules]).
 
     Backward: unpacking such a saved tensor all-gathers the parameter again; ``_Gather``'s backward
     adds the full gradient of that use to the parameter's local sum, and at its last use (the
@@ -29,6 +29,16 @@ Note [FSDP data flow]
 
     Every rank must run the same modules in the same order: each call of a sharded module is a
     collective.
+
+Note [Prefetching the next modules]
+    With ``prefetch=k`` a module's pre-hook, after gathering its own parameters, issues
+    asynchronous all-gathers of the next k module calls' parameters in the order the previous
+    forward called them (the first forward, with no order yet, prefetches nothing); a module's
+    gather then waits on its prefetched work instead of gathering. So at most k + 1 modules'
+    full parameters are alive at once in forward: the running one and the k prefetched. Every
+    rank records the same order and issues the same gathers in it. A prefetched gather the
+    forward did not consume (a module not called this time) is waited on and dropped when the
+    forward returns. Backward gathers on demand, one saved tensor at a time, as without prefetch.
 
 Note [Casting before communication]
     With ``compute_dtype`` (bfloat16, say) the registered parameters stay in their own dtype
@@ -106,8 +116,18 @@ class FSDP(nn.Module):
     # The dtype the gradients are reduced in where a compute dtype is given (the shards').
     paracheck_reduce_dtype = "float32"
 
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self, module: nn.Module, compute_dtype: torch.dtype | None = None, *, prefetch: int = 0
+    ):
         super().__init__()
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch={prefetch!r} must be an int >= 0")
+        self.prefetch = prefetch
+        # Note [Prefetching the next modules]: the last forward's module calls, this forward's,
+        # and the gathers issued ahead (entry index -> (work, padded full tensor)).
+        self._order: list[nn.Module] = []
+        self._calls: list[nn.Module] = []
+        self._prefetched: dict[int, tuple] = {}
         if compute_dtype is not None and not (
             isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
         ):
@@ -167,11 +187,37 @@ class FSDP(nn.Module):
 
     def _all_gather(self, entry: _Sharded) -> torch.Tensor:
         """The full parameter, in ``compute_dtype`` where one is given: the shard is cast before
-        the gather (Note [Casting before communication])."""
+        the gather (Note [Casting before communication]); a prefetched one once its work is
+        done (Note [Prefetching the next modules])."""
+        ahead = self._prefetched.pop(entry.index, None)
+        if ahead is not None:
+            work, padded = ahead
+            work.wait()
+            return padded[: entry.numel].view(entry.shape)
+        return self._gather_padded(self._to_send(entry))[: entry.numel].view(entry.shape)
+
+    def _to_send(self, entry: _Sharded) -> torch.Tensor:
         shard = entry.shard.detach()
-        if self.compute_dtype is not None:
-            shard = shard.to(self.compute_dtype)
-        return self._gather_padded(shard)[: entry.numel].view(entry.shape)
+        return shard if self.compute_dtype is None else shard.to(self.compute_dtype)
+
+    def _prefetch_after(self, position: int) -> None:
+        """Issue the gathers of the ``prefetch`` module calls after call ``position`` of the last
+        forward's order (Note [Prefetching the next modules])."""
+        for owner in self._order[position + 1 : position + 1 + self.prefetch]:
+            for _, entry in self._by_module.get(owner, ()):
+                if entry.index in self._prefetched:
+                    continue
+                shard = self._to_send(entry)
+                padded = torch.empty(
+                    shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
+                )
+                work = _all_gather_into_tensor(padded, shard, async_op=True)
+                self._prefetched[entry.index] = (work, padded)
+
+    def _drop_prefetched(self) -> None:
+        for work, _ in self._prefetched.values():
+            work.wait()
+        self._prefetched.clear()
 
     def _upcast(self, entry: _Sharded, grad: torch.Tensor) -> torch.Tensor:
         """A use's full gradient in the shard's dtype, before anything sums it."""
@@ -211,6 +257,10 @@ class FSDP(nn.Module):
             full = _Gather.apply(entry.shard, self, entry)
             self._live[full.untyped_storage().data_ptr()] = entry
             owner.__dict__[name] = full
+        if owner in self._by_module:
+            self._calls.append(owner)
+            if self._order[: len(self._calls)] == self._calls:
+                self._prefetch_after(len(self._calls) - 1)
 
     def _release(self, owner: nn.Module, args, output) -> None:
         for name in self._casts.get(owner, ()):
@@ -241,8 +291,12 @@ class FSDP(nn.Module):
                 a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a
                 for a in args
             )
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            return self.module(*args, **kwargs)
+        self._order, self._calls = self._calls or self._order, []
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                return self.module(*args, **kwargs)
+        finally:
+            self._drop_prefetched()
 
     # -- synchronisation ----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -327,6 +327,18 @@ for _name, _cls, _bug, _expect in (
         "diverge",
     ),
     (
+        "fsdp-prefetch-beyond-declared",
+        "PrefetchBeyondDeclaredFSDP",
+        "each module call prefetches one module more than its prefetch depth declares",
+        "diverge",
+    ),
+    (
+        "fsdp-prefetch-not-waited",
+        "PrefetchNotWaitedFSDP",
+        "a prefetched parameter is used without waiting on its all-gather",
+        "diverge",
+    ),
+    (
         "fsdp-reduce-scatter-not-waited",
         "ReduceScatterNotWaitedFSDP",
         "every reduce-scatter is asynchronous and never waited on: the gradient is read before "

@@ -28,6 +28,8 @@ __all__ = [
     "NoInitialBroadcastFSDP",
     "NoSyncDroppedFSDP",
     "PaddingAtFrontFSDP",
+    "PrefetchBeyondDeclaredFSDP",
+    "PrefetchNotWaitedFSDP",
     "ReplicatedNeverReducedFSDP",
 ]
 
@@ -228,3 +230,26 @@ class ReduceScatterNotWaitedFSDP(FSDP):
         out = torch.empty(c, dtype=grad.dtype, device=grad.device)
         _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM, async_op=True)  # BUG: no wait
         return out.div_(W).to(entry.shard.dtype)
+
+
+class PrefetchBeyondDeclaredFSDP(FSDP):
+    """Gathers one module call further ahead than its ``prefetch``: right values, one more
+    module's parameters alive at once than the memory it was sized for."""
+
+    def _prefetch_after(self, position):
+        self.prefetch += 1  # BUG: the window is one call too long
+        try:
+            super()._prefetch_after(position)
+        finally:
+            self.prefetch -= 1
+
+
+class PrefetchNotWaitedFSDP(FSDP):
+    """Uses a prefetched parameter without waiting on its all-gather: the module computes with
+    whatever of the other ranks' shards has arrived."""
+
+    def _all_gather(self, entry):
+        ahead = self._prefetched.pop(entry.index, None)
+        if ahead is not None:
+            return ahead[1][: entry.numel].view(entry.shape)  # BUG: its work is never waited on
+        return super()._all_gather(entry)

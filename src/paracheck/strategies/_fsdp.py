@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import strategies as st
+
 from paracheck.check.features import without_all
 from paracheck.strategies._core import cases
 
@@ -36,7 +38,10 @@ FSDP_COMPUTE_OFF = ("buffer", "float32-layer")
 
 
 def fsdp_cases(**kwargs):
-    """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered)."""
-    return cases(**kwargs).map(
-        lambda c: replace(without_all(c, FSDP_OFF), autocast_cache=c.autocast is None)
+    """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered), and a
+    prefetch depth of 0, 1 or 2 (shrinking to 0; used where the wrapper takes ``prefetch``)."""
+    return st.tuples(cases(**kwargs), st.integers(0, 2)).map(
+        lambda cp: replace(
+            without_all(cp[0], FSDP_OFF), autocast_cache=cp[0].autocast is None, prefetch=cp[1]
+        )
     )

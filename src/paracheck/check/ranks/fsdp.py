@@ -26,6 +26,8 @@ Note [Reading an FSDP]
 
 from __future__ import annotations
 
+import inspect
+import time
 import weakref
 
 import torch.distributed as dist
@@ -56,6 +58,7 @@ from paracheck.world import set_step
 __all__ = ["GATHER_METHODS", "GatherWatch", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
+SETTLE_TRIES, SETTLE_SECONDS = 3, 0.001
 
 
 def _strip(name: str) -> str:
@@ -111,12 +114,15 @@ def run_fsdp(payload: dict) -> RankRecord:
     compute = case.torch_dtype if case.masters_from_float32 else None
     model = build_case_model(case, rank, device=device, masters=compute is not None)
     names = [n for n, _ in model.named_parameters()]
+    originals = list(model.parameters())
+    # A constructor taking ``prefetch`` is built with the case's depth (Note [Gathered layers
+    # and the prefetch depth] in paracheck.check.properties.gathered_layers).
+    prefetch = case.prefetch if takes_keyword(cls, "prefetch") else None
+    kwargs = {} if prefetch is None else {"prefetch": prefetch}
+    if compute is not None:
+        kwargs["compute_dtype"] = compute
     try:
-        wrapper = on_every_rank(
-            lambda: cls(model) if compute is None else cls(model, compute_dtype=compute),
-            device,
-            "constructing the wrapper",
-        )
+        wrapper = on_every_rank(lambda: cls(model, **kwargs), device, "constructing the wrapper")
     except (NotImplementedError, ValueError, TypeError) as exc:
         # A constructor that refuses a compute dtype (NotImplementedError, or an error naming
         # the argument) declares it out of its interface: no verdict, never a failure.
@@ -158,7 +164,7 @@ def run_fsdp(payload: dict) -> RankRecord:
         windows: list = []
         with GatherWatch() as watch:
             train_micro_steps(case, drv, optimizer, rank, device, step, windows)
-        gathered = watch.alive()
+        gathered, peak = watch.alive(), watch.peak
         grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
         optimizer.step()
         apply_lr_schedule(case, optimizer)
@@ -170,10 +176,49 @@ def run_fsdp(payload: dict) -> RankRecord:
                 grads,
                 windows=tuple(windows),
                 gathered=gathered,
+                peak_gathered=peak,
                 masters=None if compute is None else after,
             )
         )
-    return RankRecord(initial_params, initial_buffers, tuple(steps))
+    return RankRecord(
+        initial_params,
+        initial_buffers,
+        tuple(steps),
+        prefetch=prefetch,
+        kept_whole=kept_whole(originals, list(model.parameters())),
+    )
+
+
+def kept_whole(originals: list, now: list) -> tuple[bool, ...] | None:
+    """Per parameter of the module, whether the wrapper provably holds it whole on this rank:
+    the same object as before wrapping, with as many elements (at least 2: a 1-element shard
+    looks whole) and every byte of its storage; None where the module's parameters are no
+    longer one per original (a flat parameter). What a wrapper holds whole it need not gather
+    (Note [Gathered layers and the prefetch depth])."""
+    if len(now) != len(originals):
+        return None
+    out = []
+    for orig, p in zip(originals, now):
+        n = orig.numel()
+        whole = p is orig and p.numel() == n >= 2 and not hasattr(p, "full_tensor")
+        if whole:
+            st = p.untyped_storage()
+            whole = st.nbytes() >= (p.storage_offset() + n) * p.element_size()
+        out.append(whole)
+    return tuple(out)
+
+
+def takes_keyword(cls, name: str) -> bool:
+    """Whether ``cls(module, ...)`` names the keyword ``name`` (a ``**kwargs`` does not count: what
+    it passes the keyword on to is not known)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params and params[name].kind in (
+        params[name].KEYWORD_ONLY,
+        params[name].POSITIONAL_OR_KEYWORD,
+    )
 
 
 class GatherWatch(TorchDispatchMode):
@@ -182,11 +227,13 @@ class GatherWatch(TorchDispatchMode):
     message; integer and byte gathers carry metadata and objects, not parameters);
     ``alive()`` gives how many of their storages are still referenced and hold bytes, and how
     many bytes (Note [Gathered parameters die with the step] in ``paracheck.check.properties.
-    freed``)."""
+    freed``); ``peak`` the most alive at once, counted as each gather is dispatched (Note
+    [Gathered layers and the prefetch depth])."""
 
     def __init__(self):
         super().__init__()
         self._watched: list = []
+        self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -200,7 +247,20 @@ class GatherWatch(TorchDispatchMode):
             if tensors:
                 full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
                 self._watched.append(weakref.ref(full.untyped_storage()))
+                self._count_peak()
         return out
+
+    def _count_peak(self) -> None:
+        """Raise ``peak`` to the storages alive now, counting only those still alive after up
+        to ``SETTLE_TRIES`` waits of ``SETTLE_SECONDS`` (Note [Gathered layers and the prefetch
+        depth]: a finished collective's work is released by the backend's own thread)."""
+        count = self.alive()[0]
+        for _ in range(SETTLE_TRIES):
+            if count <= self.peak:
+                return
+            time.sleep(SETTLE_SECONDS)
+            count = self.alive()[0]
+        self.peak = max(self.peak, count)
 
     def alive(self) -> tuple[int, int]:
         """(storages still alive with bytes, their bytes), each storage once."""

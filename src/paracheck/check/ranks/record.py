@@ -50,6 +50,9 @@ class RankStep:
     # fsdp: the storages of the step's all-gathers still holding bytes after its last
     # synchronisation, as (count, bytes) (Note [Gathered parameters die with the step]).
     gathered: tuple[int, int] | None = None
+    # fsdp: the most all-gather storages alive at once during the step's passes (Note [Gathered
+    # layers and the prefetch depth]).
+    peak_gathered: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class RankRecord:
     pieces: tuple | None = None
     bucket_numels: tuple | None = None
     final_state_dict: dict | None = None  # sharding kinds: state_dict() after the last step
+    prefetch: int | None = None  # fsdp: the prefetch depth the wrapper was built with, if any
+    # fsdp: per module parameter, whether the wrapper provably held it whole after the last step
+    # (None: unknown), ``paracheck.check.ranks.fsdp.kept_whole``.
+    kept_whole: tuple | None = None
 
     @classmethod
     def skip(cls, why: str) -> RankRecord:
