@@ -217,7 +217,7 @@ def prefetch_peaks(depth):
         fsdp(x).sum().backward()  # the first forward records the order
         for p in fsdp.parameters():
             p.grad = None
-        with GatherWatch() as watch:
+        with GatherWatch(settle_above=d + 1) as watch:
             fsdp(x).sum().backward()
         fsdp.finish_gradient_synchronization()
         grads.append([p.grad.clone() for p in fsdp.parameters()])

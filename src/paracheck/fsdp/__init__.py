@@ -123,8 +123,8 @@ class FSDP(nn.Module):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r} must be an int >= 0")
         self.prefetch = prefetch
-        # Note [Prefetching the next modules]: the last forward's module calls, this forward's,
-        # and the gathers issued ahead (entry index -> (work, padded full tensor)).
+        # The last forward's module calls, this forward's, and the gathers issued ahead (entry
+        # index -> (work, padded full tensor)): Note [Prefetching the next modules].
         self._order: list[nn.Module] = []
         self._calls: list[nn.Module] = []
         self._prefetched: dict[int, tuple] = {}

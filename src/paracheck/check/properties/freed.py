@@ -15,7 +15,9 @@ Note [Gathered parameters die with the step]
     step's forward and backward passes (the output of ``all_gather_into_tensor``, whichever the
     larger side of the call); integer and byte gathers (sizes, ``all_gather_object``) carry
     metadata a design may keep. A storage counts as freed when nothing references it, or when it
-    was resized to zero bytes (torch's ``fully_shard`` frees its unsharded parameters that way).
+    was resized to zero bytes (torch's ``fully_shard`` frees its unsharded parameters that way);
+    a count above zero is settled first (Note [Settling a count of live storages] in
+    ``paracheck.check.ranks.fsdp``: the backend's threads may hold a finished work briefly).
     A design that all-gathers into a buffer, copies out into storages of its own and keeps those
     is not seen here. World size 1 is not judged (a design may skip the all-gather there).
 """

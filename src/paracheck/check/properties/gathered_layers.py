@@ -12,12 +12,8 @@ Note [Gathered layers and the prefetch depth]
     holds more than the memory it was sized for. Measured by storage lifetimes, not by peak
     memory: every floating-point all-gather's full tensor is watched (as for ``freed``), and as
     each is dispatched the watched storages still alive with bytes are counted, the new one
-    included; the step's largest count is its peak. A storage the design has dropped can still
-    be referenced for some microseconds by the backend's own thread (gloo's worker releases a
-    finished collective's work, which holds the output, after waking the waiting rank), so a
-    count that would raise the peak is taken again after 1 ms, up to three times: the rank's
-    own thread is inside the new gather meanwhile, so only references held by other threads can
-    go, and what is still alive then is held by the design. The bound, for every step and rank at world
+    included; the step's largest count is its peak (a count above k + 1 is settled first: Note
+    [Settling a count of live storages] in ``paracheck.check.ranks.fsdp``). The bound, for every step and rank at world
     size >= 2:
 
         peak <= (k + 1) * P

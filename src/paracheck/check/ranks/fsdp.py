@@ -58,7 +58,8 @@ from paracheck.world import set_step
 __all__ = ["GATHER_METHODS", "GatherWatch", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
-SETTLE_TRIES, SETTLE_SECONDS = 3, 0.001
+# The waits before a count is believed (Note [Settling a count of live storages]).
+SETTLE_SECONDS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
 
 
 def _strip(name: str) -> str:
@@ -162,9 +163,10 @@ def run_fsdp(payload: dict) -> RankRecord:
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
         windows: list = []
-        with GatherWatch() as watch:
+        settle_above = None if prefetch is None else prefetch + 1
+        with GatherWatch(settle_above) as watch:
             train_micro_steps(case, drv, optimizer, rank, device, step, windows)
-        gathered, peak = watch.alive(), watch.peak
+        gathered, peak = watch.settled(), watch.peak
         grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
         optimizer.step()
         apply_lr_schedule(case, optimizer)
@@ -227,12 +229,26 @@ class GatherWatch(TorchDispatchMode):
     message; integer and byte gathers carry metadata and objects, not parameters);
     ``alive()`` gives how many of their storages are still referenced and hold bytes, and how
     many bytes (Note [Gathered parameters die with the step] in ``paracheck.check.properties.
-    freed``); ``peak`` the most alive at once, counted as each gather is dispatched (Note
-    [Gathered layers and the prefetch depth])."""
+    freed``), ``settled()`` the same once backend threads have let go (Note [Settling a count
+    of live storages]); with ``settle_above`` (an int), ``peak`` is the most alive at once,
+    counted as each gather is dispatched and settled where it passes ``settle_above`` (Note
+    [Gathered layers and the prefetch depth]).
 
-    def __init__(self):
+    Note [Settling a count of live storages]
+        A storage the design has dropped can still be referenced for a while by the backend's
+        own threads: gloo's worker releases a finished collective's work, which holds its
+        output, after waking the rank that waits on it, and on a loaded machine that thread may
+        not run again for milliseconds. So a count that would condemn the design is taken again
+        after waits of 1, 2, 4, 8, 16 and 32 ms, until it no longer does: the rank's own thread
+        is inside this watch meanwhile (in a gather, or past the step), so only references
+        held by other threads can go, and what is still alive after 63 ms is held by the
+        design. A count that condemns nothing costs no wait.
+    """
+
+    def __init__(self, settle_above: int | None = None):
         super().__init__()
         self._watched: list = []
+        self.settle_above = settle_above
         self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -247,20 +263,24 @@ class GatherWatch(TorchDispatchMode):
             if tensors:
                 full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
                 self._watched.append(weakref.ref(full.untyped_storage()))
-                self._count_peak()
+                if self.settle_above is not None:
+                    self.peak = max(self.peak, self._settle(self.settle_above)[0])
         return out
 
-    def _count_peak(self) -> None:
-        """Raise ``peak`` to the storages alive now, counting only those still alive after up
-        to ``SETTLE_TRIES`` waits of ``SETTLE_SECONDS`` (Note [Gathered layers and the prefetch
-        depth]: a finished collective's work is released by the backend's own thread)."""
-        count = self.alive()[0]
-        for _ in range(SETTLE_TRIES):
-            if count <= self.peak:
-                return
-            time.sleep(SETTLE_SECONDS)
-            count = self.alive()[0]
-        self.peak = max(self.peak, count)
+    def _settle(self, above: int) -> tuple[int, int]:
+        """``alive()``, taken again after each of ``SETTLE_SECONDS`` while it counts more than
+        ``above`` storages (Note [Settling a count of live storages])."""
+        count = self.alive()
+        for wait in SETTLE_SECONDS:
+            if count[0] <= above:
+                break
+            time.sleep(wait)
+            count = self.alive()
+        return count
+
+    def settled(self) -> tuple[int, int]:
+        """``alive()`` once nothing but the design holds the storages (settled above zero)."""
+        return self._settle(0)
 
     def alive(self) -> tuple[int, int]:
         """(storages still alive with bytes, their bytes), each storage once."""
