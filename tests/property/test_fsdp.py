@@ -71,6 +71,15 @@ def test_prefetch_gathers_depth_plus_one_modules_at_once(world, depth):
         assert peak == min(depth + 1, 4) and same
 
 
+def test_a_wrapper_gathering_each_bias_on_its_own_passes_with_prefetch(world):
+    """Control: every parameter sharded and gathered on its own (two storages per layer with a
+    bias) stays within gathered-layers' bound at every drawn depth."""
+    target = resolve_target("tests.property._fsdp_jobs:ShardsEverything")
+    assert "gathered-layers" in target.properties
+    report = check_target(target, world, world_sizes=(2, 3), max_examples=15)
+    assert report.passed, report.failure.describe()
+
+
 def test_fsdp_catalogue_has_at_least_twenty_bugs():
     assert len(FSDP_MUTANTS) >= 20
 

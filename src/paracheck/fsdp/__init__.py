@@ -149,7 +149,7 @@ class FSDP(nn.Module):
         self._casts: dict[nn.Module, list[str]] = {}
         seen: dict[int, _Sharded] = {}
         for index, p in enumerate(module.parameters()):
-            if p.requires_grad and p.dim() >= 2:
+            if self._is_sharded(p):
                 seen[id(p)] = self._shard(index, p)
             else:
                 self._replicated.append(p)
@@ -167,6 +167,10 @@ class FSDP(nn.Module):
         self._live: dict[int, _Sharded] = {}  # storage pointer -> gathered parameter
 
     # -- layout -------------------------------------------------------------------------------
+    def _is_sharded(self, p: nn.Parameter) -> bool:
+        """Trainable matrices are sharded; vectors and frozen parameters are replicated."""
+        return p.requires_grad and p.dim() >= 2
+
     def _shard(self, index: int, p: nn.Parameter) -> _Sharded:
         start, stop = shard_range(p.numel(), self.world_size, self.rank)
         flat = p.detach().reshape(-1)

@@ -263,8 +263,9 @@ class GatherWatch(TorchDispatchMode):
             if tensors:
                 full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
                 self._watched.append(weakref.ref(full.untyped_storage()))
-                if self.settle_above is not None:
-                    self.peak = max(self.peak, self._settle(self.settle_above)[0])
+                if self.settle_above is not None:  # settled once per rise of the peak
+                    above = max(self.settle_above, self.peak)
+                    self.peak = max(self.peak, self._settle(above)[0])
         return out
 
     def _settle(self, above: int) -> tuple[int, int]:
