@@ -232,3 +232,24 @@ class ShardsEverything(FSDP):
 
     def _is_sharded(self, p):
         return p.requires_grad
+
+
+def per_layer_ledger(prefetch):
+    """The collectives of one synchronised step of a 4-layer model without biases (weights of
+    5x5, 5x4, 4x3, 3x2) through the reference with ``prefetch``, after a first forward that
+    records the order: [(kind, elements)] in forward+backward, then in finish."""
+    from paracheck.accounting.traffic import record_collectives
+
+    torch.manual_seed(0)
+    sizes = [(5, 5), (5, 4), (4, 3), (3, 2)]
+    model = nn.Sequential(*(nn.Linear(a, b, bias=False) for a, b in sizes)).double()
+    fsdp = FSDP(model, prefetch=prefetch)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    fsdp(x).sum().backward()
+    fsdp.finish_gradient_synchronization()
+    with record_collectives() as rec:
+        fsdp(x).sum().backward()
+    passes = [(kind, nbytes // 8) for kind, nbytes in rec.calls]
+    with record_collectives() as rec:
+        fsdp.finish_gradient_synchronization()
+    return passes, [(kind, nbytes // 8) for kind, nbytes in rec.calls]

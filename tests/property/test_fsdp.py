@@ -80,6 +80,19 @@ def test_a_wrapper_gathering_each_bias_on_its_own_passes_with_prefetch(world):
     assert report.passed, report.failure.describe()
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_the_reference_gathers_each_layer_once_per_pass_and_reduces_it_once(world, prefetch):
+    """Exact ledger, W = 2, four bias-free layers of 25, 20, 12 and 6 elements (padded to 26, 20,
+    12, 6): forward gathers each layer once, in order; backward gathers each layer whose input
+    needs a gradient (not the first) just before its reduce-scatter, in reverse; the first
+    layer's weight is only reduced; nothing is left for finish. Prefetch changes no call."""
+    for passes, finish in world.run(f"{JOBS}:per_layer_ledger", prefetch, world_size=2):
+        forward = [("all_gather", n) for n in (26, 20, 12, 6)]
+        backward = [(kind, n) for n in (6, 12, 20) for kind in ("all_gather", "reduce_scatter")]
+        assert passes == forward + backward + [("reduce_scatter", 26)]
+        assert finish == []
+
+
 def test_fsdp_catalogue_has_at_least_twenty_bugs():
     assert len(FSDP_MUTANTS) >= 20
 
