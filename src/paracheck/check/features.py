@@ -158,7 +158,7 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "float32-layer",
-        "with parameters of two dtypes (a float32 layer)",
+        "with parameters of two dtypes (a float32 layer, float64 in a float32 model)",
         lambda c: _is_mlp(c) and getattr(c.model, "float32_layer", None) is not None,
         lambda c: _model(c, float32_layer=None),
     ),

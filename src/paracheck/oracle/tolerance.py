@@ -37,7 +37,8 @@ Note [Where the differences come from]
 
 Note [Parameters of two dtypes]
     A model may hold parameters of two dtypes (``MLPSpec.float32_layer``: one float32 layer in a
-    float64 model, computing in float32 in the target and in the oracle alike). The tolerance is
+    float64 model, or a float64 layer in a float32 one, computing in its own dtype in the target
+    and in the oracle alike). The tolerance is
     then per tensor and per step (``tensor_tolerance``):
 
     * Step 0, every tensor at its own dtype's tolerance. Both sides start from the same parameters

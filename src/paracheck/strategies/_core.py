@@ -92,7 +92,8 @@ def mlp_specs(
         if names and draw(st.booleans())
         else ()
     )
-    # One layer in float32 in a float64 model: parameters of two dtypes, next to each other in
+    # One layer in another dtype (float32 in a float64 model, float64 in a float32 one: a float32
+    # check meets mixed dtypes too): parameters of two dtypes, next to each other in
     # registration order (where a bucket planner may put them in one buffer). The first layer in
     # at least half of those: a flat buffer built in the first parameter's dtype truncates every
     # other gradient only then, and with the index drawn uniformly a DDP doing that survived 38

@@ -41,7 +41,7 @@ def build_model(spec, *, seed: int, dtype: torch.dtype = torch.float64, device="
         return model.to(device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
         model = (
-            MLP(spec)
+            MLP(spec, dtype=dtype)
             if spec.kind == "mlp"
             else (ToyModelWithTiedWeights() if spec.tied else ToyModel())
         )

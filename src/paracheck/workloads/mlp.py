@@ -10,9 +10,10 @@ The features exist to reach the corners where data-parallel bugs live:
   of the local batch is positive (``"data"``), so a parameter can have a gradient on one rank and
   none on another;
 - ``buffer`` registers a non-trainable input scale (it must be broadcast like the parameters);
-- ``float32_layer`` keeps one layer's parameters in float32 whatever dtype the model is built in
-  (its input is cast to float32 and its output back), so a float64 model has parameters of two
-  dtypes: one flat buffer per dtype, or a bucket that mixes them, is where that breaks.
+- ``float32_layer`` keeps one layer's parameters in another dtype than the model's: float32,
+  or float64 in a float32 model (its input is cast to that dtype and its output back), so the
+  model has parameters of two dtypes whatever dtype it is built in: one flat buffer per dtype,
+  or a bucket that mixes them, is where that breaks.
 """
 
 from __future__ import annotations
@@ -60,26 +61,43 @@ class MLPSpec:
         return self.widths[-1]
 
 
+def other_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of ``MLPSpec.float32_layer`` in a model of ``dtype``: float32, or float64 in a
+    float32 model."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 class _Float32Linear(nn.Linear):
-    """A Linear whose parameters stay float32 through ``module.to(dtype)``; it computes in float32
-    and returns its input's dtype."""
+    """A Linear whose parameters stay in ``own_dtype`` through ``module.to(...)`` (another dtype
+    than the model's: ``other_dtype``). It computes in its own dtype and returns its input's."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, *, own_dtype: torch.dtype
+    ):
+        super().__init__(in_features, out_features, bias=bias, dtype=own_dtype)
+        self.own_dtype = own_dtype
 
     def _apply(self, fn, recurse=True):
-        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+        own = self.own_dtype
+        return super()._apply(lambda t: fn(t).to(own) if t.is_floating_point() else fn(t), recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.float()).to(x.dtype)
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
 class MLP(nn.Module):
     scale: torch.Tensor  # the buffer registered when spec.buffer
 
-    def __init__(self, spec: MLPSpec):
+    def __init__(self, spec: MLPSpec, *, dtype: torch.dtype = torch.float64):
+        """``dtype``: the dtype the model will be moved to, which fixes the other layer's
+        (``other_dtype``)."""
         super().__init__()
         self.spec = spec
         sizes = (spec.in_features, *spec.widths)
         self.layers = nn.ModuleList(
-            (_Float32Linear if i == spec.float32_layer else nn.Linear)(a, b, bias=spec.bias)
+            _Float32Linear(a, b, bias=spec.bias, own_dtype=other_dtype(dtype))
+            if i == spec.float32_layer
+            else nn.Linear(a, b, bias=spec.bias)
             for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
         )
         if spec.tied:
