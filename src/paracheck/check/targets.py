@@ -247,9 +247,22 @@ def _has_master_params(path: str) -> bool:
 @functools.cache
 def _takes_compute_dtype(path: str) -> bool:
     try:
-        return "compute_dtype" in inspect.signature(load_object(path)).parameters
-    except (TargetError, TypeError, ValueError):
+        return takes_keyword(load_object(path), "compute_dtype")
+    except TargetError:
         return False
+
+
+def takes_keyword(cls, name: str) -> bool:
+    """Whether ``cls(module, ...)`` names the keyword ``name`` (a ``**kwargs`` does not count: what
+    it passes the keyword on to is not known)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params and params[name].kind in (
+        params[name].KEYWORD_ONLY,
+        params[name].POSITIONAL_OR_KEYWORD,
+    )
 
 
 def load_object(path: str):

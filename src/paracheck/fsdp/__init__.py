@@ -181,11 +181,12 @@ class FSDP(nn.Module):
         self._entries.append(entry)
         return entry
 
+    def _empty_padded(self, shard: torch.Tensor) -> torch.Tensor:
+        return torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device)
+
     def _gather_padded(self, shard: torch.Tensor) -> torch.Tensor:
         """Every rank's ``shard`` (a 1-D chunk) concatenated: the flat, padded whole."""
-        padded = torch.empty(
-            shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
-        )
+        padded = self._empty_padded(shard)
         _all_gather_into_tensor(padded, shard)
         return padded
 
@@ -212,9 +213,7 @@ class FSDP(nn.Module):
                 if entry.index in self._prefetched:
                     continue
                 shard = self._to_send(entry)
-                padded = torch.empty(
-                    shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device
-                )
+                padded = self._empty_padded(shard)
                 work = _all_gather_into_tensor(padded, shard, async_op=True)
                 self._prefetched[entry.index] = (work, padded)
 

@@ -196,9 +196,12 @@ class CastAfterGatherFSDP(FSDP):
     """All-gathers the float32 shards and casts the whole parameter to the compute dtype after:
     the same values, twice the bytes on the wire and in the gathered layer."""
 
+    def _to_send(self, entry):
+        return entry.shard.detach()  # BUG: the float32 shard goes out
+
     def _all_gather(self, entry):
-        full = self._gather_padded(entry.shard.detach())[: entry.numel].view(entry.shape)
-        return full if self.compute_dtype is None else full.to(self.compute_dtype)  # BUG: after
+        full = super()._all_gather(entry)
+        return full if self.compute_dtype is None else full.to(self.compute_dtype)  # cast after
 
 
 class LowPrecisionGradientsFSDP(FSDP):

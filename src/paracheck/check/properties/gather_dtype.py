@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from paracheck.cases import Case
 from paracheck.check.properties._divergence import Divergence
+from paracheck.check.properties.reduce_dtype import FLOATING
 from paracheck.check.ranks.record import RankRecord
 
 __all__ = ["NAME", "check_gather_dtype", "window_gathers_other"]
 
 NAME = "gather-dtype"
-_FLOATING = frozenset({"float64", "float32", "bfloat16", "float16"})
 
 
 def window_gathers_other(typed, compute: str) -> dict[str, int]:
@@ -32,7 +32,7 @@ def window_gathers_other(typed, compute: str) -> dict[str, int]:
     dtype other than ``compute``."""
     other: dict[str, int] = {}
     for name, dtype, nbytes in typed:
-        if name == "all_gather" and dtype in _FLOATING and dtype != compute:
+        if name == "all_gather" and dtype in FLOATING and dtype != compute:
             other[dtype] = other.get(dtype, 0) + nbytes
     return other
 

@@ -40,12 +40,19 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.properties.bucket_structure import METADATA_BYTES_PER_PARAM
 from paracheck.check.ranks.record import RankRecord
 
-__all__ = ["NAME", "REDUCE_DTYPES", "check_reduce_dtype", "narrower_than", "window_breaks"]
+__all__ = [
+    "FLOATING",
+    "NAME",
+    "REDUCE_DTYPES",
+    "check_reduce_dtype",
+    "narrower_than",
+    "window_breaks",
+]
 
 NAME = "reduce-dtype"
 REDUCE_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _REDUCING = ("all_reduce", "reduce_scatter")
-_FLOATING = frozenset({"float64", "float32", "bfloat16", "float16"})
+FLOATING = frozenset({"float64", "float32", "bfloat16", "float16"})  # the payloads judged
 
 
 def narrower_than(declared: str, case: Case) -> str | None:
@@ -61,7 +68,7 @@ def window_breaks(typed, declared: str, n_params: int) -> str | None:
     None."""
     others: dict[str, int] = {}
     for name, d, b in typed:
-        if name in _REDUCING and d != declared and d in _FLOATING:
+        if name in _REDUCING and d != declared and d in FLOATING:
             others[d] = others.get(d, 0) + b
     allowance = METADATA_BYTES_PER_PARAM * n_params
     extra = sum(others.values())

@@ -26,7 +26,6 @@ Note [Reading an FSDP]
 
 from __future__ import annotations
 
-import inspect
 import time
 import weakref
 
@@ -52,7 +51,7 @@ from paracheck.check.ranks._common import (
 )
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import RankRecord, RankStep
-from paracheck.check.targets import load_object
+from paracheck.check.targets import load_object, takes_keyword
 from paracheck.world import set_step
 
 __all__ = ["GATHER_METHODS", "GatherWatch", "run_fsdp"]
@@ -158,12 +157,12 @@ def run_fsdp(payload: dict) -> RankRecord:
         initial_params = computed(initial_params)
     initial_buffers, steps = snapshot(model.buffers()), []
     drv = DDPDriver.of(wrapper)
+    settle_above = None if prefetch is None else prefetch + 1
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
         windows: list = []
-        settle_above = None if prefetch is None else prefetch + 1
         with GatherWatch(settle_above) as watch:
             train_micro_steps(case, drv, optimizer, rank, device, step, windows)
         gathered, peak = watch.settled(), watch.peak
@@ -202,25 +201,12 @@ def kept_whole(originals: list, now: list) -> tuple[bool, ...] | None:
     out = []
     for orig, p in zip(originals, now):
         n = orig.numel()
-        whole = p is orig and p.numel() == n >= 2 and not hasattr(p, "full_tensor")
+        whole = p is orig and p.numel() == n >= 2
         if whole:
             st = p.untyped_storage()
             whole = st.nbytes() >= (p.storage_offset() + n) * p.element_size()
         out.append(whole)
     return tuple(out)
-
-
-def takes_keyword(cls, name: str) -> bool:
-    """Whether ``cls(module, ...)`` names the keyword ``name`` (a ``**kwargs`` does not count: what
-    it passes the keyword on to is not known)."""
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params and params[name].kind in (
-        params[name].KEYWORD_ONLY,
-        params[name].POSITIONAL_OR_KEYWORD,
-    )
 
 
 class GatherWatch(TorchDispatchMode):
