@@ -54,6 +54,13 @@ def pytest_addoption(parser):
         help="backend of the shared runner",
     )
     g.addoption(
+        "--paracheck-attach",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the cases on the agents torchrun started (torchrun ... -m paracheck.agent) at "
+        "their MASTER_ADDR:MASTER_PORT; one driver per pool, so no -n (default: ranks here)",
+    )
+    g.addoption(
         "--paracheck-world-sizes",
         default=None,
         help="comma-separated world sizes (default 1,2,3,4)",
@@ -229,10 +236,34 @@ def _search_settings(config) -> tuple[int, object]:
     return max_examples, seed
 
 
+def _attached_pool(config) -> dict | None:
+    """The size and backend of the agents at ``--paracheck-attach`` (None without it)."""
+    attach = config.getoption("--paracheck-attach")
+    if attach is None:
+        return None
+    pool = getattr(config, "_paracheck_pool", None)
+    if pool is None:
+        from paracheck.world.attached import pool_of
+
+        try:
+            pool = pool_of(attach)
+        except (ValueError, RuntimeError) as exc:
+            raise pytest.UsageError(str(exc).replace("attach=", "--paracheck-attach=", 1)) from None
+        backend = config.getoption("--paracheck-backend")
+        if backend != "gloo" and backend != pool["backend"]:
+            raise pytest.UsageError(
+                f"--paracheck-backend={backend} but the agents at --paracheck-attach={attach} run "
+                f"{pool['backend']}"
+            )
+        config._paracheck_pool = pool
+    return pool
+
+
 def _world_sizes(config) -> tuple[int, ...]:
     text = config.getoption("--paracheck-world-sizes")
+    pool = _attached_pool(config)
     if text is None:
-        return (1, 2, 3, 4)
+        return tuple(range(1, pool["size"] + 1)) if pool else (1, 2, 3, 4)
     return tuple(int(s) for s in text.split(",") if s.strip())
 
 
@@ -258,6 +289,10 @@ def pytest_collection_modifyitems(config, items):
     backend = config.getoption("--paracheck-backend")
     need_devices = any(item.get_closest_marker("gpu") for item in items) or backend == "nccl"
     available = len(_worker_devices(config)) if need_devices else 0
+    pool = _attached_pool(config)
+    if pool is not None:  # the agents' devices, not this machine's
+        backend = pool["backend"]
+        available = pool["size"] if backend == "nccl" else 0
     for item in items:
         if item.get_closest_marker("gpu") and available == 0:
             item.add_marker(pytest.mark.skip(reason="paracheck: needs CUDA devices, none present"))
@@ -307,6 +342,30 @@ def paracheck_world(request, pytestconfig, paracheck_world_sizes):
     backend = pytestconfig.getoption("--paracheck-backend")
     timeout = pytestconfig.getoption("--paracheck-timeout")
     size = max(paracheck_world_sizes)
+    attach = pytestconfig.getoption("--paracheck-attach")
+    from paracheck.cli._common import UsageError
+    from paracheck.cli.check import refuse_lockstep
+
+    try:
+        refuse_lockstep(attach, "--paracheck-attach")
+    except UsageError as exc:
+        pytest.fail(f"paracheck: {exc}", pytrace=False)
+    if attach is not None:
+        from paracheck.world.attached import AttachedWorld
+
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            pytest.fail(
+                f"paracheck: --paracheck-attach={attach} takes one driver per pool of agents, and "
+                "pytest-xdist started several: run without -n",
+                pytrace=False,
+            )
+        world = AttachedWorld(attach, timeout=timeout)
+        yield world
+        if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            world.kill()
+        else:
+            world.close()
+        return
     devices = None
     if backend == "nccl":
         devices = _worker_devices(pytestconfig)

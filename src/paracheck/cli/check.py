@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from paracheck.cli._common import UsageError, ignore_signals, report_stop
@@ -61,8 +62,18 @@ _ALLOW_LARGE_WORLD_HELP = (
 )
 
 
-def _check_rank_limit(args, option: str, value: str, sizes: tuple[int, ...]) -> None:
-    """A usage error for gloo world sizes above this machine's limit (Note [Gloo rank limit])."""
+def _check_rank_limit(
+    args, option: str, value: str, sizes: tuple[int, ...], pool: dict | None = None
+) -> None:
+    """A usage error for gloo world sizes above this machine's limit (Note [Gloo rank limit]), or
+    above the number of agents attached."""
+    if pool is not None:
+        if max(sizes) > pool["size"]:
+            raise UsageError(
+                f"{option}={value}: world size {max(sizes)} exceeds the {pool['size']} agents at "
+                f"--attach={args.attach}"
+            )
+        return
     if args.backend != "gloo" or args.allow_large_world:
         return
     from paracheck.check.limits import world_size_error
@@ -100,9 +111,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
     c.add_argument(
         "--backend",
-        default="gloo",
+        default=None,
         choices=["gloo", "nccl"],
-        help="gloo: CPU ranks; nccl: one CUDA device per rank (default %(default)s)",
+        help="gloo: CPU ranks; nccl: one CUDA device per rank (default gloo; with --attach, the "
+        "agents')",
+    )
+    c.add_argument(
+        "--attach",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the cases on the agents that torchrun started (torchrun ... -m paracheck.agent) "
+        "instead of on ranks of this machine: HOST:PORT is their MASTER_ADDR:MASTER_PORT; world "
+        "sizes up to the agents' number are drawn, and closing stops the agents (default: none)",
     )
     c.add_argument(
         "--timeout",
@@ -295,8 +315,64 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(run=cmd_selftest)
 
 
-def _make_world(backend: str, size: int, timeout: float, rank_memory: float | None = None):
+def refuse_lockstep(attach: str | None, option: str = "--attach") -> None:
+    """A usage error for a driver that torchrun started once per rank (Note [Attached ranks])."""
+    from paracheck.world._agent import launched_by_torchrun
+
+    if attach is None and launched_by_torchrun():
+        raise UsageError(
+            f"this process is rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')} "
+            "that torchrun started: paracheck does not run Hypothesis on every rank in lock-step "
+            "(each process would shrink and time its cases on its own, and the ranks would soon run "
+            "different cases). Start the ranks as agents and attach one driver: torchrun ... -m "
+            f"paracheck.agent, then paracheck check TARGET {option} MASTER_ADDR:MASTER_PORT (or "
+            "torchrun ... -m paracheck.agent -- check TARGET)"
+        )
+
+
+def _attached_pool(args) -> dict:
+    """The pool at ``--attach`` (its size and backend), with the options that do not apply to it
+    refused."""
+    from paracheck.world.attached import parse_address, pool_of
+
+    try:
+        parse_address(args.attach)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
+    if args.rank_memory is not None:
+        raise UsageError(
+            f"--rank-memory={args.rank_memory!r} does not apply with --attach: torchrun owns the "
+            "agents, and one stopped for its memory would end the whole job"
+        )
+    try:
+        pool = pool_of(args.attach)
+    except RuntimeError as exc:
+        raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
+    if args.backend is not None and args.backend != pool["backend"]:
+        raise UsageError(
+            f"--backend={args.backend} but the agents at --attach={args.attach} run "
+            f"{pool['backend']} (paracheck.agent --backend)"
+        )
+    args.backend = pool["backend"]
+    return pool
+
+
+def _make_world(
+    backend: str,
+    size: int,
+    timeout: float,
+    rank_memory: float | None = None,
+    attach: str | None = None,
+):
     from paracheck.world import World
+
+    if attach is not None:
+        from paracheck.world.attached import AttachedWorld
+
+        try:
+            return AttachedWorld(attach, timeout=timeout)
+        except RuntimeError as exc:
+            raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
 
     if backend == "nccl":
         import torch
@@ -313,6 +389,9 @@ def cmd_check(args) -> int:
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.targets import TargetError
 
+    refuse_lockstep(args.attach)
+    pool = _attached_pool(args) if args.attach is not None else None
+    args.backend = args.backend or "gloo"
     try:
         targets = _resolve_targets(args)
     except TargetError as exc:
@@ -338,15 +417,17 @@ def cmd_check(args) -> int:
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"--case is not a valid case: {type(exc).__name__}: {exc}") from None
         sizes = (case.world_size,)
-        _check_rank_limit(args, "--case world_size", str(case.world_size), sizes)
+        _check_rank_limit(args, "--case world_size", str(case.world_size), sizes, pool)
     else:
         default = "1,2,3,4" if args.backend == "gloo" else None
+        if pool is not None:
+            default = ",".join(str(i) for i in range(1, pool["size"] + 1))
         if args.world_sizes is None and default is None:
             import torch
 
             default = ",".join(str(i) for i in range(1, torch.cuda.device_count() + 1)) or "1"
         sizes = _world_sizes(args.world_sizes or default)
-        _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes)
+        _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes, pool)
     _positive("--timeout", args.timeout)
     _positive("--rank-memory", args.rank_memory)
     max_examples = (
@@ -408,7 +489,7 @@ def cmd_check(args) -> int:
     replay_timeout = None if args.timeout == 20.0 else args.timeout
     world = progress = None
     try:
-        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory)
+        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory, args.attach)
         for target in targets:
             if case is not None:
                 from paracheck.check.report import case_report
@@ -529,6 +610,7 @@ def _stop(world, progress) -> None:
 def cmd_selftest(args) -> int:
     from paracheck.selftest import markdown_table, row_line, run_selftest
 
+    refuse_lockstep(None)
     sizes = _world_sizes(args.world_sizes)
     _check_rank_limit(args, "--world-sizes", args.world_sizes, sizes)
     rows: list[dict] = []

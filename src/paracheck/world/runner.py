@@ -614,6 +614,8 @@ class World:
         self._procs, self._conns = [], []
         self._store = None
 
+    restarted_words = "the pool was restarted"  # what a restart() did, for a report
+
     def restart(self) -> None:
         self._kill()
         self.restarts += 1
@@ -788,7 +790,7 @@ class World:
                 action = f"rank(s) {sorted(set(ranks) | set(stale))} were restarted"
             else:
                 self.restart()
-                action = "the pool was restarted"
+                action = self.restarted_words
             if rerun:
                 fn, payload, w, timeout = self._submitted
                 return self.collect(self.submit(fn, payload, world_size=w, timeout=timeout))
@@ -820,23 +822,13 @@ class World:
     def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: _Watch) -> None:
         started = self._submitted_at
         definite = watch.deadlocked(sorted(results), stuck)
-        for rank in stuck:
-            try:
-                os.kill(self._procs[rank].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        # faulthandler writes from the signal handler: wait until every stack is there (at most 0.3 s).
-        paths = [os.path.join(self._stack_dir, f"rank{r}.stack") for r in stuck]
-        until = time.monotonic() + 0.3
-        while time.monotonic() < until and not all(_size(p) > 0 for p in paths):
-            time.sleep(0.02)
-        time.sleep(0.02)
+        stacks = self._stacks(stuck)
         statuses = {r: watch.status(r) for r in range(w)}
         seconds = time.monotonic() - started
         hung = []
         for r in stuck:
-            stack = _read(os.path.join(self._stack_dir, f"rank{r}.stack")) or "(no stack)"
-            output = read_output(os.path.join(self._stack_dir, f"rank{r}.out"))
+            stack = stacks.get(r) or "(no stack)"
+            output = self._output(r)
             hung.append(
                 RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r))
             )
@@ -861,14 +853,11 @@ class World:
                     _send(self._conns[r], ("reset",))
                 except (BrokenPipeError, OSError):
                     pass
+        self._abandon(stuck)
         recovered = self._await_stuck(stuck, time.monotonic() + 2.0)
-        if not recovered:
-            # Otherwise the stuck collectives fail when the group's timeout expires: wait for that
-            # only when it is sooner than replacing the stuck ranks' processes would take.
-            remaining = started + self._pg_timeout + 1.0 - time.monotonic()
-            if 0 < remaining < self.spawn_seconds:
-                recovered = self._await_stuck(stuck, time.monotonic() + remaining)
-        recovered = recovered and all(p.poll() is None for p in self._procs)
+        recovered = (recovered or self._unstick(stuck, started)) and all(
+            p.poll() is None for p in self._procs
+        )
         if recovered:
             self._generation += 1
             action = "ranks recovered"
@@ -876,7 +865,7 @@ class World:
             action = f"rank(s) {stuck} were killed and restarted"
         else:
             self.restart()
-            action = "the pool was killed and restarted"
+            action = self.restarted_words
         if definite:
             head = (
                 f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
@@ -894,6 +883,39 @@ class World:
             disagreement=disagreement,
             definite=definite,
             seconds=seconds,
+        )
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Every thread's Python stack of each of ``ranks``, dumped by faulthandler on SIGUSR1
+        (it works while the rank is blocked inside a collective)."""
+        for rank in ranks:
+            try:
+                os.kill(self._procs[rank].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        # faulthandler writes from the signal handler: wait until every stack is there (at most 0.3 s).
+        paths = {r: os.path.join(self._stack_dir, f"rank{r}.stack") for r in ranks}
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until and not all(_size(p) > 0 for p in paths.values()):
+            time.sleep(0.02)
+        time.sleep(0.02)
+        return {r: _read(p) for r, p in paths.items()}
+
+    def _status(self, rank: int) -> dict | None:
+        """Rank ``rank``'s collective counts (``paracheck.world._collectives``)."""
+        return read_status(os.path.join(self._stack_dir, f"rank{rank}.status"))
+
+    def _abandon(self, stuck: list[int]) -> None:
+        """The stuck ranks' job is given up (nothing to do here: their processes are replaced
+        if they do not answer)."""
+
+    def _unstick(self, stuck: list[int], started: float) -> bool:
+        """Ranks still stuck 2 s after their peers dropped the group: their collectives fail when
+        the group's timeout expires; wait for that only when it is sooner than replacing their
+        processes would take. True if they all answered."""
+        remaining = started + self._pg_timeout + 1.0 - time.monotonic()
+        return 0 < remaining < self.spawn_seconds and self._await_stuck(
+            stuck, time.monotonic() + remaining
         )
 
     def _await_stuck(self, stuck: list[int], deadline: float) -> bool:
@@ -924,7 +946,7 @@ class _Watch:
     """The ranks' collective counts while one job is late (see Note [Definite deadlock])."""
 
     def __init__(self, world: World, job: int, w: int):
-        self._dir = world._stack_dir
+        self._world = world
         self.job = job
         self.w = w
         self._last: dict[int, tuple | None] = {}
@@ -932,7 +954,7 @@ class _Watch:
         self._suspect = 0
 
     def status(self, rank: int) -> dict | None:
-        st = read_status(os.path.join(self._dir, f"rank{rank}.status"))
+        st = self._world._status(rank)
         return st if st is not None and st.get("job") == self.job else None
 
     def poll(self, ranks: list[int]) -> None:

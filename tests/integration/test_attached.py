@@ -1,0 +1,211 @@
+"""Attached mode: agents that torchrun started on two simulated nodes (two torchrun commands on
+this host, --nnodes 2 --node-rank 0/1, two agents each, gloo) and one driver here, through
+torchrun's own rendezvous store."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paracheck.check.kinds import KINDS
+from paracheck.check.properties.repeatability import first_difference
+from paracheck.check.property import check_target
+from paracheck.check.targets import load_object, resolve_target
+from paracheck.world import RankHang
+from paracheck.world.attached import AttachedWorld
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = "tests.integration._attached_jobs"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_nodes(port: int, log_dir: Path, *agent_args: str) -> list[subprocess.Popen]:
+    """Two torchrun commands, nodes 0 and 1 of 2, two agents each, rendezvous on ``port``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    nodes = []
+    for k in (0, 1):
+        log = open(log_dir / f"node{k}.log", "w")
+        nodes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--node-rank", str(k), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                 "--master-port", str(port), "-m", "paracheck.agent", *agent_args],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+    return nodes
+
+
+def _end(nodes) -> list[int | None]:
+    codes = []
+    for n in nodes:
+        try:
+            codes.append(n.wait(timeout=60))
+        except subprocess.TimeoutExpired:
+            n.kill()
+            codes.append(None)
+    return codes
+
+
+@pytest.fixture(scope="module")
+def attached(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("torchrun")
+    port = _free_port()
+    nodes = torchrun_nodes(port, log_dir, "--backend", "gloo", "--wait", "120")
+    try:
+        world = AttachedWorld(f"127.0.0.1:{port}", timeout=20.0)
+    except BaseException:
+        for n in nodes:
+            n.kill()
+        raise
+    yield world
+    world.close()
+    logs = "".join((log_dir / f"node{k}.log").read_text() for k in (0, 1))
+    assert _end(nodes) == [0, 0], logs
+
+
+def test_the_pool_spans_both_launches_and_redraws_world_sizes(attached):
+    assert attached.size == 4 and attached.backend == "gloo"
+    for w in (1, 2, 3, 4):
+        got = attached.run(f"{JOBS}:where", None, world_size=w)
+        assert [g[2:] for g in got] == [(r, w) for r in range(w)]
+        assert attached.run(f"{JOBS}:sums", None, world_size=w) == [w * (w + 1) / 2] * w
+
+
+KINDS_CHECKED = ("naive", "bucketed", "sharded", "zero2", "fsdp")
+
+
+@pytest.mark.parametrize("name", KINDS_CHECKED)
+def test_a_case_gives_the_same_bits_attached_as_on_one_host(attached, world, name):
+    """The same Case, the same rank program: every record bit for bit equal."""
+    target = resolve_target(name)
+    strategy = load_object(KINDS[target.kind].strategy)(world_sizes=(1, 2, 3, 4))
+
+    @settings(max_examples=4, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(st.data())
+    def same(data):
+        case = data.draw(strategy)
+        if target.kind == "zero":
+            case = replace(case, zero_grad_module=True)
+        payload = {"case": case, **target.driver_payload(), "device": None}
+        here = world.run(target.rank_fn, payload, world_size=case.world_size)
+        there = attached.run(target.rank_fn, payload, world_size=case.world_size)
+        assert first_difference(here, there) is None, case.to_json()
+
+    same()
+
+
+@pytest.mark.parametrize("name", ["flat", "zero1", "fsdp"])
+def test_built_ins_pass_at_world_sizes_one_to_four_drawn_from_one_pool(attached, name):
+    report = check_target(resolve_target(name), attached, world_sizes=(1, 2, 3, 4), max_examples=8)
+    assert report.passed, report.failure.describe()
+
+
+def test_a_mutant_is_killed_on_attached_ranks(attached):
+    from paracheck.mutants import MUTANTS
+    from paracheck.selftest import mutant_target
+
+    report = check_target(
+        mutant_target(MUTANTS["ddp-no-divide"]), attached, world_sizes=(2, 3), max_examples=10
+    )
+    assert not report.passed
+
+
+def test_a_deadlock_is_reported_with_the_stuck_stack_and_the_pool_recovers(attached):
+    t0 = time.monotonic()
+    with pytest.raises(RankHang) as info:
+        attached.run(f"{JOBS}:one_rank_reduces_alone", None, world_size=2, timeout=10.0)
+    hang = info.value
+    reported = time.monotonic()
+    assert hang.definite and reported - t0 < 10.0
+    stuck = [f for f in hang.failures if f.kind == "hung"]
+    assert [f.rank for f in stuck] == [1] and stuck[0].collective == "all_reduce", hang.report()
+    assert "one_rank_reduces_alone" in stuck[0].detail
+    assert "rank 1 is in its 1st all_reduce" in hang.disagreement
+    assert attached.run(f"{JOBS}:sums", None, world_size=4) == [10.0] * 4
+    assert time.monotonic() - reported <= 10.0
+
+
+def test_ranks_stuck_in_python_are_interrupted_and_the_pool_recovers(attached):
+    with pytest.raises(RankHang) as info:
+        attached.run(f"{JOBS}:spins", None, world_size=3, timeout=3.0)
+    reported = time.monotonic()
+    stuck = [f for f in info.value.failures if f.kind == "hung"]
+    assert [f.rank for f in stuck] == [0, 1, 2]
+    assert all("in spins" in f.detail for f in stuck), info.value.report()
+    assert "ranks recovered" in str(info.value)
+    assert attached.run(f"{JOBS}:sums", None, world_size=4) == [10.0] * 4
+    assert time.monotonic() - reported <= 10.0
+
+
+def test_a_second_driver_is_refused(attached):
+    with pytest.raises(RuntimeError, match="already serve another driver"):
+        AttachedWorld(attached.address, timeout=5.0, start_timeout=5.0)
+
+
+def _cli(*args, env=None, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "paracheck.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_a_check_started_on_every_rank_by_torchrun_is_refused():
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    done = _cli("check", "naive", "--max-examples", "1", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "does not run Hypothesis on every rank in lock-step" in done.stderr
+    assert "--attach MASTER_ADDR:MASTER_PORT" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--attach", "no-port"], "--attach='no-port' must be HOST:PORT"),
+        (["--attach", "127.0.0.1:1", "--rank-memory", "2"], "--rank-memory=2.0 does not apply"),
+    ],
+)
+def test_attach_refuses_bad_values_naming_them(args, says):
+    done = _cli("check", "naive", *args)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_agent_zero_runs_the_driver_and_every_node_ends_with_its_verdict(tmp_path):
+    """``torchrun ... -m paracheck.agent -- check TARGET``: one line, two nodes, one verdict."""
+    nodes = torchrun_nodes(
+        _free_port(), tmp_path, "--backend", "gloo", "--", "check", "flat", "--max-examples", "4"
+    )
+    codes = _end(nodes)
+    logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
+    assert codes == [0, 0], logs
+    assert "PASS flat: 4 cases, world sizes [1, 2, 3, 4]" in logs[0], logs[0]
+    assert "rank 3/4: stopped by the driver" in logs[1], logs[1]
+
+
+def test_agents_end_when_the_driver_agent_zero_started_fails_to_attach(tmp_path):
+    nodes = torchrun_nodes(
+        _free_port(), tmp_path, "--backend", "gloo", "--", "check", "flat", "--world-sizes", "5"
+    )
+    codes = _end(nodes)
+    logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
+    assert codes[0] != 0 and codes[1] != 0, logs
+    assert "world size 5 exceeds the 4 agents" in logs[0], logs[0]
+    assert "exited (2) before attaching" in logs[1], logs[1]
