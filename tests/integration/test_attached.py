@@ -3,6 +3,7 @@ this host, --nnodes 2 --node-rank 0/1, two agents each, gloo) and one driver her
 torchrun's own rendezvous store."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,8 +32,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_nodes(port: int, log_dir: Path, *agent_args: str) -> list[subprocess.Popen]:
-    """Two torchrun commands, nodes 0 and 1 of 2, two agents each, rendezvous on ``port``."""
+def torchrun_nodes(
+    port: int, log_dir: Path, *agent_args: str, per_node: int = 2
+) -> list[subprocess.Popen]:
+    """Two torchrun commands, nodes 0 and 1 of 2, ``per_node`` agents each, rendezvous on
+    ``port``."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     nodes = []
@@ -41,7 +45,7 @@ def torchrun_nodes(port: int, log_dir: Path, *agent_args: str) -> list[subproces
         nodes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                 "--node-rank", str(k), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                 "--node-rank", str(k), "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1",
                  "--master-port", str(port), "-m", "paracheck.agent", *agent_args],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
@@ -136,6 +140,8 @@ def test_a_deadlock_is_reported_with_the_stuck_stack_and_the_pool_recovers(attac
     assert [f.rank for f in stuck] == [1] and stuck[0].collective == "all_reduce", hang.report()
     assert "one_rank_reduces_alone" in stuck[0].detail
     assert "rank 1 is in its 1st all_reduce" in hang.disagreement
+    # torch's flight recorder names it too, with its sizes (its number counts the group's).
+    assert re.search(r"gloo:all_reduce #\d+ on default_pg, input sizes \[\[1\]\]", stuck[0].detail)
     assert attached.run(f"{JOBS}:sums", None, world_size=4) == [10.0] * 4
     assert time.monotonic() - reported <= 10.0
 
@@ -157,23 +163,15 @@ def test_a_second_driver_is_refused(attached):
         AttachedWorld(attached.address, timeout=5.0, start_timeout=5.0)
 
 
-def _cli(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "paracheck.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+def test_a_check_started_on_every_rank_by_torchrun_is_refused(monkeypatch, capsys, no_world):
+    from paracheck.cli import main
 
-
-def test_a_check_started_on_every_rank_by_torchrun_is_refused():
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
-    done = _cli("check", "naive", "--max-examples", "1", env=env)
-    assert done.returncode == 2, done.stderr
-    assert "does not run Hypothesis on every rank in lock-step" in done.stderr
-    assert "--attach MASTER_ADDR:MASTER_PORT" in done.stderr
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    assert main(["check", "naive", "--max-examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "does not run Hypothesis on every rank in lock-step" in err
+    assert "--attach MASTER_ADDR:MASTER_PORT" in err
 
 
 @pytest.mark.parametrize(
@@ -183,29 +181,45 @@ def test_a_check_started_on_every_rank_by_torchrun_is_refused():
         (["--attach", "127.0.0.1:1", "--rank-memory", "2"], "--rank-memory=2.0 does not apply"),
     ],
 )
-def test_attach_refuses_bad_values_naming_them(args, says):
-    done = _cli("check", "naive", *args)
-    assert done.returncode == 2 and says in done.stderr, done.stderr
+def test_attach_refuses_bad_values_naming_them(capsys, no_world, args, says):
+    from paracheck.cli import main
+
+    assert main(["check", "naive", *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_world(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a World was started for a usage error")
+
+    monkeypatch.setattr("paracheck.world.World.__init__", refuse)
 
 
 def test_agent_zero_runs_the_driver_and_every_node_ends_with_its_verdict(tmp_path):
     """``torchrun ... -m paracheck.agent -- check TARGET``: one line, two nodes, one verdict."""
     nodes = torchrun_nodes(
-        _free_port(), tmp_path, "--backend", "gloo", "--", "check", "flat", "--max-examples", "4"
+        _free_port(),
+        tmp_path,
+        *("--backend", "gloo", "--", "check", "flat", "--max-examples", "4"),
+        per_node=1,
     )
     codes = _end(nodes)
     logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
     assert codes == [0, 0], logs
-    assert "PASS flat: 4 cases, world sizes [1, 2, 3, 4]" in logs[0], logs[0]
-    assert "rank 3/4: stopped by the driver" in logs[1], logs[1]
+    assert "PASS flat: 4 cases, world sizes [1, 2]" in logs[0], logs[0]
+    assert "rank 1/2: stopped by the driver" in logs[1], logs[1]
 
 
 def test_agents_end_when_the_driver_agent_zero_started_fails_to_attach(tmp_path):
     nodes = torchrun_nodes(
-        _free_port(), tmp_path, "--backend", "gloo", "--", "check", "flat", "--world-sizes", "5"
+        _free_port(),
+        tmp_path,
+        *("--backend", "gloo", "--", "check", "flat", "--world-sizes", "3"),
+        per_node=1,
     )
     codes = _end(nodes)
     logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
     assert codes[0] != 0 and codes[1] != 0, logs
-    assert "world size 5 exceeds the 4 agents" in logs[0], logs[0]
+    assert "world size 3 exceeds the 2 agents" in logs[0], logs[0]
     assert "exited (2) before attaching" in logs[1], logs[1]

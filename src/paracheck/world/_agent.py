@@ -106,6 +106,31 @@ def _job_thread_first(dump: str, main: int) -> str:
     return "\n\n".join(head + rest) + "\n"
 
 
+def flight_record(since_ns: int, last: int = 6) -> str:
+    """The last ``last`` entries of torch's flight recorder created since ``since_ns`` (the job's
+    start), newest last: the collective a rank waits in, with its sizes and state. Empty where
+    torch has no recorder or it records nothing (``TORCH_FR_BUFFER_SIZE`` unset)."""
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return ""
+    try:
+        entries = pickle.loads(dump(True, False, False)).get("entries", [])
+    except Exception:  # noqa: BLE001 - a diagnosis only: never fail a hang report for it
+        return ""
+    mine = [e for e in entries if e.get("time_created_ns", 0) >= since_ns][-last:]
+    lines = [
+        f"  {e.get('profiling_name', '?')} #{e.get('collective_seq_id', '?')} on "
+        f"{(e.get('process_group') or ('', '?'))[1]}, input sizes {e.get('input_sizes')}: "
+        f"{e.get('state', '?')}"
+        for e in mine
+    ]
+    return "torch's flight recorder, this job, newest last:\n" + "\n".join(lines) if lines else ""
+
+
 def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, main: int) -> None:
     """Answer the driver's control requests until its connection ends: ``(seq, what, arg)`` ->
     ``(seq, answer)``."""
@@ -129,6 +154,9 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
                 faulthandler.dump_traceback(file=f, all_threads=True)
                 f.seek(0)
                 answer = _job_thread_first(f.read(), main)
+            if counter.active:
+                record = flight_record(counter.began_ns)
+                answer += f"\n{record}\n" if record else ""
         elif what == "interrupt":
             answer = bool(counter.active and counter.job == arg)
             if answer:
@@ -143,6 +171,10 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
 def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoReturn:
     env = torchrun_env()
     rank, size = env["rank"], env["world_size"]
+    # torch's flight recorder: the hang report names the collective each rank waits in (read
+    # when a process group is created; the older name is NCCL's).
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        os.environ.setdefault(name, "256")
     import torch
 
     if backend is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import time
 from collections.abc import Callable
 
 __all__ = ["CollectiveCounter", "install", "read_status", "set_step", "COUNTED"]
@@ -63,6 +64,7 @@ class CollectiveCounter:
             self.attach(path)
         self.active = False
         self.job = None
+        self.began_ns = 0
         self.step: int | None = None  # the step the job said it is in (set_step)
         self.on_step: Callable[[int], None] | None = (
             None  # called by set_step, before ``step`` changes
@@ -82,6 +84,7 @@ class CollectiveCounter:
 
     def begin(self, job) -> None:
         self.job = job
+        self.began_ns = time.time_ns()  # on the clock of torch's flight recorder
         self.step = None
         self._reset()
         self.active = True
