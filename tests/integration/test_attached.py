@@ -22,6 +22,9 @@ from paracheck.check.targets import load_object, resolve_target
 from paracheck.world import RankHang
 from paracheck.world.attached import AttachedWorld
 
+# One pool of agents per module: its tests stay on one xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("attached")
+
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "tests.integration._attached_jobs"
 
@@ -196,30 +199,26 @@ def no_world(monkeypatch):
     monkeypatch.setattr("paracheck.world.World.__init__", refuse)
 
 
-def test_agent_zero_runs_the_driver_and_every_node_ends_with_its_verdict(tmp_path):
-    """``torchrun ... -m paracheck.agent -- check TARGET``: one line, two nodes, one verdict."""
+def agent_zero_checks(tmp_path, *check_args: str) -> tuple[list, list[str]]:
+    """``torchrun ... -m paracheck.agent -- check ARGS`` on two nodes of one agent each: every
+    node's exit code and output."""
     nodes = torchrun_nodes(
-        _free_port(),
-        tmp_path,
-        *("--backend", "gloo", "--", "check", "flat", "--max-examples", "4"),
-        per_node=1,
+        _free_port(), tmp_path, "--backend", "gloo", "--", "check", *check_args, per_node=1
     )
     codes = _end(nodes)
-    logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
+    return codes, [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
+
+
+def test_agent_zero_runs_the_driver_and_every_node_ends_with_its_verdict(tmp_path):
+    """``torchrun ... -m paracheck.agent -- check TARGET``: one line, two nodes, one verdict."""
+    codes, logs = agent_zero_checks(tmp_path, "flat", "--max-examples", "4")
     assert codes == [0, 0], logs
     assert "PASS flat: 4 cases, world sizes [1, 2]" in logs[0], logs[0]
     assert "rank 1/2: stopped by the driver" in logs[1], logs[1]
 
 
 def test_agents_end_when_the_driver_agent_zero_started_fails_to_attach(tmp_path):
-    nodes = torchrun_nodes(
-        _free_port(),
-        tmp_path,
-        *("--backend", "gloo", "--", "check", "flat", "--world-sizes", "3"),
-        per_node=1,
-    )
-    codes = _end(nodes)
-    logs = [(tmp_path / f"node{k}.log").read_text() for k in (0, 1)]
+    codes, logs = agent_zero_checks(tmp_path, "flat", "--world-sizes", "3")
     assert codes[0] != 0 and codes[1] != 0, logs
     assert "world size 3 exceeds the 2 agents" in logs[0], logs[0]
     assert "exited (2) before attaching" in logs[1], logs[1]
