@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paracheck.check.kinds import KINDS
@@ -101,8 +101,7 @@ def test_a_case_gives_the_same_bits_attached_as_on_one_host(attached, world, nam
     target = resolve_target(name)
     strategy = load_object(KINDS[target.kind].strategy)(world_sizes=(1, 2, 3, 4))
 
-    @settings(max_examples=4, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(max_examples=4, derandomize=True, database=None, deadline=None)
     @given(st.data())
     def same(data):
         case = data.draw(strategy)

@@ -333,12 +333,8 @@ def refuse_lockstep(attach: str | None, option: str = "--attach") -> None:
 def _attached_pool(args) -> dict:
     """The pool at ``--attach`` (its size and backend), with the options that do not apply to it
     refused."""
-    from paracheck.world.attached import parse_address, pool_of
+    from paracheck.world.attached import pool_of
 
-    try:
-        parse_address(args.attach)
-    except ValueError as exc:
-        raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
     if args.rank_memory is not None:
         raise UsageError(
             f"--rank-memory={args.rank_memory!r} does not apply with --attach: torchrun owns the "
@@ -346,7 +342,7 @@ def _attached_pool(args) -> dict:
         )
     try:
         pool = pool_of(args.attach)
-    except RuntimeError as exc:
+    except (ValueError, RuntimeError) as exc:  # not HOST:PORT; no agents there
         raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
     if args.backend is not None and args.backend != pool["backend"]:
         raise UsageError(

@@ -59,9 +59,9 @@ def agent_key(rank: int) -> str:
     return f"paracheck/agent/{rank}"
 
 
-def launched_by_torchrun(env=None) -> bool:
+def launched_by_torchrun() -> bool:
     """Whether this process is a worker that torchrun (or torch.distributed.launch) started."""
-    env = os.environ if env is None else env
+    env = os.environ
     return "TORCHELASTIC_RUN_ID" in env or all(
         k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     )

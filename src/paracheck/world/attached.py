@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
 import time
 from datetime import timedelta
@@ -20,7 +19,7 @@ from multiprocessing.connection import Listener
 
 from paracheck.world._agent import DRIVER_KEY, POOL_KEY, agent_key
 from paracheck.world._rank import _recv, _send
-from paracheck.world.runner import RankFailure, World
+from paracheck.world.runner import RankFailure, World, hellos
 
 __all__ = ["AttachedWorld", "parse_address", "pool_of"]
 
@@ -87,13 +86,13 @@ def _pool(address: str, start_timeout: float):
             f"attach={address!r}: no paracheck agents answered there within {start_timeout:g} s "
             f"(start them with torchrun ... -m paracheck.agent): {str(exc).splitlines()[0]}"
         ) from None
-    return store, pool, nodes
+    return store, host, port, pool, nodes
 
 
 def pool_of(address: str, start_timeout: float = 120.0) -> dict:
     """The size and backend of the pool of agents at ``address`` (``{"size": 4, "backend":
     "gloo"}``), without attaching to it."""
-    return _pool(address, start_timeout)[1]
+    return _pool(address, start_timeout)[3]
 
 
 class _Agent:
@@ -123,8 +122,7 @@ class AttachedWorld(World):
     the torchrun job ends."""
 
     def __init__(self, address: str, *, timeout: float = 30.0, start_timeout: float = 120.0):
-        store, pool, nodes = _pool(address, start_timeout)
-        host, port = parse_address(address)
+        store, host, port, pool, nodes = _pool(address, start_timeout)
         self.address = f"{host}:{port}"
         self._attach = (store, host, port)
         self._nodes = nodes
@@ -164,30 +162,26 @@ class AttachedWorld(World):
         self._store = store
         self._procs = [None] * self.size
         self._conns, self._ctls = [None] * self.size, [None] * self.size
-        # Waited on with select(), never with a timeout on the socket: as World._spawn.
-        sock = listener._listener._socket  # type: ignore[attr-defined]
         deadline = time.monotonic() + self.start_timeout
+
+        def give_up() -> None:
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.size) if None in (self._conns[r], self._ctls[r])]
+                raise RuntimeError(
+                    f"attach={self.address!r}: agent(s) {missing} did not connect within "
+                    f"{self.start_timeout:g} s"
+                )
+
+        late = f"attach={self.address!r}: an agent connected but did not report"
         try:
-            while any(c is None for c in self._conns + self._ctls):
-                if time.monotonic() > deadline:
-                    missing = [r for r in range(self.size) if self._ctls[r] is None]
-                    raise RuntimeError(
-                        f"attach={self.address!r}: agent(s) {missing} did not connect within "
-                        f"{self.start_timeout:g} s"
-                    )
-                if not select.select([sock], [], [], 0.5)[0]:
-                    continue
-                conn = listener.accept()
-                if not conn.poll(max(0.0, deadline - time.monotonic())):
-                    raise RuntimeError(
-                        f"attach={self.address!r}: an agent connected but did not report"
-                    )
-                what, rank, pid = _recv(conn)
+            for conn, (what, rank, pid) in hellos(listener, deadline, give_up, late):
                 if what == "ready":
                     self._conns[rank] = conn
                     self._procs[rank] = _Agent(pid, self._nodes[rank])
                 else:
                     self._ctls[rank] = conn
+                if None not in self._conns + self._ctls:
+                    break
         finally:
             listener.close()
         self.start_seconds = self.spawn_seconds = time.monotonic() - t0

@@ -266,6 +266,26 @@ def _remove_dir(path: str, lock: int) -> None:
         pass
 
 
+def hellos(listener: Listener, deadline: float, give_up, late: str):
+    """Each connection made to ``listener`` with its first message, for as long as the caller
+    iterates; ``give_up()`` runs before each wait and raises to stop waiting, and a process that
+    connects but says nothing before ``deadline`` is the error ``late``."""
+    # Wait for pending connections with select() and never put a timeout on the listening
+    # socket: a timeout there can also cut the authentication handshake of an accepted
+    # connection short under load, leaving that rank blocked forever (seen under pytest on a
+    # loaded 2-core machine: the driver's socket in CLOSE-WAIT, the rank waiting).
+    # Listener's private socket is not in typeshed's stubs.
+    sock = listener._listener._socket  # type: ignore[attr-defined]
+    while True:
+        give_up()
+        if not select.select([sock], [], [], 0.5)[0]:
+            continue
+        conn = listener.accept()
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(late)
+        yield conn, _recv(conn)
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
@@ -431,47 +451,39 @@ class World:
             ]
             with _sigint_blocked():
                 self._procs[rank] = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL)
-        # Wait for pending connections with select() and never put a timeout on the listening
-        # socket: a timeout there can also cut the authentication handshake of an accepted
-        # connection short under load, leaving that rank blocked forever (seen under pytest on a
-        # loaded 2-core machine: the driver's socket in CLOSE-WAIT, the rank waiting).
-        # Listener's private socket is not in typeshed's stubs.
-        sock = listener._listener._socket  # type: ignore[attr-defined]
         deadline = time.monotonic() + self.start_timeout
+
+        def give_up() -> None:
+            dead = {
+                r: _describe_exit(self._procs[r].poll())
+                for r in ranks
+                if self._procs[r] is not None and self._procs[r].poll() is not None
+            }
+            if fork and zygote is not None and zygote.poll() is not None:
+                raise RuntimeError("the zygote that forks replacement ranks exited")
+            if dead or time.monotonic() > deadline:
+                printed = "".join(
+                    f"\n--- rank {r} printed ---\n{self._output(r)}"
+                    for r in sorted(dead)
+                    if self._output(r)
+                )
+                raise RuntimeError(
+                    f"ranks failed to start: {dead}{printed}"
+                    if dead
+                    else f"ranks did not start within {self.start_timeout} s"
+                )
+
+        late = f"a rank connected but did not report within {self.start_timeout} s"
         try:
             connected = 0
-            while connected < len(ranks):
-                dead = {
-                    r: _describe_exit(self._procs[r].poll())
-                    for r in ranks
-                    if self._procs[r] is not None and self._procs[r].poll() is not None
-                }
-                if fork and zygote is not None and zygote.poll() is not None:
-                    raise RuntimeError("the zygote that forks replacement ranks exited")
-                if dead or time.monotonic() > deadline:
-                    printed = "".join(
-                        f"\n--- rank {r} printed ---\n{self._output(r)}"
-                        for r in sorted(dead)
-                        if self._output(r)
-                    )
-                    raise RuntimeError(
-                        f"ranks failed to start: {dead}{printed}"
-                        if dead
-                        else f"ranks did not start within {self.start_timeout} s"
-                    )
-                if not select.select([sock], [], [], 0.5)[0]:
-                    continue
-                conn = listener.accept()
-                if not conn.poll(max(0.0, deadline - time.monotonic())):
-                    raise RuntimeError(
-                        f"a rank connected but did not report within {self.start_timeout} s"
-                    )
-                hello = _recv(conn)
+            for conn, hello in hellos(listener, deadline, give_up, late):
                 self._conns[hello[1]] = conn
                 self._served[hello[1]] = 0
                 if fork:
                     self._procs[hello[1]] = _Forked(hello[2], self._stack_dir)
                 connected += 1
+                if connected == len(ranks):
+                    break
         finally:
             listener.close()
 
