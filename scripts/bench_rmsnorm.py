@@ -14,6 +14,9 @@ included when the host is the slower side); the host time per call has its own t
 
     PYTHONPATH=src python scripts/bench_rmsnorm.py            # tables (written to $OUT too)
     PYTHONPATH=src python scripts/bench_rmsnorm.py --sweep    # also time launch plans
+    PYTHONPATH=src python scripts/bench_rmsnorm.py --summary --model   # GPU and back-to-back
+        # time per shape against F.rms_norm, torch.compile and Liger-Kernel (if installed), in
+        # fp32 and bf16, and the LM's step with each norm, eager and CUDA-graphed
     TRITON_INTERPRET=1 PYTHONPATH=src python scripts/bench_rmsnorm.py --smoke  # CPU: code paths only
 """
 
@@ -311,6 +314,92 @@ def host_breakdown(x, w, dy, lines):
 
 
 # ------------------------------------------------------------------------------------------
+# Summary: what users feel, per shape and in the model.
+
+SUMMARY_SHAPES = [
+    (4096, 1024),
+    (4096, 2048),
+    (4096, 4096),
+    (4096, 8192),
+    (16384, 1600),
+    (8192, 4096),
+]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def summary(dtype_names, use_compile, lines):
+    """Per dtype and shape: GPU time (events, L2 flushed, host queued ahead) and back-to-back
+    time (30 calls queued, wall per call) of each variant, a device copy of the same bytes, and
+    paracheck's speed-ups (peer time / paracheck time)."""
+    liger = B.liger_rms_norm()
+    for dname in dtype_names:
+        dtype = DTYPES[dname]
+        names = ["paracheck", "F.rms_norm"]
+        names += [] if not use_compile else ["torch.compile"]
+        names += [] if liger is None else ["Liger-Kernel"]
+        peers = [n for n in names if n != "paracheck"]
+        lines += [
+            "",
+            f"### {dname}: fwd+bwd, us (GPU / back to back); speed-up = peer time / paracheck's",
+            "",
+            "| shape | "
+            + " | ".join(names)
+            + " | copy, same bytes | "
+            + " | ".join(f"GPU vs {p}" for p in peers)
+            + " | "
+            + " | ".join(f"b2b vs {p}" for p in peers)
+            + " | % of copy bandwidth |",
+            "| --- " * (len(names) + 3 + 2 * len(peers)) + "|",
+        ]
+        for rows, d in SUMMARY_SHAPES:
+            x, w, dy = B.rmsnorm_inputs(rows, d, device=DEVICE, dtype=dtype)
+            fns = {"paracheck": B.triton_rms_norm, "F.rms_norm": torch_rms_norm}
+            if use_compile:
+                torch._dynamo.reset()
+                fns["torch.compile"] = torch.compile(eager_rms_norm, dynamic=False)
+            if liger is not None:
+                fns["Liger-Kernel"] = liger
+            gpu, b2b = {}, {}
+            for name, fn in fns.items():
+                check(name, fn, x, w, dy)
+                step, grads = step_fn(fn, x, w, dy)
+                gpu[name] = events_ms(step, grad_to_none=grads) * 1e3
+                b2b[name] = B.loop_us(step, grad_to_none=grads, device=DEVICE)
+            src = torch.randn(2 * rows * d, device=DEVICE).to(dtype)
+            dst = torch.empty_like(src)
+            copy = events_ms(lambda: dst.copy_(src)) * 1e3  # reads + writes 4*rows*d elements
+            cells = [f"{gpu[n]:.1f} / {b2b[n]:.1f}" for n in names]
+            cells.append(f"{copy:.1f}")
+            cells += [f"{gpu[p] / gpu['paracheck']:.2f}x" for p in peers]
+            cells += [f"{b2b[p] / b2b['paracheck']:.2f}x" for p in peers]
+            cells.append(f"{100 * copy / gpu['paracheck']:.0f}%")
+            lines.append(f"| {rows}x{d} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+
+
+def model_table(sizes, modes, lines):
+    """The LM's whole step with each norm (``paracheck.bench.lm.time_lm_steps``)."""
+    from paracheck.bench.lm import LM_NORMS, time_lm_steps
+
+    lines += [
+        "",
+        "### LM step, batch 4 x 256, fused AdamW, medians of 10 interleaved steps, ms",
+        "",
+        "| size | dtype | mode | norm=torch | norm=triton | no norm | triton / torch | "
+        "no norm / torch |",
+        "| --- " * 8 + "|",
+    ]
+    for mode in modes:
+        for size in sizes:
+            for bf16 in (False, True):
+                t = time_lm_steps(size, bf16=bf16, mode=mode, norms=LM_NORMS)
+                torch_ms, triton_ms, none_ms = (t[n][0] for n in LM_NORMS)
+                lines.append(
+                    f"| {size} | {'bf16 autocast' if bf16 else 'fp32/TF32'} | {mode} | "
+                    f"{torch_ms:.2f} | {triton_ms:.2f} | {none_ms:.2f} | "
+                    f"{triton_ms / torch_ms:.3f} | {none_ms / torch_ms:.3f} |"
+                )
+                print(lines[-1], flush=True)
 
 
 def main(argv=None) -> int:
@@ -330,6 +419,18 @@ def main(argv=None) -> int:
         help="GPU timeline per shape: each kernel's duration and the gaps",
     )
     parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="GPU and back-to-back time per shape against every peer (rmsnorm_summary.md)",
+    )
+    parser.add_argument("--dtypes", default="fp32,bf16", help="for --summary: fp32,bf16,fp16")
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="the LM's step with each norm, eager and CUDA-graphed (rmsnorm_model.md)",
+    )
+    parser.add_argument("--sizes", default="small,medium,xl", help="for --model")
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="CPU under TRITON_INTERPRET=1, tiny shapes, wall-clock timer: "
@@ -346,6 +447,24 @@ def main(argv=None) -> int:
     from paracheck.kernels import rms_norm
 
     out_dir = os.environ.get("OUT")
+    if args.summary or args.model:
+        if SMOKE:
+            print("--summary and --model need CUDA")
+            return 2
+        lines = [
+            f"{torch.cuda.get_device_name()}; torch {torch.__version__}, "
+            f"triton {triton.__version__}; eps={EPS}"
+        ]
+        if args.summary:
+            summary(args.dtypes.split(","), not args.no_compile, lines)
+        if args.model:
+            model_table(args.sizes.split(","), ("eager", "graph"), lines)
+        text = "\n".join(lines)
+        print(text, flush=True)
+        if out_dir:
+            with open(os.path.join(out_dir, "rmsnorm_summary.md"), "w") as f:
+                f.write(text + "\n")
+        return 0
 
     def write(name, text):
         if out_dir:

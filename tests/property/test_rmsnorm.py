@@ -302,6 +302,128 @@ def test_alignment_changing_between_calls_matches_oracle():
         torch.testing.assert_close(w.grad.double(), dw_ref, rtol=1e-5, atol=1e-5)
 
 
+GPU_ONLY = pytest.mark.skipif(
+    INTERPRETED, reason="compiled kernels, direct launches, torch.compile and CUDA graphs need CUDA"
+)
+
+
+@GPU_ONLY
+@settings(max_examples=60, **_SETTINGS)
+@given(rms_norm_cases())
+def test_prepared_path_matches_oracle(case):
+    """After one call of the same signature, the forward takes the prepared host path (Note
+    [host path]); the checked backward records the backward's, which the second backward of
+    ``check_rms_norm`` takes and must equal bitwise."""
+
+    def warm_then_call(x, weight, eps):
+        rms_norm(x.detach(), weight.detach(), eps)
+        return rms_norm(x, weight, eps)
+
+    _assert_matches(warm_then_call, case)
+
+
+@GPU_ONLY
+def test_prepared_path_is_taken_and_equals_the_checked_path(monkeypatch):
+    """Once a signature is recorded, neither the checked launchers nor triton's launch run, and
+    the outputs and gradients are bitwise those of the checked path."""
+    from paracheck.kernels import rmsnorm as K
+
+    torch.manual_seed(5)
+    x = torch.randn(3, 70, 1600, device=DEVICE, requires_grad=True)
+    w = torch.randn(1600, device=DEVICE, requires_grad=True)
+    dy = torch.randn(3, 70, 1600, device=DEVICE)
+
+    def run():
+        x.grad = w.grad = None
+        y = rms_norm(x, w, 1e-5)
+        y.backward(dy)
+        return y.detach().clone(), x.grad.clone(), w.grad.clone()
+
+    checked = run()  # records the signature
+
+    def refuse(*a, **k):
+        raise AssertionError("the checked path ran on a prepared signature")
+
+    monkeypatch.setattr(K, "_rms_norm_forward", refuse)
+    monkeypatch.setattr(K, "_rms_norm_backward", refuse)
+    monkeypatch.setattr(K._LazyJit, "__getitem__", refuse)
+    prepared = run()
+    for a, b in zip(checked, prepared):
+        assert torch.equal(a, b)
+
+
+def _block(norm: str, d: int = 256):
+    from paracheck.workloads.lm import Block, LMSpec
+
+    spec = LMSpec(vocab_size=64, context_length=32, d_model=d, d_ff=4 * d, num_layers=1,
+                  num_heads=4, norm=norm)  # fmt: skip
+    torch.manual_seed(0)
+    return Block(spec).to(DEVICE)
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_with_triton_norm_compiles_without_graph_break(dtype):
+    """A transformer block using the kernel compiles with ``fullgraph=True`` (a graph break
+    raises) through the custom ops (Note [compiled callers]), and its forward and gradients
+    equal the eager block's within the dtype's rounding of one matrix product chain."""
+    block = _block("triton").to(dtype)
+    x = torch.randn(2, 32, 256, device=DEVICE, dtype=dtype, requires_grad=True)
+    dy = torch.randn(2, 32, 256, device=DEVICE, dtype=dtype)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+
+    def run(f):
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+        y = f(x)
+        y.backward(dy)
+        return [y.detach().double(), x.grad.double()] + [
+            p.grad.double() for p in block.parameters()
+        ]
+
+    want, got = run(block), run(compiled)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for a, b in zip(want, got):
+        assert ((a - b).norm() / a.norm().clamp_min(1e-30)).item() <= tol
+
+
+@GPU_ONLY
+def test_forward_backward_is_captured_by_a_cuda_graph():
+    """The prepared path runs under CUDA graph capture; replaying on new inputs gives bitwise
+    the eager result."""
+    norm = TritonRMSNorm(1600).to(DEVICE)
+    static_x = torch.randn(256, 1600, device=DEVICE, requires_grad=True)
+    static_dy = torch.randn(256, 1600, device=DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up: compile and record the signature outside the capture
+            static_x.grad = norm.weight.grad = None
+            norm(static_x).backward(static_dy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static_x.grad = norm.weight.grad = None
+    with torch.cuda.graph(graph):
+        static_y = norm(static_x)
+        static_y.backward(static_dy)
+    for seed in (1, 2):
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        x_new = torch.randn(256, 1600, device=DEVICE, generator=g)
+        dy_new = torch.randn(256, 1600, device=DEVICE, generator=g)
+        with torch.no_grad():
+            static_x.copy_(x_new)
+            static_dy.copy_(dy_new)
+        graph.replay()
+        xe = x_new.clone().requires_grad_(True)
+        we = norm.weight.detach().clone().requires_grad_(True)
+        ye = rms_norm(xe, we, norm.eps)
+        ye.backward(dy_new)
+        assert torch.equal(static_y, ye)
+        assert torch.equal(static_x.grad, xe.grad)
+        assert torch.equal(norm.weight.grad, we.grad)
+
+
 def test_empty_batch_gives_empty_outputs():
     """Zero rows: y and dx are empty, dweight is zero (the oracle's sum over no rows)."""
     x = torch.zeros(0, 8, device=DEVICE, requires_grad=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from paracheck.workloads.lm import LMSpec, TransformerLM
 
-__all__ = ["LMTiming", "time_lm"]
+__all__ = ["LM_NORMS", "LMTiming", "time_lm", "time_lm_steps"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,107 @@ def time_lm(
     if cuda:
         torch.cuda.empty_cache()
     return LMTiming(model, batch, autocast, str(dev), tuple(fwd), tuple(bwd), tuple(stp))
+
+
+# ------------------------------------------------------------------------------------------
+# The whole step, per norm: where an RMSNorm kernel is felt.
+
+LM_NORMS = ("torch", "triton", "none")
+
+
+def _lm_with_norm(size: str, norm: str):
+    """``TransformerLM`` of ``size`` with ``norm``; "none" is the torch-norm model with every
+    norm replaced by the identity: the bound no norm kernel can pass."""
+    with torch.device("cuda"):
+        net = TransformerLM(LMSpec.size(size, norm="torch" if norm == "none" else norm))
+    if norm == "none":
+        for mod in list(net.modules()):
+            for child in ("ln1", "ln2", "ln_final"):
+                if hasattr(mod, child):
+                    setattr(mod, child, torch.nn.Identity())
+    return net
+
+
+def _graphed_step(net, opt, xb, yb, bf16: bool):
+    """The whole step captured in one CUDA graph (static inputs, capturable fused AdamW)."""
+
+    def body():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = net(xb)
+        F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten()).backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay
+
+
+def time_lm_steps(
+    size: str,
+    *,
+    bf16: bool = False,
+    mode: str = "eager",
+    norms=LM_NORMS,
+    steps: int = 10,
+    warmup: int = 3,
+    batch: int = 4,
+) -> dict[str, tuple[float, float]]:
+    """Median (step ms, host-enqueue ms) of the LM's whole training step (zero_grad, forward
+    under optional bf16 autocast, float32 loss, backward, fused AdamW) for each norm, the norms'
+    steps interleaved one by one so drift hits them alike. ``mode``: "eager", "graph" (the whole
+    step replayed from one CUDA graph) or "compile" (``torch.compile`` of the model)."""
+    if mode not in ("eager", "graph", "compile"):
+        raise ValueError(f"mode={mode!r} must be 'eager', 'graph' or 'compile'")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    spec = LMSpec.size(size)
+    g = torch.Generator().manual_seed(0)
+    xb = torch.randint(spec.vocab_size, (batch, spec.context_length), generator=g).cuda()
+    yb = torch.randint(spec.vocab_size, (batch, spec.context_length), generator=g).cuda()
+    runs = {}
+    keep = []  # a graph replays into its model's and optimizer's memory: they must outlive it
+    for norm in norms:
+        torch.manual_seed(0)
+        net = _lm_with_norm(size, norm)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=True, capturable=mode == "graph")
+        if mode == "graph":
+            runs[norm] = _graphed_step(net, opt, xb, yb, bf16)
+            keep.append((net, opt))
+            continue
+        model = torch.compile(net) if mode == "compile" else net
+
+        def step(model=model, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(xb)
+            F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten()).backward()
+            opt.step()
+
+        runs[norm] = step
+    times: dict[str, list[float]] = {n: [] for n in norms}
+    hosts: dict[str, list[float]] = {n: [] for n in norms}
+    for i in range(warmup + steps):
+        for norm in norms:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runs[norm]()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                times[norm].append((t2 - t0) * 1e3)
+                hosts[norm].append((t1 - t0) * 1e3)
+    del runs, keep
+    torch.cuda.empty_cache()
+    return {n: (statistics.median(times[n]), statistics.median(hosts[n])) for n in norms}

@@ -120,6 +120,15 @@ class _LazyJit:
             jitted = self._by_mode[mode] = triton.jit(self.fn)
         return jitted[grid]
 
+    def jitted(self):
+        """The ``triton.jit`` function for the current mode (Note [interpreter mode])."""
+        _require_triton()
+        mode = _interpreting()
+        jitted = self._by_mode.get(mode)
+        if jitted is None:
+            jitted = self._by_mode[mode] = triton.jit(self.fn)
+        return jitted
+
 
 def lazy_jit(fn) -> _LazyJit:
     """Decorator: ``triton.jit`` deferred to the first launch (Note [interpreter mode])."""
@@ -400,7 +409,11 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     rows = min(max(1, 4096 // block_d), 64, rows_cap)
     fwd_warps = _clamp(rows * block_d // 1024, 4, 32)
     bwd_rows = rows
-    if block_d <= 1024:
+    if block_d == 1024 and elem_bytes == 2:
+        # 2-byte elements, same tiles: half the bytes per thread, so twice the forward's warps
+        # and half the backward's (4096x1024 bf16, 9 reps: 20.4 -> 17.7 us fwd+bwd).
+        fwd_warps, bwd_warps, per_sm = 2 * fwd_warps, 4, 2
+    elif block_d <= 1024:
         bwd_warps, per_sm = 8, 2
     elif block_d == 2048:
         # Tiles of 4 rows, one program per SM: more bytes in flight per SM (4096x2048: 2.79
@@ -543,7 +556,7 @@ def _plan_of(x2: torch.Tensor) -> _Plan:
     )
 
 
-def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
+def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None, compiled=None):
     n_rows, n_cols = x2.shape
     y = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x2.device)
@@ -552,7 +565,7 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
     p = plan_override or _plan_of(x2)
     grid = (-(-n_rows // p.fwd_rows),)  # not triton.cdiv: a JIT-callable, ~5 us per call
     pdl = _dependent_launch(x2.device)
-    kernels.forward[grid](
+    kernel = kernels.forward[grid](
         x2,
         weight,
         y,
@@ -570,10 +583,15 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None):
         num_warps=p.fwd_warps,
         **_pdl_option(pdl),
     )
+    if compiled is not None:
+        compiled["forward"] = (
+            kernel,
+            dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl),
+        )
     return y, rstd
 
 
-def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
+def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None, compiled=None):
     n_rows, n_cols = x2.shape
     dx = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     if n_rows == 0:
@@ -582,7 +600,7 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
     partial = _empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x2.device)
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
     pdl = _dependent_launch(x2.device)
-    kernels.backward[(p.bwd_programs,)](
+    bwd = kernels.backward[(p.bwd_programs,)](
         x2,
         weight,
         dy2,
@@ -602,7 +620,7 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
         num_warps=p.bwd_warps,
         **_pdl_option(pdl),
     )
-    kernels.reduce_dweight[(-(-n_cols // p.red_block_n),)](
+    red = kernels.reduce_dweight[(-(-n_cols // p.red_block_n),)](
         partial,
         dw,
         p.bwd_programs,
@@ -613,7 +631,124 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None):
         num_warps=4,
         **_pdl_option(pdl),
     )
+    if compiled is not None:
+        compiled["backward"] = (
+            bwd,
+            dict(
+                BLOCK_D=p.block_d,
+                ROWS=p.bwd_rows,
+                LOAD_EVICT=p.bwd_load_evict,
+                REVERSE=p.bwd_reverse,
+                PDL=pdl,
+            ),
+        )
+        compiled["reduce_dweight"] = (
+            red,
+            dict(BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n, PDL=pdl),
+        )
     return dx, dw
+
+
+# --------------------------------------------------------------------------------------------
+# Layer 2b: the host path.
+
+# Note [host path]: in a model these kernels are small (a 1024x1600 float32 forward+backward is
+# ~15 us of GPU time) and a call costs what the host spends on it. ``jitted[grid](...)``
+# re-derives triton's specialisation key from every argument at every launch. That key depends
+# only on the device, the options (num_warps, launch_pdl), the constexpr values, each tensor's
+# dtype and 16-byte alignment, and each int's ``== 1`` / ``% 16 == 0`` / 32-bit-range classes.
+# ``RMSNormFunction`` therefore keys a prepared call on everything that fixes those for its
+# three launches -- x's and weight's shape, strides, dtypes, devices and alignment, eps, the
+# kernels and the launch switch -- and, on a hit, allocates the outputs and calls each compiled
+# kernel's launcher directly, its constexpr tail laid out in advance; x and dy are passed as they
+# are (their row stride is part of the key), not viewed as rows. A miss (the first call of a
+# signature), a tensor not on the current device, an installed launch hook (profilers), the
+# interpreter, an x that cannot be viewed as rows without a copy, or a triton whose compiled
+# kernels lack that launcher take the checked path through triton's own launch, which is also
+# what records a prepared call. ``docs/rmsnorm-h200.md`` has what each piece costs.
+
+_FAST_LAUNCH = True  # a switch so benchmarks can time triton's own launch path beside it
+_PREPARED: dict = {}
+_PREPARED_MAX = 1024  # signatures kept; the dict is emptied when full (shapes that never repeat)
+
+
+class _NoFastPath(Exception):
+    """This triton's compiled kernels cannot be launched directly (Note [host path])."""
+
+
+_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
+def _launch_hooks_installed() -> bool:
+    runtime = _RUNTIME_KNOBS
+    if runtime is None:  # triton < 3.3: no knobs to read the hooks from
+        return True
+    enter = runtime.launch_enter_hook
+    leave = runtime.launch_exit_hook
+    # A hook is None, a callable, or a HookChain whose ``calls`` may be empty.
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+
+
+class _Launch:
+    """One compiled kernel, its grid and its constexpr arguments, launched without the binder."""
+
+    __slots__ = ("function", "grid", "metadata", "run", "tail")
+
+    def __init__(self, lazy: _LazyJit, captured, grid: int):
+        kernel, constexprs = captured
+        jitted = lazy._by_mode.get(False)
+        params = getattr(jitted, "params", None)
+        run = getattr(kernel, "run", None)
+        if params is None or run is None or not hasattr(kernel, "packed_metadata"):
+            raise _NoFastPath(f"{lazy.__name__}: no compiled launcher")
+        names = [q.name for q in params if q.is_constexpr]
+        plain = len(params) - len(names)
+        if any(q.is_constexpr for q in params[:plain]) or set(names) != set(constexprs):
+            raise _NoFastPath(f"{lazy.__name__}: constexpr parameters are not the last ones")
+        self.run, self.function, self.metadata = run, kernel.function, kernel.packed_metadata
+        self.grid = grid
+        self.tail = tuple(constexprs[n] for n in names)
+
+    def __call__(self, stream, *args):
+        self.run(
+            self.grid, 1, 1, stream, self.function, self.metadata, None, None, None,
+            *args, *self.tail,
+        )  # fmt: skip
+
+
+class _Prepared:
+    """A forward signature's launches, and its backward's per layout of dy (Note [host path])."""
+
+    __slots__ = ("backward", "device", "forward", "n_cols", "n_rows", "plan", "x_stride")
+
+    def __init__(self, x, x2, plan, forward):
+        self.device = x.device.index
+        self.n_rows, self.n_cols = x2.shape
+        self.x_stride = x2.stride(0)
+        self.plan = plan
+        self.forward = forward
+        self.backward: dict = {}  # (dy.stride(), dy aligned) -> (_Launch, _Launch, dy row stride)
+
+
+def _fast_ok(device: int) -> bool:
+    return torch._C._cuda_getDevice() == device and not _launch_hooks_installed()
+
+
+def _viewable_as_rows(t: torch.Tensor) -> bool:
+    """Whether ``_as_rows(t)`` is a view of ``t`` (same storage, no copy)."""
+    if t.stride(-1) != 1:
+        return False
+    try:
+        t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return False
+    return True
+
+
+def _remember(key, prep: _Prepared) -> None:
+    if len(_PREPARED) >= _PREPARED_MAX:
+        _PREPARED.clear()
+    _PREPARED[key] = prep
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,38 +763,194 @@ class RMSNormFunction(torch.autograd.Function):
     arithmetic), CUDA tensors or CPU tensors under ``TRITON_INTERPRET=1``. Any strides are
     accepted (a copy is made only where the last dimension is not contiguous or the leading
     dimensions cannot be flattened). ``apply(x, weight, eps, kernels=None)``: ``kernels`` is for
-    mutants only.
+    mutants only. Repeated calls with the same signature take the prepared host path (Note
+    [host path]).
     """
 
     @staticmethod
     def forward(ctx, x, weight, eps, kernels=None):
+        kernels = kernels or _KERNELS
+        key = None
+        if _FAST_LAUNCH and x.is_cuda:
+            eps = float(eps)
+            key = (
+                x.shape, x.stride(), x.dtype, x.device, (x.data_ptr() & 15) == 0,
+                weight.shape, weight.stride(), weight.dtype, weight.device,
+                (weight.data_ptr() & 15) == 0, eps, kernels, _USE_PDL,
+            )  # fmt: skip
+            prep = _PREPARED.get(key)
+            if prep is not None and _fast_ok(prep.device):
+                y = _empty(x.shape, dtype=x.dtype, device=x.device)
+                rstd = _empty((prep.n_rows,), dtype=torch.float32, device=x.device)
+                prep.forward(
+                    torch._C._cuda_getCurrentRawStream(prep.device),
+                    x, weight, y, rstd, prep.x_stride, prep.n_cols, prep.n_rows, prep.n_cols, eps,
+                )  # fmt: skip
+                ctx.save_for_backward(x, weight, rstd)
+                ctx.kernels, ctx.plan, ctx.prep = kernels, prep.plan, prep
+                return y
         _require_triton()
         eps = float(eps)
         _check_inputs(x, weight, eps)
-        kernels = kernels or _KERNELS
         x2 = _as_rows(x)
+        given = weight
         weight = weight.contiguous()  # the kernels read it with unit stride
         plan = _plan_of(x2) if x2.shape[0] else None  # planned once, for both passes
-        y, rstd = _rms_norm_forward(x2, weight, eps, kernels, plan)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.kernels, ctx.plan = kernels, plan
-        ctx.x_shape = x.shape
+        compiled: dict | None = {} if key is not None and plan is not None else None
+        y, rstd = _rms_norm_forward(x2, weight, eps, kernels, plan, compiled)
+        prep = None
+        if compiled and weight is given and _viewable_as_rows(x) and not _interpreting():
+            try:
+                launch = _Launch(
+                    kernels.forward, compiled["forward"], -(-x2.shape[0] // plan.fwd_rows)
+                )
+            except _NoFastPath:
+                pass
+            else:
+                prep = _Prepared(x, x2, plan, launch)
+                _remember(key, prep)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.kernels, ctx.plan, ctx.prep = kernels, plan, prep
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        dx, dw = _rms_norm_backward(_as_rows(dy), x2, weight, rstd, ctx.kernels, ctx.plan)
+        x, weight, rstd = ctx.saved_tensors
+        prep = ctx.prep
+        dy_key = None
+        if prep is not None:
+            dy_key = (dy.stride(), (dy.data_ptr() & 15) == 0, dy.dtype)
+            prepared = prep.backward.get(dy_key)
+            if prepared is not None and _fast_ok(prep.device):
+                launch_bwd, launch_red, dy_stride = prepared
+                n_rows, n_cols, programs = prep.n_rows, prep.n_cols, prep.plan.bwd_programs
+                dx = _empty(x.shape, dtype=x.dtype, device=x.device)
+                partial = _empty((programs, n_cols), dtype=torch.float32, device=x.device)
+                dw = _empty((n_cols,), dtype=weight.dtype, device=x.device)
+                stream = torch._C._cuda_getCurrentRawStream(prep.device)
+                launch_bwd(
+                    stream, x, weight, dy, rstd, dx, partial, prep.x_stride, dy_stride, n_cols,
+                    n_rows, n_cols,
+                )  # fmt: skip
+                launch_red(stream, partial, dw, programs, n_cols)
+                return (dx if ctx.needs_input_grad[0] else None), dw, None, None
+        x2 = _as_rows(x)
+        dy2 = _as_rows(dy)
+        compiled: dict | None = {} if dy_key is not None else None
+        dx, dw = _rms_norm_backward(dy2, x2, weight, rstd, ctx.kernels, ctx.plan, compiled)
+        if compiled and _viewable_as_rows(dy) and dy2.data_ptr() == dy.data_ptr():
+            p = prep.plan
+            try:
+                prep.backward[dy_key] = (
+                    _Launch(ctx.kernels.backward, compiled["backward"], p.bwd_programs),
+                    _Launch(
+                        ctx.kernels.reduce_dweight,
+                        compiled["reduce_dweight"],
+                        -(-prep.n_cols // p.red_block_n),
+                    ),
+                    dy2.stride(0),
+                )
+            except _NoFastPath:
+                pass
         return (
-            dx.view(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+            dx.view(x.shape) if ctx.needs_input_grad[0] else None,
             dw if ctx.needs_input_grad[1] else None,
             None,
             None,
         )
 
 
+# Note [compiled callers]: ``torch.compile`` cannot trace the prepared host path (it calls
+# triton's compiled launchers directly), so under compilation the same kernels are reached through
+# two custom ops, ``paracheck::rms_norm_forward`` and ``paracheck::rms_norm_backward``
+# (``torch.library.triton_op``, torch >= 2.6), their launches wrapped by ``wrap_triton`` so that
+# Inductor sees the kernels and calls them from its own generated code, and CUDA graphs capture
+# them with the rest of the graph. The ops use the same plans as eager calls, without dependent
+# launch (an option Inductor's launcher does not pass). Eager calls do not go through them:
+# a custom op's Python dispatch costs more host time than the whole prepared call.
+
+
+def _register_ops():
+    """The custom ops (Note [compiled callers]), registered at import (Dynamo cannot trace a
+    registration); None where torch has no ``torch.library.triton_op`` or triton is absent."""
+    triton_op = getattr(torch.library, "triton_op", None)
+    wrap_triton = getattr(torch.library, "wrap_triton", None)
+    if triton_op is None or wrap_triton is None or triton is None:
+        return None
+
+    @triton_op("paracheck::rms_norm_forward", mutates_args=())
+    def forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list[torch.Tensor]:
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        n_rows, n_cols = x2.shape
+        y = torch.empty_like(x2)
+        rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
+        if n_rows:
+            p = _plan_of(x2)
+            wrap_triton(_KERNELS.forward.jitted())[(-(-n_rows // p.fwd_rows),)](
+                x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
+                BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict,
+                PDL=False, num_warps=p.fwd_warps,
+            )  # fmt: skip
+        return [y.view(x.shape), rstd]
+
+    @triton_op("paracheck::rms_norm_backward", mutates_args=())
+    def backward_op(
+        dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+    ) -> list[torch.Tensor]:
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        n_rows, n_cols = x2.shape
+        dx = torch.empty_like(x2)
+        if not n_rows:
+            return [dx.view(x.shape), torch.zeros_like(weight)]
+        p = _plan_of(x2)
+        partial = torch.empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x.device)
+        dw = torch.empty((n_cols,), dtype=weight.dtype, device=x.device)
+        wrap_triton(_KERNELS.backward.jitted())[(p.bwd_programs,)](
+            x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
+            n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
+            PDL=False, REVERSE=p.bwd_reverse, num_warps=p.bwd_warps,
+        )  # fmt: skip
+        wrap_triton(_KERNELS.reduce_dweight.jitted())[(-(-n_cols // p.red_block_n),)](
+            partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
+            PDL=False, num_warps=4,
+        )  # fmt: skip
+        return [dx.view(x.shape), dw]
+
+    def setup_context(ctx, inputs, output):
+        x, weight, _ = inputs
+        ctx.save_for_backward(x, weight, output[1])
+
+    def backward(ctx, grads):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = torch.ops.paracheck.rms_norm_backward(grads[0], x, weight, rstd)
+        return dx, dw, None
+
+    torch.library.register_autograd(
+        "paracheck::rms_norm_forward", backward, setup_context=setup_context
+    )
+    return torch.ops.paracheck.rms_norm_forward
+
+
+_FORWARD_OP = _register_ops()
+
+
+def _compiled_call(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The custom-op call under ``torch.compile`` (Note [compiled callers]), or None."""
+    op = _FORWARD_OP
+    if op is None or not x.is_cuda:
+        return None
+    _check_inputs(x, weight, float(eps))
+    return op(x, weight.contiguous(), float(eps))[0]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """Functional form of ``RMSNormFunction``."""
+    """Functional form of ``RMSNormFunction``; under ``torch.compile``, custom ops (Note
+    [compiled callers])."""
+    if torch.compiler.is_compiling():
+        y = _compiled_call(x, weight, eps)
+        if y is not None:
+            return y
     return RMSNormFunction.apply(x, weight, eps)
 
 
@@ -683,7 +974,7 @@ class TritonRMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return RMSNormFunction.apply(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
