@@ -932,7 +932,10 @@ def _register_ops():
     return torch.ops.paracheck.rms_norm_forward
 
 
-_FORWARD_OP = _register_ops()
+try:
+    _FORWARD_OP = _register_ops()
+except RuntimeError:  # registered already (this file imported under a second module name)
+    _FORWARD_OP = getattr(getattr(torch.ops, "paracheck", None), "rms_norm_forward", None)
 
 
 def _compiled_call(x: torch.Tensor, weight: torch.Tensor, eps: float):
