@@ -19,28 +19,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+from paracheck.bench import rmsnorm as B
 from paracheck.kernels import rmsnorm as K
 
 EPS = 1e-5
 
 
 def host_us(fn, *, n=20, rounds=7) -> float:
-    """Median over rounds of host time per call, calls queued without synchronising."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+    """Median over rounds of ``paracheck.bench.rmsnorm.host_us`` (calls queued, no sync)."""
+    return statistics.median(B.host_us(fn, n=n) for _ in range(rounds))
 
 
 class _Empty(torch.autograd.Function):
@@ -51,14 +42,6 @@ class _Empty(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         return dy, None
-
-
-def _liger():
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except ImportError:
-        return None
-    return lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps)
 
 
 def host_table(rows, d, dtype) -> list[str]:
@@ -90,7 +73,7 @@ def host_table(rows, d, dtype) -> list[str]:
         "paracheck (triton launch)": checked,
         "empty autograd.Function": lambda a, b, e: _Empty.apply(a, b),
     }
-    liger = _liger()
+    liger = B.liger_rms_norm()
     if liger is not None:
         variants["Liger-Kernel"] = liger
     lines = [f"### host us per call, {rows}x{d} {dtype}", "", "| variant | fwd | fwd+bwd |"]

@@ -113,12 +113,7 @@ class _LazyJit:
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
-        _require_triton()
-        mode = _interpreting()
-        jitted = self._by_mode.get(mode)
-        if jitted is None:
-            jitted = self._by_mode[mode] = triton.jit(self.fn)
-        return jitted[grid]
+        return self.jitted()[grid]
 
     def jitted(self):
         """The ``triton.jit`` function for the current mode (Note [interpreter mode])."""
@@ -556,7 +551,20 @@ def _plan_of(x2: torch.Tensor) -> _Plan:
     )
 
 
-def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None, compiled=None):
+def _launcher(lazy: _LazyJit, grid, wrap):
+    """``lazy[grid]``, or with ``wrap`` (``torch.library.wrap_triton``, Note [compiled callers])
+    the wrapped ``triton.jit`` function: what Inductor traces."""
+    return lazy[grid] if wrap is None else wrap(lazy.jitted())[grid]
+
+
+def _launch_options(pdl: bool, num_warps: int, wrap) -> dict:
+    # Inductor's launcher passes no dependent-launch option (Note [compiled callers]).
+    return {"num_warps": num_warps, **({} if wrap is not None else _pdl_option(pdl))}
+
+
+def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None, compiled=None, wrap=None):
+    """y and rstd of a (rows, d) input. ``compiled`` (a dict) receives the compiled kernel and
+    its constexpr arguments (Note [host path]); ``wrap`` launches through a wrapper."""
     n_rows, n_cols = x2.shape
     y = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x2.device)
@@ -564,34 +572,23 @@ def _rms_norm_forward(x2, weight, eps, kernels, plan_override=None, compiled=Non
         return y, rstd
     p = plan_override or _plan_of(x2)
     grid = (-(-n_rows // p.fwd_rows),)  # not triton.cdiv: a JIT-callable, ~5 us per call
-    pdl = _dependent_launch(x2.device)
-    kernel = kernels.forward[grid](
-        x2,
-        weight,
-        y,
-        rstd,
-        x2.stride(0),
-        y.stride(0),
-        n_rows,
-        n_cols,
-        eps,
-        BLOCK_D=p.block_d,
-        ROWS=p.fwd_rows,
-        X_EVICT=p.x_evict,
-        Y_EVICT=p.y_evict,
-        PDL=pdl,
-        num_warps=p.fwd_warps,
-        **_pdl_option(pdl),
+    pdl = wrap is None and _dependent_launch(x2.device)
+    constexprs = dict(
+        BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl
     )
+    kernel = _launcher(kernels.forward, grid, wrap)(
+        x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
+        **constexprs, **_launch_options(pdl, p.fwd_warps, wrap),
+    )  # fmt: skip
     if compiled is not None:
-        compiled["forward"] = (
-            kernel,
-            dict(BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict, PDL=pdl),
-        )
+        compiled["forward"] = (kernel, constexprs)
     return y, rstd
 
 
-def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None, compiled=None):
+def _rms_norm_backward(
+    dy2, x2, weight, rstd, kernels, plan_override=None, compiled=None, wrap=None
+):
+    """dx and dweight; ``compiled`` and ``wrap`` as for ``_rms_norm_forward``."""
     n_rows, n_cols = x2.shape
     dx = _empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
     if n_rows == 0:
@@ -599,53 +596,22 @@ def _rms_norm_backward(dy2, x2, weight, rstd, kernels, plan_override=None, compi
     p = plan_override or _plan_of(x2)
     partial = _empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x2.device)
     dw = _empty((n_cols,), dtype=weight.dtype, device=x2.device)
-    pdl = _dependent_launch(x2.device)
-    bwd = kernels.backward[(p.bwd_programs,)](
-        x2,
-        weight,
-        dy2,
-        rstd,
-        dx,
-        partial,
-        x2.stride(0),
-        dy2.stride(0),
-        dx.stride(0),
-        n_rows,
-        n_cols,
-        BLOCK_D=p.block_d,
-        ROWS=p.bwd_rows,
-        LOAD_EVICT=p.bwd_load_evict,
-        REVERSE=p.bwd_reverse,
+    pdl = wrap is None and _dependent_launch(x2.device)
+    bwd_constexprs = dict(
+        BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict, REVERSE=p.bwd_reverse,
         PDL=pdl,
-        num_warps=p.bwd_warps,
-        **_pdl_option(pdl),
-    )
-    red = kernels.reduce_dweight[(-(-n_cols // p.red_block_n),)](
-        partial,
-        dw,
-        p.bwd_programs,
-        n_cols,
-        BLOCK_P=p.red_block_p,
-        BLOCK_N=p.red_block_n,
-        PDL=pdl,
-        num_warps=4,
-        **_pdl_option(pdl),
+    )  # fmt: skip
+    bwd = _launcher(kernels.backward, (p.bwd_programs,), wrap)(
+        x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0), n_rows,
+        n_cols, **bwd_constexprs, **_launch_options(pdl, p.bwd_warps, wrap),
+    )  # fmt: skip
+    red_constexprs = dict(BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n, PDL=pdl)
+    red = _launcher(kernels.reduce_dweight, (-(-n_cols // p.red_block_n),), wrap)(
+        partial, dw, p.bwd_programs, n_cols, **red_constexprs, **_launch_options(pdl, 4, wrap)
     )
     if compiled is not None:
-        compiled["backward"] = (
-            bwd,
-            dict(
-                BLOCK_D=p.block_d,
-                ROWS=p.bwd_rows,
-                LOAD_EVICT=p.bwd_load_evict,
-                REVERSE=p.bwd_reverse,
-                PDL=pdl,
-            ),
-        )
-        compiled["reduce_dweight"] = (
-            red,
-            dict(BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n, PDL=pdl),
-        )
+        compiled["backward"] = (bwd, bwd_constexprs)
+        compiled["reduce_dweight"] = (red, red_constexprs)
     return dx, dw
 
 
@@ -734,17 +700,6 @@ def _fast_ok(device: int) -> bool:
     return torch._C._cuda_getDevice() == device and not _launch_hooks_installed()
 
 
-def _viewable_as_rows(t: torch.Tensor) -> bool:
-    """Whether ``_as_rows(t)`` is a view of ``t`` (same storage, no copy)."""
-    if t.stride(-1) != 1:
-        return False
-    try:
-        t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return False
-    return True
-
-
 def _remember(key, prep: _Prepared) -> None:
     if len(_PREPARED) >= _PREPARED_MAX:
         _PREPARED.clear()
@@ -799,7 +754,10 @@ class RMSNormFunction(torch.autograd.Function):
         compiled: dict | None = {} if key is not None and plan is not None else None
         y, rstd = _rms_norm_forward(x2, weight, eps, kernels, plan, compiled)
         prep = None
-        if compiled and weight is given and _viewable_as_rows(x) and not _interpreting():
+        # Prepared only where x2 is x viewed as rows (no copy; a non-empty copy has its own
+        # storage) and weight needed no copy either.
+        viewed = x2.data_ptr() == x.data_ptr()
+        if compiled and weight is given and viewed and not _interpreting():
             try:
                 launch = _Launch(
                     kernels.forward, compiled["forward"], -(-x2.shape[0] // plan.fwd_rows)
@@ -838,7 +796,7 @@ class RMSNormFunction(torch.autograd.Function):
         dy2 = _as_rows(dy)
         compiled: dict | None = {} if dy_key is not None else None
         dx, dw = _rms_norm_backward(dy2, x2, weight, rstd, ctx.kernels, ctx.plan, compiled)
-        if compiled and _viewable_as_rows(dy) and dy2.data_ptr() == dy.data_ptr():
+        if compiled and dy2.data_ptr() == dy.data_ptr():
             p = prep.plan
             try:
                 prep.backward[dy_key] = (
@@ -880,41 +838,16 @@ def _register_ops():
 
     @triton_op("paracheck::rms_norm_forward", mutates_args=())
     def forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list[torch.Tensor]:
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        n_rows, n_cols = x2.shape
-        y = torch.empty_like(x2)
-        rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
-        if n_rows:
-            p = _plan_of(x2)
-            wrap_triton(_KERNELS.forward.jitted())[(-(-n_rows // p.fwd_rows),)](
-                x2, weight, y, rstd, x2.stride(0), y.stride(0), n_rows, n_cols, eps,
-                BLOCK_D=p.block_d, ROWS=p.fwd_rows, X_EVICT=p.x_evict, Y_EVICT=p.y_evict,
-                PDL=False, num_warps=p.fwd_warps,
-            )  # fmt: skip
+        y, rstd = _rms_norm_forward(_as_rows(x), weight, eps, _KERNELS, wrap=wrap_triton)
         return [y.view(x.shape), rstd]
 
     @triton_op("paracheck::rms_norm_backward", mutates_args=())
     def backward_op(
         dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
     ) -> list[torch.Tensor]:
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-        n_rows, n_cols = x2.shape
-        dx = torch.empty_like(x2)
-        if not n_rows:
-            return [dx.view(x.shape), torch.zeros_like(weight)]
-        p = _plan_of(x2)
-        partial = torch.empty((p.bwd_programs, n_cols), dtype=torch.float32, device=x.device)
-        dw = torch.empty((n_cols,), dtype=weight.dtype, device=x.device)
-        wrap_triton(_KERNELS.backward.jitted())[(p.bwd_programs,)](
-            x2, weight, dy2, rstd, dx, partial, x2.stride(0), dy2.stride(0), dx.stride(0),
-            n_rows, n_cols, BLOCK_D=p.block_d, ROWS=p.bwd_rows, LOAD_EVICT=p.bwd_load_evict,
-            PDL=False, REVERSE=p.bwd_reverse, num_warps=p.bwd_warps,
-        )  # fmt: skip
-        wrap_triton(_KERNELS.reduce_dweight.jitted())[(-(-n_cols // p.red_block_n),)](
-            partial, dw, p.bwd_programs, n_cols, BLOCK_P=p.red_block_p, BLOCK_N=p.red_block_n,
-            PDL=False, num_warps=4,
-        )  # fmt: skip
+        dx, dw = _rms_norm_backward(
+            _as_rows(dy), _as_rows(x), weight, rstd, _KERNELS, wrap=wrap_triton
+        )
         return [dx.view(x.shape), dw]
 
     def setup_context(ctx, inputs, output):
