@@ -118,3 +118,37 @@ class StepTraffic:
         return self.r["account"]["bus_bytes"]
 
     track_bus_bytes.unit = "bytes"
+
+
+class StepHostCost:
+    """Exact host cost per rank and step (Note [Host cost per step] in
+    paracheck.accounting.record): operators dispatched, launches (operators that compute: kernel
+    launches on a GPU), tensor allocations, Python hook calls."""
+
+    params = [VARIANTS]
+    param_names = ["variant"]
+    setup_cache = measure
+    timeout = 900
+
+    def setup(self, results, variant):
+        self.r = require(results, key(MODEL, variant))
+
+    def track_operators(self, results, variant):
+        return self.r["account"]["operators"]
+
+    track_operators.unit = "operators"
+
+    def track_launches(self, results, variant):
+        return self.r["account"]["launches"]
+
+    track_launches.unit = "launches"
+
+    def track_allocations(self, results, variant):
+        return self.r["account"]["allocations"]
+
+    track_allocations.unit = "allocations"
+
+    def track_hook_calls(self, results, variant):
+        return self.r["account"]["hooks"]
+
+    track_hook_calls.unit = "hook calls"

@@ -75,3 +75,54 @@ def test_accounting_is_reproducible(world):
         _account(world, "bucketed", bucket_mb=0.001),
     )
     assert a.to_dict() == b.to_dict()
+
+
+def test_host_cost_is_reproducible_and_nonzero(world):
+    """Operators, launches, allocations and hook calls per step are the same in two accountings
+    of the same step (Note [Host cost per step]); a step does work, so none of the first three is 0."""
+    for variant in ("flat", "bucketed", "torch-ddp", "zero1"):
+        a, b = _account(world, variant, bucket_mb=0.001), _account(world, variant, bucket_mb=0.001)
+        got = [(x.operators, x.launches, x.allocations, x.hooks) for x in (a, b)]
+        assert got[0] == got[1], (variant, got)
+        assert a.operators > a.launches > 0 and a.allocations > 0, (variant, got[0])
+
+
+def test_hooks_counted_per_parameter_and_backward(world):
+    """FlatDDP registers no Python hooks; the bucketed and overlapped designs call two per
+    trainable parameter per backward (one before accumulation, one after it) plus one engine
+    callback per backward; torch DDP's hooks are C++ and not counted."""
+    assert _account(world, "flat").hooks == 0
+    assert _account(world, "torch-ddp").hooks == 0
+    assert _account(world, "bucketed", bucket_mb=0.001).hooks == 2 * PARAMS + 1
+    assert _account(world, "overlapped").hooks == 2 * PARAMS + 1
+
+
+def test_planted_launch_is_one_operator_and_one_launch_more(world):
+    """A redundant in-place multiply (RelaunchingFlatDDP) is exactly one operator and one launch
+    more per step, with no allocation, hook or collective more."""
+    base = _account(world, "flat")
+    more = _account(world, "paracheck.bench._planted:RelaunchingFlatDDP")
+    assert (more.operators - base.operators, more.launches - base.launches) == (1, 1)
+    assert (more.allocations, more.hooks, more.collectives) == (
+        base.allocations,
+        base.hooks,
+        base.collectives,
+    )
+
+
+def test_planted_hooks_are_one_call_per_parameter_more(world):
+    """A do-nothing hook on every parameter (HookedFlatDDP) adds PARAMS hook calls per step and
+    no operator."""
+    base = _account(world, "flat")
+    hooked = _account(world, "paracheck.bench._planted:HookedFlatDDP")
+    assert hooked.hooks - base.hooks == PARAMS
+    assert (hooked.operators, hooked.launches) == (base.operators, base.launches)
+
+
+def test_gate_fails_on_one_launch_more():
+    """The rule the gate applies to an exact quantity: one launch more is a regression."""
+    from paracheck.gate.rule import EXACT_QUANTITIES, exact_verdict
+
+    assert {"operators", "launches", "allocations", "hooks"} <= set(EXACT_QUANTITIES)
+    assert exact_verdict([412, 412], [413, 413]) == "REGRESSION"
+    assert exact_verdict([412, 412], [412, 412]) == "ok"

@@ -67,6 +67,18 @@ def test_missing_variants_are_skipped_not_failed():
     assert available_variants(["flat", "no-such-variant", "torch-ddp"]) == ("flat", "torch-ddp")
 
 
+def test_default_variants_are_the_ones_the_benchmarks_drive():
+    """Every variant listed by default can be built by build_setup: built-in targets of other
+    kinds (an FSDP wrapper, a training loop) are not listed, so `paracheck memory` and `paracheck
+    bench` with no --variants measure every listed one instead of raising on the first FSDP."""
+    from paracheck.bench.variants import DRIVEN_KINDS
+
+    names = available_variants(include_local=True)
+    assert {"local", "flat", "bucketed", "torch-ddp", "sharded", "zero1", "zero2"} <= set(names)
+    assert not {"fsdp", "torch-fsdp", "loop"} & set(names)
+    assert all(variant_kind(n) in DRIVEN_KINDS for n in names)
+
+
 def test_asv_setup_skips_what_was_not_measured():
     """require() raises NotImplementedError (asv's skip) for a tier without hardware, a missing point, a failure."""
     with pytest.raises(NotImplementedError, match="no CUDA"):

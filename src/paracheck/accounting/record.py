@@ -41,6 +41,26 @@ Note [Exact quantities]
     the collector while it is active (restored on exit), so the same code gives the same peak in
     any process.
 
+Note [Host cost per step]
+    What a step costs the host, counted rather than timed (a count does not move with the load on
+    the machine, so the gate holds it like bytes):
+
+    * operators: every operator dispatched (aten and c10d), views included: each is one pass
+      through the dispatcher;
+    * launches: the operators that do work on the data: not views (``OpOverload.is_view``), not
+      the allocation-only factories (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
+      ``new_empty_strided``), not collectives (counted on their own). On a GPU each is at least
+      one kernel launch; on the CPU it is a kernel called. An operator that launches several
+      kernels inside (a fused optimizer's multi-tensor apply) counts once: the count is of host
+      work, which is what a launch costs the host;
+    * allocations: tensor storages created (the storages behind ``live_bytes``);
+    * hooks: Python hooks torch calls back during the step (``count_hooks``): tensor hooks
+      (``register_hook``, ``register_post_accumulate_grad_hook``), module forward and backward
+      hooks, and callbacks queued on the autograd engine. torch DDP's reducer hooks are C++ and
+      are not counted: the count is of Python the step runs per parameter or bucket.
+
+    All four are per rank and per steady-state step, the largest over ranks.
+
 Note [Late frees after a collective]
     A tensor given to a gloo collective is also referenced by the collective's work object, and
     gloo's worker thread drops that reference a moment *after* ``wait()`` has returned. A
@@ -66,7 +86,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from paracheck.accounting.cost import bus_bytes
 
-__all__ = ["COLLECTIVE_KINDS", "CollectiveCall", "Recorder"]
+__all__ = ["COLLECTIVE_KINDS", "CollectiveCall", "HookCounter", "Recorder", "count_hooks"]
 
 # c10d (torch.distributed) and _c10d_functional operator names -> kind.
 _C10D_KINDS = {
@@ -127,6 +147,12 @@ class CollectiveCall:
     @property
     def bus_bytes(self) -> float:
         return bus_bytes(self.kind, self.payload_bytes, self.world_size)
+
+
+# Operators that allocate and compute nothing (Note [Host cost per step]).
+_ALLOCATION_ONLY = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+)
 
 
 def collective_kind(func) -> str | None:
@@ -221,6 +247,10 @@ class Recorder(TorchDispatchMode):
         self._gc_was_enabled = False
         self._frees = 0
         self._after_collective = False
+        # Note [Host cost per step]; reset with reset_calls().
+        self.operators = 0
+        self.launches = 0
+        self.allocations = 0
 
     # -- context --------------------------------------------------------------------------
     def __enter__(self):
@@ -239,7 +269,9 @@ class Recorder(TorchDispatchMode):
 
     # -- queries --------------------------------------------------------------------------
     def reset_calls(self) -> None:
+        """Forget the collectives and the host-cost counts recorded so far."""
         self.calls = []
+        self.operators = self.launches = self.allocations = 0
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
@@ -272,8 +304,11 @@ class Recorder(TorchDispatchMode):
             self._after_collective = False
             self.settle()
         kind = collective_kind(func)
+        self.operators += 1
         if kind is not None:
             self._after_collective = True
+        elif not getattr(func, "is_view", False) and _op_name(func) not in _ALLOCATION_ONLY:
+            self.launches += 1
         out = self._run(func, args, kwargs)
         if kind is not None:
             if kind in _SHARDED_KINDS:
@@ -317,6 +352,7 @@ class Recorder(TorchDispatchMode):
                 self.live_bytes += nbytes - self._live[cdata]
                 self._live[cdata] = nbytes
             elif cdata not in inputs:
+                self.allocations += 1
                 self._live[cdata] = nbytes
                 self.live_bytes += nbytes
                 weakref.finalize(st, self._free, cdata).atexit = False
@@ -326,3 +362,77 @@ class Recorder(TorchDispatchMode):
     def _free(self, cdata: int) -> None:
         self.live_bytes -= self._live.pop(cdata, 0)
         self._frees += 1
+
+
+class HookCounter:
+    """The Python hooks torch called back while ``count_hooks()`` was active (Note [Host cost per
+    step]): ``calls``, reset with ``reset()``."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.calls = 0
+
+    def wrap(self, fn):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+_HOOK_METHODS = (
+    (torch.Tensor, "register_hook"),
+    (torch.Tensor, "register_post_accumulate_grad_hook"),
+    (torch.nn.Module, "register_forward_pre_hook"),
+    (torch.nn.Module, "register_forward_hook"),
+    (torch.nn.Module, "register_full_backward_pre_hook"),
+    (torch.nn.Module, "register_full_backward_hook"),
+    (torch.nn.Module, "register_backward_hook"),
+)
+
+
+class _CountingEngine:
+    """The autograd engine, with ``queue_callback`` counted; everything else is the engine's."""
+
+    def __init__(self, engine, counter: HookCounter):
+        self._engine = engine
+        self._counter = counter
+
+    def queue_callback(self, fn):
+        return self._engine.queue_callback(self._counter.wrap(fn))
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+class count_hooks:
+    """Context manager: every hook registered through the methods of Note [Host cost per step]
+    while it is active (and every callback queued on the autograd engine) is counted each time
+    torch calls it; yields the ``HookCounter``. Hooks registered before entering are not counted:
+    enter it before building the model and the design."""
+
+    def __enter__(self) -> HookCounter:
+        self.counter = counter = HookCounter()
+        self._saved = []
+        for cls, name in _HOOK_METHODS:
+            original = cls.__dict__.get(name)
+            if original is None:
+                continue
+
+            def register(self_, hook, *args, _original=original, **kwargs):
+                return _original(self_, counter.wrap(hook), *args, **kwargs)
+
+            self._saved.append((cls, name, original))
+            setattr(cls, name, register)
+        variable = torch.autograd.Variable
+        self._engine = variable._execution_engine
+        variable._execution_engine = _CountingEngine(self._engine, counter)
+        return counter
+
+    def __exit__(self, *exc):
+        torch.autograd.Variable._execution_engine = self._engine
+        for cls, name, original in self._saved:
+            setattr(cls, name, original)
+        return False

@@ -5,7 +5,11 @@ as the regressions it catches. Not used by paracheck itself.
   kept (the classic "a copy of the gradients for later" change): exactly 4 bytes x trainable
   elements more at every memory point, no other quantity changes;
 * ``ChattyFlatDDP``: FlatDDP that all-reduces its presence flags in a second collective: one
-  collective more per step, the same payload plus the flags once more.
+  collective more per step, the same payload plus the flags once more;
+* ``RelaunchingFlatDDP``: FlatDDP that scales one gradient by 1.0 in place after synchronising:
+  exactly one operator and one launch more per step, nothing else;
+* ``HookedFlatDDP``: FlatDDP with a Python hook on every trainable parameter that does nothing:
+  one hook call more per parameter and backward pass, nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch.distributed as dist
 
 from paracheck.ddp.flat import FlatDDP
 
-__all__ = ["FatFlatDDP", "ChattyFlatDDP"]
+__all__ = ["ChattyFlatDDP", "FatFlatDDP", "HookedFlatDDP", "RelaunchingFlatDDP"]
 
 
 class FatFlatDDP(FlatDDP):
@@ -37,3 +41,22 @@ class ChattyFlatDDP(FlatDDP):
             flags = self._presence(self.trainable)
             dist.all_reduce(flags, group=self.process_group)
         super().finish_gradient_synchronization()
+
+
+class RelaunchingFlatDDP(FlatDDP):
+    """FlatDDP plus one redundant in-place multiply by 1.0 of the first gradient per synchronisation."""
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        grad = self.trainable[0].grad if self.trainable else None
+        if grad is not None:
+            grad.mul_(1.0)
+
+
+class HookedFlatDDP(FlatDDP):
+    """FlatDDP with a do-nothing post-accumulate-grad hook on every trainable parameter."""
+
+    def __init__(self, module, *, process_group=None):
+        super().__init__(module, process_group=process_group)
+        for p in self.trainable:
+            p.register_post_accumulate_grad_hook(lambda p: None)

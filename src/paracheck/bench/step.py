@@ -146,6 +146,11 @@ class StepAccount:
     peak_init_bytes: int
     peak_before_step_bytes: int
     peak_step_bytes: int
+    # Note [Host cost per step] in paracheck.accounting.record (0 where not measured).
+    operators: int = 0
+    launches: int = 0
+    allocations: int = 0
+    hooks: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -336,14 +341,14 @@ def rank_account(payload: dict) -> dict:
     """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
     import torch.distributed as dist
 
-    from paracheck.accounting.record import Recorder
+    from paracheck.accounting.record import Recorder, count_hooks
     from paracheck.bench.variants import build_setup
 
     spec = StepSpec.from_dict(payload)
     device = _device()
     _configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with Recorder() as rec:
+    with count_hooks() as hooks, Recorder() as rec:
         model = _build_model(spec, device)
         setup = build_setup(
             spec.variant,
@@ -361,6 +366,7 @@ def rank_account(payload: dict) -> dict:
         _train_step(setup, x, y)
         _settle(rec)
         rec.reset_calls()
+        hooks.reset()
         rec.reset_peak()
         phase = {}
 
@@ -379,6 +385,12 @@ def rank_account(payload: dict) -> dict:
         peak_step = rec.peak_bytes
         state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
         calls = list(rec.calls)
+        host = dict(
+            operators=rec.operators,
+            launches=rec.launches,
+            allocations=rec.allocations,
+            hooks=hooks.calls,
+        )
     by_kind: dict[str, int] = {}
     for c in calls:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + 1
@@ -394,6 +406,7 @@ def rank_account(payload: dict) -> dict:
         "peak_init_bytes": peak_init,
         "peak_before_step_bytes": phase["peak_before"],
         "peak_step_bytes": peak_step,
+        **host,
     }
     del setup, model, rec, before_step
     _release(device)

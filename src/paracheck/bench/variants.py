@@ -46,6 +46,8 @@ VARIANT_ORDER = (
     "torch-zero",
 )
 BASELINES = ("local", "torch-ddp", "torch-zero")
+# The target kinds build_setup drives (an FSDP wrapper or a training loop trains differently).
+DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero"})
 
 
 def _builtin_targets() -> dict:
@@ -68,8 +70,9 @@ def variant_kind(name: str) -> str | None:
 
 
 def available_variants(names=None, *, include_local: bool = False) -> tuple[str, ...]:
-    """The variants among ``names`` (default: every known one) that can be built here, in
-    ``VARIANT_ORDER`` (unknown names after, in the order given). Missing ones are dropped."""
+    """The variants among ``names`` (default: every known one) that can be built here and that
+    ``build_setup`` drives (``DRIVEN_KINDS``), in ``VARIANT_ORDER`` (unknown names after, in the
+    order given). Missing ones are dropped."""
     if names is None:
         names = [n for n in VARIANT_ORDER if include_local or n != "local"]
         names += [n for n in _builtin_targets() if n not in VARIANT_ORDER]
@@ -77,7 +80,7 @@ def available_variants(names=None, *, include_local: bool = False) -> tuple[str,
     ordered = [n for n in VARIANT_ORDER if n in names] + [
         n for n in names if n not in VARIANT_ORDER
     ]
-    return tuple(n for n in ordered if variant_kind(n) is not None)
+    return tuple(n for n in ordered if variant_kind(n) in DRIVEN_KINDS)
 
 
 @dataclass

@@ -413,6 +413,10 @@ def cmd_memory(args) -> int:
                     a.collectives,
                     _mib(a.payload_bytes),
                     _mib(a.bus_bytes),
+                    a.operators,
+                    a.launches,
+                    a.allocations,
+                    a.hooks,
                 ]
                 if cuda:
                     t = time_step(world, spec, timeout=args.timeout)
@@ -431,11 +435,15 @@ def cmd_memory(args) -> int:
                 "collectives/step",
                 "payload MiB/step",
                 "bus MiB/step",
+                "operators/step",
+                "launches/step",
+                "allocations/step",
+                "hook calls/step",
             ]
             if cuda:
                 header += ["CUDA init MiB", "CUDA before step MiB", "CUDA after step MiB"]
             _say(
-                f"\n### exact memory and traffic per rank: {size}, {args.world_size} ranks, batch {args.batch}\n"
+                f"\n### exact memory, traffic and host cost per rank: {size}, {args.world_size} ranks, batch {args.batch}\n"
             )
             _say(_table(header, rows))
     if args.json:

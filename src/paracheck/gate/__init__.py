@@ -23,7 +23,9 @@ our short jobs.
 Note [The gate rule]
     * Exact quantities (Note [Exact quantities] in ``paracheck.accounting``: collectives,
       payload bytes and bus bytes per step, optimizer-state bytes per rank, peak tensor bytes
-      during init / forward-backward-sync / optimizer step, per variant; on CUDA also the
+      during init / forward-backward-sync / optimizer step, per variant; the host cost of a
+      step, Note [Host cost per step] in ``paracheck.accounting.record``: operators dispatched,
+      launches, allocations, Python hook calls; on CUDA also the
       allocator's peaks of Note [CUDA memory points]) are measured twice per side, in the first
       and the last round. They FAIL on any increase, however small. A side whose two readings
       differ is reported UNSTABLE (a warning: that quantity is then not exact and is not gated).

@@ -24,6 +24,11 @@ EXACT_QUANTITIES = (
     "peak_init_bytes",
     "peak_before_step_bytes",
     "peak_step_bytes",
+    # Note [Host cost per step] in paracheck.accounting.record.
+    "operators",
+    "launches",
+    "allocations",
+    "hooks",
 )
 CUDA_QUANTITIES = ("cuda_init", "cuda_before_step", "cuda_after_step", "cuda_peak")
 

@@ -203,7 +203,9 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, rounds: int) -> dict[
                         "result"
                     ]
                     for q in EXACT_QUANTITIES:
-                        exact.setdefault((v, q, side.label), []).append(res[q])
+                        # A commit older than a quantity does not report it: not compared.
+                        if q in res:
+                            exact.setdefault((v, q, side.label), []).append(res[q])
         _say(
             cfg,
             f"  round {r + 1}/{rounds}: "
