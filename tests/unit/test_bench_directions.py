@@ -9,7 +9,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Units whose quantity is lower-is-better by nature; any other unit must say "lower is better".
-LOWER_IS_BETTER = {"seconds", "bytes", "collectives", "operators", "launches", "allocations", "hook calls"}
+LOWER_IS_BETTER = {
+    "seconds",
+    "bytes",
+    "collectives",
+    "operators",
+    "launches",
+    "allocations",
+    "hook calls",
+}
 
 
 def _benchmarks():

@@ -216,9 +216,7 @@ def bucket_sizes_mb(
     # rules], rule 1). Half of the rest splits the other parameters into buckets and leaves the
     # largest alone, the layout torch DDP gives a large embedding.
     largest, total = max(param_bytes), sum(param_bytes)
-    realistic = (
-        max(largest, -(-total // 2)) if 2 * largest < total else -(-(total - largest) // 2)
-    )
+    realistic = max(largest, -(-total // 2)) if 2 * largest < total else -(-(total - largest) // 2)
     realistic = min(hi, max(min_bytes, realistic))
     uniform = st.integers(min_bytes - realistic, hi - realistic).map(lambda d: realistic + d)
     # A greedy bucket is a contiguous run of parameters, so the caps at which some bucket of some
