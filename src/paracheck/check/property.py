@@ -351,7 +351,7 @@ def check_target(
     checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
     if strategy is None:
         # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
-        # spread over the sizes, shrinking first toward the fewest ranks, and no overridden draws
+        # spread over the sizes, shrinking first toward two ranks, and no overridden draws
         # (which made duplicate examples). The sharding kinds draw more parameter groups and late
         # add_param_group calls (paracheck.strategies._sharding).
         options = {

@@ -9,7 +9,8 @@ schedules), and bucket caps from below the smallest parameter to above the whole
 caps that fall exactly on a bucket boundary and None (one unbounded bucket). Also the protocols of
 a training loop: one ``finish_gradient_synchronization()`` after several backward passes, and two
 backward passes of one forward; and models with a float32 layer in float64 (two dtypes). Everything
-shrinks toward the smallest world, the smallest model, a cap of several buckets and the fewest
+shrinks toward the smallest world that communicates (Note [Worlds that communicate first]), the
+smallest model, a cap of several buckets and the fewest
 steps.
 """
 
@@ -268,7 +269,9 @@ def cases(
     kinds).
 
     The world size is drawn first, from ``world_sizes`` (a collection of ints >= 1) when given,
-    else from ``min_world_size..max_world_size``; either way it shrinks toward the smallest. Draw
+    else from ``min_world_size..max_world_size``. From ``world_sizes`` it shrinks toward the
+    smallest size above 1 (Note [Worlds that communicate first]), from the range toward the
+    smallest. Draw
     it here rather than overriding it afterwards (``Case.with_world_size``): an override leaves
     choices Hypothesis varies but that change nothing (duplicate examples) and repeats one rank's
     batch size on every rank when the drawn world was smaller.
