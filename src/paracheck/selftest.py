@@ -87,6 +87,7 @@ def selftest_rows(
                 "detail": report.failures[0].header(name) if report.failures else "",
                 "properties": [f.property for f in report.failures],
                 "margin": margin(report.failures[0]) if report.failures else None,
+                "margin_found": margin(report.failures[0], found=True) if report.failures else None,
             }
     finally:
         if own:
@@ -108,14 +109,27 @@ _TOLERANCED = frozenset(
 )
 
 
-def margin(failure) -> float | None:
+# Note [Two margins]
+#   A mutant's margin is read on two cases: the first case of the search that broke the property
+#   ("found": a case as the strategy draws them, where the bug shows as it would in use) and the
+#   case Hypothesis shrank it to ("shrunk"). Shrinking makes the case small, not the error large:
+#   where a bug's effect is continuous in what shrinks (a learning rate, two nearly equal
+#   gradients, a 1x1 layer), the smallest failing case is one whose error only just passes the
+#   tolerance, and its margin tends to 1 however tight the tolerance is; the tighter the
+#   tolerance, the further shrinking goes. The found margin says how far past the tolerance the
+#   bug lands where it first shows; the shrunk one, how small a case still shows it.
+def margin(failure, *, found: bool = False) -> float | None:
     """How far past its tolerance the killing divergence went: ``max |got - expected|`` over the
-    largest allowed difference on the shrunk case (a lower bound on the worst element's ratio).
-    inf ("exact") where the property is an exact rule or nothing could be compared numerically (a
+    largest allowed difference on the shrunk case, or with ``found`` on the first case found to
+    break the property (Note [Two margins]; a lower bound on the worst element's ratio). inf
+    ("exact") where the property is an exact rule or nothing could be compared numerically (a
     tensor absent, or not finite where the oracle's is); None where the target raised, hung or
     died."""
-    d = failure.result.divergence_of(failure.property)
-    if d is None or failure.result.error is not None:
+    result = failure.result
+    if found and getattr(failure, "first", None) is not None:
+        result = failure.first
+    d = result.divergence_of(failure.property)
+    if d is None or result.error is not None:
         return None
     if failure.property not in _TOLERANCED or d.tolerance <= 0 or d.max_abs_diff != d.max_abs_diff:
         return float("inf")
@@ -131,12 +145,14 @@ def margin_text(value: float | None) -> str:
 
 def markdown_table(rows: list[dict], dtype: str) -> str:
     """The mutants of ``rows`` as a Markdown table: what is wrong, the property that killed it, the
-    examples needed and the margin (error over tolerance, ``margin``) at ``dtype``."""
+    examples needed and the margins (error over tolerance, ``margin``) at ``dtype``: on the case
+    found, and on the shrunk case (Note [Two margins])."""
     from paracheck.mutants import MUTANTS
 
     out = [
-        f"| mutant | kind | bug | killed by | examples | margin ({dtype}) |",
-        "| --- | --- | --- | --- | ---: | ---: |",
+        f"| mutant | kind | bug | killed by | examples | margin found ({dtype}) "
+        f"| margin shrunk ({dtype}) |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
     ]
     for row in rows:
         if row["role"] != "mutant":
@@ -145,7 +161,7 @@ def markdown_table(rows: list[dict], dtype: str) -> str:
         by = row["properties"][0] if row["ok"] and row["properties"] else row["verdict"]
         out.append(
             f"| `{m.name}` | {m.kind} | {m.bug} | {by} | {row['examples']} | "
-            f"{margin_text(row.get('margin'))} |"
+            f"{margin_text(row.get('margin_found'))} | {margin_text(row.get('margin'))} |"
         )
     return "\n".join(out) + "\n"
 
@@ -172,11 +188,12 @@ def _takes_bucket(path: str) -> bool:
 
 
 def row_line(row: dict) -> str:
-    """One row of the table: name, role, verdict, examples, seconds, margin (error over tolerance,
-    ``margin_text``) and the shrunk case."""
+    """One row of the table: name, role, verdict, examples, seconds, the margins on the case found
+    and the shrunk case (error over tolerance, ``margin_text``) and the shrunk case."""
     return (
         f"{row['name']:34} {row['role']:7} {row['verdict']:24} {row['examples']:>8} "
-        f"{row['seconds']:>8.1f} {margin_text(row.get('margin')):>8}  {row['case']}"
+        f"{row['seconds']:>8.1f} {margin_text(row.get('margin_found')):>8} "
+        f"{margin_text(row.get('margin')):>8}  {row['case']}"
     ).rstrip()
 
 
@@ -197,8 +214,8 @@ def run_selftest(
     t0 = time.monotonic()
     rows = [] if rows is None else rows
     print(
-        f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8} {'margin':>8}  "
-        "shrunk case"
+        f"{'name':34} {'role':7} {'verdict':24} {'examples':>8} {'seconds':>8} {'found':>8} "
+        f"{'shrunk':>8}  shrunk case"
     )
     for row in selftest_rows(
         profile=profile,

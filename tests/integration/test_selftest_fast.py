@@ -18,8 +18,10 @@ def test_selftest_fast_profile_kills_and_passes(world, capsys):
     assert "kill rate: 3/3 = 100%" in out and "built-in targets passing: 2/2" in out
     for name in only:
         assert name in out
-    # The margin column: the mutants' errors over their tolerances (all far past them here).
-    assert "margin" in out.splitlines()[0]
+    # The margin columns: the mutants' errors over their tolerances, on the case found and the
+    # shrunk one (all far past them here).
+    header = out.splitlines()[0].split()
+    assert "found" in header and "shrunk" in header
 
 
 def test_selftest_reports_a_surviving_mutant_as_failure(world, monkeypatch):
@@ -56,3 +58,8 @@ def test_margin_is_error_over_tolerance_or_exact():
     assert margin_text(margin(failure("repeatability", 1e-16, 0.0))) == "exact"
     raised = PropertyFailure("raised", CaseResult(case, error=object()))
     assert margin(raised) is None and margin_text(None) == "-"
+    # Note [Two margins]: the case found before shrinking has its own; without one, the shrunk's.
+    shrunk = failure("param", 2e-6, 1e-6)
+    shrunk.first = CaseResult(case, Divergence(0, "param", 0, 0, "w", 5e-3, 1e-6))
+    assert margin(shrunk) == 2e-6 / 1e-6 and margin(shrunk, found=True) == 5e-3 / 1e-6
+    assert margin(failure("grad", 3e-3, 1e-5), found=True) == 3e-3 / 1e-5

@@ -44,8 +44,10 @@ class Kind:
     # ``Target`` fields passed to the strategy as keywords where set (the loop's loss semantics and
     # clip): the target's declarations, never removed from a case as drawn features are.
     options: tuple[str, ...] = ()
-    # Every step anchored on the target's and its update applied to the target's own gradients
-    # (Note [Anchored steps]): a loop computes its gradients its own way.
+    # Every step anchored on the target's and its update applied to the gradients the target
+    # recorded (Note [Anchored steps]): a loop computes its gradients its own way, and a sharding
+    # target's step is then judged alone, at a derived bound (Note [Comparing an update]; only
+    # where ``derived_bound`` holds: a loop's parameters keep their dtype's tolerance).
     on_target_gradients: bool = False
     dtype: str = "float64"  # the parameters' dtype where none is chosen
 
@@ -78,6 +80,7 @@ KINDS: dict[str, Kind] = {
         default=_SHARDING_PROPERTIES,
         opt_in=("state-consolidated", "repeatability"),
         compares_state=True,
+        on_target_gradients=True,
     ),
     "zero": Kind(
         "zero",
@@ -86,6 +89,7 @@ KINDS: dict[str, Kind] = {
         default=_SHARDING_PROPERTIES,
         opt_in=("state-consolidated", "repeatability"),
         compares_state=True,
+        on_target_gradients=True,
     ),
     "fsdp": Kind(
         "fsdp",

@@ -123,6 +123,17 @@ class Progress:
             self._shown = False
 
 
+# Note [Sequences follow the source]
+#   Hypothesis derives a derandomised sequence (seed 0: the selftest, the ci profile, paracheck's
+#   own tests) from a hash of the test function's source, name and signature, plus the digest
+#   added to it (the target and the search, ``_hypothesis_internal_add_digest``). The test function
+#   here is ``_Checker.search``'s inner ``test``: editing its text, even reformatting it, changes
+#   every derandomised sequence of every target, and with it which cases the selftest's figures
+#   were measured on. Work that needs to see the search goes around it (as the first failure is
+#   caught around ``wanted``); a deliberate change of ``test`` is a change of every sequence, to be
+#   measured again.
+
+
 @dataclass
 class _Hit:
     prop: str
@@ -131,6 +142,7 @@ class _Hit:
     found_after: int
     notes: list
     shrunk: bool = True  # False: a case run as it is (given, or replayed from the database)
+    first: CaseResult | None = None  # the first case found to break it, before shrinking
 
 
 class _Found(AssertionError):
@@ -156,11 +168,13 @@ class _Checker:
         self.cache: dict[str, CaseResult] = {}
         self.worst = 0.0
         self.phase = "searching"
+        self.last: CaseResult | None = None  # the result run() returned last
 
     def run(self, case: Case) -> CaseResult:
         key = case.to_json()
         if key in self.cache:
-            return self.cache[key]
+            self.last = self.cache[key]
+            return self.last
         self.progress(
             f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
             f"{self.phase}"
@@ -176,6 +190,7 @@ class _Checker:
             self.timeouts.observe(case.world_size, result.seconds)
             self.worst = max(self.worst, result.worst_ratio)
         self.cache[key] = result
+        self.last = result
         return result
 
     def search(
@@ -184,6 +199,17 @@ class _Checker:
         """Search ``strategy`` for a case on which ``wanted(failed_properties)`` names a property,
         then shrink it for that property (Note [One search per property])."""
         state = {"prop": None, "result": None, "n": 0, "first_at": 0, "t": 0.0, "skipped": 0}
+        # The first result that breaks a property (Note [Two margins] in ``paracheck.selftest``),
+        # caught around ``wanted``: ``test``'s source must not change, since Hypothesis's
+        # derandomised sequence is a hash of it (Note [Sequences follow the source]).
+        state["first"] = None
+        searched = wanted
+
+        def wanted(failed):
+            prop = searched(failed)
+            if prop is not None and state["first"] is None:
+                state["first"] = self.last
+            return prop
 
         def test(case):
             state["n"] += 1
@@ -218,7 +244,14 @@ class _Checker:
         try:
             prop()
         except _Found as exc:
-            return _Hit(exc.prop, exc.result, state["skipped"] == 0, state["first_at"] - 1, notes)
+            return _Hit(
+                exc.prop,
+                exc.result,
+                state["skipped"] == 0,
+                state["first_at"] - 1,
+                notes,
+                first=state["first"],
+            )
         except Flaky:
             if state["prop"] is None:
                 raise
@@ -233,7 +266,14 @@ class _Checker:
             self.phase = "searching"
         if state["prop"] is None:
             return None
-        return _Hit(state["prop"], state["result"], False, state["first_at"] - 1, notes)
+        return _Hit(
+            state["prop"],
+            state["result"],
+            False,
+            state["first_at"] - 1,
+            notes,
+            first=state["first"],
+        )
 
     def needs(self, prop: str, case: Case, deadline: float | None) -> tuple[list[str], bool]:
         """The features of ``case`` without which it no longer breaks ``prop`` (and whether every
@@ -428,6 +468,7 @@ def check_target(
                 without_feature,
                 extra,
                 shrunk=hit.shrunk,
+                first=hit.first,
             )
         )
         known.add(hit.prop)

@@ -291,6 +291,7 @@ class PropertyFailure:
     without: str | None = None  # found among cases without this feature (another bug behind it)
     notes: list[str] = field(default_factory=list)
     shrunk: bool = True  # False: a given case, reported as it is
+    first: CaseResult | None = None  # the first case found to break it, before shrinking
 
     @property
     def case(self):

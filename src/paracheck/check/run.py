@@ -111,6 +111,10 @@ def run_case(
     if target.kind == "zero" and not case.zero_grad_module:
         # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
         case = replace(case, zero_grad_module=True)
+    if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:
+        # Adam below float32 only where the step is judged on the target's own gradients (Note
+        # [Precision from the seed]).
+        case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
     if target.master_weights and case.dtype == "bfloat16" and not case.master_weights:
         case = replace(case, master_weights=True)  # Note [Master weights]
         if target.kind == "fsdp":  # Note [Compute dtype of an FSDP]

@@ -107,6 +107,15 @@ class Target:
         return self.kind in ("sharded", "zero") and _has_master_params(self.path)
 
     @property
+    def reports_gradients(self) -> bool:
+        """Whether the rank program records the gradients of every step (a sharded optimizer's
+        are its parameters' ``.grad``; a ZeRO wrapper reports them by ``full_gradients()``): a
+        sharding target's step is then judged on them (Note [Comparing an update])."""
+        if self.kind == "zero":
+            return _has_method(self.path, "full_gradients")
+        return self.kind in ("sharded", "loop")
+
+    @property
     def rank_fn(self) -> str:
         """The rank program of the target's kind (``paracheck.check.kinds.KINDS``)."""
         from paracheck.check.kinds import KINDS
@@ -238,8 +247,13 @@ def import_module(module: str):
 
 @functools.cache
 def _has_master_params(path: str) -> bool:
+    return _has_method(path, "master_params")
+
+
+@functools.cache
+def _has_method(path: str, name: str) -> bool:
     try:
-        return callable(getattr(load_object(path), "master_params", None))
+        return callable(getattr(load_object(path), name, None))
     except TargetError:
         return False
 

@@ -73,6 +73,10 @@ class StepRecord:
     # ``Case.master_weights``: the float32 master of every parameter in the optimizer's groups
     # after the step (None for one outside them, or frozen); None without master weights.
     masters: list[torch.Tensor | None] | None = None
+    # Per parameter, the largest magnitude a term of the step's update can reach (the lr times a
+    # bound on the update direction, ``update_scale``), None for one the step left alone: the
+    # scale of Note [Comparing an update] in ``paracheck.oracle.tolerance``.
+    update_scale: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -81,6 +85,9 @@ class Trajectory:
     initial_params: list[torch.Tensor]
     initial_buffers: list[torch.Tensor]
     steps: list[StepRecord]
+    # Each step was applied to the gradients the target recorded, where it recorded them
+    # (``train(..., target_gradients=True)``).
+    on_target_gradients: bool = False
 
 
 def optimizer_state(optimizer, params: list) -> dict[int, dict[str, torch.Tensor]]:
@@ -160,11 +167,11 @@ def _inside(optimizer, params, stepped) -> set[int]:
     return {id(p) for p, t in zip(params, stepped) if id(t) in held}
 
 
-def _step_masters(optimizer, params, masters, own=None) -> None:
-    """One step of the masters on the parameters' gradients, then every parameter rounded from
-    its master (Note [Master weights]). ``own``: the target's gradients where it recorded them,
-    used whole where the parameter holds one (a float32 gradient of a wrapper that reduces in
-    float32 is not rounded to the parameter's dtype first: Note [Compute dtype of an FSDP])."""
+def _master_gradients(params, masters, own=None) -> None:
+    """Give each master its parameter's gradient, for a step of the masters (Note [Master
+    weights]). ``own``: the target's gradients where it recorded them, used whole where the
+    parameter holds one (a float32 gradient of a wrapper that reduces in float32 is not rounded
+    to the parameter's dtype first: Note [Compute dtype of an FSDP])."""
     for i, (p, m) in enumerate(zip(params, masters)):
         g = own[i] if own is not None and len(own) == len(params) else None
         if p.grad is None:
@@ -172,12 +179,49 @@ def _step_masters(optimizer, params, masters, own=None) -> None:
             continue
         use = g if g is not None and tuple(g.shape) == tuple(p.shape) else p.grad
         m.grad = use.detach().to(m.dtype)
-    optimizer.step()
+
+
+def _round_from_masters(params, masters) -> None:
+    """Every parameter rounded from its master after a step of the masters; the masters' gradients
+    dropped."""
     with torch.no_grad():
         for p, m in zip(params, masters):
             p.copy_(m)
     for m in masters:
         m.grad = None
+
+
+def update_scale(optimizer, stepped, directions: dict) -> list[float | None]:
+    """Per tensor of ``stepped`` (in the optimizer's groups, holding a gradient: the step about to
+    be taken), the largest magnitude a term of its update can reach, for the scale of Note
+    [Comparing an update]; None for a tensor the step leaves alone. SGD: lr times the momentum
+    recurrence run on magnitudes, b = mu * b + |g| + wd * |p| (kept in ``directions`` across
+    steps, by tensor id); Adam and AdamW: lr / sqrt((1 - beta2) * beta2**n) after n earlier
+    steps, which bounds |g_j| / sqrt(v_hat) for every gradient g_j the moments hold, and with it
+    the update direction and its rounding error."""
+    where = {id(t): i for i, t in enumerate(stepped)}
+    out: list[float | None] = [None] * len(stepped)
+    for group in optimizer.param_groups:
+        lr = float(group["lr"])
+        wd = float(group.get("weight_decay", 0.0))
+        for t in group["params"]:
+            i = where.get(id(t))
+            if i is None or t.grad is None:
+                continue
+            if "betas" in group:
+                beta2 = float(group["betas"][1])
+                step = optimizer.state.get(t, {}).get("step", 0)
+                n = float(step.item() if torch.is_tensor(step) else step)
+                out[i] = lr / ((1.0 - beta2) * beta2**n) ** 0.5
+                continue
+            mu = float(group.get("momentum", 0.0))
+            terms = (
+                t.grad.detach().to(torch.float64).abs() + wd * t.detach().to(torch.float64).abs()
+            )
+            prev = directions.get(id(t))
+            directions[id(t)] = terms if prev is None or mu == 0.0 else mu * prev + terms
+            out[i] = lr * directions[id(t)].max().item() if terms.numel() else 0.0
+    return out
 
 
 def _masters_held(optimizer, masters) -> list | None:
@@ -232,6 +276,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     # The gradient each parameter holds when a step begins (see the module docstring).
     held: list[torch.Tensor | None] = [None] * len(params)
     records = []
+    directions: dict = {}  # update_scale's magnitude recurrence, across steps
     for step in range(case.steps):
         if anchors is not None and 0 < step <= len(anchors):
             held = _anchor(params, held, anchors[step - 1], masters)
@@ -304,6 +349,9 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
         if target_gradients and anchors is not None and step < len(anchors):
             own = anchors[step][1]
             _use_gradients(params, own)
+        if masters is not None and not scaling:
+            _master_gradients(params, masters, own)
+        scales = update_scale(optimizer, stepped, directions)
         if scaling:
             before = scaler.get_scale()
             scaler.step(optimizer)
@@ -311,7 +359,8 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
             # The scale never grows within a case (GROWTH_INTERVAL): it falls iff a step is skipped.
             skipped = scaler.get_scale() < before
         elif masters is not None:
-            _step_masters(optimizer, params, masters, own)
+            optimizer.step()
+            _round_from_masters(params, masters)
         else:
             optimizer.step()
         apply_lr_schedule(case, optimizer)
@@ -325,9 +374,16 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
                 state=optimizer_state(optimizer, stepped),
                 skipped=skipped,
                 masters=_masters_held(optimizer, masters),
+                update_scale=scales,
             )
         )
         held = [None if g is None else g.clone() for g in synced]
         for p in params:
             p.grad = None
-    return Trajectory(case=case, initial_params=initial, initial_buffers=buffers, steps=records)
+    return Trajectory(
+        case=case,
+        initial_params=initial,
+        initial_buffers=buffers,
+        steps=records,
+        on_target_gradients=target_gradients and anchors is not None,
+    )

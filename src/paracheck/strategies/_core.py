@@ -370,12 +370,15 @@ def cases(
 #   without a scaler; mixed: all of them and float32. A case with ``closure`` gets no scaler
 #   (GradScaler.step takes no closure). Cases are drawn at the family's nominal dtype (float32, or
 #   float64 for fp64): bucket caps are drawn from float32 sizes, twice a bfloat16 model's.
-#   Below float32 the optimizer is SGD (with or without momentum): Adam's first update of an
-#   element is lr * g / (|g| + eps), about lr * sign(g), and an element whose synchronised gradient
-#   is within bfloat16/float16 rounding of zero may get either sign, in the oracle and in a correct
-#   target alike: a difference of 2 * lr that a per-tensor tolerance cannot tell from a bug (the
-#   built-ins came within 1.6e-2 of bfloat16's 2e-2 parameter tolerance, and one fell outside
-#   it). SGD's update is lr times the gradient, whose difference the tolerance bounds.
+#   Below float32 a DDP's cases step with SGD (with or without momentum): Adam's first update of
+#   an element is lr * g / (|g| + eps), about lr * sign(g), and an element whose synchronised
+#   gradient is within bfloat16/float16 rounding of zero may get either sign, in the oracle and in
+#   a correct target alike: a difference of 2 * lr that a per-tensor tolerance cannot tell from a
+#   bug (the built-ins came within 1.6e-2 of bfloat16's 2e-2 parameter tolerance, and one fell
+#   outside it). SGD's update is lr times the gradient, whose difference the tolerance bounds.
+#   A sharding target's step is judged on the gradients it recorded (Note [Comparing an update]):
+#   the oracle's Adam then sees the same signs, and its cases keep Adam and AdamW (``adam=True``;
+#   a ZeRO wrapper that does not report its gradients is stepped with SGD: ``run_case``).
 PRECISIONS = ("fp64", "fp32", "bf16", "fp16", "mixed")
 _BF16 = (("float32", "bfloat16", None), ("bfloat16", None, None))
 _FP16 = (
@@ -416,11 +419,13 @@ def from_seed(seed: int, choices):
     return choices[((seed * 0x9E3779B1) >> 16) % len(choices)]
 
 
-def with_precision(case: Case, precision: str) -> Case:
-    """``case`` in the setting of ``precision`` its seed picks (Note [Precision from the seed])."""
+def with_precision(case: Case, precision: str, *, adam: bool = False) -> Case:
+    """``case`` in the setting of ``precision`` its seed picks (Note [Precision from the seed]);
+    below float32 its optimizer becomes SGD unless ``adam`` (a kind judged on the target's
+    gradients)."""
     dtype, autocast, scale = from_seed(case.seed, precision_settings(precision))
     case = replace(case, dtype=dtype, autocast=autocast, loss_scale=None if case.closure else scale)
-    if dtype == "bfloat16" or autocast is not None:
+    if not adam and (dtype == "bfloat16" or autocast is not None):
         case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
     return case
 

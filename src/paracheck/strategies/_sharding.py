@@ -146,7 +146,7 @@ def sharding_cases(
     if case.model.kind == "mlp" and case.model.unused == "none" and draw(st.integers(0, 2)) == 0:
         case = _with_idle_parameters(case)
     if precision is not None:
-        case = with_precision(case, precision)
+        case = with_precision(case, precision, adam=True)  # Note [Precision from the seed]
     return case
 
 

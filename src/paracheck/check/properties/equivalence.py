@@ -23,6 +23,7 @@ from paracheck.oracle.tolerance import (
     state_tolerance,
     step0_grad_rtol,
     tensor_tolerance,
+    update_rtol,
 )
 
 __all__ = ["close", "compare", "grad_rtol", "state_rtol_of", "state_terms", "update_terms"]
@@ -224,19 +225,19 @@ def compare(
                     if d:
                         return d, worst
             before = traj.steps[k - 1].params if k else traj.initial_params
+            # Where the oracle's step was applied to the gradients rank 0 recorded, from rank 0's
+            # parameters, the update is judged alone (Note [Comparing an update]).
+            on_update = derived and traj.on_target_gradients and ranks[0].steps[k].grads is not None
+            start = ranks[0].steps[k - 1].params if k else traj.initial_params
             for i, (got, ref) in enumerate(zip(step.params, oref.params)):
-                d = check(
-                    k,
-                    "param",
-                    r,
-                    i,
-                    got,
-                    ref,
-                    tensor_tolerance(
-                        traj.case, t, dtypes[i], dtypes, same_operations=same_operations
-                    ).params,
-                    update_terms(ref, before[i]),  # Note [Terms of an update]
-                )
+                rtol = tensor_tolerance(
+                    traj.case, t, dtypes[i], dtypes, same_operations=same_operations
+                ).params
+                terms = update_terms(ref, before[i])  # Note [Terms of an update]
+                if on_update and update_rtol(k, dtypes[i]) < rtol:
+                    rtol = update_rtol(k, dtypes[i])
+                    terms = update_terms(ref, before[i], start[i], _scale_of(oref, i))
+                d = check(k, "param", r, i, got, ref, rtol, terms)
                 if d:
                     return d, worst
             d = _compare_masters(k, r, step, oref, traj, ranks, check)
@@ -290,12 +291,21 @@ def _compare_masters(k, r, step, oref, traj, ranks, check):
             continue
         prev = before[i] if before is not None and i < len(before) else None
         got = got_all[i] if i < len(got_all) else None
-        d = check(k, "master", r, i, got, ref, master_rtol(k), update_terms(ref, prev))
+        terms = update_terms(ref, prev, _scale_of(oref, i))  # Note [Comparing an update]
+        d = check(k, "master", r, i, got, ref, master_rtol(k), terms)
         if d:
             if got is not None:
                 d.detail = f"master weight ({got.dtype}). " + d.detail
             return d
     return None
+
+
+def _scale_of(oref, i: int) -> torch.Tensor | None:
+    """The oracle's ``update_scale`` of tensor ``i`` in step record ``oref``, as a tensor for
+    ``update_terms`` (None where the step left it alone)."""
+    scales = getattr(oref, "update_scale", None) or []
+    s = scales[i] if i < len(scales) else None
+    return None if s is None else torch.tensor([s], dtype=torch.float64)
 
 
 def grad_rtol(traj, k: int, i: int, *, anchored: bool, bound: bool, same_operations: bool):
