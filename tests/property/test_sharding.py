@@ -72,6 +72,19 @@ def test_sharded_master_matches_oracle_in_bf16(world):
     assert report.passed, report.failure.describe()
 
 
+def test_zero1_master_matches_oracle_in_bf16(world):
+    """MasterWeightsZero1 on bf16 cases: float32 masters of each rank's chunk, compared whole
+    after every step (Note [Zero1 master weights]), with Adam and AdamW drawn too."""
+    report = check_target(
+        _target("zero1-master"),
+        world,
+        world_sizes=(1, 2, 3, 4),
+        max_examples=40,
+        precision="bf16",
+    )
+    assert report.passed, report.failure.describe()
+
+
 @pytest.mark.parametrize("w", [1, 2, 3, 4])
 def test_zero2_holds_only_gradient_shards_between_steps(world, w):
     """Exact, per rank, after a step of two synchronised backward passes: Zero1 holds every

@@ -17,7 +17,7 @@ from paracheck.check.targets import Target, resolve_target
 from paracheck.oracle.tolerance import master_rtol
 from paracheck.oracle.train import train
 from paracheck.workloads import MLPSpec
-from paracheck.zero import MasterWeightsShardedOptimizer, ShardedOptimizer
+from paracheck.zero import MasterWeightsShardedOptimizer, MasterWeightsZero1, ShardedOptimizer
 
 CASE = Case(
     model=MLPSpec(in_features=4, widths=(5, 3), bias=True),
@@ -171,3 +171,75 @@ def test_a_lost_update_is_far_outside_the_master_tolerance():
         update = (m - p0.float()).abs().max().item()
         allowed = master_rtol(0) * 2 * max(m.abs().max().item(), p0.float().abs().max().item())
         assert update >= 10 * allowed, (update, allowed)
+
+
+def _zero1_master(dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model = model.to(dtype)
+    # A cap of 48 bytes: several buckets, so pieces start and end inside parameters.
+    zero = MasterWeightsZero1(
+        model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1, bucket_size_mb=48 / 2**20
+    )
+    return model, zero
+
+
+def _zero1_step(model, zero, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 4, generator=g).to(next(model.parameters()).dtype)
+    zero.zero_grad()
+    model(x).float().square().mean().backward()
+    zero.finish_gradient_synchronization()
+    zero.step()
+
+
+def test_zero1_masters_equal_the_sharded_reference_bit_for_bit():
+    """One rank (Note [Zero1 master weights]): float32 masters and float32 AdamW state, the
+    parameters their rounding, bit for bit what MasterWeightsShardedOptimizer computes."""
+    model, zero = _zero1_master()
+    torch.manual_seed(0)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    other = other.to(torch.bfloat16)
+    ref = MasterWeightsShardedOptimizer(
+        other.parameters(), torch.optim.AdamW, lr=1e-3, weight_decay=0.1
+    )
+    assert len(zero.layout.buckets) >= 2
+    for s in range(3):
+        _zero1_step(model, zero, s)
+        g = torch.Generator().manual_seed(s)
+        x = torch.randn(6, 4, generator=g).to(torch.bfloat16)
+        ref.zero_grad()
+        other(x).float().square().mean().backward()
+        ref.step()
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(zero.master_params(), ref.master_params()):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+    for st in zero.state_dict()["state"].values():
+        assert st["exp_avg"].dtype == torch.float32
+
+
+def test_zero1_masters_survive_a_reload():
+    """state_dict() carries the masters whole; a fresh wrapper that loads it continues from
+    them, and a dict without them starts the masters from the parameters."""
+    model, zero = _zero1_master()
+    _zero1_step(model, zero, 0)
+    saved = zero.state_dict()
+    assert set(saved["masters"]) == {0, 1, 2, 3}
+    masters = zero.master_params()
+    assert any(not torch.equal(m, p.float()) for m, p in zip(masters, model.parameters()))
+    fresh = MasterWeightsZero1(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+    fresh.load_state_dict(saved)
+    for a, b in zip(fresh.master_params(), masters):
+        assert torch.equal(a, b)
+    plain = MasterWeightsZero1(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+    plain.load_state_dict({k: v for k, v in saved.items() if k != "masters"})
+    for m, p in zip(plain.master_params(), model.parameters()):
+        assert torch.equal(m, p.float())
+
+
+def test_zero1_master_keeps_no_masters_of_float32_parameters():
+    model, zero = _zero1_master(torch.float32)
+    _zero1_step(model, zero, 0)
+    assert zero.master_params() == [None] * 4 and "masters" not in zero.state_dict()
+    assert resolve_target("zero1-master").master_weights

@@ -164,6 +164,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "sharded": ("paracheck.zero:ShardedOptimizer", "sharded"),
     "sharded-master": ("paracheck.zero:MasterWeightsShardedOptimizer", "sharded"),
     "zero1": ("paracheck.zero:Zero1", "zero"),
+    "zero1-master": ("paracheck.zero:MasterWeightsZero1", "zero"),
     "zero2": ("paracheck.zero:Zero2", "zero"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
     "fsdp": ("paracheck.fsdp:FSDP", "fsdp"),

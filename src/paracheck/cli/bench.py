@@ -136,6 +136,9 @@ def run_bench(args, world, record: dict) -> None:
             _say("\n" + _table(header, rows))
 
     if "bucket" in args.what:
+        from paracheck.bench.bucket_model import fit_bucket_model
+        from paracheck.report.plots import bucket_model_table
+
         model = args.bucket_model
         rows = []
         _say(f"\n### bucket sweep: {model}, {W} ranks\n")
@@ -153,6 +156,13 @@ def run_bench(args, world, record: dict) -> None:
                 rows.append([v, mb, f"{timing.median * 1e3:.1f}"])
                 _say(f"  {v} {mb} MB: {timing.median * 1e3:.1f} ms")
         _say("\n" + _table(["variant", "bucket MB", "step ms (median)"], rows))
+        fits = []
+        for v in dict.fromkeys(r[0] for r in rows):
+            pts = [(float(r[1]), float(r[2])) for r in rows if r[0] == v]
+            if len({mb for mb, _ in pts}) >= 3:  # Note [Bucket-size model]
+                fits.append((v, pts, fit_bucket_model(pts)))
+        if fits:
+            _say("\n" + bucket_model_table(fits))
 
     if "allreduce" in args.what:
         from paracheck.bench.comm import all_reduce_time

@@ -18,7 +18,7 @@ import torch
 from paracheck.mutants._edit import edited
 from paracheck.zero.partition import ParamPartition
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer, _param_weight
-from paracheck.zero.zero1 import Zero1
+from paracheck.zero.zero1 import MasterWeightsZero1, Zero1
 from paracheck.zero.zero2 import Zero2
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
     "DecayAppliedTwice",
     "MastersInParameterDtype",
     "MastersNotSaved",
+    "Zero1MastersInParameterDtype",
+    "Zero1GatheredBeforeMastersRounded",
     "Zero2LastMicroBatchOnly",
 ]
 
@@ -251,7 +253,7 @@ class Zero1StepsUnused(Zero1):
 
     def _attach_piece_grads(self) -> None:
         for k in range(len(self.pieces)):
-            self._piece_params[k].grad = self._piece_grads[k]  # BUG: ignores the presence flags
+            self._stepped[k].grad = self._piece_grads[k]  # BUG: ignores the presence flags
 
 
 class Zero1NoInitialBroadcast(Zero1):
@@ -307,6 +309,24 @@ class MastersNotSaved(MasterWeightsShardedOptimizer):
 
     def state_dict(self) -> dict:
         return ShardedOptimizer.state_dict(self)  # BUG: the masters are not saved
+
+
+class Zero1MastersInParameterDtype(MasterWeightsZero1):
+    """ZeRO-1's masters of its chunk are kept in the parameters' own dtype: bfloat16 parameters
+    are stepped in bfloat16."""
+
+    def _build_buffers(self) -> None:
+        self.master_dtype = self.trainable[0].dtype  # BUG: should stay torch.float32
+        super()._build_buffers()
+
+
+class Zero1GatheredBeforeMastersRounded(MasterWeightsZero1):
+    """The chunks are all-gathered before each rank rounds its masters into its own: every rank
+    gets the other ranks' chunks of the step before."""
+
+    def _all_gather_parameters(self) -> None:
+        Zero1._all_gather_parameters(self)  # BUG: gathers the chunks before they are updated
+        self._round_masters()
 
 
 from paracheck.mutants import register  # noqa: E402  (after the classes: paracheck.mutants imports us)
@@ -458,6 +478,20 @@ register(
     f"{_M}:MastersNotSaved",
     "sharded",
     "state_dict() leaves the float32 masters out: a reload restarts them from the bfloat16 parameters",
+    precision="bf16",
+)
+register(
+    "zero1-master-in-param-dtype",
+    f"{_M}:Zero1MastersInParameterDtype",
+    "zero",
+    "ZeRO-1's masters of bfloat16 parameters are kept in bfloat16, not float32",
+    precision="bf16",
+)
+register(
+    "zero1-gathered-before-masters-rounded",
+    f"{_M}:Zero1GatheredBeforeMastersRounded",
+    "zero",
+    "ZeRO-1 with masters all-gathers the chunks before rounding the masters into them: a step stale",
     precision="bf16",
 )
 register(

@@ -165,6 +165,35 @@ def _sources(labels) -> str:
     return "; ".join(found)
 
 
+def _bucket_fit(pts):
+    """Note [Bucket-size model] fitted to one series, or None where it has fewer than three
+    bucket sizes."""
+    from paracheck.bench.bucket_model import fit_bucket_model
+
+    if len({mb for mb, _ in pts}) < 3:
+        return None
+    return fit_bucket_model(pts)
+
+
+def bucket_model_table(fits) -> str:
+    """A Markdown table of fitted bucket models: per series (label, [(MB, ms)], BucketFit), the
+    coefficients, the best bucket size the model predicts and the best one measured."""
+    out = [
+        "| series | sizes | c (ms) | 1/w (ms per MB) | o S (ms MB) | predicted best (MB) "
+        "| measured best (MB) | residual rms (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, pts, fit in fits:
+        best = fit.best_mb
+        measured = min(pts, key=lambda p: p[1])[0]
+        out.append(
+            f"| {label} | {len(pts)} | {fit.c_ms:.3g} | {fit.per_mb_ms:.3g} | "
+            f"{fit.overhead_ms_mb:.3g} | {'none' if best is None else f'{best:.3g}'} | "
+            f"{measured:g} | {fit.rms_ms:.2g} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def plot_all(data: dict, out: str) -> list[str]:
     """Write the PNGs for whatever ``data`` holds; returns their file names."""
     import matplotlib
@@ -196,9 +225,27 @@ def plot_all(data: dict, out: str) -> list[str]:
         written.append("allreduce_busbw.png")
     if data["bucket"]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        fits = []
         for label in sorted({a for a, _, _ in data["bucket"]}):
             pts = sorted((mb, t) for a, mb, t in data["bucket"] if a == label)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)[0]
+            fit = _bucket_fit(pts)
+            if fit is None:
+                continue
+            fits.append((label, pts, fit))
+            lo, hi = pts[0][0], pts[-1][0]
+            grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+            best = fit.best_mb
+            ax.plot(
+                grid,
+                [fit.predict(x) for x in grid],
+                linestyle="--",
+                color=line.get_color(),
+                label="model c + b/w + oS/b"
+                + (f", best {best:.3g} MB" if best is not None else ", no interior best"),
+            )
+            if best is not None and lo <= best <= hi:
+                ax.plot([best], [fit.predict(best)], marker="*", ms=12, color=line.get_color())
         ax.set(
             xscale="log",
             xlabel="bucket size (MB)",
@@ -211,6 +258,10 @@ def plot_all(data: dict, out: str) -> list[str]:
         fig.savefig(os.path.join(out, "bucket_sweep.png"), dpi=110)
         plt.close(fig)
         written.append("bucket_sweep.png")
+        if fits:
+            with open(os.path.join(out, "bucket_model.md"), "w") as f:
+                f.write(bucket_model_table(fits))
+            written.append("bucket_model.md")
     groups = {}
     for label, variant, entry in data["memory"]:
         groups.setdefault(label, {})[variant] = entry
@@ -269,7 +320,11 @@ def plot_all(data: dict, out: str) -> list[str]:
             "<p>Each plot names the commit and the machine of its measurements.</p>\n"
         )
         for w in written:
-            f.write(f"<p><img src='{html.escape(w)}' alt='{html.escape(w)}'></p>\n")
+            if w.endswith(".png"):
+                f.write(f"<p><img src='{html.escape(w)}' alt='{html.escape(w)}'></p>\n")
+            else:
+                with open(os.path.join(out, w)) as table:
+                    f.write(f"<h2>{html.escape(w)}</h2><pre>{html.escape(table.read())}</pre>\n")
         if not written:
             f.write(
                 "<p>No measurements found: run <code>asv run</code> or <code>paracheck bench --json</code>.</p>"

@@ -1,5 +1,6 @@
 """Optimizer-state sharding: the CS336 owner-broadcast ``ShardedOptimizer`` (and
-``MasterWeightsShardedOptimizer``, with float32 master weights), a true ZeRO-1 (``Zero1``),
+``MasterWeightsShardedOptimizer``, with float32 master weights), a true ZeRO-1 (``Zero1``, and
+``MasterWeightsZero1`` with float32 masters of each rank's chunk),
 ZeRO-2 (``Zero2``: gradients kept only as shards), torch's ``ZeroRedundancyOptimizer`` behind the
 same interface (``TorchZero``), and the pure partition plans they consume."""
 
@@ -12,13 +13,14 @@ from paracheck.zero.partition import (
     partition_by_size,
 )
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer
-from paracheck.zero.zero1 import Zero1, Zero1Optimizer
+from paracheck.zero.zero1 import MasterWeightsZero1, Zero1, Zero1Optimizer
 from paracheck.zero.zero2 import Zero2
 
 __all__ = [
     "Bucket",
     "FlatLayout",
     "MasterWeightsShardedOptimizer",
+    "MasterWeightsZero1",
     "ParamPartition",
     "Piece",
     "ShardedOptimizer",

@@ -72,7 +72,7 @@ from paracheck.zero.sharded import (
     sync_hyperparameters,
 )
 
-__all__ = ["Zero1", "Zero1Optimizer"]
+__all__ = ["MasterWeightsZero1", "Zero1", "Zero1Optimizer"]
 
 
 # torch 2.13 renames reduce_scatter_tensor / all_gather_into_tensor to reduce_scatter_single /
@@ -212,6 +212,9 @@ class Zero1:
         self._pieces_of = [[] for _ in self.trainable]
         for k, pc in enumerate(self.pieces):
             self._pieces_of[pc.param].append(k)
+        # What the wrapped optimizer steps, one tensor per piece: the pieces themselves, or their
+        # float32 masters (``MasterWeightsZero1``).
+        self._stepped = self._piece_params
 
     # -- where gradients live (Zero2 overrides these: Note [Zero2 gradient lifetime]) ------------
     def _gradient_buffers(self, padded: int, kw: dict):
@@ -251,8 +254,9 @@ class Zero1:
         return total
 
     def pieces_of(self, p: torch.Tensor) -> list[torch.Tensor]:
-        """The piece tensors of parameter ``p`` this rank steps (empty for a frozen parameter or one
-        that lies wholly in other ranks' chunks). ValueError for a trainable tensor not in the module."""
+        """The tensors this rank steps for parameter ``p``: its pieces, or their masters (Note
+        [Zero1 master weights]); empty for a frozen parameter or one that lies wholly in other
+        ranks' chunks. ValueError for a trainable tensor not in the module."""
         i = self._index.get(id(p))
         if i is None:
             if p.requires_grad:
@@ -261,7 +265,7 @@ class Zero1:
                     f"parameter of the wrapped module at construction: Zero1 cannot synchronise it"
                 )
             return []
-        return [self._piece_params[k] for k in self._pieces_of[i]]
+        return [self._stepped[k] for k in self._pieces_of[i]]
 
     # -- module protocol -----------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -374,7 +378,7 @@ class Zero1:
 
     def _attach_piece_grads(self) -> None:
         for k, pc in enumerate(self.pieces):
-            self._piece_params[k].grad = self._piece_grads[k] if self._has_grad[pc.param] else None
+            self._stepped[k].grad = self._piece_grads[k] if self._has_grad[pc.param] else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset gradients: the pieces' (None, or zeros where there was one) and any local ``p.grad``."""
@@ -513,7 +517,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         zero = self._zero
         index = {id(p): i for i, p in enumerate(self._params())}
-        piece_of = {id(t): k for k, t in enumerate(zero._piece_params)}
+        piece_of = {id(t): k for k, t in enumerate(zero._stepped)}
         local = {}
         for t, st in self.local_optimizer.state.items():
             pc = zero.pieces[piece_of[id(t)]]
@@ -559,7 +563,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
             group.update({key: v for key, v in saved.items() if key != "params"})
         local_params = [t for g in self.local_optimizer.param_groups for t in g["params"]]
         local_index = {id(t): j for j, t in enumerate(local_params)}
-        piece_of = {id(t): k for k, t in enumerate(zero._piece_params)}
+        piece_of = {id(t): k for k, t in enumerate(zero._stepped)}
         local_state = {}
         for i, st in state_dict["state"].items():
             p = by_saved_index[i]
@@ -609,3 +613,124 @@ def _merge_pieces(i: int, p: torch.Tensor, pieces: list) -> dict:
                 )
         merged[key] = first
     return merged
+
+
+# Note [Zero1 master weights]
+#   ``MasterWeightsZero1`` keeps float32 masters of bfloat16 / float16 parameters, as mixed-
+#   precision ZeRO does: rank r holds the masters of its own chunk of every bucket only (a float32
+#   copy of the chunk, padding included), so masters cost 4 / W bytes per parameter. The wrapped
+#   optimizer steps 1-D views of that copy, one per piece, and its state is float32. After the
+#   synchronisation each master view's ``.grad`` is its piece's reduced gradient cast to float32
+#   (exact: every bfloat16 / float16 value is a float32 value); after the local step each rank
+#   rounds its masters into its chunk of the parameter buckets, then the chunks are all-gathered
+#   as in ``Zero1``, so every rank ends with the masters' rounding, bit for bit. The gradients are
+#   reduced in the parameters' dtype, as ``Zero1`` reduces them. ``master_params()`` gathers the
+#   masters whole (a collective), and ``state_dict()`` carries them as a top-level ``"masters"``
+#   entry (index -> tensor, as ``MasterWeightsShardedOptimizer`` does), so a reload resumes from
+#   them; a dict without one starts them from the parameters. Parameters of float32 or float64
+#   are stepped as ``Zero1`` steps them, with no masters.
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class MasterWeightsZero1(Zero1):
+    """``Zero1`` whose ranks keep float32 masters of their chunk of bfloat16 / float16
+    parameters (Note [Zero1 master weights]). ``master_params()``: one float32 tensor or None per
+    parameter of ``param_groups`` (a collective)."""
+
+    master_dtype = torch.float32
+
+    def _build_buffers(self) -> None:
+        super()._build_buffers()
+        self._master_shard: list[torch.Tensor] | None = None
+        if self.trainable[0].dtype not in _LOW:
+            return
+        shards = []
+        for b, flat in enumerate(self._param_flat):
+            s = self.layout.shard_numel(b)
+            shards.append(flat.narrow(0, self.rank * s, s).to(self.master_dtype, copy=True))
+        self._master_shard = shards
+        self._stepped = [
+            shards[pc.bucket].narrow(
+                0, pc.offset - self.rank * self.layout.shard_numel(pc.bucket), pc.length
+            )
+            for pc in self.pieces
+        ]
+
+    def _attach_piece_grads(self) -> None:
+        if self._master_shard is None:
+            return super()._attach_piece_grads()
+        for k, pc in enumerate(self.pieces):
+            has = self._has_grad[pc.param]
+            self._stepped[k].grad = self._piece_grads[k].to(self.master_dtype) if has else None
+
+    def _all_gather_parameters(self) -> None:
+        self._round_masters()
+        super()._all_gather_parameters()
+
+    def _round_masters(self) -> None:
+        """Each bucket's chunk of this rank becomes its masters, rounded."""
+        if self._master_shard is None:
+            return
+        with torch.no_grad():
+            for b, shard in enumerate(self._master_shard):
+                s = self.layout.shard_numel(b)
+                self._param_flat[b].narrow(0, self.rank * s, s).copy_(shard)
+
+    def master_params(self) -> list[torch.Tensor | None]:
+        """The float32 master of every parameter of ``param_groups`` (flattened, in order), None
+        for a frozen one or where the parameters are float32 or wider: gathered from every rank's
+        chunk, so a collective."""
+        order = [p for g in self.param_groups for p in g["params"]]
+        if self._master_shard is None:
+            return [None] * len(order)
+        fulls = []
+        for b, shard in enumerate(self._master_shard):
+            full = torch.empty(
+                self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device
+            )
+            if self.world_size == 1:
+                full.copy_(shard)
+            else:
+                _all_gather_into_tensor(full, shard, group=self.process_group)
+            fulls.append(full)
+        out = []
+        for p in order:
+            i = self._index.get(id(p))
+            if i is None:
+                out.append(None)
+                continue
+            b, off = self._where[i]
+            out.append(fulls[b][off : off + p.numel()].view_as(p).clone())
+        return out
+
+    def state_dict(self) -> dict:
+        """The optimizer's consolidated dict, and the masters whole under ``"masters"`` (index in
+        ``param_groups`` -> float32 tensor on the CPU). A collective."""
+        sd = self.optimizer.state_dict()
+        masters = self.master_params()
+        if self._master_shard is not None:
+            sd["masters"] = {
+                i: m.detach().to("cpu", copy=True) for i, m in enumerate(masters) if m is not None
+            }
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The optimizer's state, then each master from ``"masters"``, or from its parameter
+        where the dict has none (a plain optimizer's dict)."""
+        state_dict = dict(state_dict)
+        masters = state_dict.pop("masters", None) or {}
+        self.optimizer.load_state_dict(state_dict)
+        if self._master_shard is None:
+            return
+        order = [p for g in self.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for j, p in enumerate(order):
+                i = self._index.get(id(p))
+                if i is None:
+                    continue
+                whole = masters.get(j)
+                source = p.detach() if whole is None else whole.to(p.device)
+                flat_source = source.reshape(-1).to(self.master_dtype)
+                for k in self._pieces_of[i]:
+                    pc = self.pieces[k]
+                    self._stepped[k].copy_(flat_source[pc.start : pc.start + pc.length])
