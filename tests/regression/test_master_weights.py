@@ -243,3 +243,18 @@ def test_zero1_master_keeps_no_masters_of_float32_parameters():
     _zero1_step(model, zero, 0)
     assert zero.master_params() == [None] * 4 and "masters" not in zero.state_dict()
     assert resolve_target("zero1-master").master_weights
+
+
+# Found by the bf16 nightly (seeds 32003): Zero1's clip scaled the masters' float32 gradient
+# copies, not the reduced chunks, so the masters stepped on one gradient and full_gradients()
+# reported another.
+ZERO1_MASTER_CLIPPED = '{"model": {"kind": "mlp", "in_features": 2, "widths": [1], "bias": false, "frozen": [], "tied": false, "unused": "always", "buffer": false, "float32_layer": null}, "world_size": 3, "batch_sizes": [1, 1, 1], "steps": 1, "accumulation": 1, "no_sync": false, "optimizer": {"name": "sgd", "groups": [{"params": [0, 1], "lr": 0.05, "weight_decay": 0.1, "momentum": 0.0, "betas": [0.9, 0.999], "add_at_step": null}], "lr_decay": 1.0, "as_generator": false, "scheduler": null, "groups_as_generators": false}, "bucket_size_mb": 9.5367431640625e-07, "seed": 1811, "rank_dependent_init": false, "set_to_none": false, "dtype": "bfloat16", "merged_ranks": 1, "closure": false, "reload_at_step": null, "zero_grad_module": true, "finish_once": false, "double_backward": false, "unbounded_bucket": false, "clip_norm": 1.0, "autocast": null, "loss_scale": null, "loss": "rank-mean", "padded": false, "empty_micro": false, "last_window": null, "autocast_cache": true, "master_weights": true, "masters_from_float32": false, "prefetch": 0}'
+
+
+def test_zero1_master_clips_the_chunks_its_masters_step_on(world):
+    from paracheck.check.run import run_case
+
+    case = Case.from_json(ZERO1_MASTER_CLIPPED)
+    assert case.clip_norm is not None and case.master_weights and case.world_size == 3
+    result = run_case(world, resolve_target("zero1-master"), case)
+    assert result.ok, result.describe()

@@ -667,6 +667,23 @@ class MasterWeightsZero1(Zero1):
         self._round_masters()
         super()._all_gather_parameters()
 
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """``Zero1.clip_grad_norm_`` on the reduced chunks themselves (in the parameters' dtype,
+        where single-process training clips), then the masters' gradients cast from them again:
+        the masters step on the clipped gradients, and ``full_gradients()`` reports them."""
+        if self._master_shard is None:
+            return super().clip_grad_norm_(max_norm)
+        grads = [
+            self._piece_grads[k]
+            for g in self.param_groups
+            for p in g["params"]
+            if id(p) in self._index and self._has_grad[self._index[id(p)]]
+            for k in self._pieces_of[self._index[id(p)]]
+        ]
+        norm = clip_by_global_norm(grads, grads, max_norm, self._param_flat[0], self.process_group)
+        self._attach_piece_grads()
+        return norm
+
     def _round_masters(self) -> None:
         """Each bucket's chunk of this rank becomes its masters, rounded."""
         if self._master_shard is None:
