@@ -193,7 +193,7 @@ def test_interrupted_selftest_reports_finished_rows(monkeypatch, capsys):
     assert main(["selftest", "--world-sizes", "1,2"]) == 130
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "paracheck: interrupted after 2 checks"
-    assert err[1].split() == ["naive", "target", "pass", "3", "1.0", "-"] and len(err) == 3
+    assert err[1].split() == ["naive", "target", "pass", "3", "1.0", "-", "-"] and len(err) == 3
     assert FakeWorld.killed
 
 
