@@ -511,6 +511,40 @@ def test_benchmark_measurement_checks_every_variant_against_the_oracle():
     assert d["triton_fraction_of_copy"] == r.tbps["triton"] / r.copy_tbps
 
 
+def test_benchmark_measures_bfloat16_back_to_back_and_feeds_the_asv_tracks():
+    """The asv GPU tier's rows: per shape and dtype, GPU and back-to-back time of every variant,
+    and each track of ``benchmarks/gpu/rmsnorm.py`` reads its ratio from them (Liger-Kernel's
+    n/a where it was not measured)."""
+    from benchmarks.gpu import rmsnorm as asv_rmsnorm
+    from paracheck.bench.asvtools import key
+    from paracheck.bench.rmsnorm import LIGER, measure_rmsnorm
+
+    (r,) = measure_rmsnorm(
+        device=DEVICE,
+        shapes=[(8, 100)],
+        compile=False,
+        reps=3,
+        copy_elements=2**12,
+        dtype=torch.bfloat16,
+        loop=True,
+        liger=False,
+    )
+    assert r.dtype == "bfloat16" and set(r.loop_us) == set(r.tbps) and LIGER not in r.tbps
+    d = r.to_dict()
+    assert d["triton_vs_torch_loop"] == r.loop_us["F.rms_norm"] / r.loop_us["triton"]
+    results = {key(8, 100, "bfloat16"): d}
+    bench = asv_rmsnorm.RMSNorm()
+    bench.setup(results, "8x100", "bfloat16")
+    assert bench.track_loop_time_vs_f_rms_norm(results, "8x100", "bfloat16") == pytest.approx(
+        r.loop_us["triton"] / r.loop_us["F.rms_norm"]
+    )
+    assert bench.track_time_vs_f_rms_norm(results, "8x100", "bfloat16") == pytest.approx(
+        r.tbps["F.rms_norm"] / r.tbps["triton"]
+    )
+    with pytest.raises(NotImplementedError, match="not measured"):
+        bench.track_time_vs_liger(results, "8x100", "bfloat16")
+
+
 def test_lm_with_triton_norm_trains_like_the_float64_lm():
     """The CS336 LM with ``norm="triton"`` gives loss and gradients as close to the float64 LM
     (``norm="torch"``, same weights) as the float32 LM with ``F.rms_norm`` does: norm-wise

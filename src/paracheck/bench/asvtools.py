@@ -177,8 +177,9 @@ def measure_lm(*, device: str, models, steps: int = 5) -> dict:
     return out
 
 
-def measure_rmsnorm(*, shapes) -> dict:
-    """``{key(rows, d): RMSNormBandwidth.to_dict()}`` on one GPU (needs triton)."""
+def measure_rmsnorm(*, shapes, dtypes=("float32",)) -> dict:
+    """``{key(rows, d, dtype): RMSNormBandwidth.to_dict()}`` on one GPU (needs triton): GPU and
+    back-to-back time, Liger-Kernel beside the others where it is installed."""
     reason = skip_reason("cuda", 1)
     if reason:
         return {"skip": reason}
@@ -186,12 +187,21 @@ def measure_rmsnorm(*, shapes) -> dict:
 
     if not triton_available():
         return {"skip": "triton is not installed (pip install 'paracheck[triton]')"}
+    import torch
+
     from paracheck.bench.rmsnorm import measure_rmsnorm as measure
 
-    try:
-        return {key(r.rows, r.d): r.to_dict() for r in measure(device="cuda", shapes=shapes)}
-    except Exception as exc:  # noqa: BLE001 - recorded, reported by require()
-        return {key(rows, d): {"error": f"{type(exc).__name__}: {exc}"} for rows, d in shapes}
+    out: dict = {}
+    for dtype in dtypes:
+        try:
+            for r in measure(
+                device="cuda", shapes=shapes, dtype=getattr(torch, dtype), loop=True, liger=True
+            ):
+                out[key(r.rows, r.d, dtype)] = r.to_dict()
+        except Exception as exc:  # noqa: BLE001 - recorded, reported by require()
+            for rows, d in shapes:
+                out[key(rows, d, dtype)] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def measure_overlap(*, model: str, variants, world_size: int = 2) -> dict:

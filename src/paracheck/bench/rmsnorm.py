@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "LIGER",
     "SHAPES",
     "liger_rms_norm",
     "loop_us",
@@ -43,6 +44,7 @@ __all__ = [
 # The benchmarked shapes (rows, d): hidden sizes 1024..8192 at 4096 rows, and GPT-2 XL's 1600 at 16384.
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600)]
 EPS = 1e-5
+LIGER = "Liger-Kernel"  # the variant name of ``liger_rms_norm``
 
 
 def eager_rms_norm(x, weight, eps):
@@ -229,9 +231,18 @@ class RMSNormBandwidth:
     d: int
     tbps: dict  # variant name -> TB/s
     copy_tbps: float
+    dtype: str = "float32"
+    # variant name -> back-to-back wall time per call, us (``loop_us``); empty where not measured
+    loop_us: dict = field(default_factory=dict)
 
     def ratio(self, variant: str, peer: str = "F.rms_norm") -> float:
         return self.tbps[variant] / self.tbps[peer]
+
+    def loop_ratio(self, variant: str, peer: str = "F.rms_norm") -> float:
+        """How many times faster ``variant`` runs back to back than ``peer`` (NaN where either
+        was not measured)."""
+        a, b = self.loop_us.get(variant), self.loop_us.get(peer)
+        return float("nan") if a is None or b is None else b / a
 
     def fraction_of_copy(self, variant: str = "triton") -> float:
         return self.tbps[variant] / self.copy_tbps
@@ -240,18 +251,33 @@ class RMSNormBandwidth:
         d = asdict(self)
         d["triton_vs_torch"] = self.ratio("triton")
         d["triton_fraction_of_copy"] = self.fraction_of_copy()
+        if LIGER in self.tbps:
+            d["triton_vs_liger"] = self.ratio("triton", LIGER)
+        if self.loop_us:
+            d["triton_vs_torch_loop"] = self.loop_ratio("triton")
+            d["triton_vs_liger_loop"] = self.loop_ratio("triton", LIGER)
         return d
 
 
 def measure_rmsnorm(
-    *, device="cuda", shapes=SHAPES, compile=True, reps=40, copy_elements=2**29
+    *,
+    device="cuda",
+    shapes=SHAPES,
+    compile=True,
+    reps=40,
+    copy_elements=2**29,
+    dtype=torch.float32,
+    loop=False,
+    liger=False,
 ) -> list[RMSNormBandwidth]:
-    """Effective fwd+bwd bandwidth of paracheck's kernel, ``F.rms_norm``, the eager formula and
-    (``compile``) ``torch.compile`` of it, per shape, with the copy ceiling of this run."""
+    """Effective fwd+bwd bandwidth of paracheck's kernel, ``F.rms_norm``, the eager formula,
+    (``compile``) ``torch.compile`` of it and (``liger``, where liger_kernel is installed)
+    Liger-Kernel's, per shape, in ``dtype``, with the copy ceiling of this run;
+    with ``loop``, also each one's back-to-back time per call (``loop_us``)."""
     copy = copy_tbps(copy_elements, device=device)
     out = []
     for rows, d in shapes:
-        x, w, dy = rmsnorm_inputs(rows, d, device=device)
+        x, w, dy = rmsnorm_inputs(rows, d, device=device, dtype=dtype)
         variants = {
             "triton": triton_rms_norm,
             "F.rms_norm": torch_rms_norm,
@@ -260,7 +286,10 @@ def measure_rmsnorm(
         if compile:
             torch._dynamo.reset()
             variants["torch.compile"] = torch.compile(eager_rms_norm, dynamic=False)
-        got = {}
+        liger_fn = liger_rms_norm() if liger else None
+        if liger_fn is not None:
+            variants[LIGER] = liger_fn
+        got, loops = {}, {}
         for name, fn in variants.items():
             try:
                 check_against_oracle(name, fn, x, w, dy)
@@ -269,9 +298,12 @@ def measure_rmsnorm(
                     4 * rows * d * x.element_size(),
                     events_ms(step, grad_to_none=grads, reps=reps, device=device),
                 )
+                if loop:
+                    loops[name] = loop_us(step, grad_to_none=grads, device=device)
             except Exception:
                 if name in ("triton", "F.rms_norm"):
                     raise  # the kernel under test and its peer must both be measured
                 got[name] = float("nan")  # a peer that fails here (e.g. no compiler) is shown so
-        out.append(RMSNormBandwidth(rows, d, got, copy))
+        name = str(dtype).removeprefix("torch.")
+        out.append(RMSNormBandwidth(rows, d, got, copy, dtype=name, loop_us=loops))
     return out
