@@ -45,9 +45,9 @@ class Kind:
     # clip): the target's declarations, never removed from a case as drawn features are.
     options: tuple[str, ...] = ()
     # Every step anchored on the target's and its update applied to the gradients the target
-    # recorded (Note [Anchored steps]): a loop computes its gradients its own way, and a sharding
-    # target's step is then judged alone, at a derived bound (Note [Comparing an update]; only
-    # where ``derived_bound`` holds: a loop's parameters keep their dtype's tolerance).
+    # recorded (Note [Anchored steps]): a loop computes its gradients its own way, and a loop's
+    # or a sharding target's step is then judged alone, at a derived bound (Note [Comparing an
+    # update]).
     on_target_gradients: bool = False
     dtype: str = "float64"  # the parameters' dtype where none is chosen
 

@@ -230,6 +230,11 @@ for _name, _fn, _bug in (
         "local_norm_clipped",
         "clips each rank's gradients by their local norm before the all-reduce",
     ),
+    (
+        "loop-decay-applied-twice",
+        "decay_applied_twice",
+        "decays the parameters by hand before optimizer.step(), whose optimizer decays them again",
+    ),
 ):
     register(_name, f"paracheck.mutants.loop:{_fn}", "loop", _bug)
 register(

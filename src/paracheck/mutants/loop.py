@@ -12,6 +12,7 @@ from paracheck.loop import _all_reduce_gradients, _logits, fp16_gradients
 
 __all__ = [
     "averaged_twice",
+    "decay_applied_twice",
     "last_micro_batch_only",
     "local_norm_clipped",
     "local_token_count",
@@ -109,6 +110,24 @@ def local_norm_clipped(model, optimizer, micro_batches) -> None:
 
 
 local_norm_clipped.paracheck_clip_norm = 0.01  # type: ignore[attr-defined]
+
+
+def decay_applied_twice(model, optimizer, micro_batches) -> None:
+    """The reference step with decoupled weight decay applied by hand, p *= 1 - lr * weight_decay,
+    to every parameter with a gradient, before ``optimizer.step()``, whose groups carry the same
+    weight decay: twice the decay a step (1e-4 relative at AdamW's lr 1e-3 and decay 0.1). The
+    gradients are right; only the step is wrong (Note [Comparing an update])."""
+    optimizer.zero_grad(set_to_none=True)
+    total = _global_tokens(model, micro_batches)
+    for inputs, targets in micro_batches:
+        (_ce(model, inputs, targets, "sum") / total).backward()
+    _all_reduce_gradients(model)
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:  # BUG: the optimizer applies its weight decay too
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+    optimizer.step()
 
 
 def unscale_skipped_on_one_rank(model, optimizer, micro_batches, scaler) -> None:

@@ -249,8 +249,9 @@ def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
 
 
 # Note [Comparing an update]
-#   Where a step is judged on the target's own gradients (a sharding kind's step, whose gradients
-#   the rank recorded, and every master weight: Note [Comparing master weights]), the oracle's
+#   Where a step is judged on the target's own gradients (a sharding kind's or a training loop's
+#   step, whose gradients the rank recorded, and every master weight: Note [Comparing master
+#   weights]), the oracle's
 #   step k starts from rank 0's parameters after step k-1, applies its update to the gradients
 #   the target's step recorded, and holds optimizer state built by the same formula from the
 #   target's recorded gradients of steps 0..k. Both sides then evaluate the same elementwise

@@ -113,7 +113,9 @@ def compare(
 
     ``anchored``: ``traj`` is the oracle anchored on rank 0's steps (Note [Anchored steps]), and
     every step is judged at step 0's tolerances. ``derived=False``: the ranks do not compute their
-    local gradients by the oracle's operations (a user's loop), and no step uses the derived bound.
+    local gradients by the oracle's operations (a user's loop), and no gradient is judged at the
+    derived step-0 bound. Where ``traj`` applied each step to the gradients rank 0 recorded, the
+    parameters are judged at Note [Comparing an update]'s bound whatever ``derived`` says.
     """
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
@@ -227,7 +229,7 @@ def compare(
             before = traj.steps[k - 1].params if k else traj.initial_params
             # Where the oracle's step was applied to the gradients rank 0 recorded, from rank 0's
             # parameters, the update is judged alone (Note [Comparing an update]).
-            on_update = derived and traj.on_target_gradients and ranks[0].steps[k].grads is not None
+            on_update = traj.on_target_gradients and ranks[0].steps[k].grads is not None
             start = ranks[0].steps[k - 1].params if k else traj.initial_params
             for i, (got, ref) in enumerate(zip(step.params, oref.params)):
                 rtol = tensor_tolerance(
