@@ -20,7 +20,7 @@ from paracheck.cases import (
 )
 from paracheck.check.property import check_target, replay_command
 from paracheck.check.run import run_case
-from paracheck.check.targets import resolve_target
+from paracheck.check.targets import Target, resolve_target
 from paracheck.strategies._sharding import sharding_cases
 from paracheck.workloads import MLPSpec
 
@@ -81,6 +81,27 @@ def test_zero1_master_matches_oracle_in_bf16(world):
         world_sizes=(1, 2, 3, 4),
         max_examples=40,
         precision="bf16",
+    )
+    assert report.passed, report.failure.describe()
+
+
+@pytest.mark.parametrize(
+    "path, kind, precision",
+    [
+        ("tests.property._sharding_controls:ForeachSharded", "sharded", "fp32"),
+        ("tests.property._sharding_controls:FusedSharded", "sharded", "fp32"),
+        ("tests.property._sharding_controls:ManualZero1", "zero", "fp32"),
+        ("tests.property._sharding_controls:ManualZero1", "zero", "bf16"),
+    ],
+)
+def test_designs_that_round_otherwise_pass_the_derived_update_bound(world, path, kind, precision):
+    """Correct designs whose update rounds differently from the oracle's (torch's multi-tensor
+    and fused paths, an optimizer written by hand) pass the step's derived bound (Note
+    [Comparing an update]). torch 2.13's fused SGD on the CPU skips whole SIMD blocks of
+    bfloat16 and float16 parameters, so FusedSharded is controlled in float32 only."""
+    target = Target("control", path, kind)
+    report = check_target(
+        target, world, world_sizes=(1, 2, 3, 4), max_examples=40, precision=precision
     )
     assert report.passed, report.failure.describe()
 
