@@ -177,13 +177,16 @@ def test_fp16_loop_cases_scale_the_loss_with_and_without_an_overflowing_first_ba
 
     from paracheck.strategies._loop import loop_cases
 
-    seen = set()
+    seen, optimizers = set(), set()
 
     @settings(max_examples=30, derandomize=True, database=None)
     @given(loop_cases(world_sizes=SIZES, autocast="float16", scaler=True))
     def draw(case):
-        assert (case.dtype, case.autocast, case.optimizer.name) == ("float32", "float16", "sgd")
+        assert (case.dtype, case.autocast) == ("float32", "float16")
         seen.add(case.loss_scale)
+        optimizers.add(case.optimizer.name)
 
     draw()
     assert seen == {2.0**40, 2.0**8}
+    # A loop's step is judged on its own gradients: Adam is drawn below float32 too.
+    assert "sgd" in optimizers and optimizers & {"adam", "adamw"}

@@ -376,9 +376,10 @@ def cases(
 #   a correct target alike: a difference of 2 * lr that a per-tensor tolerance cannot tell from a
 #   bug (the built-ins came within 1.6e-2 of bfloat16's 2e-2 parameter tolerance, and one fell
 #   outside it). SGD's update is lr times the gradient, whose difference the tolerance bounds.
-#   A sharding target's step is judged on the gradients it recorded (Note [Comparing an update]):
-#   the oracle's Adam then sees the same signs, and its cases keep Adam and AdamW (``adam=True``;
-#   a ZeRO wrapper that does not report its gradients is stepped with SGD: ``run_case``).
+#   A sharding target's or a training loop's step is judged on the gradients it recorded (Note
+#   [Comparing an update]): the oracle's Adam then sees the same signs, and their cases keep Adam
+#   and AdamW (``adam=True``, and the loop strategy; a ZeRO wrapper that does not report its
+#   gradients is stepped with SGD: ``run_case``).
 PRECISIONS = ("fp64", "fp32", "bf16", "fp16", "mixed")
 _BF16 = (("float32", "bfloat16", None), ("bfloat16", None, None))
 _FP16 = (
