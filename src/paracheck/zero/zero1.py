@@ -409,11 +409,10 @@ class Zero1:
         for h in handles:
             h.wait()
 
-    def full_gradients(self) -> list[torch.Tensor | None]:
-        """The rank-averaged gradient of every trainable parameter (None where no rank had one),
-        gathered from the shards: for checks, not for training (a collective; allocates the model)."""
+    def _gather_buckets(self, shards: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every bucket whole, from each rank's chunk of it (``shards[b]``): a collective."""
         fulls = []
-        for b, shard in enumerate(self._grad_shard):
+        for b, shard in enumerate(shards):
             full = torch.empty(
                 self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device
             )
@@ -422,6 +421,12 @@ class Zero1:
             else:
                 _all_gather_into_tensor(full, shard, group=self.process_group)
             fulls.append(full)
+        return fulls
+
+    def full_gradients(self) -> list[torch.Tensor | None]:
+        """The rank-averaged gradient of every trainable parameter (None where no rank had one),
+        gathered from the shards: for checks, not for training (a collective; allocates the model)."""
+        fulls = self._gather_buckets(self._grad_shard)
         out = []
         for i, p in enumerate(self.trainable):
             b, off = self._where[i]
@@ -700,16 +705,7 @@ class MasterWeightsZero1(Zero1):
         order = [p for g in self.param_groups for p in g["params"]]
         if self._master_shard is None:
             return [None] * len(order)
-        fulls = []
-        for b, shard in enumerate(self._master_shard):
-            full = torch.empty(
-                self.layout.buckets[b].padded, dtype=shard.dtype, device=shard.device
-            )
-            if self.world_size == 1:
-                full.copy_(shard)
-            else:
-                _all_gather_into_tensor(full, shard, group=self.process_group)
-            fulls.append(full)
+        fulls = self._gather_buckets(self._master_shard)
         out = []
         for p in order:
             i = self._index.get(id(p))
