@@ -59,28 +59,13 @@ def test_zero2_matches_oracle(world, paracheck_world_sizes):
     _check(world, paracheck_world_sizes, _target("zero2"))
 
 
-def test_sharded_master_matches_oracle_in_bf16(world):
-    """MasterWeightsShardedOptimizer on bf16 cases: bfloat16 parameters with float32 masters
-    compared after every step (Note [Comparing master weights]), and bf16 autocast."""
+@pytest.mark.parametrize("name", ["sharded-master", "zero1-master"])
+def test_master_weight_designs_match_oracle_in_bf16(world, name):
+    """MasterWeightsShardedOptimizer and MasterWeightsZero1 (float32 masters of each rank's chunk)
+    on bf16 cases: bfloat16 parameters with float32 masters compared after every step (Note
+    [Comparing master weights]), bf16 autocast, Adam and AdamW drawn too."""
     report = check_target(
-        _target("sharded-master"),
-        world,
-        world_sizes=(1, 2, 3, 4),
-        max_examples=40,
-        precision="bf16",
-    )
-    assert report.passed, report.failure.describe()
-
-
-def test_zero1_master_matches_oracle_in_bf16(world):
-    """MasterWeightsZero1 on bf16 cases: float32 masters of each rank's chunk, compared whole
-    after every step (Note [Zero1 master weights]), with Adam and AdamW drawn too."""
-    report = check_target(
-        _target("zero1-master"),
-        world,
-        world_sizes=(1, 2, 3, 4),
-        max_examples=40,
-        precision="bf16",
+        _target(name), world, world_sizes=(1, 2, 3, 4), max_examples=40, precision="bf16"
     )
     assert report.passed, report.failure.describe()
 
