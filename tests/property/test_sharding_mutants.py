@@ -17,7 +17,12 @@ SHARDING = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.
 SIZES = (1, 2, 3, 4)
 
 # The bugs that train correctly: only the named property can see them.
-ONLY_SEEN_BY = {"sharded-count-partition": "balance", "sharded-no-shard": "memory"}
+ONLY_SEEN_BY = {
+    "sharded-count-partition": "balance",
+    "sharded-no-shard": "memory",
+    "zero2-full-buffer-kept": "grads-sharded",
+    "zero2-grads-zeroed-not-freed": "grads-sharded",
+}
 
 
 def _first_group_trainable(case) -> int:

@@ -47,7 +47,7 @@ VARIANT_ORDER = (
 )
 BASELINES = ("local", "torch-ddp", "torch-zero")
 # The target kinds build_setup drives (an FSDP wrapper or a training loop trains differently).
-DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero"})
+DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero", "zero2"})
 
 
 def _builtin_targets() -> dict:
@@ -170,7 +170,7 @@ def build_setup(
         wrapper = FlatDDP(model)
         opt = cls(model.parameters(), torch.optim.AdamW, lr=1e-4, **_adamw_options(fused))
         return Setup(name, wrapper, wrapper.finish_gradient_synchronization, opt, wrapper)
-    if kind == "zero":
+    if kind in ("zero", "zero2"):
         # paracheck.zero.Zero1's interface: a wrapper and an optimizer in one
         # (``Zero1(module, optimizer_cls, bucket_size_mb=..., **defaults)``), reduce-scattering
         # during backward and all-gathering in ``step()``.

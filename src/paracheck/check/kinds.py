@@ -91,6 +91,17 @@ KINDS: dict[str, Kind] = {
         compares_state=True,
         on_target_gradients=True,
     ),
+    # ZeRO-2: the zero kind's interface and properties, and its gradients kept only as shards
+    # (Note [Gradients kept as shards] in paracheck.check.properties.grads_sharded).
+    "zero2": Kind(
+        "zero2",
+        "paracheck.check.ranks.zero:run_zero2",
+        "paracheck.strategies._sharding:sharding_cases",
+        default=(*_SHARDING_PROPERTIES, "grads-sharded"),
+        opt_in=("state-consolidated", "repeatability"),
+        compares_state=True,
+        on_target_gradients=True,
+    ),
     "fsdp": Kind(
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
@@ -184,6 +195,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
     "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
     "freed": _driver("paracheck.check.properties.freed", "check_freed"),
+    "grads-sharded": _driver("paracheck.check.properties.grads_sharded", "check_grads_sharded"),
     "gathered-layers": _driver(
         "paracheck.check.properties.gathered_layers", "check_gathered_layers"
     ),

@@ -108,7 +108,7 @@ def run_case(
 ) -> CaseResult:
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
     target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
-    if target.kind == "zero" and not case.zero_grad_module:
+    if target.kind in ("zero", "zero2") and not case.zero_grad_module:
         # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
         case = replace(case, zero_grad_module=True)
     if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:

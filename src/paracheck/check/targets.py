@@ -66,7 +66,7 @@ class TargetError(ValueError):
 class Target:
     name: str
     path: str  # "package.module:Class" or "/abs/file.py:function"
-    kind: str  # "ddp" | "sharded" | "zero" | "fsdp" | "loop"
+    kind: str  # "ddp" | "sharded" | "zero" | "zero2" | "fsdp" | "loop"
     takes_bucket: bool = False
     # Which properties a check runs (None: the kind's defaults; paracheck.check.kinds).
     properties: frozenset[str] | None = None
@@ -104,14 +104,14 @@ class Target:
         masters of the parameters it computes with: Note [Compute dtype of an FSDP])."""
         if self.kind == "fsdp":
             return _takes_compute_dtype(self.path)
-        return self.kind in ("sharded", "zero") and _has_master_params(self.path)
+        return self.kind in ("sharded", "zero", "zero2") and _has_master_params(self.path)
 
     @property
     def reports_gradients(self) -> bool:
         """Whether the rank program records the gradients of every step (a sharded optimizer's
         are its parameters' ``.grad``; a ZeRO wrapper reports them by ``full_gradients()``): a
         sharding target's step is then judged on them (Note [Comparing an update])."""
-        if self.kind == "zero":
+        if self.kind in ("zero", "zero2"):
             return _has_method(self.path, "full_gradients")
         return self.kind in ("sharded", "loop")
 
@@ -165,7 +165,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
     "sharded-master": ("paracheck.zero:MasterWeightsShardedOptimizer", "sharded"),
     "zero1": ("paracheck.zero:Zero1", "zero"),
     "zero1-master": ("paracheck.zero:MasterWeightsZero1", "zero"),
-    "zero2": ("paracheck.zero:Zero2", "zero"),
+    "zero2": ("paracheck.zero:Zero2", "zero2"),
     "torch-zero": ("paracheck.zero.torch_zero:TorchZero", "sharded"),
     "fsdp": ("paracheck.fsdp:FSDP", "fsdp"),
     "torch-fsdp": ("paracheck.fsdp.torch_fsdp:TorchFSDP", "fsdp"),
@@ -410,6 +410,8 @@ _PASSES = {
     "through **kwargs",
     "zero": "the module and optimizer_cls first, params= and bucket_size_mb=, and the optimizer's "
     "hyper-parameters (lr, ...) through **kwargs",
+    "zero2": "the module and optimizer_cls first, params= and bucket_size_mb=, and the optimizer's "
+    "hyper-parameters (lr, ...) through **kwargs",
 }
 
 
@@ -438,7 +440,7 @@ def _missing(obj, kind: str) -> list[str]:
         params = params[1:]
     # sharded: Class(params, optimizer_cls, **kwargs); zero: Class(module, optimizer_cls, *,
     # params, bucket_size_mb, **kwargs). Hyper-parameters come as keywords in some cases only.
-    by_name = {"params", "bucket_size_mb"} if kind == "zero" else set()
+    by_name = {"params", "bucket_size_mb"} if kind in ("zero", "zero2") else set()
     missing, positional = [], 0
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -48,6 +48,8 @@ __all__ = [
     "MastersNotSaved",
     "Zero1MastersInParameterDtype",
     "Zero1GatheredBeforeMastersRounded",
+    "Zero2FullBufferKept",
+    "Zero2GradsZeroedNotFreed",
     "Zero2LastMicroBatchOnly",
 ]
 
@@ -289,6 +291,25 @@ class Zero2LastMicroBatchOnly(Zero2):
         return None  # BUG: the shard's accumulated gradient is not added to the new chunk
 
 
+class Zero2FullBufferKept(Zero2):
+    """A bucket's full gradient buffer is kept after its reduce-scatter, for the next step to
+    reuse: the values are right and every rank holds the whole gradients (ZeRO-1's memory)."""
+
+    def _release(self, b: int) -> None:
+        pass  # BUG: the full buffer is not dropped
+
+
+class Zero2GradsZeroedNotFreed(Zero2):
+    """Each parameter's gradient is zeroed once copied into its bucket instead of freed: the
+    values are right (the next backward accumulates into zeros) and every rank holds a whole
+    gradient per parameter."""
+
+    _take_grad = edited(
+        Zero1._take_grad,
+        ("p.grad = None", "p.grad.zero_()  # BUG: kept, zeroed, instead of freed"),
+    )
+
+
 class Zero1LocalStateDict(Zero1):
     """``state_dict()`` never gathers the other ranks' pieces."""
 
@@ -497,6 +518,18 @@ register(
 register(
     "zero2-last-micro-batch-only",
     f"{_M}:Zero2LastMicroBatchOnly",
-    "zero",
+    "zero2",
     "ZeRO-2: each synchronisation overwrites the gradient shard: only the last micro-batch's gradient is kept",
+)
+register(
+    "zero2-full-buffer-kept",
+    f"{_M}:Zero2FullBufferKept",
+    "zero2",
+    "ZeRO-2 keeps each bucket's full gradient buffer after its reduce-scatter: ZeRO-1's memory",
+)
+register(
+    "zero2-grads-zeroed-not-freed",
+    f"{_M}:Zero2GradsZeroedNotFreed",
+    "zero2",
+    "ZeRO-2 zeroes each parameter's gradient once bucketed instead of freeing it",
 )

@@ -26,7 +26,7 @@ def check_balance(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     for k in range(len(traj.steps)):
         d = (
             _zero(k, ranks, facts, case.world_size)
-            if kind == "zero"
+            if kind in ("zero", "zero2")
             else _sharded(k, ranks, facts, case.world_size)
         )
         if d is not None:

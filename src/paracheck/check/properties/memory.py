@@ -26,7 +26,7 @@ def check_memory(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diverg
     facts = CaseFacts.of(case)
     for k, oref in enumerate(traj.steps):
         stateful = set(oref.state)
-        d = (_zero if kind == "zero" else _sharded)(k, ranks, facts, stateful)
+        d = (_zero if kind in ("zero", "zero2") else _sharded)(k, ranks, facts, stateful)
         if d is not None:
             return d
     return None

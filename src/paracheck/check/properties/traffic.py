@@ -26,7 +26,7 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     facts = CaseFacts.of(case)
     W = case.world_size
     for k in range(len(traj.steps)):
-        if kind == "zero":
+        if kind in ("zero", "zero2"):
             params, e = facts.params, facts.params[facts.trainable[0]].element_size()
             bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
             layout = flat_layout(

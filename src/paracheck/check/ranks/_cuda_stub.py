@@ -141,3 +141,10 @@ def run_zero(payload: dict):
 
     with stubbed_cuda_timing():
         return zero.run_zero(payload)
+
+
+def run_zero2(payload: dict):
+    from paracheck.check.ranks import zero
+
+    with stubbed_cuda_timing():
+        return zero.run_zero2(payload)

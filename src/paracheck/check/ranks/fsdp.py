@@ -54,7 +54,7 @@ from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.targets import load_object, takes_keyword
 from paracheck.world import set_step
 
-__all__ = ["GATHER_METHODS", "GatherWatch", "run_fsdp"]
+__all__ = ["GATHER_METHODS", "CollectiveWatch", "GatherWatch", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
 # The waits before a count is believed (Note [Settling a count of live storages]).
@@ -209,16 +209,13 @@ def kept_whole(originals: list, now: list) -> tuple[bool, ...] | None:
     return tuple(out)
 
 
-class GatherWatch(TorchDispatchMode):
-    """Watches the full tensor of every floating-point all-gather dispatched inside the block (the
-    larger of its input and output: ``paracheck.accounting.record``'s reading of a gather's
-    message; integer and byte gathers carry metadata and objects, not parameters);
-    ``alive()`` gives how many of their storages are still referenced and hold bytes, and how
-    many bytes (Note [Gathered parameters die with the step] in ``paracheck.check.properties.
-    freed``), ``settled()`` the same once backend threads have let go (Note [Settling a count
-    of live storages]); with ``settle_above`` (an int), ``peak`` is the most alive at once,
-    counted as each gather is dispatched and settled where it passes ``settle_above`` (Note
-    [Gathered layers and the prefetch depth]).
+class CollectiveWatch(TorchDispatchMode):
+    """Watches the full tensor of every floating-point collective of one ``kind`` dispatched
+    inside the block (the larger of its input and output: ``paracheck.accounting.record``'s
+    reading of a gather's or a reduce-scatter's message; integer and byte gathers carry metadata
+    and objects, not parameters). ``alive()`` gives how many of their storages are still
+    referenced and hold bytes, and how many bytes; ``settled()`` the same once backend threads
+    have let go (Note [Settling a count of live storages]).
 
     Note [Settling a count of live storages]
         A storage the design has dropped can still be referenced for a while by the backend's
@@ -231,16 +228,15 @@ class GatherWatch(TorchDispatchMode):
         design. A count that condemns nothing costs no wait.
     """
 
-    def __init__(self, settle_above: int | None = None):
+    def __init__(self, kind: str):
         super().__init__()
+        self.kind = kind
         self._watched: list = []
-        self.settle_above = settle_above
-        self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if collective_kind(func) == "all_gather":
+        if collective_kind(func) == self.kind:
             tensors = [
                 t
                 for t in tensors_in((*args, *kwargs.values(), out))
@@ -249,10 +245,11 @@ class GatherWatch(TorchDispatchMode):
             if tensors:
                 full = max(tensors, key=lambda t: t.untyped_storage().nbytes())
                 self._watched.append(weakref.ref(full.untyped_storage()))
-                if self.settle_above is not None:  # settled once per rise of the peak
-                    above = max(self.settle_above, self.peak)
-                    self.peak = max(self.peak, self._settle(above)[0])
+                self.dispatched()
         return out
+
+    def dispatched(self) -> None:
+        """Called after each watched collective is dispatched."""
 
     def _settle(self, above: int) -> tuple[int, int]:
         """``alive()``, taken again after each of ``SETTLE_SECONDS`` while it counts more than
@@ -277,3 +274,20 @@ class GatherWatch(TorchDispatchMode):
             if st is not None and st.nbytes() > 0:
                 live[st._cdata] = st.nbytes()
         return len(live), sum(live.values())
+
+
+class GatherWatch(CollectiveWatch):
+    """A ``CollectiveWatch`` of the all-gathers (Note [Gathered parameters die with the step] in
+    ``paracheck.check.properties.freed``); with ``settle_above`` (an int), ``peak`` is the most
+    alive at once, counted as each gather is dispatched and settled where it passes
+    ``settle_above`` (Note [Gathered layers and the prefetch depth])."""
+
+    def __init__(self, settle_above: int | None = None):
+        super().__init__("all_gather")
+        self.settle_above = settle_above
+        self.peak = 0
+
+    def dispatched(self) -> None:
+        if self.settle_above is not None:  # settled once per rise of the peak
+            above = max(self.settle_above, self.peak)
+            self.peak = max(self.peak, self._settle(above)[0])

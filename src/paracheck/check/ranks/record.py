@@ -53,6 +53,11 @@ class RankStep:
     # fsdp: the most all-gather storages alive at once during the step's passes (Note [Gathered
     # layers and the prefetch depth]).
     peak_gathered: int | None = None
+    # zero2: the storages of the step's reduce-scatters still holding bytes once its gradients
+    # are synchronised, as (count, bytes), and the elements of gradient storage reachable from
+    # the parameters' and the optimizer's ``.grad`` then (Note [Gradients kept as shards]).
+    scattered: tuple[int, int] | None = None
+    held_grad_elements: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def run_reload(payload: dict) -> ReloadRecord:
         for p, v in zip(model.parameters(), payload["params"]):
             p.copy_(v)
     cls = target_object(payload["path"])
-    if payload["kind"] == "zero":
+    if payload["kind"] in ("zero", "zero2"):
         params, opt = build_zero(case, model, cls)
         owner = opt.optimizer
     else:
@@ -45,7 +45,7 @@ def run_reload(payload: dict) -> ReloadRecord:
 
     loaded = on_every_rank(load, device, "load_state_dict")
     opt.zero_grad(set_to_none=True)
-    if payload["kind"] == "zero":
+    if payload["kind"] in ("zero", "zero2"):
         # The gradient goes through the ZeRO wrapper's own synchronisation (identical on all ranks,
         # so the average is the gradient itself).
         for p, g in zip(params, payload["grads"]):

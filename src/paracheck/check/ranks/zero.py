@@ -8,10 +8,14 @@ on). It synchronises gradients itself; its traffic includes that synchronisation
 
 As for ``sharded`` (``paracheck.check.ranks.sharded``), the rank program calls only what the
 interface offers and records, per step, parameters, the optimizer state, its bytes and the
-collectives; the declared pieces once.
+collectives; the declared pieces once. The ``zero2`` kind's program (``run_zero2``) records, in
+addition, what gradients each rank still holds once a step's gradients are synchronised (Note
+[Gradients kept as shards] in ``paracheck.check.properties.grads_sharded``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch.distributed as dist
 
@@ -42,16 +46,24 @@ from paracheck.check.ranks._optimizer import (
     scheduler_or_skip,
     state_bytes,
 )
+from paracheck.check.ranks.fsdp import CollectiveWatch
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
-__all__ = ["run_zero"]
+__all__ = ["held_gradient_elements", "run_zero", "run_zero2"]
 
 
-def run_zero(payload: dict) -> RankRecord:
+def run_zero2(payload: dict) -> RankRecord:
+    """``run_zero``, recording after each step's synchronisation the gradients the rank holds
+    (Note [Gradients kept as shards] in ``paracheck.check.properties.grads_sharded``)."""
+    return run_zero(payload, watch=True)
+
+
+def run_zero(payload: dict, *, watch: bool = False) -> RankRecord:
     """Train ``case`` with the ZeRO wrapper at ``payload['path']`` (gradient sync included). The
     LR scheduler is built on its ``optimizer`` (itself if it has none); ``reload_at_step`` is not
-    exercised here (a second wrapper over the same module would hook it twice)."""
+    exercised here (a second wrapper over the same module would hook it twice). With ``watch``,
+    each step also records ``scattered`` and ``held_grad_elements``."""
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
@@ -73,17 +85,23 @@ def run_zero(payload: dict) -> RankRecord:
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     full_gradients = getattr(zero, "full_gradients", None)
     drv = DDPDriver.of(zero)
+    stepped = getattr(zero, "optimizer", zero)
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         add_late_groups(case, zero, params, step)
+        scattered = held = None
         if case.closure:
             with record_collectives() as rec:
                 zero.step(Closure(case, drv, zero, rank, device, step))
             traffic = rec.traffic()  # the synchronisation is ZeRO's own traffic
         else:
             zero.zero_grad(set_to_none=case.set_to_none)
-            with record_collectives() as rec:
+            scatters = CollectiveWatch("reduce_scatter") if watch else contextlib.nullcontext()
+            with record_collectives() as rec, scatters:
                 train_micro_steps(case, drv, zero, rank, device, step)
+            if watch:
+                scattered = scatters.settled()
+                held = held_gradient_elements(model.parameters(), stepped)
             clip_gradients(
                 case, zero, params, step, device, own_only=True
             )  # not the step's traffic
@@ -110,6 +128,8 @@ def run_zero(payload: dict) -> RankRecord:
                 state_bytes=state_bytes(zero),
                 traffic=traffic.entries,
                 masters=masters,
+                scattered=scattered,
+                held_grad_elements=held,
             )
         )
     pieces = getattr(zero, "pieces", None)
@@ -125,3 +145,19 @@ def run_zero(payload: dict) -> RankRecord:
         bucket_numels=bucket_numels,
         final_state_dict=sd,
     )
+
+
+def held_gradient_elements(module_params, optimizer) -> int:
+    """Elements of gradient storage reachable from the ``.grad`` of the module's parameters and of
+    the tensors ``optimizer`` steps (its ``param_groups``): each storage once, whole (a view into a
+    larger buffer counts the buffer)."""
+    tensors = list(module_params)
+    for group in getattr(optimizer, "param_groups", ()):
+        tensors += list(group["params"])
+    seen: dict[int, int] = {}
+    for t in tensors:
+        g = t.grad
+        if g is not None:
+            st = g.untyped_storage()
+            seen[st._cdata] = st.nbytes() // g.element_size()
+    return sum(seen.values())

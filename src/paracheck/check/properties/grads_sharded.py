@@ -1,0 +1,99 @@
+"""The ``grads-sharded`` property (zero2): once a step's gradients are synchronised, each rank holds
+its shard of them, not whole gradients.
+
+Reads from each ``RankRecord``, per ``RankStep``, ``scattered`` and ``held_grad_elements``
+(``paracheck.check.ranks.zero.run_zero2``).
+
+Note [Gradients kept as shards]
+    ZeRO-2's saving over ZeRO-1 is the gradients: each bucket's full gradient exists only until
+    its reduce-scatter has completed, and what stays is this rank's shard. Its two classic bugs
+    keep the values right and the memory ZeRO-1's (or DDP's): the full bucket buffer is kept
+    for the next step, and the parameters' own gradients are zeroed or left in place instead of
+    freed. So, after each step's last synchronisation (``finish_gradient_synchronization()``
+    after its last backward), before ``step()``:
+
+    1. *Reduced buffers are freed.* No storage that a floating-point reduce-scatter of the step
+       read whole (the larger of its input and output) still holds bytes; counted as the
+       ``freed`` property counts gathers (Note [Settling a count of live storages] in
+       ``paracheck.check.ranks.fsdp``). A design that reduces by all-reduce is not watched
+       here (an all-reduced tensor a correct design keeps, a flag or a norm, cannot be told
+       from a gradient), only by 2.
+    2. *No gradient is held whole on every rank.* Each rank's gradient storage reachable from
+       ``.grad`` (of the module's parameters and of the tensors its optimizer steps: pieces,
+       masters; each storage once, whole) is summed over the ranks; it may not exceed
+       P + (W - 1) * sum of the parameters' row sizes, P the trainable elements. Every correct
+       placement is below that bound: per-parameter ownership holds each gradient on its owner
+       only (P); flat shards hold P plus less than W elements of padding per bucket, and a
+       sharding along dimension 0 at most W - 1 padding rows per parameter. A rank that keeps
+       its whole gradients adds P by itself (every trainable element it used). A design that
+       pads its shards further (to an alignment) can exceed the bound: select the other
+       properties for it (``--properties equivalence,state,memory,balance,traffic``).
+
+    World size 1 is not judged (a shard is the whole gradient there), nor a step run by a
+    closure (its synchronisation is inside ``step()``).
+"""
+
+from __future__ import annotations
+
+from paracheck.cases import Case
+from paracheck.check.properties._divergence import Divergence, diverge
+from paracheck.check.properties._sharding import CaseFacts
+from paracheck.check.ranks.record import RankRecord
+
+__all__ = ["check_grads_sharded", "held_gradient_bound"]
+
+
+def held_gradient_bound(params, trainable, world_size: int) -> int:
+    """The most gradient elements all ranks together may hold once synchronised (Note [Gradients
+    kept as shards], 2): the trainable elements, plus W - 1 rows of padding per parameter."""
+    total = sum(params[i].numel() for i in trainable)
+    rows = sum(
+        params[i].numel() // params[i].shape[0]
+        if params[i].dim() >= 1 and params[i].shape[0]
+        else 1
+        for i in trainable
+    )
+    return total + (world_size - 1) * rows
+
+
+def check_grads_sharded(case: Case, traj, ranks: list[RankRecord], kind: str) -> Divergence | None:
+    """The first step and rank holding a reduced buffer, or the first step whose ranks together
+    hold more gradient than shards can (Note [Gradients kept as shards]), or None."""
+    W = case.world_size
+    if W == 1:
+        return None
+    facts = CaseFacts.of(case)
+    bound = held_gradient_bound(facts.params, facts.trainable, W)
+    for k in range(len(traj.steps)):
+        for r, rec in enumerate(ranks):
+            scattered = rec.steps[k].scattered
+            if scattered is not None and scattered[0]:
+                count, nbytes = scattered
+                return diverge(
+                    k,
+                    "grads-sharded",
+                    r,
+                    f"rank {r} still holds {count} storage(s) that the step's reduce-scatters "
+                    f"read whole, {nbytes} bytes, after the step's gradients were synchronised: "
+                    "full gradient buffers are kept (ZeRO-1's memory, not ZeRO-2's)",
+                    nbytes,
+                    0,
+                )
+        held = [rec.steps[k].held_grad_elements for rec in ranks]
+        if any(h is None for h in held):
+            continue
+        if sum(held) > bound:
+            r = max(range(W), key=lambda i: held[i])
+            return diverge(
+                k,
+                "grads-sharded",
+                r,
+                f"after the step's gradients were synchronised the ranks hold {sum(held)} "
+                f"gradient elements in all (per rank {held}) on their parameters' and optimizer's "
+                f".grad; shards of the {sum(facts.params[i].numel() for i in facts.trainable)} "
+                f"trainable elements come to at most {bound} (padding included): whole "
+                "gradients are kept",
+                sum(held),
+                bound,
+            )
+    return None
