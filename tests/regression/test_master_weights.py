@@ -14,7 +14,7 @@ import torch
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.ranks._optimizer import read_masters
 from paracheck.check.targets import Target, resolve_target
-from paracheck.oracle.tolerance import master_rtol
+from paracheck.oracle.tolerance import master_rtol, rounding_bracket
 from paracheck.oracle.train import train
 from paracheck.workloads import MLPSpec
 from paracheck.zero import MasterWeightsShardedOptimizer, MasterWeightsZero1, ShardedOptimizer
@@ -258,3 +258,45 @@ def test_zero1_master_clips_the_chunks_its_masters_step_on(world):
     assert case.clip_norm is not None and case.master_weights and case.world_size == 3
     result = run_case(world, resolve_target("zero1-master"), case)
     assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rounding_bracket_holds_every_rounding_rule_and_nothing_else(dtype):
+    """The bracket of a float32 master is the two values of the parameter dtype on either side
+    of it: round to nearest, toward zero and away from zero all land in it, the next value out
+    does not, and a representable master brackets itself alone."""
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(4096, generator=g) * torch.logspace(-3, 3, 4096)
+    m[:4] = torch.tensor([0.0, 1.0, -2.0, 0.5])  # representable
+    nearest, other = rounding_bracket(m, dtype)
+    lo, hi = torch.minimum(nearest, other), torch.maximum(nearest, other)
+    md = m.double()
+    assert torch.all((lo.double() <= md) & (md <= hi.double()))
+    assert torch.equal(nearest, m.to(dtype))
+    exact = m == m.to(dtype).float()
+    assert torch.equal(nearest[exact], other[exact]) and exact[:4].all()
+    inexact = ~exact
+    assert inexact.sum() > 4000
+    up = torch.nextafter(lo[inexact], torch.full_like(lo[inexact], float("inf")))
+    assert torch.equal(up, hi[inexact])  # adjacent values of the dtype
+    toward_zero = torch.where(md.abs() < nearest.double().abs(), other, nearest)
+    assert torch.all((toward_zero == nearest) | (toward_zero == other))
+    below = torch.nextafter(lo, torch.full_like(lo, float("-inf")))
+    assert torch.all((below != nearest) & (below != other))
+
+
+def test_a_parameter_left_at_the_last_rounding_is_refused():
+    """A bfloat16 parameter that is not one of its master's two neighbours fails the
+    master-weights property with the element, the master and its bracket named; the same
+    parameter rounded from its master passes."""
+    from paracheck.check.properties.equivalence import _unrounded
+
+    # bfloat16's gap at 1 is 2**-7: 1 + 1.5 * 2**-7 (and a little) lies between 1 + 2**-7 and
+    # 1 + 2**-6, two gaps away from 1.
+    m = torch.tensor([[1.0, 1.01171875 + 1e-4]], dtype=torch.float32)
+    good = m.to(torch.bfloat16)
+    assert _unrounded(0, 1, [good], [m]) is None
+    stale = torch.tensor([[1.0, 1.0]], dtype=torch.bfloat16)
+    d = _unrounded(3, 1, [stale], [m])
+    assert d is not None and d.what == "master" and d.step == 3 and d.rank == 1
+    assert "not its float32 master rounded: element 1" in d.detail, d.detail

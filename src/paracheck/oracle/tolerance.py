@@ -299,10 +299,32 @@ def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
 #   gradients of 1e-2 is already 10 times the bound at a master of 0.5. Masters are compared only
 #   at steps whose gradients the target recorded (without them the oracle's own gradients would
 #   differ from the target's at bfloat16's rounding).
+#
+#   Each parameter must also be its master rounded, at every step and on every rank: one of the
+#   two values of the parameter's dtype that bracket the master (the master itself where it is
+#   representable). Any rounding rule a design may use (to nearest, toward zero, stochastic)
+#   lands there; a parameter left at the last step's rounding, or gathered before the masters
+#   were rounded into it, lands there only where the step moved the master by less than the gap
+#   between two bfloat16 values. An exact rule, reported as ``master-weights``.
 def update_rtol(step: int, dtype: str) -> float:
     """The relative tolerance of a tensor of ``dtype`` after step ``step``, stepped from the
     target's own parameters and gradients (Note [Comparing an update])."""
     return 2 * _gamma(16 * (step + 1), _UNIT_ROUNDOFF[dtype])
+
+
+def rounding_bracket(master: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two values of ``dtype`` nearest ``master`` on either side, elementwise (equal where
+    ``master`` is representable): the values a parameter kept as its master rounded may take
+    (Note [Comparing master weights])."""
+    nearest = master.to(dtype)
+    direction = torch.where(
+        master > nearest.to(master.dtype),
+        torch.tensor(float("inf"), dtype=dtype),
+        torch.tensor(float("-inf"), dtype=dtype),
+    )
+    exact = master == nearest.to(master.dtype)
+    other = torch.where(exact, nearest, torch.nextafter(nearest, direction))
+    return nearest, other
 
 
 def master_rtol(step: int) -> float:

@@ -20,6 +20,7 @@ from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import (
     master_rtol,
+    rounding_bracket,
     state_tolerance,
     step0_grad_rtol,
     tensor_tolerance,
@@ -283,7 +284,13 @@ def _compare_masters(k, r, step, oref, traj, ranks, check):
     keeps must be there."""
     got_all = getattr(step, "masters", None)
     ref_all = getattr(oref, "masters", None)
-    if ref_all is None or step.grads is None:
+    if ref_all is None:
+        return None
+    if got_all is not None:
+        d = _unrounded(k, r, step.params, got_all)
+        if d:
+            return d
+    if step.grads is None:
         return None
     if got_all is None:
         got_all = [None] * len(ref_all)
@@ -299,6 +306,35 @@ def _compare_masters(k, r, step, oref, traj, ranks, check):
             if got is not None:
                 d.detail = f"master weight ({got.dtype}). " + d.detail
             return d
+    return None
+
+
+def _unrounded(k, r, params, masters) -> Divergence | None:
+    """The first parameter of rank ``r`` after step ``k`` that is not its float32 master rounded
+    to the parameter's dtype by some rounding rule (Note [Comparing master weights]), or None."""
+    for i, (p, m) in enumerate(zip(params, masters)):
+        if p is None or m is None or p.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        if m.dtype != torch.float32 or m.shape != p.shape:
+            continue  # a master of another shape is the master comparison's to judge
+        nearest, other = rounding_bracket(m, p.dtype)
+        bad = ~((p == nearest) | (p == other))
+        if bool(bad.any()):
+            j = int(bad.reshape(-1).nonzero()[0])
+            got, want = p.reshape(-1)[j].item(), m.reshape(-1)[j].item()
+            return Divergence(
+                k,
+                "master",
+                r,
+                i,
+                None,
+                abs(got - want),
+                0.0,
+                f"parameter #{i} ({p.dtype}) is not its float32 master rounded: element {j} is "
+                f"{got!r}, its master {want!r} lies between {nearest.reshape(-1)[j].item()!r} "
+                f"and {other.reshape(-1)[j].item()!r} ({int(bad.sum())} of {p.numel()} "
+                "elements off); the parameters a forward uses must be the masters just stepped",
+            )
     return None
 
 
