@@ -42,6 +42,7 @@ __all__ = [
     "init_seed",
     "AUTOCAST_DTYPES",
     "DTYPES",
+    "DELAY_POINTS",
     "SCHEDULERS",
     "build_grad_scaler",
     "forward_context",
@@ -59,6 +60,10 @@ __all__ = [
 #   is declared; one that divides by the accumulation it was configured with, not by the
 #   micro-batches it got, computes batch-mean wrongly in a partial last window.
 LOSSES = ("rank-mean", "token-mean", "batch-mean")
+# Where a case's drawn delay holds one rank back (Note [Schedule perturbation] in
+# ``paracheck.check.ranks.fsdp``): before each of its all-gathers, before each of its
+# reduce-scatters, after each forward of a leaf module.
+DELAY_POINTS = ("all-gather", "reduce-scatter", "forward")
 IGNORE_INDEX = -100
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -191,6 +196,9 @@ class Case:
     (Note [Compute dtype of an FSDP]). ``prefetch`` (k >= 0): a fully sharded wrapper whose
     constructor takes ``prefetch`` is built with ``prefetch=k`` (at most k module calls'
     parameters gathered ahead of the running one; what the case computes is unchanged).
+    ``delay_at`` (one of ``DELAY_POINTS``, or None): rank ``delay_rank`` sleeps ``delay_s``
+    seconds at each such point of its forward and backward passes (Note [Schedule
+    perturbation]); what the case computes is unchanged, only when each rank gets there.
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -225,6 +233,9 @@ class Case:
     master_weights: bool = False
     masters_from_float32: bool = False
     prefetch: int = 0
+    delay_at: str | None = None
+    delay_rank: int = 0
+    delay_s: float = 0.0
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -286,6 +297,17 @@ class Case:
             )
         if self.prefetch < 0:
             raise ValueError(f"prefetch={self.prefetch} must be >= 0")
+        if self.delay_at is not None:
+            if self.delay_at not in DELAY_POINTS:
+                raise ValueError(
+                    f"delay_at={self.delay_at!r} must be None or one of {list(DELAY_POINTS)}"
+                )
+            if not 0 <= self.delay_rank < self.world_size:
+                raise ValueError(
+                    f"delay_rank={self.delay_rank} must be a rank of world_size={self.world_size}"
+                )
+            if not 0 < self.delay_s <= 1:
+                raise ValueError(f"delay_s={self.delay_s!r} must be in (0, 1] seconds")
         if self.masters_from_float32 and not self.master_weights:
             raise ValueError(
                 "masters_from_float32=True needs master_weights=True: it says where the masters "
@@ -319,8 +341,12 @@ class Case:
         return DTYPES[self.dtype]
 
     def with_world_size(self, w: int) -> Case:
+        """The same case on ``w`` ranks: batch sizes repeated or cut, and a rank held back kept
+        among them (the last one where the world shrank below it)."""
         sizes = (self.batch_sizes * w)[:w]
-        return replace(self, world_size=w, batch_sizes=sizes)
+        return replace(
+            self, world_size=w, batch_sizes=sizes, delay_rank=min(self.delay_rank, w - 1)
+        )
 
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict:

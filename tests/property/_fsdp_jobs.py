@@ -253,3 +253,26 @@ def per_layer_ledger(prefetch):
     with record_collectives() as rec:
         fsdp.finish_gradient_synchronization()
     return passes, [(kind, nbytes // 8) for kind, nbytes in rec.calls]
+
+
+def held_back(payload):
+    """One forward and backward of the reference FSDP over ``_model()`` inside
+    ``perturbed(case, rank, model)``, for ``case`` = ``payload`` (delay_at, delay_s) at world
+    size W with rank W - 1 held back: (rank, collectives the Delay slept before or None, wall
+    seconds of the pass)."""
+    import time
+
+    from paracheck.cases import Case
+    from paracheck.check.ranks.fsdp import perturbed
+
+    at, seconds = payload
+    W, rank = dist.get_world_size(), dist.get_rank()
+    case = Case(world_size=W, batch_sizes=(1,) * W, delay_at=at, delay_rank=W - 1, delay_s=seconds)
+    model = _model()
+    fsdp = FSDP(model)
+    x = torch.randn(2, WIDTHS[0], dtype=torch.float64)
+    start = time.perf_counter()
+    with perturbed(case, rank, model) as delay:
+        fsdp(x).square().sum().backward()
+        fsdp.finish_gradient_synchronization()
+    return rank, None if delay is None else delay.count, time.perf_counter() - start

@@ -203,6 +203,12 @@ FEATURES: tuple[Feature, ...] = (
     _flag("set_to_none", True, "zero-grad-to-zeros", "with zero_grad(set_to_none=False)"),
     _flag("prefetch", 0, "prefetch", "with a prefetch depth (an FSDP taking prefetch=)"),
     Feature(
+        "delay",
+        "with one rank held back (a drawn delay)",
+        lambda c: getattr(c, "delay_at", None) is not None,
+        lambda c: replace(c, delay_at=None, delay_rank=0, delay_s=0.0),
+    ),
+    Feature(
         "several-groups",
         "with several parameter groups",
         lambda c: len(c.optimizer.groups) > 1,

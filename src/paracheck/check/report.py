@@ -276,6 +276,11 @@ def case_line(case) -> str:
         + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
         + (f" prefetch={case.prefetch}" if getattr(case, "prefetch", 0) else "")
         + (" compute=bfloat16" if getattr(case, "masters_from_float32", False) else "")
+        + (
+            f" delay={case.delay_at}@r{case.delay_rank}:{case.delay_s * 1e3:g}ms"
+            if getattr(case, "delay_at", None)
+            else ""
+        )
     )
 
 

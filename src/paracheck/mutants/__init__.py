@@ -350,6 +350,13 @@ for _name, _cls, _bug, _expect in (
         "the other ranks' parts arrive",
         "diverge",
     ),
+    (
+        "fsdp-overlap-not-waited",
+        "OverlapNotWaitedFSDP",
+        "each reduce-scatter overlaps the next module's backward and is read then without a "
+        "wait: right unless a rank is late",
+        "diverge",
+    ),
 ):
     register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, _expect)
 

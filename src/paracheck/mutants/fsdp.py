@@ -235,6 +235,41 @@ class ReduceScatterNotWaitedFSDP(FSDP):
         return out.div_(W).to(entry.shard.dtype)
 
 
+class OverlapNotWaitedFSDP(FSDP):
+    """Overlaps each reduce-scatter with the next module's backward: the shard's gradient is
+    added when the next gradient is reduced (the last one's at the end of backward, waited), but
+    the overlapped ones are never waited on. Right whenever a reduce-scatter finishes within one
+    module's backward, which it usually does when no rank is late."""
+
+    def __init__(self, module, *args, **kwargs):
+        self._overlapped = None
+        super().__init__(module, *args, **kwargs)
+
+    def _add_overlapped(self, wait: bool) -> None:
+        if self._overlapped is None:
+            return
+        entry, out, work = self._overlapped
+        self._overlapped = None
+        if wait:
+            work.wait()
+        g = out.div(self.world_size).to(entry.shard.dtype)
+        entry.shard.grad = g if entry.shard.grad is None else entry.shard.grad.add_(g)
+
+    def _reduce_scatter(self, entry, grad):
+        self._add_overlapped(wait=False)  # BUG: the previous module's reduce-scatter is not waited
+        c, W = entry.shard.numel(), self.world_size
+        padded = torch.zeros(c * W, dtype=grad.dtype, device=grad.device)
+        padded[: entry.numel] = grad
+        out = torch.empty(c, dtype=grad.dtype, device=grad.device)
+        work = _reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM, async_op=True)
+        self._overlapped = (entry, out, work)
+        return torch.zeros_like(entry.shard)
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        self._add_overlapped(wait=True)
+
+
 class PrefetchBeyondDeclaredFSDP(FSDP):
     """Gathers one module call further ahead than its ``prefetch``: right values, one more
     module's parameters alive at once than the memory it was sized for."""

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
+from paracheck.cases import DELAY_POINTS
 from paracheck.check.features import without_all
 from paracheck.strategies._core import cases
 
@@ -37,11 +38,32 @@ FSDP_OFF = (
 FSDP_COMPUTE_OFF = ("buffer", "float32-layer")
 
 
+# Note [Schedule perturbation]'s draw: where, which rank (taken modulo the world size) and how
+# long; None first, so a failure shrinks to the unperturbed case where it needs no delay.
+DELAYS = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from(DELAY_POINTS), st.integers(0, 3), st.sampled_from((0.002, 0.01))),
+)
+
+
+def _delayed(case, delay):
+    if delay is None:
+        return case
+    at, rank, seconds = delay
+    return replace(case, delay_at=at, delay_rank=rank % case.world_size, delay_s=seconds)
+
+
 def fsdp_cases(**kwargs):
-    """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered), and a
-    prefetch depth of 0, 1 or 2 (shrinking to 0; used where the wrapper takes ``prefetch``)."""
-    return st.tuples(cases(**kwargs), st.integers(0, 2)).map(
-        lambda cp: replace(
-            without_all(cp[0], FSDP_OFF), autocast_cache=cp[0].autocast is None, prefetch=cp[1]
+    """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered), a
+    prefetch depth of 0, 1 or 2 (shrinking to 0; used where the wrapper takes ``prefetch``), and
+    a delay drawn on one rank (Note [Schedule perturbation] in ``paracheck.check.ranks.fsdp``)."""
+    return st.tuples(cases(**kwargs), st.integers(0, 2), DELAYS).map(
+        lambda cpd: _delayed(
+            replace(
+                without_all(cpd[0], FSDP_OFF),
+                autocast_cache=cpd[0].autocast is None,
+                prefetch=cpd[1],
+            ),
+            cpd[2],
         )
     )

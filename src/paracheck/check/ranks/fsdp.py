@@ -26,6 +26,7 @@ Note [Reading an FSDP]
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 
@@ -54,7 +55,7 @@ from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.targets import load_object, takes_keyword
 from paracheck.world import set_step
 
-__all__ = ["GATHER_METHODS", "CollectiveWatch", "GatherWatch", "run_fsdp"]
+__all__ = ["GATHER_METHODS", "CollectiveWatch", "Delay", "GatherWatch", "perturbed", "run_fsdp"]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
 # The waits before a count is believed (Note [Settling a count of live storages]).
@@ -163,7 +164,7 @@ def run_fsdp(payload: dict) -> RankRecord:
         add_late_groups(case, optimizer, params, step)
         optimizer.zero_grad(set_to_none=case.set_to_none)
         windows: list = []
-        with GatherWatch(settle_above) as watch:
+        with GatherWatch(settle_above) as watch, perturbed(case, rank, model):
             train_micro_steps(case, drv, optimizer, rank, device, step, windows)
         gathered, peak = watch.settled(), watch.peak
         grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
@@ -291,3 +292,65 @@ class GatherWatch(CollectiveWatch):
         if self.settle_above is not None:  # settled once per rise of the peak
             above = max(self.settle_above, self.peak)
             self.peak = max(self.peak, self._settle(above)[0])
+
+
+# Note [Schedule perturbation]
+#   A design that does not wait for a collective it started (an all-gather read before it
+#   arrived, a reduce-scatter's output used before the other ranks' parts are in, a prefetch
+#   used unwaited) is right whenever the collective happens to finish first, and that depends
+#   on when each rank gets there. A case may therefore hold one rank back: ``Case.delay_at``
+#   names where, ``delay_rank`` which rank, ``delay_s`` how long. That rank sleeps before
+#   dispatching each of its floating-point all-gathers or reduce-scatters, or after each forward
+#   of a leaf module (a layer), in its forward and backward passes (not in the reads of
+#   the whole parameters the check makes). Every other rank then reaches the collective first
+#   and, in a design that does not wait, reads what is not there yet. The delay is drawn (one
+#   case in two, 2 or 10 ms, on any rank, shrinking to none), so a race shows in the case that
+#   holds a rank back instead of in one run of several; the values computed are the same with
+#   and without it, so the oracle ignores it.
+
+
+class Delay(TorchDispatchMode):
+    """Sleeps ``seconds`` before dispatching each floating-point collective of ``kind``."""
+
+    def __init__(self, kind: str, seconds: float):
+        super().__init__()
+        self.kind, self.seconds = kind, seconds
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if collective_kind(func) == self.kind and any(
+            t.is_floating_point() for t in tensors_in((*args, *kwargs.values()))
+        ):
+            self.count += 1
+            time.sleep(self.seconds)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def perturbed(case: Case, rank: int, model):
+    """Inside the block, this rank is held back as ``case`` says (Note [Schedule perturbation]):
+    nothing where the case draws no delay or another rank is the one held back."""
+    if case.delay_at is None or rank != case.delay_rank:
+        yield None
+        return
+    if case.delay_at == "forward":
+
+        def hold(module, inputs, output):
+            time.sleep(case.delay_s)
+
+        # Leaf modules: a wrapper may have moved the parameters off them, not their forwards.
+        handles = [
+            m.register_forward_hook(hold)
+            for m in model.modules()
+            if next(m.children(), None) is None
+        ]
+        try:
+            yield None
+        finally:
+            for h in handles:
+                h.remove()
+        return
+    kind = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}[case.delay_at]
+    with Delay(kind, case.delay_s) as delay:
+        yield delay
