@@ -92,9 +92,18 @@ def _single_thread():
         torch.set_num_threads(n)
 
 
-def oracle_for(case: Case, anchors=None, *, target_gradients: bool = False):
+def oracle_for(
+    case: Case, anchors=None, *, target_gradients: bool = False, device: str | None = None
+):
     with _single_thread():
-        return train(case, anchors, target_gradients=target_gradients)
+        return train(case, anchors, target_gradients=target_gradients, device=device)
+
+
+def oracle_device(case: Case, ranks_on: str) -> str | None:
+    """Where the oracle computes its local gradients: the ranks' device type for a case below
+    float32 on GPUs (Note [Local gradients on the ranks' device]), else None (the CPU)."""
+    below = case.dtype == "bfloat16" or case.autocast is not None
+    return ranks_on if below and torch.device(ranks_on).type == "cuda" else None
 
 
 def run_case(
@@ -141,7 +150,10 @@ def run_case(
     # [Comparing master weights]).
     on_gradients = row.on_target_gradients or case.master_weights
     by_step = anchored(case) or on_gradients
-    traj = None if by_step else oracle_for(case)
+    # Where the ranks compute: the case's device, else the backend's (nccl: each rank's GPU).
+    ranks_on = device or ("cuda" if getattr(world, "backend", "gloo") == "nccl" else "cpu")
+    local_on = oracle_device(case, ranks_on)
+    traj = None if by_step else oracle_for(case, device=local_on)
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
@@ -162,6 +174,7 @@ def run_case(
             case,
             anchors=[(s.params, s.grads, s.masters) for s in ranks[0].steps],
             target_gradients=on_gradients,
+            device=local_on,
         )
     notes = {}
     if row.compares_state:
@@ -173,14 +186,13 @@ def run_case(
         check_state = row.compares_state and "state" in props
     divs, worst = [], 0.0
     if "equivalence" in props or (row.compares_state and "state" in props):
-        # Where the ranks compute: the case's device, else the backend's (nccl: each rank's GPU).
-        ranks_on = device or ("cuda" if getattr(world, "backend", "gloo") == "nccl" else "cpu")
         div, worst = compare(
             traj,
             ranks,
             param_names(case),
             check_state=check_state,
-            device=ranks_on,
+            # Local gradients computed where the ranks compute them: the same operations.
+            device="cpu" if local_on is not None else ranks_on,
             anchored=by_step,
             derived=row.derived_bound,
         )

@@ -445,16 +445,6 @@ def cmd_check(args) -> int:
                 f"--dtype={args.dtype} and --precision={args.precision} disagree: "
                 "give --precision only"
             )
-    if args.backend == "nccl" and precision in ("bf16", "fp16", "mixed"):
-        # Note [Gradients across devices below float32] in paracheck.oracle.tolerance.
-        print(
-            f"paracheck: warning: --backend nccl --precision {precision}: gradients the GPUs "
-            "compute in bfloat16 or float16 are compared with the CPU oracle's at a fixed "
-            "tolerance, not a derived bound, and it has failed correct designs (gradients "
-            "property, with gradient accumulation, about 1 case in 200-500); a case that fails "
-            "only there and passes when replayed with --backend gloo is that, not a bug",
-            file=sys.stderr,
-        )
     try:
         features_off(args.contract, args.features, dtype=nominal_dtype(precision))
     except FeatureError as exc:

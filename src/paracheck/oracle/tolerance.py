@@ -142,9 +142,10 @@ def _coarseness(dtype: str) -> float:
 #   over a batch, a tied weight over its uses) differs between the two kernels by more than 5e-2
 #   of that scale. Measured on one H100 (NCCL, one rank, bfloat16 cases with accumulation):
 #   ``zero2`` failed 1 of ~265 cases (|diff| 3.8e-6 against 1.9e-6 allowed) and ``fsdp`` 1 of
-#   ~450 (1.95e-3 against 6.8e-4); both cases pass on the CPU. The sound comparison runs the
-#   oracle's local gradients on the ranks' device type (same kernels, so the derived bound
-#   applies again); until then ``paracheck check`` warns where a GPU run draws bfloat16.
+#   ~450 (1.95e-3 against 6.8e-4); both cases pass on the CPU. So for a case below float32 on
+#   GPUs the oracle computes its local gradients on the ranks' device type (Note [Local
+#   gradients on the ranks' device] in ``paracheck.oracle.train``): the same kernels, and the
+#   derived bound applies again. float32 and float64 cases on GPUs keep this table.
 def tensor_tolerance(
     case, step: int, dtype: str, param_dtypes, *, same_operations: bool = True
 ) -> Tolerance:

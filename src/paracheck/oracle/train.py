@@ -35,6 +35,7 @@ rank sum, from which ``paracheck.oracle.tolerance`` derives its tolerances.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -103,24 +104,40 @@ def optimizer_state(optimizer, params: list) -> dict[int, dict[str, torch.Tensor
     return out
 
 
-def _local_grads(case: Case, model, params, step: int, rank: int, scaler=None):
+def _local_grads(case: Case, model, params, step: int, rank: int, scaler=None, on=None):
+    """Rank ``rank``'s local gradients of ``step`` (on the CPU) and its micro-steps' losses.
+    ``on``: a copy of ``model`` on another device, on which they are computed instead, from the
+    model's current parameters and buffers (Note [Local gradients on the ranks' device])."""
+    device = "cpu"
+    if on is not None:
+        with torch.no_grad():
+            for d, p in zip(on.parameters(), model.parameters()):
+                d.copy_(p)
+            for d, b in zip(on.buffers(), model.buffers()):
+                d.copy_(b)
+        model, params = on, list(on.parameters())
+        device = next(on.parameters()).device
     for p in params:
         p.grad = None
     losses = []
     for micro in range(micro_batches(case, step)):
         x, y = batch_for(case, step, micro, rank)
-        with forward_context(case):
+        x, y = x.to(device), y.to(device)
+        with forward_context(case, device):
             out = model(x)
         loss = step_loss(case, out, y, step)
         if scaler is not None:
             losses.append(loss.item())
-            loss = scaler.scale(loss)
+            if on is None:
+                loss = scaler.scale(loss)
+            else:  # the CPU scaler's scale (a power of two: the product is exact) as a 0-d factor
+                loss = loss * scaler.scale(torch.ones((), dtype=torch.float32))
         if case.double_backward:  # the micro-step's gradient counts twice, as on the ranks
             loss.backward(retain_graph=True)
         loss.backward()
         if scaler is None:
             losses.append(loss.item())
-    grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
     return grads, losses
 
 
@@ -242,7 +259,21 @@ def _use_gradients(params, grads) -> None:
             p.grad = g.detach().to(p.dtype).clone()
 
 
-def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajectory:
+# Note [Local gradients on the ranks' device]
+#   The derived bound on a synchronised gradient (Note [Step 0: a derived bound]) holds where each
+#   rank's local gradient is computed by the oracle's operations: then only the rank sum differs.
+#   Ranks on GPUs compute theirs with CUDA kernels, and below float32 a CPU kernel's bfloat16
+#   gradient can differ from them by more than any fixed fraction of the per-backward terms
+#   (Note [Gradients across devices below float32]). ``train(..., device=...)`` therefore runs
+#   each rank's forward and backward on a copy of the model on that device type (the same
+#   kernels, deterministic for the same shapes on the same GPU model) and brings the local
+#   gradients back; the sums over ranks, the optimizer and everything else stay on the CPU. A
+#   GradScaler's scale is applied as the product it is (a power of two: exact).
+
+
+def train(
+    case: Case, anchors=None, *, target_gradients: bool = False, device: str | None = None
+) -> Trajectory:
     """Train ``case`` in this process and return the whole trajectory (see module docstring).
 
     ``anchors``: a target's own steps, as (parameters after the step, synchronised gradients or
@@ -253,8 +284,12 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
     applied to the gradients the target's step used (``anchors[k]``'s, where it recorded them)
     instead of the oracle's: the parameters then judge the update alone (the recorded gradients,
     the oracle's, judge the gradients), and no optimizer amplifies a rounding difference of the
-    gradients into the parameters (Note [Anchored steps])."""
+    gradients into the parameters (Note [Anchored steps]). ``device`` (not the CPU): the local
+    gradients are computed there (Note [Local gradients on the ranks' device])."""
     model = build_case_model(case, rank=0)
+    on = None
+    if device is not None and torch.device(device).type != "cpu":
+        on = copy.deepcopy(model).to(device)
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
@@ -293,7 +328,7 @@ def train(case: Case, anchors=None, *, target_gradients: bool = False) -> Trajec
         per_rank = []
         losses = []
         for rank in range(W):
-            grads, ls = _local_grads(case, model, params, step, rank, scaler)
+            grads, ls = _local_grads(case, model, params, step, rank, scaler, on)
             per_rank.append(grads)
             losses.append(ls)
         synced, absum = [], []
