@@ -74,3 +74,48 @@ def test_bound_admits_every_correct_placement_and_refuses_replicas():
     replicated = [flat[0] + P] + flat[1:]
     d = check_grads_sharded(case, traj, _records(replicated, 1), "zero2")
     assert d is not None and d.what == "grads-sharded" and d.rank == 0, d
+
+
+def test_parameter_bound_admits_shards_and_replicated_vectors_and_refuses_whole_matrices():
+    """At W = 4 on one case's parameters: matrices sharded flat (padded) or along dimension 0,
+    vectors and a frozen matrix replicated, pass; every trainable matrix kept whole on every
+    rank (a shard that is a view of the whole parameter) fails."""
+    from paracheck.check.properties.grads_sharded import (
+        check_params_sharded,
+        held_parameter_bound,
+    )
+
+    case = Case(
+        model=MLPSpec(in_features=6, widths=(5, 7, 2), frozen=("layers.1.weight",)),
+        world_size=4,
+        batch_sizes=(1, 1, 1, 1),
+        steps=1,
+    )
+    params = case_params(case)
+    trainable = {i for i, p in enumerate(params) if p.requires_grad}
+    W = 4
+    bound = held_parameter_bound(params, trainable, W)
+
+    def sharded(i):
+        return i in trainable and params[i].dim() >= 2
+
+    flat = sum(
+        -(-params[i].numel() // W) if sharded(i) else params[i].numel() for i in range(len(params))
+    )
+    dim0 = sum(
+        -(-params[i].shape[0] // W) * (params[i].numel() // params[i].shape[0])
+        if sharded(i)
+        else params[i].numel()
+        for i in range(len(params))
+    )
+    whole = sum(p.numel() for p in params)
+    traj = SimpleNamespace(steps=[None])
+
+    def records(per_rank):
+        return [RankRecord(steps=(RankStep([], held_param_elements=per_rank),)) for _ in range(W)]
+
+    for per_rank in (flat, dim0):
+        assert W * per_rank <= bound
+        assert check_params_sharded(case, traj, records(per_rank), "fsdp") is None
+    d = check_params_sharded(case, traj, records(whole), "fsdp")
+    assert d is not None and d.what == "params-sharded", d

@@ -106,7 +106,14 @@ KINDS: dict[str, Kind] = {
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
         "paracheck.strategies._fsdp:fsdp_cases",
-        default=("equivalence", "reduced-once", "freed", "gather-dtype", "gathered-layers"),
+        default=(
+            "equivalence",
+            "reduced-once",
+            "freed",
+            "gather-dtype",
+            "gathered-layers",
+            "params-sharded",
+        ),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("repeatability", "reduce-dtype"),
     ),
@@ -196,6 +203,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
     "freed": _driver("paracheck.check.properties.freed", "check_freed"),
     "grads-sharded": _driver("paracheck.check.properties.grads_sharded", "check_grads_sharded"),
+    "params-sharded": _driver("paracheck.check.properties.grads_sharded", "check_params_sharded"),
     "gathered-layers": _driver(
         "paracheck.check.properties.gathered_layers", "check_gathered_layers"
     ),

@@ -179,7 +179,7 @@ BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
     "torch-zero": frozenset({"equivalence", "state", "memory"}),
     # torch's fully_shard reduce-scatters a module called twice per forward twice in the backward
     # after a no_sync() micro-batch (docs/findings-torch-fsdp.md): select reduced-once to see it.
-    "torch-fsdp": frozenset({"equivalence", "freed", "gather-dtype"}),
+    "torch-fsdp": frozenset({"equivalence", "freed", "gather-dtype", "params-sharded"}),
 }
 
 

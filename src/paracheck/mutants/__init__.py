@@ -351,6 +351,13 @@ for _name, _cls, _bug, _expect in (
         "diverge",
     ),
     (
+        "fsdp-shard-is-a-view",
+        "ShardIsAViewFSDP",
+        "each shard is a view of a padded copy of the whole parameter: every rank keeps the "
+        "whole parameter's storage",
+        "diverge",
+    ),
+    (
         "fsdp-overlap-not-waited",
         "OverlapNotWaitedFSDP",
         "each reduce-scatter overlaps the next module's backward and is read then without a "

@@ -7,8 +7,9 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from paracheck.fsdp import FSDP, _all_gather_into_tensor, _reduce_scatter_tensor
+from paracheck.fsdp import FSDP, _all_gather_into_tensor, _reduce_scatter_tensor, _Sharded
 
 __all__ = [
     "AccumulationOverwritesFSDP",
@@ -268,6 +269,20 @@ class OverlapNotWaitedFSDP(FSDP):
     def finish_gradient_synchronization(self) -> None:
         super().finish_gradient_synchronization()
         self._add_overlapped(wait=True)
+
+
+class ShardIsAViewFSDP(FSDP):
+    """Each shard is this rank's slice of a padded copy of the whole parameter, a view: the
+    values are right and every rank keeps the whole parameter's storage alive behind its shard."""
+
+    def _shard(self, index, p):
+        c = -(-p.numel() // self.world_size)
+        full = torch.zeros(c * self.world_size, dtype=p.dtype, device=p.device)
+        full[: p.numel()] = p.detach().reshape(-1)
+        chunk = full[self.rank * c : (self.rank + 1) * c]  # BUG: a view, not a copy
+        entry = _Sharded(index, nn.Parameter(chunk), p.shape, p.numel())
+        self._entries.append(entry)
+        return entry
 
 
 class PrefetchBeyondDeclaredFSDP(FSDP):

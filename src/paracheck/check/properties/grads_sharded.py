@@ -1,5 +1,6 @@
 """The ``grads-sharded`` property (zero2): once a step's gradients are synchronised, each rank holds
-its shard of them, not whole gradients.
+its shard of them, not whole gradients; and ``params-sharded`` (fsdp): after each step each rank
+holds its shard of the parameters, not whole ones.
 
 Reads from each ``RankRecord``, per ``RankStep``, ``scattered`` and ``held_grad_elements``
 (``paracheck.check.ranks.zero.run_zero2``).
@@ -40,7 +41,12 @@ from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties._sharding import CaseFacts
 from paracheck.check.ranks.record import RankRecord
 
-__all__ = ["check_grads_sharded", "held_gradient_bound"]
+__all__ = [
+    "check_grads_sharded",
+    "check_params_sharded",
+    "held_gradient_bound",
+    "held_parameter_bound",
+]
 
 
 def held_gradient_bound(params, trainable, world_size: int) -> int:
@@ -96,4 +102,55 @@ def check_grads_sharded(case: Case, traj, ranks: list[RankRecord], kind: str) ->
                 sum(held),
                 bound,
             )
+    return None
+
+
+# Note [Parameters kept as shards]
+#   ZeRO-3's saving is the parameters: between uses each rank keeps its shard of every sharded
+#   parameter and nothing more. The classic bug keeps the values right and the memory DDP's: the
+#   shard is a view of the whole parameter (``p.data = p.data.chunk(W)[r]``), whose storage then
+#   stays alive, or the module keeps its original parameters beside the shards. After each
+#   optimizer step the rank program sums, per rank, the storage behind the wrapper's and the
+#   module's parameters (a DTensor's local shard; each storage once, whole), and the sum over the
+#   ranks may not exceed P + (W - 1) * (the elements of each vector and each frozen parameter,
+#   which a design may replicate, plus one row of each trainable matrix: padding of a shard along
+#   dimension 0, or of a flat shard). A design that keeps every trainable matrix whole on every
+#   rank adds (W - 1) times their elements. Not judged at world size 1.
+
+
+def held_parameter_bound(params, trainable, world_size: int) -> int:
+    """The most parameter elements all ranks together may hold (Note [Parameters kept as
+    shards])."""
+    total = sum(p.numel() for p in params)
+    slack = 0
+    for i, p in enumerate(params):
+        sharded = i in trainable and p.dim() >= 2 and p.shape[0] > 0
+        slack += p.numel() // p.shape[0] if sharded else p.numel()
+    return total + (world_size - 1) * slack
+
+
+def check_params_sharded(case: Case, traj, ranks: list[RankRecord], kind: str) -> Divergence | None:
+    """The first step after which the ranks together hold more parameter storage than shards
+    and replicated vectors can (Note [Parameters kept as shards]), or None."""
+    W = case.world_size
+    if W == 1:
+        return None
+    facts = CaseFacts.of(case)
+    bound = held_parameter_bound(facts.params, set(facts.trainable), W)
+    for k in range(len(traj.steps)):
+        held = [rec.steps[k].held_param_elements for rec in ranks]
+        if any(h is None for h in held) or sum(held) <= bound:
+            continue
+        r = max(range(W), key=lambda i: held[i])
+        return diverge(
+            k,
+            "params-sharded",
+            r,
+            f"after the step the ranks hold {sum(held)} parameter elements in all (per rank "
+            f"{held}) behind the wrapper's and the module's parameters; shards of the "
+            f"{sum(p.numel() for p in facts.params)} elements, vectors and frozen parameters "
+            f"replicated, come to at most {bound}: whole parameters are kept",
+            sum(held),
+            bound,
+        )
     return None

@@ -55,7 +55,15 @@ from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.targets import load_object, takes_keyword
 from paracheck.world import set_step
 
-__all__ = ["GATHER_METHODS", "CollectiveWatch", "Delay", "GatherWatch", "perturbed", "run_fsdp"]
+__all__ = [
+    "GATHER_METHODS",
+    "CollectiveWatch",
+    "Delay",
+    "GatherWatch",
+    "held_parameter_elements",
+    "perturbed",
+    "run_fsdp",
+]
 
 GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
 # The waits before a count is believed (Note [Settling a count of live storages]).
@@ -171,6 +179,7 @@ def run_fsdp(payload: dict) -> RankRecord:
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)
+        held = held_parameter_elements([*params, *model.parameters()])
         after = whole(gather, f"{gather_name}()")
         steps.append(
             RankStep(
@@ -179,6 +188,7 @@ def run_fsdp(payload: dict) -> RankRecord:
                 windows=tuple(windows),
                 gathered=gathered,
                 peak_gathered=peak,
+                held_param_elements=held,
                 masters=None if compute is None else after,
             )
         )
@@ -189,6 +199,18 @@ def run_fsdp(payload: dict) -> RankRecord:
         prefetch=prefetch,
         kept_whole=kept_whole(originals, list(model.parameters())),
     )
+
+
+def held_parameter_elements(tensors) -> int:
+    """Elements of the storages behind ``tensors`` (a DTensor's local shard), each storage once,
+    whole: a shard that is a view of a whole parameter counts the whole (Note [Parameters kept
+    as shards] in ``paracheck.check.properties.grads_sharded``)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        st = local.untyped_storage()
+        seen[st._cdata] = st.nbytes() // max(1, local.element_size())
+    return sum(seen.values())
 
 
 def kept_whole(originals: list, now: list) -> tuple[bool, ...] | None:

@@ -58,6 +58,9 @@ class RankStep:
     # the parameters' and the optimizer's ``.grad`` then (Note [Gradients kept as shards]).
     scattered: tuple[int, int] | None = None
     held_grad_elements: int | None = None
+    # fsdp: the elements of parameter storage reachable from the wrapper's and the module's
+    # parameters after the step (Note [Parameters kept as shards]).
+    held_param_elements: int | None = None
 
 
 @dataclass(frozen=True)
