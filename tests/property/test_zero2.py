@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from paracheck.cases import Case
 from paracheck.check.properties._case import case_params
-from paracheck.check.properties.grads_sharded import check_grads_sharded, held_gradient_bound
+from paracheck.check.properties.placement import check_grads_sharded, held_gradient_bound
 from paracheck.check.property import check_target
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.targets import Target, resolve_target
@@ -80,7 +80,7 @@ def test_parameter_bound_admits_shards_and_replicated_vectors_and_refuses_whole_
     """At W = 4 on one case's parameters: matrices sharded flat (padded) or along dimension 0,
     vectors and a frozen matrix replicated, pass; every trainable matrix kept whole on every
     rank (a shard that is a view of the whole parameter) fails."""
-    from paracheck.check.properties.grads_sharded import (
+    from paracheck.check.properties.placement import (
         check_params_sharded,
         held_parameter_bound,
     )

@@ -92,7 +92,7 @@ KINDS: dict[str, Kind] = {
         on_target_gradients=True,
     ),
     # ZeRO-2: the zero kind's interface and properties, and its gradients kept only as shards
-    # (Note [Gradients kept as shards] in paracheck.check.properties.grads_sharded).
+    # (Note [Gradients kept as shards] in paracheck.check.properties.placement).
     "zero2": Kind(
         "zero2",
         "paracheck.check.ranks.zero:run_zero2",
@@ -202,8 +202,8 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
     "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
     "freed": _driver("paracheck.check.properties.freed", "check_freed"),
-    "grads-sharded": _driver("paracheck.check.properties.grads_sharded", "check_grads_sharded"),
-    "params-sharded": _driver("paracheck.check.properties.grads_sharded", "check_params_sharded"),
+    "grads-sharded": _driver("paracheck.check.properties.placement", "check_grads_sharded"),
+    "params-sharded": _driver("paracheck.check.properties.placement", "check_params_sharded"),
     "gathered-layers": _driver(
         "paracheck.check.properties.gathered_layers", "check_gathered_layers"
     ),

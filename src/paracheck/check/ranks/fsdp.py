@@ -204,7 +204,7 @@ def run_fsdp(payload: dict) -> RankRecord:
 def held_parameter_elements(tensors) -> int:
     """Elements of the storages behind ``tensors`` (a DTensor's local shard), each storage once,
     whole: a shard that is a view of a whole parameter counts the whole (Note [Parameters kept
-    as shards] in ``paracheck.check.properties.grads_sharded``)."""
+    as shards] in ``paracheck.check.properties.placement``)."""
     seen: dict[int, int] = {}
     for t in tensors:
         local = t.to_local() if hasattr(t, "to_local") else t

@@ -10,7 +10,7 @@ As for ``sharded`` (``paracheck.check.ranks.sharded``), the rank program calls o
 interface offers and records, per step, parameters, the optimizer state, its bytes and the
 collectives; the declared pieces once. The ``zero2`` kind's program (``run_zero2``) records, in
 addition, what gradients each rank still holds once a step's gradients are synchronised (Note
-[Gradients kept as shards] in ``paracheck.check.properties.grads_sharded``).
+[Gradients kept as shards] in ``paracheck.check.properties.placement``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ __all__ = ["held_gradient_elements", "run_zero", "run_zero2"]
 
 def run_zero2(payload: dict) -> RankRecord:
     """``run_zero``, recording after each step's synchronisation the gradients the rank holds
-    (Note [Gradients kept as shards] in ``paracheck.check.properties.grads_sharded``)."""
+    (Note [Gradients kept as shards] in ``paracheck.check.properties.placement``)."""
     return run_zero(payload, watch=True)
 
 

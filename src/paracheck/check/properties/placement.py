@@ -1,9 +1,11 @@
-"""The ``grads-sharded`` property (zero2): once a step's gradients are synchronised, each rank holds
-its shard of them, not whole gradients; and ``params-sharded`` (fsdp): after each step each rank
-holds its shard of the parameters, not whole ones.
+"""Placement properties: what each rank holds, judged from outside the design. ``grads-sharded``
+(zero2): once a step's gradients are synchronised, each rank holds its shard of them, not whole
+gradients. ``params-sharded`` (fsdp): after each step each rank holds its shard of the
+parameters, not whole ones.
 
-Reads from each ``RankRecord``, per ``RankStep``, ``scattered`` and ``held_grad_elements``
-(``paracheck.check.ranks.zero.run_zero2``).
+Read from each ``RankRecord``, per ``RankStep``: ``scattered`` and ``held_grad_elements``
+(``paracheck.check.ranks.zero.run_zero2``), ``held_param_elements``
+(``paracheck.check.ranks.fsdp.run_fsdp``).
 
 Note [Gradients kept as shards]
     ZeRO-2's saving over ZeRO-1 is the gradients: each bucket's full gradient exists only until
@@ -86,23 +88,28 @@ def check_grads_sharded(case: Case, traj, ranks: list[RankRecord], kind: str) ->
                     0,
                 )
         held = [rec.steps[k].held_grad_elements for rec in ranks]
-        if any(h is None for h in held):
-            continue
-        if sum(held) > bound:
-            r = max(range(W), key=lambda i: held[i])
-            return diverge(
-                k,
-                "grads-sharded",
-                r,
-                f"after the step's gradients were synchronised the ranks hold {sum(held)} "
-                f"gradient elements in all (per rank {held}) on their parameters' and optimizer's "
-                f".grad; shards of the {sum(facts.params[i].numel() for i in facts.trainable)} "
-                f"trainable elements come to at most {bound} (padding included): whole "
-                "gradients are kept",
-                sum(held),
-                bound,
-            )
+        d = _over(
+            k,
+            "grads-sharded",
+            held,
+            bound,
+            f"after the step's gradients were synchronised the ranks hold {{total}} gradient "
+            f"elements in all (per rank {held}) on their parameters' and optimizer's .grad; "
+            f"shards of the {sum(facts.params[i].numel() for i in facts.trainable)} trainable "
+            f"elements come to at most {bound} (padding included): whole gradients are kept",
+        )
+        if d is not None:
+            return d
     return None
+
+
+def _over(k: int, what: str, held: list, bound: int, detail: str) -> Divergence | None:
+    """A divergence at step ``k`` where the ranks' ``held`` elements (None: not recorded) sum
+    above ``bound``, blamed on the rank holding most; ``{total}`` in ``detail`` is the sum."""
+    if any(h is None for h in held) or sum(held) <= bound:
+        return None
+    r = max(range(len(held)), key=lambda i: held[i])
+    return diverge(k, what, r, detail.format(total=sum(held)), sum(held), bound)
 
 
 # Note [Parameters kept as shards]
@@ -139,18 +146,16 @@ def check_params_sharded(case: Case, traj, ranks: list[RankRecord], kind: str) -
     bound = held_parameter_bound(facts.params, set(facts.trainable), W)
     for k in range(len(traj.steps)):
         held = [rec.steps[k].held_param_elements for rec in ranks]
-        if any(h is None for h in held) or sum(held) <= bound:
-            continue
-        r = max(range(W), key=lambda i: held[i])
-        return diverge(
+        d = _over(
             k,
             "params-sharded",
-            r,
-            f"after the step the ranks hold {sum(held)} parameter elements in all (per rank "
+            held,
+            bound,
+            f"after the step the ranks hold {{total}} parameter elements in all (per rank "
             f"{held}) behind the wrapper's and the module's parameters; shards of the "
             f"{sum(p.numel() for p in facts.params)} elements, vectors and frozen parameters "
             f"replicated, come to at most {bound}: whole parameters are kept",
-            sum(held),
-            bound,
         )
+        if d is not None:
+            return d
     return None
