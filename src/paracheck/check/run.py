@@ -102,8 +102,8 @@ def oracle_for(
 def oracle_device(case: Case, ranks_on: str) -> str | None:
     """Where the oracle computes its local gradients: the ranks' device type for a case below
     float32 on GPUs (Note [Local gradients on the ranks' device]), else None (the CPU)."""
-    below = case.dtype == "bfloat16" or case.autocast is not None
-    return ranks_on if below and torch.device(ranks_on).type == "cuda" else None
+    on_gpus = torch.device(ranks_on).type == "cuda"
+    return ranks_on if on_gpus and anchored(case) else None
 
 
 def run_case(

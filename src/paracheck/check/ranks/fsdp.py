@@ -60,7 +60,7 @@ __all__ = [
     "CollectiveWatch",
     "Delay",
     "GatherWatch",
-    "held_parameter_elements",
+    "storage_elements",
     "perturbed",
     "run_fsdp",
 ]
@@ -179,7 +179,7 @@ def run_fsdp(payload: dict) -> RankRecord:
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)
-        held = held_parameter_elements([*params, *model.parameters()])
+        held = storage_elements([*params, *model.parameters()])
         after = whole(gather, f"{gather_name}()")
         steps.append(
             RankStep(
@@ -201,7 +201,7 @@ def run_fsdp(payload: dict) -> RankRecord:
     )
 
 
-def held_parameter_elements(tensors) -> int:
+def storage_elements(tensors) -> int:
     """Elements of the storages behind ``tensors`` (a DTensor's local shard), each storage once,
     whole: a shard that is a view of a whole parameter counts the whole (Note [Parameters kept
     as shards] in ``paracheck.check.properties.placement``)."""

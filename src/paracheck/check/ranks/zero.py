@@ -46,7 +46,7 @@ from paracheck.check.ranks._optimizer import (
     scheduler_or_skip,
     state_bytes,
 )
-from paracheck.check.ranks.fsdp import CollectiveWatch
+from paracheck.check.ranks.fsdp import CollectiveWatch, storage_elements
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -154,10 +154,4 @@ def held_gradient_elements(module_params, optimizer) -> int:
     tensors = list(module_params)
     for group in getattr(optimizer, "param_groups", ()):
         tensors += list(group["params"])
-    seen: dict[int, int] = {}
-    for t in tensors:
-        g = t.grad
-        if g is not None:
-            st = g.untyped_storage()
-            seen[st._cdata] = st.nbytes() // g.element_size()
-    return sum(seen.values())
+    return storage_elements(t.grad for t in tensors if t.grad is not None)
