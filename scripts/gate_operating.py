@@ -20,12 +20,17 @@ identical commits), the detection rate per planted slowdown (exit 1), the runs t
 measure (exit 2) and the median ratios the gate saw. At the default threshold of 10% a planted
 10% slowdown sits on the threshold: about half of them should be caught; 25% should always be.
 
-    python scripts/gate_operating.py [--n 10] [--kinds sleep-10,...] [--json out.json] [-- gate args]
+    python scripts/gate_operating.py [--n 10] [--kinds sleep-10,...] [--calibrate 30] [--json out.json]
+        [-- gate args]
+
+``--calibrate N`` first measures the gate's threshold on this machine from N A/A passes
+(``paracheck gate --calibrate``; Note [Thresholds from measured noise] in ``paracheck.gate.rule``)
+and runs every gate with it, instead of the fixed 10%.
 
 Takes about 2 x (N + N x kinds) gate runs of ~1 min each on a quiet 2-core machine: run it when
 the machine is not shared. On a machine of many cores, ``--jobs J`` runs J gates at once, each
 pinned to its own ``--cores-per-job`` CPUs with its own copy of the repository (``--deadline``
-bounds a run's time; ``--merge`` tabulates several runs' ``--json`` files together).
+bounds a run's time, counted after the calibration; ``--merge`` tabulates several runs' ``--json`` files together).
 """
 
 from __future__ import annotations
@@ -169,6 +174,56 @@ def _gate(repo: str, base: str, head: str, gate_args, log, cpus=None) -> dict:
     }
 
 
+def _calibrate_job(j, n, cpus, tmp, gate_args, log_path, out) -> None:
+    """Job ``j``: ``n`` A/A calibration passes on its own copy of the repository and CPUs."""
+    repo, shas = build_repo(os.path.join(tmp, f"cal{j}"), [])
+    path = os.path.join(tmp, f"cal{j}.json")
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    proc = subprocess.run(
+        [sys.executable, "-m", "paracheck.cli", "gate", "--repo", repo, "--base", shas["base"]]
+        + ["--calibrate", str(n), "--thresholds", path, *gate_args, TARGET],
+        capture_output=True,
+        text=True,
+        preexec_fn=pin,
+    )
+    with open(f"{log_path}.cal{j}", "w") as log:
+        log.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"calibration job {j} failed: {proc.stdout}{proc.stderr}")
+    out[j] = json.load(open(path))
+
+
+def calibrate(n, jobs, slices, tmp, gate_args, log_path) -> dict:
+    """``n`` A/A passes spread over the jobs (each on its slice, all at once, loading the
+    machine as the measured runs will); their ratios merged into one thresholds file."""
+    from paracheck.gate import noise_threshold
+
+    out: dict = {}
+    per = [len(range(j, n, jobs)) for j in range(jobs)]
+    threads = [
+        threading.Thread(
+            target=_calibrate_job, args=(j, per[j], slices[j], tmp, gate_args, log_path, out)
+        )
+        for j in range(jobs)
+        if per[j]
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(out) != len(threads):
+        raise RuntimeError(
+            f"{len(threads) - len(out)} calibration job(s) failed: see {log_path}.cal*"
+        )
+    record = dict(out[0])
+    ratios = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["median_ratios"]]
+    record["passes"] = len(ratios)
+    record["variants"] = {
+        TARGET: {"median_ratios": ratios, "threshold": noise_threshold(ratios, record["floor"])}
+    }
+    return record
+
+
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -239,6 +294,15 @@ def main(argv=None) -> int:
         default=None,
         help="start no gate run after this many seconds; runs started still finish (default: none)",
     )
+    p.add_argument(
+        "--calibrate",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first measure the threshold from N A/A passes (paracheck gate --calibrate, spread "
+        "over the jobs) and run every gate with it (--thresholds); default: the gate's fixed "
+        "--threshold",
+    )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
     p.add_argument(
         "--merge",
@@ -282,30 +346,48 @@ def main(argv=None) -> int:
         return 2
     tmp = tempfile.mkdtemp(prefix="paracheck-gate-operating-")
     runs: dict[str, list[dict]] = {"identical": [], **{k: [] for k in kinds}}
-    deadline = time.monotonic() + (args.deadline if args.deadline is not None else float("inf"))
     lock = threading.Lock()
     print(
         f"gate operating point: {args.n} runs each of {', '.join(runs)}, {args.jobs} at a time; "
         f"gate output in {args.log}",
         flush=True,
     )
+    slices = [
+        None
+        if args.jobs == 1
+        else set(available[j * args.cores_per_job : (j + 1) * args.cores_per_job])
+        for j in range(args.jobs)
+    ]
+    gate_args = list(args.gate_args)
+    calibration = None
     try:
+        if args.calibrate:
+            t0 = time.monotonic()
+            calibration = calibrate(args.calibrate, args.jobs, slices, tmp, gate_args, args.log)
+            path = os.path.join(tmp, "thresholds.json")
+            with open(path, "w") as f:
+                json.dump(calibration, f)
+            gate_args += ["--thresholds", path]
+            ratios = calibration["variants"][TARGET]["median_ratios"]
+            print(
+                f"calibrated on {len(ratios)} A/A passes in {time.monotonic() - t0:.0f} s: median "
+                f"ratios x{min(ratios):.3f} to x{max(ratios):.3f}, threshold "
+                f"{calibration['variants'][TARGET]['threshold']:.1%}",
+                flush=True,
+            )
+        deadline = time.monotonic() + (args.deadline if args.deadline is not None else float("inf"))
         # Interleaved: one run of every comparison per repetition, so a machine that gets busier
         # affects the false-alarm and detection rates alike. Job j takes repetitions j, j+J, ...,
         # and starts its rotation of the comparisons at a different one.
         threads = []
         for j in range(args.jobs):
-            cpus = (
-                None
-                if args.jobs == 1
-                else set(available[j * args.cores_per_job : (j + 1) * args.cores_per_job])
-            )
+            cpus = slices[j]
             labels = list(runs)
             labels = labels[j % len(labels) :] + labels[: j % len(labels)]
             reps = range(j, args.n, args.jobs)
             t = threading.Thread(
                 target=_job,
-                args=(j, reps, labels, cpus, tmp, kinds, args.gate_args, args.log, deadline, lock),
+                args=(j, reps, labels, cpus, tmp, kinds, gate_args, args.log, deadline, lock),
                 kwargs={"runs": runs},
             )
             t.start()
@@ -319,7 +401,13 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"n": args.n, "jobs": args.jobs, "gate_args": args.gate_args, "runs": runs},
+                {
+                    "n": args.n,
+                    "jobs": args.jobs,
+                    "gate_args": args.gate_args,
+                    "calibration": calibration,
+                    "runs": runs,
+                },
                 f,
                 indent=1,
             )

@@ -172,3 +172,116 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
         assert any(q in line and "REGRESSION" in line for line in proc.stdout.splitlines()), (
             proc.stdout
         )
+
+
+# -- thresholds from measured noise (Note [Thresholds from measured noise]) ---------------------
+
+
+def test_noise_threshold_covers_every_aa_pass_in_both_directions():
+    """The threshold is the largest deviation the A/A passes showed, a ratio below 1 counted by
+    its reciprocal: an A/A pass that reads the same again is never suspect."""
+    from paracheck.gate import noise_threshold
+
+    ratios = [1.03, 0.92, 1.07, 0.99]
+    t = noise_threshold(ratios)
+    assert t == pytest.approx(1 / 0.92 - 1) and t > 0.08
+    for r in ratios:
+        assert _pass([r] * 4).says(t) == "same", r
+    # Just past the largest deviation seen: suspect.
+    assert _pass([(1 + t) * 1.001] * 4).says(t) == "slower"
+    assert noise_threshold([1.001, 0.999]) == 0.02
+    assert noise_threshold([1.001], floor=0.005) == 0.005
+    with pytest.raises(ValueError, match="at least one"):
+        noise_threshold([])
+    with pytest.raises(ValueError, match="floor"):
+        noise_threshold([1.0], floor=0)
+
+
+def _calibration(cfg, thresholds: dict) -> dict:
+    return {
+        "paracheck_gate_thresholds": 1,
+        "settings": cfg.settings(),
+        "variants": {v: {"median_ratios": [1.0], "threshold": t} for v, t in thresholds.items()},
+    }
+
+
+def test_thresholds_file_is_read_per_variant_and_refused_with_other_settings(tmp_path):
+    """A calibration names each variant's threshold; a variant it does not name keeps
+    --threshold; a file measured with other settings (here rounds and timing) is refused, naming
+    what differs."""
+    import json
+
+    from paracheck.gate import GateConfig, GateError, read_thresholds
+
+    cfg = GateConfig(repo=".", base="HEAD", head="HEAD", threshold=0.10)
+    path = tmp_path / "thresholds.json"
+    path.write_text(json.dumps(_calibration(cfg, {"bucketed": 0.04, "zero1": 0.17})))
+    cfg.thresholds = read_thresholds(str(path), cfg)
+    assert [cfg.threshold_for(v) for v in ("bucketed", "zero1", "naive")] == [0.04, 0.17, 0.10]
+    other = GateConfig(repo=".", base="HEAD", head="HEAD", rounds=8, timing="cpu")
+    with pytest.raises(GateError, match=r"timing 'wall' there, 'cpu' here; rounds 6 there, 8 here"):
+        read_thresholds(str(path), other)
+    path.write_text(json.dumps({"variants": {}}))
+    with pytest.raises(GateError, match="not a file written by paracheck gate --calibrate"):
+        read_thresholds(str(path), cfg)
+    with pytest.raises(GateError, match="cannot be read"):
+        read_thresholds(str(tmp_path / "missing.json"), cfg)
+
+
+def test_per_variant_threshold_decides_that_variant_only():
+    """The same pair of passes is a regression for a variant calibrated as steady (4%) and noise
+    for one calibrated as noisy (17%)."""
+    first, second = _pass([1.08, 1.09, 1.07, 1.08]), _pass([1.07, 1.08, 1.09, 1.08])
+    assert timing_verdict(first, second, 0.04) == "REGRESSION"
+    assert timing_verdict(first, None, 0.17) == "ok"
+
+
+def test_calibrate_needs_a_file_to_write(tmp_path):
+    """--calibrate without --thresholds, or a non-positive count or floor: exit 2 naming it."""
+    for extra, says in (
+        (["--calibrate", "3"], "--calibrate=3 writes its thresholds to --thresholds PATH"),
+        (["--calibrate", "0", "--thresholds", "t.json"], "--calibrate=0 must be >= 1"),
+        (["--calibrate", "3", "--thresholds", "t.json", "--floor", "0"], "--floor=0.0 must be > 0"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "paracheck.cli", "gate", "--base", "HEAD", *extra],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_calibrate_writes_thresholds_the_gate_then_uses(tmp_path, request):
+    """A real calibration of the user package's DDP (one A/A pass, few rounds): the file names
+    the variant's measured ratio and threshold, and a gate run with it reports the variant's
+    measured threshold."""
+    import json
+    import shutil
+
+    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
+        pytest.skip("slow (four worker starts): run with -m slow")
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "examples", "gate_user_package"), repo)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    common = ["--base", "HEAD", "--rounds", "2", "--steps", "2", "--thresholds", "t.json"]
+    cmd = [sys.executable, "-m", "paracheck.cli", "gate", *common, "mypkg.ddp:MyDDP"]
+    proc = subprocess.run(
+        cmd + ["--calibrate", "1"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.load(open(repo / "t.json"))
+    (ratio,) = record["variants"]["mypkg.ddp:MyDDP"]["median_ratios"]
+    threshold = record["variants"]["mypkg.ddp:MyDDP"]["threshold"]
+    assert threshold == pytest.approx(max(0.02, max(ratio, 1 / ratio) - 1), rel=1e-12)
+    assert record["settings"]["rounds"] == 2 and record["passes"] == 1
+    proc = subprocess.run(
+        cmd + ["--json", "v.json"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert f"threshold {threshold:.1%} (measured noise)" in proc.stdout
+    assert json.load(open(repo / "v.json"))["thresholds"] == {"mypkg.ddp:MyDDP": threshold}

@@ -68,6 +68,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threshold", type=float, default=0.10, help="relative step-time threshold (default 0.10)"
     )
+    p.add_argument(
+        "--thresholds",
+        default=None,
+        metavar="PATH",
+        help="per-variant thresholds measured by --calibrate on this machine with these settings; "
+        "a variant the file does not name is judged at --threshold (default: none, --threshold for "
+        "every variant)",
+    )
+    p.add_argument(
+        "--calibrate",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of gating, run N first passes of --base against itself (fresh workers each) "
+        "and write each variant's threshold, the largest deviation the N passes showed, to "
+        "--thresholds PATH (default: no calibration)",
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=0.02,
+        help="with --calibrate: the smallest threshold written for a variant (default 0.02)",
+    )
     p.add_argument("--steps", type=int, default=8, help="timed steps per job (default 8)")
     p.add_argument(
         "--timing",
@@ -110,12 +133,47 @@ def _write_json(path: str | None, record: dict) -> None:
             json.dump(record, f, indent=1)
 
 
+def _thresholds(cfg) -> str:
+    if not cfg.thresholds:
+        return f"{cfg.threshold:.0%}"
+    return "measured per variant, " + ", ".join(f"{v} {t:.1%}" for v, t in cfg.thresholds.items())
+
+
+def _calibrate(cfg, n: int, floor: float, path: str, t0: float) -> int:
+    """``--calibrate N``: measure, write ``path``, print each variant's threshold."""
+    from paracheck.gate import GateError, calibrate_gate
+
+    try:
+        record = calibrate_gate(cfg, n, floor)
+    except GateError as exc:
+        print(f"paracheck gate: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    _write_json(path, record)
+    print("| variant | A/A passes | median ratios, lowest / highest | threshold |")
+    print("| --- | ---: | --- | ---: |")
+    for v, d in record["variants"].items():
+        r = d["median_ratios"]
+        print(f"| {v} | {len(r)} | x{min(r):.3f} / x{max(r):.3f} | {d['threshold']:.1%} |")
+    v = len(record["variants"])
+    print(
+        f"\nBy exchangeability an A/A first pass exceeds a variant's threshold with probability at "
+        f"most 1/(N+1) = 1/{n + 1}; with the confirming pass, a false alarm on {v} variant(s) has "
+        f"probability at most about {v}/(N+1)^2 = 1 in {(n + 1) ** 2 / v:.0f}."
+    )
+    print(
+        f"wrote {path} ({time.monotonic() - t0:.0f} s): pass it to paracheck gate --thresholds "
+        f"with the same settings on this machine; a slowdown about the size of a variant's "
+        f"threshold is caught about half the time"
+    )
+    return 0
+
+
 def cmd_gate(args) -> int:
     """``paracheck gate``: 0 when nothing regressed, 1 on a regression (table on stdout), 2 when
     the gate cannot measure."""
-    from paracheck.gate import GateConfig, GateError, format_rows, run_gate
+    from paracheck.gate import GateConfig, GateError, format_rows, read_thresholds, run_gate
 
-    for name in ("world_size", "rounds", "steps", "confirm_rounds"):
+    for name in ("world_size", "rounds", "steps", "confirm_rounds", "calibrate"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             print(
                 f"paracheck gate: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1",
@@ -140,6 +198,16 @@ def cmd_gate(args) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.calibrate is not None and not args.thresholds:
+        print(
+            f"paracheck gate: --calibrate={args.calibrate} writes its thresholds to "
+            f"--thresholds PATH: name the file",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.floor > 0:
+        print(f"paracheck gate: --floor={args.floor} must be > 0", file=sys.stderr)
+        return 2
     cuda = args.device == "cuda"
     cfg = GateConfig(
         repo=os.path.abspath(args.repo),
@@ -163,7 +231,11 @@ def cmd_gate(args) -> int:
         json_path=args.json_path,
     )
     t0 = time.monotonic()
+    if args.calibrate is not None:
+        return _calibrate(cfg, args.calibrate, args.floor, args.thresholds, t0)
     try:
+        if args.thresholds:
+            cfg.thresholds = read_thresholds(args.thresholds, cfg)
         rows, record = run_gate(cfg)
     except GateError as exc:
         print(f"paracheck gate: cannot decide: {exc}", file=sys.stderr)
@@ -189,7 +261,7 @@ def cmd_gate(args) -> int:
         )
     print(
         f"\n{'REGRESSION' if failed else 'PASS'}: {len(failed)} of {len(rows)} quantities regressed "
-        f"(threshold {cfg.threshold:.0%} on step {cfg.timing} times, any increase on exact quantities; "
+        f"(threshold {_thresholds(cfg)} on step {cfg.timing} times, any increase on exact quantities; "
         f"{time.monotonic() - t0:.0f} s)"
     )
     record.update(

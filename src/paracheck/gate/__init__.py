@@ -40,7 +40,9 @@ Note [The gate rule]
       head/base of the two jobs run back to back. The *median of the paired ratios* decides
       (a load that drifts during the run affects both jobs of a round alike; one disturbed
       round cannot move a median): a pass says "slower" when it exceeds ``1 + threshold``
-      (default 0.10), "faster" when it is below ``1 - threshold``. The ratio of the two sides'
+      (default 0.10, or each variant's own threshold measured by ``--calibrate``: Note
+      [Thresholds from measured noise] in ``paracheck.gate.rule``), "faster" when it is below
+      ``1 - threshold``. The ratio of the two sides'
       fastest jobs is reported, not judged. It once had to exceed ``1 + threshold`` too, and
       then only to exceed 1; on 2-core slices of a shared 16-core machine, 12 of 82 planted
       25% slowdowns were missed that way, with median ratios of x1.15-x1.32 and ratios of
@@ -67,9 +69,10 @@ from paracheck.gate.rule import (
     PassTiming,
     exact_verdict,
     format_rows,
+    noise_threshold,
     timing_verdict,
 )
-from paracheck.gate.run import GateConfig, GateError, run_gate
+from paracheck.gate.run import GateConfig, GateError, calibrate_gate, read_thresholds, run_gate
 
 __all__ = [
     "EXACT_QUANTITIES",
@@ -78,7 +81,10 @@ __all__ = [
     "GateRow",
     "PassTiming",
     "exact_verdict",
+    "calibrate_gate",
     "format_rows",
+    "noise_threshold",
+    "read_thresholds",
     "run_gate",
     "timing_verdict",
 ]

@@ -13,8 +13,38 @@ __all__ = [
     "PassTiming",
     "exact_verdict",
     "format_rows",
+    "noise_threshold",
     "timing_verdict",
 ]
+
+# Note [Thresholds from measured noise]
+#     One fixed threshold is too loose for a variant whose step is steady (a 10% slowdown of it
+#     goes through about half the time) and can be too tight for one that is noisy. ``paracheck
+#     gate --calibrate N`` measures the noise instead: N first passes of the gate on one commit
+#     against itself (A/A), each with fresh workers as a real gate run has, on the machine the
+#     gate will run on, with the settings it will use. Each gives per variant one median ratio
+#     r_i, which for identical code is pure noise. A variant's threshold is then
+#
+#         t = max(floor, max_i |log r_i|)
+#
+#     Why the largest deviation seen, and not a multiple of a spread: it needs no model of the
+#     noise. The A/A passes and a later A/A pass of the gate are exchangeable draws of the same
+#     distribution, so the later pass is the largest of the N + 1 with probability at most
+#     1/(N + 1): it exceeds t in one direction with probability at most 1/(N + 1). The gate fails
+#     a timing only when its second pass, fresh workers and twice the rounds, is above t too.
+#     If the two passes are independent, and the second (a median of more rounds) is no noisier
+#     than the first, a variant raises a false alarm with probability at most 1/(N + 1)^2, and V
+#     variants with at most V/(N + 1)^2: 1 in 120 for 8 variants and N = 30. Shared machines
+#     have heavy tails (an A/A pass 17% off on 2-core slices of a loaded host) that a standard
+#     deviation understates and the largest deviation keeps. ``floor`` (default 2%) keeps a
+#     variant measured as very steady from failing on changes too small to matter.
+#
+#     What it costs: a slowdown is caught about half the time when it equals the variant's
+#     threshold and nearly always at twice the noise of a pass above it; the calibration prints
+#     each variant's threshold so that what the gate can see on this machine is known. The
+#     thresholds hold for the machine and the settings they were measured with: a file whose
+#     device, world size, timing, rounds, steps, model or bucket size differ from the gate's is
+#     refused.
 
 EXACT_QUANTITIES = (
     "collectives",
@@ -82,6 +112,22 @@ class PassTiming:
             "median_ratio": self.median_ratio,
             "min_ratio": self.min_ratio,
         }
+
+
+def noise_threshold(median_ratios, floor: float = 0.02) -> float:
+    """A variant's threshold from the median ratios of its A/A first passes (Note [Thresholds
+    from measured noise]): the largest relative deviation seen, in either direction, or
+    ``floor``, whichever is larger."""
+    import math
+
+    ratios = [float(r) for r in median_ratios]
+    if not ratios:
+        raise ValueError("median_ratios must hold at least one A/A pass")
+    if min(ratios) <= 0:
+        raise ValueError(f"median ratios must be > 0: {ratios}")
+    if not floor > 0:
+        raise ValueError(f"floor={floor!r} must be > 0")
+    return max(floor, max(math.expm1(abs(math.log(r))) for r in ratios))
 
 
 def timing_verdict(first: PassTiming, second: PassTiming | None, threshold: float) -> str:

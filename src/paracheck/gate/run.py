@@ -30,10 +30,11 @@ from paracheck.gate.rule import (
     GateRow,
     PassTiming,
     exact_verdict,
+    noise_threshold,
     timing_verdict,
 )
 
-__all__ = ["GateConfig", "GateError", "run_gate"]
+__all__ = ["GateConfig", "GateError", "calibrate_gate", "read_thresholds", "run_gate"]
 
 # Newest first: Note [One worker per tree].
 _WORKERS = ("paracheck.gate._worker", "paracheck.bench._worker")
@@ -142,6 +143,9 @@ class GateConfig:
     rounds: int = 6
     confirm_rounds: int | None = None  # None: 2 * rounds
     threshold: float = 0.10
+    # Per-variant thresholds measured by calibrate_gate (Note [Thresholds from measured noise]);
+    # a variant without one is judged at ``threshold``.
+    thresholds: dict = field(default_factory=dict)
     steps: int = 8
     warmup: int = 2
     bucket_mb: float = 1.0
@@ -151,6 +155,21 @@ class GateConfig:
     verbose: bool = False
     json_path: str | None = None
     log: object = field(default=sys.stderr)
+
+    def threshold_for(self, variant: str) -> float:
+        return self.thresholds.get(variant, self.threshold)
+
+    def settings(self) -> dict:
+        """What the noise of a pass depends on: a calibration holds only for the same."""
+        return {
+            "device": self.device,
+            "world_size": self.world_size,
+            "timing": self.timing,
+            "rounds": _even(self.rounds),
+            "steps": self.steps,
+            "model": self.model,
+            "bucket_mb": self.bucket_mb,
+        }
 
 
 def _even(n: int) -> int:
@@ -384,7 +403,7 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         exact: dict = {}
         _warm_up(cfg, sides, variants)
         first = _timing_pass(cfg, sides, variants, exact, rounds)
-        suspects = [v for v in variants if first[v].says(cfg.threshold) != "same"]
+        suspects = [v for v in variants if first[v].says(cfg.threshold_for(v)) != "same"]
         second: dict[str, PassTiming] = {}
         if suspects:
             # Fresh processes for the confirmation (Note [The gate rule]).
@@ -397,8 +416,10 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
             second = _timing_pass(cfg, sides, suspects, None, confirm)
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
-            verdict = timing_verdict(first[v], second.get(v), cfg.threshold)
+            verdict = timing_verdict(first[v], second.get(v), cfg.threshold_for(v))
             detail = f"pass 1: median ratio x{first[v].median_ratio:.3f}, ratio of minima x{first[v].min_ratio:.3f}"
+            if v in cfg.thresholds:
+                detail = f"threshold {cfg.thresholds[v]:.1%} (measured noise); " + detail
             if v in second:
                 detail += f"; pass 2: x{second[v].median_ratio:.3f}, x{second[v].min_ratio:.3f}"
             both = (
@@ -442,6 +463,7 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
             "device": cfg.device,
             "world_size": cfg.world_size,
             "threshold": cfg.threshold,
+            "thresholds": {v: cfg.threshold_for(v) for v in variants},
             "rounds": rounds,
             "confirm_rounds": confirm,
             "timing": cfg.timing,
@@ -456,3 +478,73 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         for side in sides:
             side.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def calibrate_gate(cfg: GateConfig, n: int, floor: float = 0.02) -> dict:
+    """``n`` first passes of ``cfg.base`` against itself, each with fresh workers as a gate run
+    has; returns the thresholds record (Note [Thresholds from measured noise]). Raises
+    GateError."""
+    import platform
+
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    sha = _git(cfg.repo, "rev-parse", "--verify", f"{cfg.base}^{{commit}}")
+    tmp = tempfile.mkdtemp(prefix="paracheck-gate-")
+    sides: list[_Side] = []
+    ratios: dict[str, list[float]] = {}
+    try:
+        same = GateConfig(**{**cfg.__dict__, "head": cfg.base})
+        trees, own = _trees(same, {"base": sha, "head": sha}, tmp)
+        rounds = _even(cfg.rounds)
+        for i in range(n):
+            sides = _start_sides(same, trees, own)
+            variants, _ = _choose_variants(same, sides)
+            _say(cfg, f"A/A pass {i + 1}/{n}: {cfg.base} ({sha[:10]}) against itself")
+            _warm_up(same, sides, variants)
+            first = _timing_pass(same, sides, variants, None, rounds)
+            for v, t in first.items():
+                ratios.setdefault(v, []).append(t.median_ratio)
+            for side in sides:
+                side.close()
+            sides = []
+    finally:
+        for side in sides:
+            side.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "paracheck_gate_thresholds": 1,
+        "commit": sha,
+        "targets": list(cfg.targets),
+        "settings": cfg.settings(),
+        "machine": {"host": platform.node(), "cpus": os.cpu_count()},
+        "passes": n,
+        "floor": floor,
+        "variants": {
+            v: {"median_ratios": r, "threshold": noise_threshold(r, floor)}
+            for v, r in ratios.items()
+        },
+    }
+
+
+def read_thresholds(path: str, cfg: GateConfig) -> dict[str, float]:
+    """The per-variant thresholds of a calibration file, checked against ``cfg``'s settings.
+    Raises GateError naming what does not match."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise GateError(f"--thresholds={path!r} cannot be read: {exc}") from None
+    if not isinstance(record, dict) or record.get("paracheck_gate_thresholds") != 1:
+        raise GateError(
+            f"--thresholds={path!r} is not a file written by paracheck gate --calibrate"
+        )
+    stored, now = record.get("settings", {}), cfg.settings()
+    differ = [
+        f"{k} {stored.get(k)!r} there, {now[k]!r} here" for k in now if stored.get(k) != now[k]
+    ]
+    if differ:
+        raise GateError(
+            f"--thresholds={path!r} was measured with other settings ({'; '.join(differ)}): "
+            f"noise depends on them; calibrate again with these"
+        )
+    return {v: float(d["threshold"]) for v, d in record["variants"].items()}
