@@ -379,3 +379,14 @@ def test_zero1_refuses_a_second_gradient_before_synchronisation():
     zero(x).sum().backward()
     with pytest.raises(RuntimeError, match=r"call it after every backward outside no_sync\(\)"):
         zero(x).sum().backward()
+
+
+def test_traffic_judges_only_a_declared_partition(world):
+    """The same torch optimizer, frozen parameters broadcast every step: judged against the
+    owner-broadcast model when it declares its partition (above), not judged when it declares
+    none, as a user's correct class does (Note [Traffic judges a declared design])."""
+    from paracheck.check.targets import Target
+
+    path = "tests.regression._sharded_targets:UndeclaredTorchZero"
+    target = Target("undeclared", path, "sharded", properties=frozenset({"traffic"}))
+    assert run_case(world, target, FROZEN_FIRST).ok

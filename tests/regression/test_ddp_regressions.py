@@ -280,3 +280,18 @@ def test_target_refusing_unbounded_bucket_is_skipped_not_failed(world):
     result = run_case(world, target, _shrunk(unbounded_bucket=True))
     assert result.ok and "bucket_size_mb=None" in result.extra["skipped"], result.describe()
     assert run_case(world, target, _shrunk()).ok
+
+
+def test_an_agreement_by_max_is_not_a_gradient_reduction(world):
+    """A correct bucketed DDP that all-reduces one float32 flag by max after each synchronisation
+    passes bucket-structure (Note [Bucket-structure rules]: a max cannot average a gradient); the
+    same four bytes reduced by sum are counted, and go beyond the gradients and their flags."""
+    case = _shrunk()
+    for name, ok in (("MaxFlagDDP", True), ("SumFlagDDP", False)):
+        target = Target(name, f"tests.regression._ddp_targets:{name}", "ddp", True)
+        result = run_case(world, target, case)
+        if ok:
+            assert result.ok, result.describe()
+        else:
+            assert [d.what for d in result.divergences] == ["bucket-structure"], result.describe()
+            assert "more bytes all-reduced than the trainable gradients" in result.describe()

@@ -86,7 +86,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from paracheck.accounting.cost import bus_bytes
 
-__all__ = ["COLLECTIVE_KINDS", "CollectiveCall", "HookCounter", "Recorder", "count_hooks"]
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "CONTROL_REDUCE_OPS",
+    "CollectiveCall",
+    "HookCounter",
+    "Recorder",
+    "count_hooks",
+]
 
 # c10d (torch.distributed) and _c10d_functional operator names -> kind.
 _C10D_KINDS = {
@@ -126,6 +133,9 @@ _C10D_KINDS = {
     "monitored_barrier_": "barrier",
 }
 COLLECTIVE_KINDS = tuple(sorted(set(_C10D_KINDS.values())))
+# c10d's ReduceOp::RedOpType values, as a boxed ReduceOp's op() returns them.
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+CONTROL_REDUCE_OPS = frozenset({"product", "min", "max", "band", "bor", "bxor"})
 # Kinds whose message size is the larger of (output, input): the full tensor, not one shard.
 _SHARDED_KINDS = {"all_gather", "reduce_scatter", "gather", "scatter"}
 
@@ -143,6 +153,14 @@ class CollectiveCall:
     group: object = field(default=None, compare=False, repr=False)
     # The payload's element type ("float32"; "" where it holds no tensor).
     dtype: str = field(default="", compare=False)
+    # A reducing collective's operation ("sum", "avg", "max", ...; "" where none or unknown).
+    reduce_op: str = field(default="", compare=False)
+
+    @property
+    def is_control(self) -> bool:
+        """A reduction by max, min, product or a bitwise operation: it cannot average gradients,
+        so it carries an agreement between the ranks (a flag, an overflow, a count)."""
+        return self.reduce_op in CONTROL_REDUCE_OPS
 
     @property
     def bus_bytes(self) -> float:
@@ -204,6 +222,23 @@ def _process_group(args, kwargs):
             except (RuntimeError, TypeError):  # another boxed class (a ReduceOp)
                 continue
     return None
+
+
+def _reduce_op(args, kwargs) -> str:
+    """The operation of a reducing c10d operator: a boxed ``ReduceOp`` (whose ``op()`` is its
+    RedOpType) or, for the functional collectives, its name as a string; "" where there is none."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.ScriptObject):
+            try:
+                if "ReduceOp" not in a._type().qualified_name():
+                    continue
+                code = int(a.op())
+            except (RuntimeError, AttributeError, TypeError):
+                continue
+            return _REDUCE_OPS[code] if 0 <= code < len(_REDUCE_OPS) else ""
+        if isinstance(a, str) and a.lower() in _REDUCE_OPS:
+            return a.lower()
+    return ""
 
 
 def _group_size(group) -> int:
@@ -328,6 +363,9 @@ class Recorder(TorchDispatchMode):
                     _group_size(group),
                     group,
                     dtype,
+                    _reduce_op(args, kwargs)
+                    if kind in ("all_reduce", "reduce", "reduce_scatter")
+                    else "",
                 )
             )
         return out

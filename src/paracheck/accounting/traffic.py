@@ -128,11 +128,14 @@ class RecordedCollectives:
     """What ``record_collectives`` saw: ``calls`` lists (kind, payload bytes) per collective call,
     in call order (Note [Exact quantities] in ``paracheck.accounting.record`` for the sizes)."""
 
-    def __init__(self, recorder: Recorder, group=None):
+    def __init__(self, recorder: Recorder, group=None, control: bool = True):
         self._recorder = recorder
         self.group = group
+        self.control = control
 
     def _matches(self, call) -> bool:
+        if not self.control and call.is_control:
+            return False
         # call.group is None only on a torch that cannot unbox the group: kept, as unknown.
         return self.group is None or call.group is None or call.group is self.group
 
@@ -162,14 +165,16 @@ class RecordedCollectives:
 
 
 @contextlib.contextmanager
-def record_collectives(*, group=None) -> Iterator[RecordedCollectives]:
+def record_collectives(*, group=None, control: bool = True) -> Iterator[RecordedCollectives]:
     """Record every collective operator dispatched inside the block, one payload size per call.
 
-    ``group`` restricts the records to one process group (None: all groups). A thin view of a
+    ``group`` restricts the records to one process group (None: all groups). ``control=False``
+    leaves out the reductions by max, min, product or a bitwise operation
+    (``CollectiveCall.is_control``): agreements between the ranks, never a gradient average. A thin view of a
     ``paracheck.accounting.record.Recorder`` that tracks no memory: it sees every call however it
     was made (through a function bound before the block, from C++ as torch DDP's reducer does,
     asynchronously, on a view), a forwarding alias once, and a coalesced call
     (``_coalescing_manager``, ``all_reduce_coalesced``) as the one message it is. Blocks nest.
     """
     with Recorder(track_memory=False) as rec:
-        yield RecordedCollectives(rec, group)
+        yield RecordedCollectives(rec, group, control)

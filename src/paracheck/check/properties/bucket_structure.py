@@ -49,6 +49,12 @@ Note [Bucket-structure rules]
        pairs), or after a first bucket capped smaller on purpose (torch DDP's 1 MB first bucket):
        r + 2 in all. Every parameter alone under a cap that holds several gives n - 1 such pairs.
 
+    A window holds the all-reduces that can carry gradients: a reduction by max, min, product or
+    a bitwise operation cannot average one, so it is an agreement between the ranks (a flag that
+    says whether to redo a bucket, an overflow, a count) and is not in the window
+    (``CollectiveCall.is_control``). A design may send such agreements freely; a flag sent by
+    sum counts as metadata within A.
+
     Every rule reads only what the recorder saw. The recorder is a dispatch mode, so it sees calls
     issued from C++ (torch DDP's reducer) and through functions bound before recording (``from
     torch.distributed import all_reduce``); a coalesced group (``_coalescing_manager``) is one

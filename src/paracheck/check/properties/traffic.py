@@ -7,6 +7,18 @@ synchronisation too). Compares with the owner-broadcast model over the trainable
 the optimizer at that step (``sharded``), or the ZeRO-1 model of the case's flat layout, with one
 synchronisation per micro-step (one with ``no_sync``) (``zero``). A step the GradScaler skipped
 (``StepRecord.skipped``) never calls ``step()``: the model for it is no collective at all.
+
+Note [Traffic judges a declared design]
+    The models are those of paracheck's own designs: one broadcast per trainable parameter from
+    its owner, or one reduce-scatter and one all-gather per bucket of the flat layout. A design
+    that is correct by the interface can communicate otherwise: broadcast its frozen parameters
+    too (anything that loops over ``param_groups``), coalesce a rank's parameters into one
+    broadcast, all-gather flat shards, lay its buckets out its own way, or agree on a flag with an
+    extra small collective. Exact traffic is a property of a *declared* design, like ``balance``
+    and ``memory``: it is judged only for a target that declares its partition (``partition``
+    with ``owners``, or ``pieces`` and ``layout``), as the built-in designs and adapters do. A
+    target that declares none is not judged (and no mutant is seen by this property alone: the
+    bugs that train correctly are caught by ``balance`` and ``memory``).
 """
 
 from __future__ import annotations
@@ -25,6 +37,12 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     """The first step and rank whose collectives differ from the model, or None."""
     facts = CaseFacts.of(case)
     W = case.world_size
+    if kind in ("zero", "zero2"):
+        declared = ranks[0].pieces
+    else:
+        declared = next((st.owners for st in ranks[0].steps if st.owners is not None), None)
+    if declared is None:
+        return None  # Note [Traffic judges a declared design]
     for k in range(len(traj.steps)):
         if kind in ("zero", "zero2"):
             params, e = facts.params, facts.params[facts.trainable[0]].element_size()

@@ -77,7 +77,9 @@ def train_micro_steps(
     for micro in range(case.accumulation):
         skip = case.no_sync and drv.no_sync is not None and micro < last
         if windows is not None and recorder is None:
-            recording = record_collectives()
+            # Gradient windows hold the messages that can carry gradients: a max/min/bitwise
+            # reduction is an agreement between the ranks (a flag), never an average.
+            recording = record_collectives(control=False)
             recorder = recording.__enter__()
         before = len(recorder.calls) if recorder is not None else 0
         with drv.sync_context(skip):
