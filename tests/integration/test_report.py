@@ -195,3 +195,30 @@ def test_hang_report_says_which_collective_the_ranks_disagree_on(world):
         "the ranks disagree: rank 0 is in its 2nd all_reduce" in text
         and "rank 1 finished after 1 all_reduce" in text
     )
+
+
+def test_harness_error_without_a_target_frame_is_not_blamed_on_the_target():
+    """A traceback with no frame of the target's code (paracheck's harness raised reading it) is
+    reported as the harness's, not as 'your code raised'."""
+    from types import SimpleNamespace
+
+    from paracheck.check.report import PropertyFailure
+
+    inside = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/paracheck/check/ranks/fsdp.py", line 154, in run_fsdp\n'
+        "    optimizer = build_optimizer(case, params)\n"
+        '  File "/x/site-packages/paracheck/cases.py", line 574, in param_groups\n'
+        "    d = {'params': [params[i] for i in idx]}\n"
+        "IndexError: list index out of range\n"
+    )
+    user = inside.replace(
+        "IndexError", '  File "/home/me/mypkg/fsdp.py", line 9, in forward\n    x[3]\nIndexError'
+    )
+    for detail, says in (
+        (inside, "paracheck's harness raised on rank 0"),
+        (user, "your code raised on rank 0"),
+    ):
+        error = SimpleNamespace(failures=[SimpleNamespace(rank=0, detail=detail)])
+        failure = PropertyFailure("raised", SimpleNamespace(error=error))
+        assert failure.meaning.startswith(says), failure.meaning

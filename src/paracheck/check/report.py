@@ -309,7 +309,16 @@ class PropertyFailure:
             and self.result.error is not None
             and self.result.error.failures
         ):
-            return f"your code raised on rank {self.result.error.failures[0].rank}"
+            first = self.result.error.failures[0]
+            if target_frame(first.detail) is None and "Traceback" in first.detail:
+                # No frame of the target's own code: paracheck's harness raised while reading
+                # it, which must not be blamed on the target.
+                return (
+                    f"paracheck's harness raised on rank {first.rank}, with no frame of your code "
+                    f"in the traceback: an interface it could not read, or a bug in paracheck "
+                    f"(the traceback below says which)"
+                )
+            return f"your code raised on rank {first.rank}"
         summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
         if self.property == "memory-cap" and summary:
             return f"{summary}: a resource failure, not a wrong result"

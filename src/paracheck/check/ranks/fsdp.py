@@ -27,6 +27,7 @@ Note [Reading an FSDP]
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import weakref
 
@@ -79,19 +80,29 @@ def _strip(name: str) -> str:
     return name
 
 
-def in_module_order(got, names: list[str], what: str) -> list:
-    """``got`` (a list in parameter order, or a dict by name) as a list in ``names``' order."""
+def in_module_order(got, names: list[str], what: str, trainable: list[bool] | None = None) -> list:
+    """``got`` (a list in parameter order, or a dict by name) as a list in ``names``' order. With
+    ``trainable`` (one flag per name), a list of one entry per trainable parameter is read too,
+    None standing for the others (gradients: frozen parameters have none), and a dict may leave
+    out the parameters that have no gradient."""
     if isinstance(got, dict):
         by_name = {_strip(str(k)): v for k, v in got.items()}
         missing = [n for n in names if n not in by_name]
-        if missing:
+        if missing and trainable is None:
             raise ValueError(
                 f"{what} returned a dict without {missing[0]!r} (keys: {sorted(by_name)[:6]})"
             )
-        return [by_name[n] for n in names]
+        return [by_name.get(n) for n in names]
     got = list(got)
+    if trainable is not None and len(got) != len(names) and len(got) == sum(trainable):
+        it = iter(got)
+        return [next(it) if t else None for t in trainable]
     if len(got) != len(names):
-        raise ValueError(f"{what} returned {len(got)} tensors for {len(names)} parameters")
+        also = "" if trainable is None else f" (or {sum(trainable)}, one per trainable parameter)"
+        raise ValueError(
+            f"{what} returned {len(got)} tensors for {len(names)} parameters{also}, or give a "
+            f"dict by name"
+        )
     return got
 
 
@@ -124,6 +135,7 @@ def run_fsdp(payload: dict) -> RankRecord:
     model = build_case_model(case, rank, device=device, masters=compute is not None)
     names = [n for n, _ in model.named_parameters()]
     originals = list(model.parameters())
+    trainable_mask = [p.requires_grad for p in originals]
     # A constructor taking ``prefetch`` is built with the case's depth (Note [Gathered layers
     # and the prefetch depth] in paracheck.check.properties.gathered_layers).
     prefetch = case.prefetch if takes_keyword(cls, "prefetch") else None
@@ -146,12 +158,21 @@ def run_fsdp(payload: dict) -> RankRecord:
     gather_name, gather = _gather(payload, wrapper)
     full_gradients = getattr(wrapper, "full_gradients", None)
     params = list(wrapper.parameters())
-    if len(params) != len(names) and len(case.optimizer.groups) > 1:
-        return RankRecord.skip(
-            f"the wrapper's parameters() gives {len(params)} tensors for the module's "
-            f"{len(names)}: parameter groups by index cannot be built"
+    built = case
+    if len(params) != len(names):
+        # The wrapper's own tensors (flat shards per module, say) do not map to the module's
+        # parameters one to one: only a single group over every parameter can be built.
+        groups = case.optimizer.groups
+        if len(groups) > 1 or set(groups[0].params or range(len(names))) != set(range(len(names))):
+            return RankRecord.skip(
+                f"the wrapper's parameters() gives {len(params)} tensors for the module's "
+                f"{len(names)}: parameter groups by index cannot be built"
+            )
+        one = dataclasses.replace(groups[0], params=())
+        built = dataclasses.replace(
+            case, optimizer=dataclasses.replace(case.optimizer, groups=(one,))
         )
-    optimizer = build_optimizer(case, params)
+    optimizer = build_optimizer(built, params)
     scheduler = build_scheduler(case, optimizer)
 
     def whole(fn, what):
@@ -175,7 +196,11 @@ def run_fsdp(payload: dict) -> RankRecord:
         with GatherWatch(settle_above) as watch, perturbed(case, rank, model):
             train_micro_steps(case, drv, optimizer, rank, device, step, windows)
         gathered, peak = watch.settled(), watch.peak
-        grads = None if full_gradients is None else whole(full_gradients, "full_gradients()")
+        grads = None
+        if full_gradients is not None:
+            grads = snapshot(
+                in_module_order(full_gradients(), names, "full_gradients()", trainable_mask)
+            )
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)

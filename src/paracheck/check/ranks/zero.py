@@ -46,7 +46,7 @@ from paracheck.check.ranks._optimizer import (
     scheduler_or_skip,
     state_bytes,
 )
-from paracheck.check.ranks.fsdp import CollectiveWatch, storage_elements
+from paracheck.check.ranks.fsdp import CollectiveWatch, in_module_order, storage_elements
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -57,6 +57,23 @@ def run_zero2(payload: dict) -> RankRecord:
     """``run_zero``, recording after each step's synchronisation the gradients the rank holds
     (Note [Gradients kept as shards] in ``paracheck.check.properties.placement``)."""
     return run_zero(payload, watch=True)
+
+
+def _full_gradients(got, model, params: list, trainable: list, index: dict) -> list:
+    """What ``full_gradients()`` returned, one entry per parameter in module order. Accepted: one
+    gradient per trainable parameter (in the wrapper's ``trainable`` order where it declares one),
+    one per parameter (None for frozen ones), or a dict by name."""
+    names = [n for n, _ in model.named_parameters()]
+    mask = [p.requires_grad for p in params]
+    if isinstance(got, dict) or len(names) != len(params):
+        return in_module_order(got, names, "full_gradients()", mask)
+    got = list(got)
+    if len(got) == len(trainable):
+        grads = [None] * len(params)
+        for p, g in zip(trainable, got):
+            grads[index[id(p)]] = g
+        return grads
+    return in_module_order(got, names, "full_gradients()", mask)
 
 
 def run_zero(payload: dict, *, watch: bool = False) -> RankRecord:
@@ -107,10 +124,7 @@ def run_zero(payload: dict, *, watch: bool = False) -> RankRecord:
             )  # not the step's traffic
         grads = None
         if full_gradients is not None:
-            grads = [None] * len(params)
-            for p, g in zip(trainable, full_gradients()):
-                grads[index[id(p)]] = g
-            grads = snapshot(grads)
+            grads = snapshot(_full_gradients(full_gradients(), model, params, trainable, index))
         if not case.closure:
             with record_collectives() as rec_step:
                 zero.step()
