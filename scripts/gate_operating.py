@@ -23,7 +23,7 @@ measure (exit 2) and the median ratios the gate saw. At the default threshold of
     python scripts/gate_operating.py [--n 10] [--kinds sleep-10,...] [--calibrate 30] [--json out.json]
         [-- gate args]
 
-``--calibrate N`` first measures the gate's threshold on this machine from N A/A passes
+``--calibrate N`` first measures the gate's threshold on this machine from N A/A gate runs
 (``paracheck gate --calibrate``; Note [Thresholds from measured noise] in ``paracheck.gate.rule``)
 and runs every gate with it, instead of the fixed 10%.
 
@@ -216,10 +216,14 @@ def calibrate(n, jobs, slices, tmp, gate_args, log_path) -> dict:
             f"{len(threads) - len(out)} calibration job(s) failed: see {log_path}.cal*"
         )
     record = dict(out[0])
-    ratios = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["median_ratios"]]
-    record["passes"] = len(ratios)
+    first = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["first_pass"]]
+    second = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["second_pass"]]
+    t, reached = noise_threshold(
+        first, second, alarm_rate=record["alarm_rate"], floor=record["floor"]
+    )
+    record["runs"] = len(first)
     record["variants"] = {
-        TARGET: {"median_ratios": ratios, "threshold": noise_threshold(ratios, record["floor"])}
+        TARGET: {"first_pass": first, "second_pass": second, "threshold": t, "reached": reached}
     }
     return record
 
@@ -299,7 +303,7 @@ def main(argv=None) -> int:
         type=int,
         default=None,
         metavar="N",
-        help="first measure the threshold from N A/A passes (paracheck gate --calibrate, spread "
+        help="first measure the threshold from N A/A gate runs (paracheck gate --calibrate, spread "
         "over the jobs) and run every gate with it (--thresholds); default: the gate's fixed "
         "--threshold",
     )
@@ -368,11 +372,12 @@ def main(argv=None) -> int:
             with open(path, "w") as f:
                 json.dump(calibration, f)
             gate_args += ["--thresholds", path]
-            ratios = calibration["variants"][TARGET]["median_ratios"]
+            d = calibration["variants"][TARGET]
+            a, b = d["first_pass"], d["second_pass"]
             print(
-                f"calibrated on {len(ratios)} A/A passes in {time.monotonic() - t0:.0f} s: median "
-                f"ratios x{min(ratios):.3f} to x{max(ratios):.3f}, threshold "
-                f"{calibration['variants'][TARGET]['threshold']:.1%}",
+                f"calibrated on {len(a)} A/A runs in {time.monotonic() - t0:.0f} s: pass-1 median "
+                f"ratios x{min(a):.3f} to x{max(a):.3f}, pass-2 x{min(b):.3f} to x{max(b):.3f}, "
+                f"threshold {d['threshold']:.1%}{'' if d['reached'] else ' (rate not reached)'}",
                 flush=True,
             )
         deadline = time.monotonic() + (args.deadline if args.deadline is not None else float("inf"))

@@ -177,31 +177,40 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
 # -- thresholds from measured noise (Note [Thresholds from measured noise]) ---------------------
 
 
-def test_noise_threshold_covers_every_aa_pass_in_both_directions():
-    """The threshold is the largest deviation the A/A passes showed, a ratio below 1 counted by
-    its reciprocal: an A/A pass that reads the same again is never suspect."""
-    from paracheck.gate import noise_threshold
+def test_noise_threshold_is_the_smallest_meeting_the_alarm_rate():
+    """With N A/A runs, the threshold is the smallest t whose bound (k1+1)(k2+1)/(N+1)^2, times the
+    variants, is within the rate (Note [Thresholds from measured noise]); checked against a
+    brute-force scan, and the bound is exactly met or missed around it."""
+    from paracheck.gate import false_alarm_bound, noise_threshold
 
-    ratios = [1.03, 0.92, 1.07, 0.99]
-    t = noise_threshold(ratios)
-    assert t == pytest.approx(1 / 0.92 - 1) and t > 0.08
-    for r in ratios:
-        assert _pass([r] * 4).says(t) == "same", r
-    # Just past the largest deviation seen: suspect.
-    assert _pass([(1 + t) * 1.001] * 4).says(t) == "slower"
-    assert noise_threshold([1.001, 0.999]) == 0.02
-    assert noise_threshold([1.001], floor=0.005) == 0.005
-    with pytest.raises(ValueError, match="at least one"):
-        noise_threshold([])
+    first = [1.00, 0.97, 1.05, 1.12, 0.99, 1.03, 1.08, 0.95, 1.01, 1.02] * 3
+    second = [1.01, 0.99, 1.02, 1.04, 0.98, 1.00, 1.03, 0.97, 1.01, 1.00] * 3
+    t, reached = noise_threshold(first, second, alarm_rate=1 / 30)
+    assert reached
+    assert false_alarm_bound(first, second, t) <= 1 / 30
+    scan = [x / 10000 for x in range(200, 2000)]
+    assert t == pytest.approx(
+        min(x for x in scan if false_alarm_bound(first, second, x) <= 1 / 30), abs=1e-4
+    )
+    # Eight variants share the rate: a higher threshold for each.
+    t8, _ = noise_threshold(first, second, variants=8, alarm_rate=1 / 30)
+    assert t8 > t and 8 * false_alarm_bound(first, second, t8) <= 1 / 30
+    # A ratio below 1 never raises the threshold: only slowdowns fail.
+    assert noise_threshold([0.5] * 30, [0.6] * 30)[0] == 0.02
+    # Too few runs for the rate: the largest deviation, and said so.
+    t1, reached1 = noise_threshold([1.05], [1.03], alarm_rate=1 / 30)
+    assert not reached1 and t1 == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="one ratio per A/A run"):
+        noise_threshold([1.0], [])
     with pytest.raises(ValueError, match="floor"):
-        noise_threshold([1.0], floor=0)
+        noise_threshold([1.0], [1.0], floor=0)
 
 
 def _calibration(cfg, thresholds: dict) -> dict:
     return {
-        "paracheck_gate_thresholds": 1,
-        "settings": cfg.settings(),
-        "variants": {v: {"median_ratios": [1.0], "threshold": t} for v, t in thresholds.items()},
+        "paracheck_gate_thresholds": 2,
+        "settings": {**cfg.settings(), "confirm_rounds": 12},
+        "variants": {v: {"threshold": t} for v, t in thresholds.items()},
     }
 
 
@@ -268,17 +277,20 @@ def test_calibrate_writes_thresholds_the_gate_then_uses(tmp_path, request):
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
         subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    common = ["--base", "HEAD", "--rounds", "2", "--steps", "2", "--thresholds", "t.json"]
+    common = ["--base", "HEAD", "--rounds", "2", "--confirm-rounds", "2", "--steps", "2"]
+    common += ["--thresholds", "t.json"]
     cmd = [sys.executable, "-m", "paracheck.cli", "gate", *common, "mypkg.ddp:MyDDP"]
     proc = subprocess.run(
         cmd + ["--calibrate", "1"], cwd=repo, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.load(open(repo / "t.json"))
-    (ratio,) = record["variants"]["mypkg.ddp:MyDDP"]["median_ratios"]
-    threshold = record["variants"]["mypkg.ddp:MyDDP"]["threshold"]
-    assert threshold == pytest.approx(max(0.02, max(ratio, 1 / ratio) - 1), rel=1e-12)
-    assert record["settings"]["rounds"] == 2 and record["passes"] == 1
+    d = record["variants"]["mypkg.ddp:MyDDP"]
+    (a,), (b,) = d["first_pass"], d["second_pass"]
+    threshold = d["threshold"]
+    # One run cannot show a 1-in-30 rate: the largest slowdown seen, or the floor.
+    assert not d["reached"] and threshold == pytest.approx(max(0.02, a - 1, b - 1), rel=1e-12)
+    assert record["settings"]["rounds"] == 2 and record["settings"]["confirm_rounds"] == 2
     proc = subprocess.run(
         cmd + ["--json", "v.json"], cwd=repo, env=env, capture_output=True, text=True
     )

@@ -13,6 +13,7 @@ __all__ = [
     "PassTiming",
     "exact_verdict",
     "format_rows",
+    "false_alarm_bound",
     "noise_threshold",
     "timing_verdict",
 ]
@@ -20,31 +21,36 @@ __all__ = [
 # Note [Thresholds from measured noise]
 #     One fixed threshold is too loose for a variant whose step is steady (a 10% slowdown of it
 #     goes through about half the time) and can be too tight for one that is noisy. ``paracheck
-#     gate --calibrate N`` measures the noise instead: N first passes of the gate on one commit
-#     against itself (A/A), each with fresh workers as a real gate run has, on the machine the
-#     gate will run on, with the settings it will use. Each gives per variant one median ratio
-#     r_i, which for identical code is pure noise. A variant's threshold is then
+#     gate --calibrate N`` measures the noise instead, on the machine the gate will run on and
+#     with the settings it will use: N times, the gate's two passes on one commit against itself
+#     (A/A), each pass with fresh workers as in a real run (R rounds, then the confirming
+#     pass's rounds). Per variant that gives N first-pass median ratios a_i and N second-pass
+#     ones b_i, pure noise since the code is the same.
 #
-#         t = max(floor, max_i |log r_i|)
+#     The gate fails a timing only when both passes read above 1 + t. For a threshold t let
+#     k1(t) = #{i: a_i > 1 + t} and k2(t) = #{i: b_i > 1 + t}. A later A/A first pass and the N
+#     calibration first passes are exchangeable draws of one distribution, so the later one
+#     exceeds 1 + t with probability at most (k1 + 1)/(N + 1) (it would have to be among the
+#     k1 + 1 largest of N + 1); the same for the second pass with k2. The two passes of a run
+#     use different processes at different times; taking them as independent, a variant raises
+#     a false alarm with probability at most
 #
-#     Why the largest deviation seen, and not a multiple of a spread: it needs no model of the
-#     noise. The A/A passes and a later A/A pass of the gate are exchangeable draws of the same
-#     distribution, so the later pass is the largest of the N + 1 with probability at most
-#     1/(N + 1): it exceeds t in one direction with probability at most 1/(N + 1). The gate fails
-#     a timing only when its second pass, fresh workers and twice the rounds, is above t too.
-#     If the two passes are independent, and the second (a median of more rounds) is no noisier
-#     than the first, a variant raises a false alarm with probability at most 1/(N + 1)^2, and V
-#     variants with at most V/(N + 1)^2: 1 in 120 for 8 variants and N = 30. Shared machines
-#     have heavy tails (an A/A pass 17% off on 2-core slices of a loaded host) that a standard
-#     deviation understates and the largest deviation keeps. ``floor`` (default 2%) keeps a
-#     variant measured as very steady from failing on changes too small to matter.
+#         p(t) = (k1(t) + 1)(k2(t) + 1) / (N + 1)^2,
+#
+#     and V variants with at most V p(t). The variant's threshold is the smallest t >= floor
+#     with V p(t) <= the wanted false-alarm rate (``--alarm-rate``, default 1 in 30 gate runs).
+#     Where no t reaches it (N too small: the least p is 1/(N + 1)^2), the threshold is the
+#     largest deviation seen and the calibration says so. No model of the noise is assumed:
+#     shared machines have heavy tails (an A/A pass 17% off on 2-core slices of a loaded host)
+#     that a standard deviation understates. Only slowdowns count ("faster" never fails).
+#     ``floor`` (default 2%) keeps a variant measured as very steady from failing on changes too
+#     small to matter.
 #
 #     What it costs: a slowdown is caught about half the time when it equals the variant's
-#     threshold and nearly always at twice the noise of a pass above it; the calibration prints
-#     each variant's threshold so that what the gate can see on this machine is known. The
-#     thresholds hold for the machine and the settings they were measured with: a file whose
-#     device, world size, timing, rounds, steps, model or bucket size differ from the gate's is
-#     refused.
+#     threshold; the calibration prints each threshold, so what the gate can see on this
+#     machine is known. The thresholds hold for the machine and the settings they were measured
+#     with: a file whose device, world size, timing, rounds, steps, model or bucket size differ
+#     from the gate's is refused.
 
 EXACT_QUANTITIES = (
     "collectives",
@@ -114,20 +120,40 @@ class PassTiming:
         }
 
 
-def noise_threshold(median_ratios, floor: float = 0.02) -> float:
-    """A variant's threshold from the median ratios of its A/A first passes (Note [Thresholds
-    from measured noise]): the largest relative deviation seen, in either direction, or
-    ``floor``, whichever is larger."""
-    import math
+def false_alarm_bound(first, second, t: float) -> float:
+    """p(t) of Note [Thresholds from measured noise]: the bound on one variant's false-alarm
+    probability at threshold ``t``, from its A/A first- and second-pass median ratios."""
+    n = len(first)
+    k1 = sum(r > 1 + t for r in first)
+    k2 = sum(r > 1 + t for r in second)
+    return (k1 + 1) * (k2 + 1) / (n + 1) ** 2
 
-    ratios = [float(r) for r in median_ratios]
-    if not ratios:
-        raise ValueError("median_ratios must hold at least one A/A pass")
-    if min(ratios) <= 0:
-        raise ValueError(f"median ratios must be > 0: {ratios}")
-    if not floor > 0:
-        raise ValueError(f"floor={floor!r} must be > 0")
-    return max(floor, max(math.expm1(abs(math.log(r))) for r in ratios))
+
+def noise_threshold(
+    first, second, *, variants: int = 1, alarm_rate: float = 1 / 30, floor: float = 0.02
+) -> tuple[float, bool]:
+    """A variant's threshold from its A/A passes (Note [Thresholds from measured noise]): the
+    smallest t >= ``floor`` with ``variants`` * p(t) <= ``alarm_rate``. Returns (t, reached):
+    ``reached`` False where N passes cannot show that rate and t is the largest deviation."""
+    first, second = [float(r) for r in first], [float(r) for r in second]
+    if not first or len(first) != len(second):
+        raise ValueError(
+            f"first ({len(first)}) and second ({len(second)}) must hold one ratio per A/A run, "
+            f"at least one"
+        )
+    if min(first + second) <= 0:
+        raise ValueError(f"median ratios must be > 0: {first}, {second}")
+    if not floor > 0 or not 0 < alarm_rate < 1 or variants < 1:
+        raise ValueError(
+            f"floor={floor!r} must be > 0, alarm_rate={alarm_rate!r} in (0, 1), "
+            f"variants={variants!r} >= 1"
+        )
+    # p(t) only changes where t crosses a ratio: the candidates are the floor and each ratio.
+    candidates = sorted({floor} | {r - 1 for r in first + second if r - 1 > floor})
+    for t in candidates:
+        if variants * false_alarm_bound(first, second, t) <= alarm_rate:
+            return t, True
+    return candidates[-1], False
 
 
 def timing_verdict(first: PassTiming, second: PassTiming | None, threshold: float) -> str:

@@ -480,10 +480,12 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def calibrate_gate(cfg: GateConfig, n: int, floor: float = 0.02) -> dict:
-    """``n`` first passes of ``cfg.base`` against itself, each with fresh workers as a gate run
-    has; returns the thresholds record (Note [Thresholds from measured noise]). Raises
-    GateError."""
+def calibrate_gate(
+    cfg: GateConfig, n: int, floor: float = 0.02, alarm_rate: float = 1 / 30
+) -> dict:
+    """``n`` A/A gate runs of ``cfg.base`` against itself, each a first pass and a confirming
+    pass, each pass with fresh workers as a gate run has; returns the thresholds record (Note
+    [Thresholds from measured noise]). Raises GateError."""
     import platform
 
     if n < 1:
@@ -491,39 +493,51 @@ def calibrate_gate(cfg: GateConfig, n: int, floor: float = 0.02) -> dict:
     sha = _git(cfg.repo, "rev-parse", "--verify", f"{cfg.base}^{{commit}}")
     tmp = tempfile.mkdtemp(prefix="paracheck-gate-")
     sides: list[_Side] = []
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[str, tuple[list[float], list[float]]] = {}
+    rounds = (_even(cfg.rounds), _even(cfg.confirm_rounds or 2 * cfg.rounds))
     try:
         same = GateConfig(**{**cfg.__dict__, "head": cfg.base})
         trees, own = _trees(same, {"base": sha, "head": sha}, tmp)
-        rounds = _even(cfg.rounds)
         for i in range(n):
-            sides = _start_sides(same, trees, own)
-            variants, _ = _choose_variants(same, sides)
-            _say(cfg, f"A/A pass {i + 1}/{n}: {cfg.base} ({sha[:10]}) against itself")
-            _warm_up(same, sides, variants)
-            first = _timing_pass(same, sides, variants, None, rounds)
-            for v, t in first.items():
-                ratios.setdefault(v, []).append(t.median_ratio)
-            for side in sides:
-                side.close()
-            sides = []
+            for which, r in enumerate(rounds):
+                sides = _start_sides(same, trees, own)
+                variants, _ = _choose_variants(same, sides)
+                _say(
+                    cfg,
+                    f"A/A run {i + 1}/{n}, pass {which + 1}: {cfg.base} ({sha[:10]}) against itself",
+                )
+                _warm_up(same, sides, variants)
+                for v, t in _timing_pass(same, sides, variants, None, r).items():
+                    ratios.setdefault(v, ([], []))[which].append(t.median_ratio)
+                for side in sides:
+                    side.close()
+                sides = []
     finally:
         for side in sides:
             side.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {
-        "paracheck_gate_thresholds": 1,
+    record = {
+        "paracheck_gate_thresholds": 2,
         "commit": sha,
         "targets": list(cfg.targets),
-        "settings": cfg.settings(),
+        "settings": {**cfg.settings(), "confirm_rounds": rounds[1]},
         "machine": {"host": platform.node(), "cpus": os.cpu_count()},
-        "passes": n,
+        "runs": n,
         "floor": floor,
-        "variants": {
-            v: {"median_ratios": r, "threshold": noise_threshold(r, floor)}
-            for v, r in ratios.items()
-        },
+        "alarm_rate": alarm_rate,
+        "variants": {},
     }
+    for v, (first, second) in ratios.items():
+        t, reached = noise_threshold(
+            first, second, variants=len(ratios), alarm_rate=alarm_rate, floor=floor
+        )
+        record["variants"][v] = {
+            "first_pass": first,
+            "second_pass": second,
+            "threshold": t,
+            "reached": reached,
+        }
+    return record
 
 
 def read_thresholds(path: str, cfg: GateConfig) -> dict[str, float]:
@@ -534,11 +548,12 @@ def read_thresholds(path: str, cfg: GateConfig) -> dict[str, float]:
             record = json.load(f)
     except (OSError, ValueError) as exc:
         raise GateError(f"--thresholds={path!r} cannot be read: {exc}") from None
-    if not isinstance(record, dict) or record.get("paracheck_gate_thresholds") != 1:
+    if not isinstance(record, dict) or record.get("paracheck_gate_thresholds") != 2:
         raise GateError(
             f"--thresholds={path!r} is not a file written by paracheck gate --calibrate"
         )
-    stored, now = record.get("settings", {}), cfg.settings()
+    stored = record.get("settings", {})
+    now = {**cfg.settings(), "confirm_rounds": _even(cfg.confirm_rounds or 2 * cfg.rounds)}
     differ = [
         f"{k} {stored.get(k)!r} there, {now[k]!r} here" for k in now if stored.get(k) != now[k]
     ]
