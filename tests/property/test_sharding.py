@@ -389,4 +389,10 @@ def test_traffic_judges_only_a_declared_partition(world):
 
     path = "tests.regression._sharded_targets:UndeclaredTorchZero"
     target = Target("undeclared", path, "sharded", properties=frozenset({"traffic"}))
-    assert run_case(world, target, FROZEN_FIRST).ok
+    result = run_case(world, target, FROZEN_FIRST)
+    assert result.ok, result.describe()
+    # ... and the report says what was not judged, where a declared design says nothing.
+    assert result.extra["unjudged"].startswith(
+        "traffic not judged: the target declares no partition"
+    )
+    assert "unjudged" not in run_case(world, _target("sharded"), FROZEN_FIRST).extra

@@ -560,6 +560,10 @@ def check_target(
         except OSError as exc:
             notes.append(f"could not save the failing cases in {database.path}: {exc}")
 
+    unjudged = sorted(
+        {r.extra["unjudged"] for r in checker.cache.values() if r.extra.get("unjudged")}
+    )
+    notes += unjudged
     seconds = time.monotonic() - t0
     if hasattr(progress, "clear"):
         progress.clear()

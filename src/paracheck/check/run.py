@@ -216,6 +216,18 @@ def run_case(
             divs.append(div)
     extra = ranks[0].notes()
     extra.update(notes)
+    judged_on_a_partition = props & {"balance", "memory", "traffic"}
+    if row.compares_state and judged_on_a_partition and case.world_size > 1:
+        declared = ranks[0].pieces is not None or any(
+            st.owners is not None for st in ranks[0].steps
+        )
+        if not declared:
+            # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
+            extra["unjudged"] = (
+                f"{', '.join(sorted(judged_on_a_partition))} not judged: the target declares no "
+                f"partition (partition.owners, or pieces and layout), so nothing says its "
+                f"optimizer state is sharded"
+            )
     return CaseResult(
         case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs
     )
