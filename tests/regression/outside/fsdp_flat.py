@@ -1,3 +1,4 @@
+# ruff: noqa: B007  (written outside paracheck; kept as its author wrote it)
 """FSDP1-style wrapper: one flat, padded parameter per (module, dtype) unit.
 
 * Every trainable parameter is owned by the first module (in ``named_modules`` order) that

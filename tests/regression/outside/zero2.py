@@ -1,3 +1,4 @@
+# ruff: noqa: B007  (written outside paracheck; kept as its author wrote it)
 """ZeRO-2 wrapper: replicated parameters, dim-0 sharded gradients and optimizer state.
 
 Every trainable parameter of the module (R rows) gets a shard of ceil(R/W) rows on each rank
