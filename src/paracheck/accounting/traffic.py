@@ -170,8 +170,9 @@ def record_collectives(*, group=None, control: bool = True) -> Iterator[Recorded
 
     ``group`` restricts the records to one process group (None: all groups). ``control=False``
     leaves out the reductions by max, min, product or a bitwise operation
-    (``CollectiveCall.is_control``): agreements between the ranks, never a gradient average. A thin view of a
-    ``paracheck.accounting.record.Recorder`` that tracks no memory: it sees every call however it
+    (``CollectiveCall.is_control``): agreements between the ranks, never a gradient average.
+
+    A thin view of a ``paracheck.accounting.record.Recorder`` that tracks no memory: it sees every call however it
     was made (through a function bound before the block, from C++ as torch DDP's reducer does,
     asynchronously, on a view), a forwarding alias once, and a coalesced call
     (``_coalescing_manager``, ``all_reduce_coalesced``) as the one message it is. Blocks nest.

@@ -13,6 +13,7 @@ from paracheck.check.features import without_all
 from paracheck.check.kinds import KINDS, PROPERTY_CHECKS, Evidence, resolve_properties
 from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
+from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
@@ -218,10 +219,7 @@ def run_case(
     extra.update(notes)
     judged_on_a_partition = props & {"balance", "memory", "traffic"}
     if row.compares_state and judged_on_a_partition and case.world_size > 1:
-        declared = ranks[0].pieces is not None or any(
-            st.owners is not None for st in ranks[0].steps
-        )
-        if not declared:
+        if not declares_partition(ranks):
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
             extra["unjudged"] = (
                 f"{', '.join(sorted(judged_on_a_partition))} not judged: the target declares no "

@@ -12,7 +12,7 @@ from paracheck.check.properties._case import case_params, group_of
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.ranks.record import RankRecord
 
-__all__ = ["CaseFacts", "owners_disagree"]
+__all__ = ["CaseFacts", "declares_partition", "owners_disagree"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class CaseFacts:
             for i in range(len(self.params))
             if i in self.added and (self.added[i] is None or self.added[i] <= k)
         ]
+
+
+def declares_partition(ranks: list[RankRecord]) -> bool:
+    """Whether the target declared its partition: ``pieces`` (``zero``) or, at some step,
+    ``owners`` (``sharded``). Exact traffic, balance and memory judge only a declared design
+    (Note [Traffic judges a declared design] in ``paracheck.check.properties.traffic``)."""
+    return bool(ranks) and (
+        ranks[0].pieces is not None or any(st.owners is not None for st in ranks[0].steps)
+    )
 
 
 def owners_disagree(k: int, ranks: list[RankRecord]) -> Divergence | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from paracheck.accounting.traffic import StepTraffic, owner_broadcast_traffic, zero1_traffic
 from paracheck.cases import Case
 from paracheck.check.properties._divergence import Divergence, diverge
-from paracheck.check.properties._sharding import CaseFacts
+from paracheck.check.properties._sharding import CaseFacts, declares_partition
 from paracheck.check.ranks.record import RankRecord
 from paracheck.zero.partition import flat_layout
 
@@ -37,11 +37,7 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     """The first step and rank whose collectives differ from the model, or None."""
     facts = CaseFacts.of(case)
     W = case.world_size
-    if kind in ("zero", "zero2"):
-        declared = ranks[0].pieces
-    else:
-        declared = next((st.owners for st in ranks[0].steps if st.owners is not None), None)
-    if declared is None:
+    if not declares_partition(ranks):
         return None  # Note [Traffic judges a declared design]
     for k in range(len(traj.steps)):
         if kind in ("zero", "zero2"):

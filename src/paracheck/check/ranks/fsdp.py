@@ -175,8 +175,8 @@ def run_fsdp(payload: dict) -> RankRecord:
     optimizer = build_optimizer(built, params)
     scheduler = build_scheduler(case, optimizer)
 
-    def whole(fn, what):
-        return snapshot(in_module_order(fn(), names, what))
+    def whole(fn, what, trainable=None):
+        return snapshot(in_module_order(fn(), names, what, trainable))
 
     def computed(masters: list) -> list:
         """The parameters a forward computes with: the masters rounded to the compute dtype."""
@@ -198,9 +198,7 @@ def run_fsdp(payload: dict) -> RankRecord:
         gathered, peak = watch.settled(), watch.peak
         grads = None
         if full_gradients is not None:
-            grads = snapshot(
-                in_module_order(full_gradients(), names, "full_gradients()", trainable_mask)
-            )
+            grads = whole(full_gradients, "full_gradients()", trainable_mask)
         optimizer.step()
         apply_lr_schedule(case, optimizer)
         step_scheduler(scheduler)
