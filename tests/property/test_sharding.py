@@ -381,6 +381,42 @@ def test_zero1_refuses_a_second_gradient_before_synchronisation():
         zero(x).sum().backward()
 
 
+RELOADED = Case(
+    model=MLPSpec(in_features=3, widths=(2, 1), bias=True),
+    world_size=2,
+    batch_sizes=(1, 1),
+    steps=3,
+    optimizer=OptimizerSpec("adam", (GroupSpec(params=()),)),
+    reload_at_step=1,
+)
+
+
+def test_state_stepped_on_two_ranks_fails_memory_without_a_declared_partition(world):
+    """Without a declared partition, ``memory`` judges one thing: no parameter's state is
+    stepped on two ranks (Note [State stepped on two ranks]). A design that shards nothing fails
+    it; torch's optimizer and a design keeping a stale whole copy of the loaded state pass."""
+    from paracheck.check.targets import Target
+
+    def target(path):
+        return Target("undeclared", path, "sharded", properties=frozenset({"memory"}))
+
+    broken = run_case(world, target("paracheck.mutants.sharding:NoShardUndeclared"), RELOADED)
+    assert broken.divergence is not None and broken.divergence.what == "memory", broken.describe()
+    assert "ranks [0, 1] each hold and update the optimizer state of parameter" in (
+        broken.divergence.detail
+    )
+    for path in (
+        "tests.regression._sharded_targets:UndeclaredTorchZero",
+        "tests.regression._sharded_targets:StaleCopyUndeclared",
+    ):
+        result = run_case(world, target(path), RELOADED)
+        assert result.ok, result.describe()
+        assert result.extra["unjudged"] == (
+            "memory judged only by the state each rank steps: no parameter's state may be "
+            "stepped on two ranks (the target declares no partition)"
+        )
+
+
 def test_traffic_judges_only_a_declared_partition(world):
     """The same torch optimizer, frozen parameters broadcast every step: judged against the
     owner-broadcast model when it declares its partition (above), not judged when it declares

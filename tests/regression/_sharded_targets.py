@@ -1,5 +1,8 @@
 """Sharded optimizers for the regression tests, importable by the rank processes."""
 
+import torch
+
+from paracheck.zero import ShardedOptimizer
 from paracheck.zero.torch_zero import TorchZero
 
 
@@ -9,3 +12,26 @@ class UndeclaredTorchZero(TorchZero):
     owner-broadcast model."""
 
     partition = None
+
+
+class StaleCopyUndeclared(ShardedOptimizer):
+    """A correct ``ShardedOptimizer`` that declares no partition and, once loaded, keeps the whole
+    consolidated state it was loaded from, keyed by every parameter, on every rank, and never
+    updates it (as ``torch.optim.Optimizer.load_state_dict`` into the wrapper would leave it): a
+    stale copy costs memory but steps nothing twice."""
+
+    partition = None
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        order = [i for g in state_dict["param_groups"] for i in g["params"]]
+        self.loaded_from = torch.optim.SGD(params, lr=0.0)
+        for i, p in zip(order, params):
+            entry = state_dict["state"].get(i)
+            if entry is not None:
+                self.loaded_from.state[p] = {
+                    k: v.detach().clone().to(p.device)
+                    for k, v in entry.items()
+                    if torch.is_tensor(v)
+                }

@@ -221,11 +221,25 @@ def run_case(
     if row.compares_state and judged_on_a_partition and case.world_size > 1:
         if not declares_partition(ranks):
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
-            extra["unjudged"] = (
-                f"{', '.join(sorted(judged_on_a_partition))} not judged: the target declares no "
-                f"partition (partition.owners, or pieces and layout), so nothing says its "
-                f"optimizer state is sharded"
-            )
+            extra["unjudged"] = _unjudged(judged_on_a_partition, stepped=row.name == "sharded")
     return CaseResult(
         case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs
     )
+
+
+def _unjudged(props: set[str], *, stepped: bool) -> str:
+    """The report's note for a target that declares no partition: which of ``props`` were not
+    judged, and (``sharded``, Note [State stepped on two ranks]) how ``memory`` still was."""
+    exact = sorted(props - {"memory"} if stepped else props)
+    parts = []
+    if exact:
+        parts.append(
+            f"{', '.join(exact)} not judged: the target declares no partition (partition.owners, "
+            f"or pieces and layout), so nothing says where its optimizer state should be"
+        )
+    if stepped and "memory" in props:
+        parts.append(
+            "memory judged only by the state each rank steps: no parameter's state may be "
+            "stepped on two ranks" + ("" if exact else " (the target declares no partition)")
+        )
+    return "; ".join(parts)

@@ -4,7 +4,7 @@ production source with the bug's line edited (``edited``). The default check mus
 (``tests/property/test_sharding_mutants.py``), except ``sharded-state-dict-local``, whose per-rank
 ``state_dict()`` the interface allows: only the opt-in ``state-consolidated`` property refuses it.
 Several are invisible to equivalence alone: ``sharded-no-shard`` trains correctly while sharding
-nothing, ``sharded-count-partition`` trains correctly while piling state on one rank; the
+nothing (``sharded-no-shard-undeclared`` too, declaring no partition), ``sharded-count-partition`` trains correctly while piling state on one rank; the
 ``memory`` and ``balance`` properties exist for them. The last six each need one protocol of the
 generated cases (``paracheck.strategies._sharding``): zero_grad between steps, an LR scheduler,
 groups of generators, a rank that owns nothing, ``step(closure)``, ``load_state_dict`` into a
@@ -30,6 +30,7 @@ __all__ = [
     "LocalStateDict",
     "LrNotSynced",
     "NoShard",
+    "NoShardUndeclared",
     "Zero1AccumulationOverwrites",
     "Zero1LocalStateDict",
     "Zero1NoAverage",
@@ -226,6 +227,14 @@ class NoShard(ShardedOptimizer):
         super()._add_local_group(group, list(group["params"]), group.get("param_names"))
 
 
+class NoShardUndeclared(NoShard):
+    """``NoShard`` that declares no partition (no ``partition`` attribute), as most code written
+    from the interface alone: only the state each rank steps shows it (Note [State stepped on two
+    ranks] in ``paracheck.check.properties.memory``)."""
+
+    partition = None  # type: ignore[assignment]
+
+
 # -- Zero1 --------------------------------------------------------------------------------------
 
 
@@ -401,6 +410,13 @@ register(
     f"{_M}:NoShard",
     "sharded",
     "every rank keeps optimizer state for every parameter (only the memory property sees it)",
+)
+register(
+    "sharded-no-shard-undeclared",
+    f"{_M}:NoShardUndeclared",
+    "sharded",
+    "every rank keeps and steps optimizer state for every parameter, and the partition is not "
+    "declared (only the memory property sees it, by the state each rank steps)",
 )
 register(
     "sharded-zero-grad-local-shard",

@@ -23,6 +23,7 @@ __all__ = [
     "record_masters",
     "read_state",
     "scheduler_or_skip",
+    "StateWatch",
     "state_by_param",
     "state_bytes",
 ]
@@ -90,6 +91,83 @@ def local_state(opt):
 def state_bytes(opt) -> int | None:
     state = local_state(opt)
     return None if state is None else measured_state_bytes(state)
+
+
+def reachable_optimizers(opt, depth: int = 3) -> list:
+    """``opt`` (where it has a ``state``) and every ``torch.optim.Optimizer`` reachable from it
+    through attributes, and lists, tuples and dict values of them, ``depth`` levels down; each
+    once. Tensors and modules are not entered."""
+    found: list = []
+    seen: set[int] = set()
+    level = [opt]
+    for _ in range(depth + 1):
+        nxt: list = []
+        for obj in level:
+            if id(obj) in seen or torch.is_tensor(obj) or isinstance(obj, torch.nn.Module):
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, (list, tuple)):
+                nxt.extend(obj)
+                continue
+            if isinstance(obj, dict):
+                nxt.extend(obj.values())
+                continue
+            if isinstance(obj, torch.optim.Optimizer) or (obj is opt and hasattr(obj, "state")):
+                found.append(obj)
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict) and (obj is opt or isinstance(obj, torch.optim.Optimizer)):
+                nxt.extend(v for k, v in attrs.items() if k not in ("state", "param_groups"))
+        level = nxt
+    return found
+
+
+class StateWatch:
+    """Which model parameters' optimizer state this rank *steps* (Note [State stepped on two
+    ranks] in ``paracheck.check.properties.memory``): after each step, the state tensors of the
+    parameter's own shape, keyed by the parameter itself in any optimizer reachable from the
+    target, compared with this rank's copy from the step before."""
+
+    def __init__(self, index: dict[int, int]):
+        self.index = index
+        self.previous: dict[int, list] = {}
+
+    def stepped(self, opt) -> tuple[int, ...]:
+        """The parameters whose whole-shaped state this rank held before this step and changed
+        in it; remembers this step's state for the next."""
+        now: dict[int, list] = {}
+        for o in reachable_optimizers(opt):
+            state = getattr(o, "state", None)
+            if not hasattr(state, "items"):
+                continue
+            for key, entry in list(state.items()):
+                i = self.index.get(id(key)) if torch.is_tensor(key) else None
+                if i is None or not hasattr(entry, "values"):
+                    continue
+                now.setdefault(i, []).extend(
+                    v.detach().to("cpu", copy=True)
+                    for v in entry.values()
+                    if torch.is_tensor(v) and v.shape == key.shape and v.numel() > 0
+                )
+        changed = tuple(
+            sorted(
+                i
+                for i, vs in now.items()
+                if i in self.previous
+                and (
+                    len(vs) != len(self.previous[i])
+                    or any(not _same_bits(a, b) for a, b in zip(vs, self.previous[i]))
+                )
+            )
+        )
+        self.previous = now
+        return changed
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (a NaN kept is unchanged)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def group_sizes(groups) -> list[int]:

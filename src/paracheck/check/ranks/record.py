@@ -44,6 +44,9 @@ class RankStep:
     state_bytes: int | None = None  # bytes of optimizer state this rank holds (None: no state)
     traffic: tuple = ()  # the step's collectives, ``StepTraffic.entries``
     owners: tuple | None = None  # sharded: the declared owner of each parameter
+    # sharded: the parameters whose state (keyed by the parameter, of its shape) this rank held
+    # before the step and changed in it (Note [State stepped on two ranks]).
+    state_stepped: tuple[int, ...] = ()
     # Sharding kinds with master weights (Note [Master weights]): each parameter's float32 master
     # after the step, from the target's master_params() (None for one it keeps none of).
     masters: list | None = None

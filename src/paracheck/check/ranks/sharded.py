@@ -47,6 +47,7 @@ from paracheck.check.ranks._common import (
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks._optimizer import (
     Closure,
+    StateWatch,
     declared_owners,
     minus,
     read_state,
@@ -107,6 +108,7 @@ def run_sharded(payload: dict) -> RankRecord:
             "optimizer.param_groups, and the target has none"
         )
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
+    watch = StateWatch(index)
     for step in range(case.steps):
         set_step(step)  # named if the rank exceeds its memory cap
         if case.reload_at_step == step:
@@ -141,6 +143,7 @@ def run_sharded(payload: dict) -> RankRecord:
                 traffic=traffic.entries,
                 masters=masters,
                 owners=declared_owners(opt, index, len(params)),
+                state_stepped=watch.stepped(opt),
             )
         )
     return RankRecord(initial_params, initial_buffers, tuple(steps), final_state_dict=sd)
