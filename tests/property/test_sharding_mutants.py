@@ -20,6 +20,7 @@ SIZES = (1, 2, 3, 4)
 ONLY_SEEN_BY = {
     "sharded-count-partition": "balance",
     "sharded-no-shard": "memory",
+    "sharded-no-shard-undeclared": "memory",
     "zero2-full-buffer-kept": "grads-sharded",
     "zero2-grads-zeroed-not-freed": "grads-sharded",
 }
