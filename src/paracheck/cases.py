@@ -641,7 +641,10 @@ def step_scheduler(scheduler) -> None:
     if scheduler is None:
         return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        # A regular expression, matched at the message's start: the parentheses escaped.
+        warnings.filterwarnings(
+            "ignore", message=re.escape("Detected call of `lr_scheduler.step()`")
+        )
         scheduler.step()
 
 

@@ -241,3 +241,18 @@ def test_reload_into_a_fresh_instance_works_with_both_conventions(world):
     broken = Target("skips", "paracheck.mutants.sharding:LoadStateDictSkipsWrapped", "sharded")
     result = run_case(world, broken, case)
     assert result.divergence is not None and result.divergence.step == 2, result.describe()
+
+
+def test_a_schedule_step_after_a_skipped_step_warns_nothing():
+    """A GradScaler-skipped step never calls ``optimizer.step()``; the case's schedule still
+    steps, and torch's "lr_scheduler.step() before optimizer.step()" warning is not shown."""
+    import warnings
+
+    from paracheck.cases import step_scheduler
+
+    p = torch.nn.Parameter(torch.ones(1))
+    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([p], lr=1.0), step_size=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step_scheduler(scheduler)
+    assert [str(w.message) for w in caught] == []
