@@ -39,6 +39,11 @@ def extra_on_1_of_3(_):
     if dist.get_rank() == 1:
         dist.all_reduce(t)
 
+def sizes_differ_on_1(n):
+    # rank 1 passes one element more to the same all-reduce.
+    t = torch.ones(n + (dist.get_rank() == 1))
+    dist.all_reduce(t)
+
 def spin_on_1(_):
     if dist.get_rank() == 1:
         while True:
@@ -120,7 +125,8 @@ def test_deadlock_is_reported_before_the_timeout_with_each_ranks_collective_coun
     assert hang.definite and hang.seconds < small_world.timeout
     assert (
         hang.disagreement
-        == "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"
+        == "rank 1 is in its 7th all_reduce of 3 float32 elements; ranks 0, 2 finished after 6 "
+        "all_reduce"
     )
     hung = [f for f in hang.failures if f.kind == "hung"]
     assert [f.rank for f in hung] == [1] and "rank 1 says hello" in hung[0].output
@@ -128,6 +134,23 @@ def test_deadlock_is_reported_before_the_timeout_with_each_ranks_collective_coun
     assert (
         small_world.pids == pids
     )  # the finished ranks dropped their group: rank 1 recovered in place
+
+
+@pytest.mark.parametrize("n", [1, 3, 1000])
+def test_a_collective_given_tensors_of_different_sizes_is_named(small_world, n):
+    """Rank 1 passes one element more to the same all-reduce. gloo then waits on both ranks
+    (n=1), returns on one and waits on the other (n=3), or aborts one process (n=1000): the
+    report names each rank's size, and a wait is a certain deadlock, reported at once (Note
+    [Definite deadlock])."""
+    with pytest.raises((RankHang, RankDied)) as info:
+        small_world.run("paracheck_test_jobs:sizes_differ_on_1", n, world_size=2)
+    err = info.value
+    assert err.disagreement.startswith("their 1st all_reduce got tensors of different sizes: ")
+    assert f" {n} float32 element" in err.disagreement
+    assert f" {n + 1} float32 elements" in err.disagreement
+    if isinstance(err, RankHang):
+        assert err.definite
+    _healthy(small_world)
 
 
 def test_python_level_hang_kills_and_restarts(small_world):

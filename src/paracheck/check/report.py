@@ -42,7 +42,8 @@ PROPERTIES: dict[str, Property] = {
     ),
     "died": Property(
         "a rank process died",
-        "look for os._exit, a crash in an extension (the signal is shown) or memory exhaustion",
+        "look for os._exit, a crash in an extension (the signal is shown), memory exhaustion, or "
+        "(gloo::EnforceNotMet) a collective whose tensor differs in size between ranks",
     ),
     "memory-cap": Property(
         "a rank exceeded its memory cap: a resource failure, not a wrong result",
@@ -367,7 +368,11 @@ class PropertyFailure:
             hint = _diagnosis(err.report())
             if hint:
                 out.append(f"  {hint}")
-        elif err is not None and self.property == "hang" and getattr(err, "disagreement", ""):
+        elif (
+            err is not None
+            and self.property in ("hang", "died")
+            and getattr(err, "disagreement", "")
+        ):
             out.append(f"  the ranks disagree: {err.disagreement}")
         hint = property_info(self.property).hint
         if hint:

@@ -50,6 +50,10 @@ COUNTED = (
     "batch_isend_irecv",
 )
 
+# Collectives whose tensor must have the same number of elements and dtype on every rank; the
+# others (all_gather, reduce_scatter, all_to_all, the object collectives) may differ by design.
+SIZED = ("all_reduce", "broadcast", "reduce")
+
 _RECORD = (
     2048  # bytes of one status record (fixed, so a reader never sees the tail of an older one)
 )
@@ -81,6 +85,9 @@ class CollectiveCounter:
         self.world_total = 0  # collectives on the default group (the ones every rank must match)
         self.inside: str | None = None
         self.inside_index = 0
+        # The last SIZED collective on the default group this job entered, kept after it
+        # returns or raises: [kind, its count of that kind, world_total, numel, dtype].
+        self.sized: list | None = None
 
     def begin(self, job) -> None:
         self.job = job
@@ -95,11 +102,13 @@ class CollectiveCounter:
         self.inside = None
         self._write(state)
 
-    def enter(self, name: str, on_world: bool) -> None:
+    def enter(self, name: str, on_world: bool, size: list | None = None) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
         self.total += 1
         self.world_total += on_world
         self.inside, self.inside_index = name, self.counts[name]
+        if on_world and size is not None:
+            self.sized = [name, self.counts[name], self.world_total, *size]
         self._write("running")
 
     def enter_wait(self) -> None:
@@ -118,6 +127,7 @@ class CollectiveCounter:
             "state": state,
             "inside": self.inside,
             "inside_index": self.inside_index,
+            "sized": self.sized,
             "total": self.total,
             "world_total": self.world_total,
             "counts": self.counts,
@@ -190,6 +200,16 @@ def _group_position(fn) -> int | None:
     return names.index("group") if "group" in names else None
 
 
+def _size(name: str, args, kwargs) -> list | None:
+    """A SIZED collective's tensor as [numel, dtype] (None for the others, or no tensor)."""
+    if name not in SIZED:
+        return None
+    import torch
+
+    t = args[0] if args else kwargs.get("tensor")
+    return [t.numel(), str(t.dtype).removeprefix("torch.")] if torch.is_tensor(t) else None
+
+
 def _wrap(counter: CollectiveCounter, name: str, fn):
     import functools
 
@@ -202,7 +222,7 @@ def _wrap(counter: CollectiveCounter, name: str, fn):
         if not counter.active:
             return fn(*args, **kwargs)
         group = kwargs.get("group", args[pos] if pos is not None and len(args) > pos else None)
-        counter.enter(name, group is None or group is dist.group.WORLD)
+        counter.enter(name, group is None or group is dist.group.WORLD, _size(name, args, kwargs))
         try:
             return fn(*args, **kwargs)
         finally:

@@ -750,10 +750,14 @@ class World:
                 break
             # Poll the ranks' collective counts while some have answered and others not (where a
             # deadlock shows), and in the last second before the deadline.
-            polling = (results and any(r < w for r in pending)) or deadline - now < 1.5
+            polling = (
+                (results and any(r < w for r in pending))
+                or deadline - now < 1.5
+                or now >= started + 0.5
+            )
             ready = wait(
                 list(pending.values()),
-                timeout=min(deadline - now, 0.1) if polling else deadline - now,
+                timeout=min(deadline - now, 0.1 if polling else started + 0.5 - now),
             )
             for conn in ready:
                 rank = self._conns.index(conn)
@@ -786,6 +790,8 @@ class World:
         if any(f.kind in _DEATHS for f in failures):
             dead = [f for f in failures if f.kind in _DEATHS]
             ranks = sorted(f.rank for f in dead)
+            # Read before the dead ranks are replaced (a new process truncates its status).
+            mismatch = describe_death({r: watch.status(r) for r in range(w)}, ranks)
             over = [f for f in dead if f.kind == "memory"]
             # Over the cap after earlier jobs: every rank of the job is replaced and the job run
             # again (Note [Rank memory cap]).
@@ -812,12 +818,15 @@ class World:
                 raise RankOverMemory(
                     f"{summary} during {fn} (world size {w}); {action}", dead, summary=summary
                 )
-            raise RankDied(
+            died = RankDied(
                 f"{len(dead)} rank(s) died during {fn} (world size {w}): "
                 + ", ".join(f"rank {f.rank} {f.detail}" for f in dead)
+                + (f" ({mismatch})" if mismatch else "")
                 + f"; {action}",
                 dead,
             )
+            died.disagreement = mismatch
+            raise died
         stuck = sorted(r for r in pending if r < w)
         if stuck:
             self._handle_hang(fn, w, stuck, results, failures, watch)
@@ -954,6 +963,13 @@ class World:
 #   on an earlier, matched collective completes in between). It reports such a hang at once;
 #   other late jobs (every rank still running, or a rank busy outside any collective) are reported
 #   at their timeout. The counts are also what the hang report says the ranks disagree on.
+#
+#   The same holds, with no rank finished, when every rank of the job is inside the same
+#   collective on the default group (its n-th, of one kind) and that collective is one whose
+#   tensor must be the same on every rank (``SIZED``: all_reduce, broadcast, reduce) but the
+#   ranks passed tensors of different sizes or dtypes: it cannot complete correctly on any
+#   backend (gloo aborts a rank or waits; NCCL waits for the missing elements). Polled the same
+#   way once a job has run for half a second.
 class _Watch:
     """The ranks' collective counts while one job is late (see Note [Definite deadlock])."""
 
@@ -983,8 +999,16 @@ class _Watch:
         return any(now - t < within for t in self._changed.values())
 
     def deadlocked(self, finished: list[int], running: list[int]) -> bool:
+        ok = self._past_the_finished(finished, running) or (
+            bool(running)
+            and sizes_differ([self.status(r) for r in finished + running], inside=False)
+            and all(_inside_sized(self.status(r)) for r in running)
+        )
+        self._suspect = self._suspect + 1 if ok else 0
+        return self._suspect >= 2
+
+    def _past_the_finished(self, finished: list[int], running: list[int]) -> bool:
         if not finished or not running:
-            self._suspect = 0
             return False
         done = [self.status(r) for r in finished]
         lows = [st["world_total"] for st in done if st is not None]
@@ -994,8 +1018,35 @@ class _Watch:
             ok = (
                 ok and st is not None and st["inside"] is not None and st["world_total"] > min(lows)
             )
-        self._suspect = self._suspect + 1 if ok else 0
-        return self._suspect >= 2
+        return ok
+
+
+def _inside_sized(st: dict | None) -> bool:
+    """Whether ``st`` is inside its last ``SIZED`` collective on the default group."""
+    x = None if st is None else st.get("sized")
+    return x is not None and st["inside"] == x[0] and st["world_total"] == x[2]
+
+
+def sizes_differ(statuses: list[dict | None], *, inside: bool = True) -> bool:
+    """Every status's last ``SIZED`` collective on the default group is the same one (the same
+    kind at the same count) and the tensors passed to it differ in size or dtype (Note [Definite
+    deadlock]). With ``inside``, every rank must still be inside it."""
+    if len(statuses) < 2 or any(st is None or st.get("sized") is None for st in statuses):
+        return False
+    sized = [st["sized"] for st in statuses]
+    if inside and not all(_inside_sized(st) for st in statuses):
+        return False
+    if len({tuple(x[:3]) for x in sized}) > 1:
+        return False
+    return len({tuple(x[3:]) for x in sized}) > 1
+
+
+def _size_words(st: dict) -> str:
+    """ " of N dtype elements" where ``st`` is inside its last SIZED collective."""
+    x = st.get("sized")
+    if not _inside_sized(st):
+        return ""
+    return f" of {x[3]} {x[4]} element{'' if x[3] == 1 else 's'}"
 
 
 def _ordinal(n: int) -> str:
@@ -1011,7 +1062,10 @@ def describe_disagreement(
     statuses: dict[int, dict | None], stuck: list[int], finished: list[int]
 ) -> str:
     """One sentence: which collective the stuck ranks are in and how many each rank issued, e.g.
-    "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"."""
+    "rank 1 is in its 7th all_reduce; ranks 0, 2 finished after 6 all_reduce"; or, where they
+    passed one collective tensors of different sizes, ``describe_sizes``."""
+    if sizes_differ([statuses.get(r) for r in stuck + finished], inside=False):
+        return describe_sizes({r: statuses[r] for r in stuck + finished}, [])
     parts = []
     op = None
     for r in stuck:
@@ -1025,6 +1079,7 @@ def describe_disagreement(
         op = op or st["inside"]
         parts.append(
             f"rank {r} is in its {_ordinal(st['inside_index'])} {st['inside']}"
+            + _size_words(st)
             + (f" ({st['total']} collectives in all)" if st["total"] != st["inside_index"] else "")
         )
     groups: dict[tuple, list[int]] = {}
@@ -1041,7 +1096,34 @@ def describe_disagreement(
             else f"{total} collective(s)"
         )
         parts.append(f"{_ranks(rs)} finished after {what}")
-    return "; ".join(parts)
+    out = "; ".join(parts)
+
+    return out
+
+
+_STATE_WORDS = {"running": "still in it", "raised": "raised", "returned": "returned"}
+
+
+def describe_death(statuses: dict[int, dict | None], dead: list[int]) -> str:
+    """``describe_sizes`` where the ranks' last sized collective explains a death, else empty."""
+    ranks = sorted(statuses)
+    if not sizes_differ([statuses[r] for r in ranks], inside=False):
+        return ""
+    return describe_sizes(statuses, dead)
+
+
+def describe_sizes(statuses: dict[int, dict | None], dead: list[int]) -> str:
+    """What each rank passed to its last ``SIZED`` collective, which ``sizes_differ`` found to be
+    the same one with tensors of different sizes (gloo aborts a process on it,
+    ``gloo::EnforceNotMet``, and raises on another, or one rank returns and another waits)."""
+    ranks = sorted(r for r in statuses if statuses[r] is not None)
+    kind, count = statuses[ranks[0]]["sized"][:2]
+    parts = []
+    for r in ranks:
+        _, _, _, n, dtype = statuses[r]["sized"]
+        how = "died" if r in dead else _STATE_WORDS.get(statuses[r].get("state"), "")
+        parts.append(f"rank {r} ({how}) {n} {dtype} element{'' if n == 1 else 's'}")
+    return f"their {_ordinal(count)} {kind} got tensors of different sizes: " + ", ".join(parts)
 
 
 class _Forked:

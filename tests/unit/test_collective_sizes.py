@@ -1,0 +1,54 @@
+"""The runner's reading of the ranks' collective statuses: a collective given tensors of
+different sizes (Note [Definite deadlock] in ``paracheck.world.runner``)."""
+
+from paracheck.world.runner import describe_death, describe_disagreement, sizes_differ
+
+
+def status(state="running", inside="all_reduce", sized=("all_reduce", 2, 5, 4, "float32")):
+    world_total = sized[2] if sized else 5
+    return {
+        "job": 1,
+        "state": state,
+        "inside": inside,
+        "inside_index": sized[1] if sized else 1,
+        "sized": list(sized) if sized else None,
+        "total": world_total,
+        "world_total": world_total,
+        "counts": {"all_reduce": 2},
+    }
+
+
+def test_sizes_differ_only_for_the_same_collective():
+    a = status()
+    b = status(sized=("all_reduce", 2, 5, 5, "float32"))
+    assert sizes_differ([a, b])
+    assert not sizes_differ([a, status()])  # same size: a slow rank, not a mismatch
+    assert sizes_differ([a, status(sized=("all_reduce", 2, 5, 4, "float64"))])  # dtype
+    # Another collective (another count, another kind): the counts tell that story.
+    assert not sizes_differ([a, status(sized=("all_reduce", 3, 6, 5, "float32"))])
+    assert not sizes_differ([a, status(sized=("broadcast", 2, 5, 5, "float32"))])
+    # A rank that left it: a mismatch, but only a death or a returned rank can say so.
+    left = status(state="returned", inside=None, sized=("all_reduce", 2, 5, 5, "float32"))
+    assert not sizes_differ([a, left]) and sizes_differ([a, left], inside=False)
+    # No sized collective recorded (all_gather, a subgroup, no tensor): nothing is claimed.
+    assert not sizes_differ([a, status(sized=None)], inside=False)
+    assert not sizes_differ([a, None], inside=False)
+
+
+def test_the_sentences_name_each_ranks_size():
+    a, b = status(), status(state="raised", inside=None, sized=("all_reduce", 2, 5, 5, "float32"))
+    assert describe_death({0: a, 1: b}, [0]) == (
+        "their 2nd all_reduce got tensors of different sizes: rank 0 (died) 4 float32 elements, "
+        "rank 1 (raised) 5 float32 elements"
+    )
+    assert describe_death({0: a, 1: status()}, [0]) == ""
+    one = status(sized=("all_reduce", 2, 5, 1, "float32"))
+    assert describe_disagreement({0: one, 1: status()}, [0, 1], []) == (
+        "their 2nd all_reduce got tensors of different sizes: rank 0 (still in it) 1 float32 "
+        "element, rank 1 (still in it) 4 float32 elements"
+    )
+    # Sizes that agree: the sentence of counts, each size named.
+    assert describe_disagreement({0: status(), 1: status()}, [0, 1], []) == (
+        "rank 0 is in its 2nd all_reduce of 4 float32 elements (5 collectives in all); "
+        "rank 1 is in its 2nd all_reduce of 4 float32 elements (5 collectives in all)"
+    )
