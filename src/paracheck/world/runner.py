@@ -1023,17 +1023,20 @@ class _Watch:
 
 def _inside_sized(st: dict | None) -> bool:
     """Whether ``st`` is inside its last ``SIZED`` collective on the default group."""
-    x = None if st is None else st.get("sized")
-    return x is not None and st["inside"] == x[0] and st["world_total"] == x[2]
+    if st is None or st.get("sized") is None:
+        return False
+    x = st["sized"]
+    return bool(st["inside"] == x[0] and st["world_total"] == x[2])
 
 
 def sizes_differ(statuses: list[dict | None], *, inside: bool = True) -> bool:
     """Every status's last ``SIZED`` collective on the default group is the same one (the same
     kind at the same count) and the tensors passed to it differ in size or dtype (Note [Definite
     deadlock]). With ``inside``, every rank must still be inside it."""
-    if len(statuses) < 2 or any(st is None or st.get("sized") is None for st in statuses):
+    known = [st for st in statuses if st is not None and st.get("sized") is not None]
+    if len(statuses) < 2 or len(known) < len(statuses):
         return False
-    sized = [st["sized"] for st in statuses]
+    sized = [st["sized"] for st in known]
     if inside and not all(_inside_sized(st) for st in statuses):
         return False
     if len({tuple(x[:3]) for x in sized}) > 1:
@@ -1043,9 +1046,9 @@ def sizes_differ(statuses: list[dict | None], *, inside: bool = True) -> bool:
 
 def _size_words(st: dict) -> str:
     """ " of N dtype elements" where ``st`` is inside its last SIZED collective."""
-    x = st.get("sized")
     if not _inside_sized(st):
         return ""
+    x = st["sized"]
     return f" of {x[3]} {x[4]} element{'' if x[3] == 1 else 's'}"
 
 
@@ -1116,12 +1119,12 @@ def describe_sizes(statuses: dict[int, dict | None], dead: list[int]) -> str:
     """What each rank passed to its last ``SIZED`` collective, which ``sizes_differ`` found to be
     the same one with tensors of different sizes (gloo aborts a process on it,
     ``gloo::EnforceNotMet``, and raises on another, or one rank returns and another waits)."""
-    ranks = sorted(r for r in statuses if statuses[r] is not None)
-    kind, count = statuses[ranks[0]]["sized"][:2]
+    known = {r: st for r, st in sorted(statuses.items()) if st is not None}
+    kind, count = next(iter(known.values()))["sized"][:2]
     parts = []
-    for r in ranks:
-        _, _, _, n, dtype = statuses[r]["sized"]
-        how = "died" if r in dead else _STATE_WORDS.get(statuses[r].get("state"), "")
+    for r, st in known.items():
+        _, _, _, n, dtype = st["sized"]
+        how = "died" if r in dead else _STATE_WORDS.get(st.get("state", ""), "")
         parts.append(f"rank {r} ({how}) {n} {dtype} element{'' if n == 1 else 's'}")
     return f"their {_ordinal(count)} {kind} got tensors of different sizes: " + ", ".join(parts)
 
