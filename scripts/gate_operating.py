@@ -307,6 +307,20 @@ def main(argv=None) -> int:
         "over the jobs) and run every gate with it (--thresholds); default: the gate's fixed "
         "--threshold",
     )
+    p.add_argument(
+        "--thresholds",
+        default=None,
+        metavar="FILE",
+        help="run every gate with this thresholds file (a calibration's, written by --save-"
+        "thresholds or paracheck gate --calibrate) instead of calibrating (default: none)",
+    )
+    p.add_argument(
+        "--save-thresholds",
+        default=None,
+        metavar="FILE",
+        help="with --calibrate, also write the thresholds file here as soon as it is measured "
+        "(default: none)",
+    )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
     p.add_argument(
         "--merge",
@@ -364,13 +378,21 @@ def main(argv=None) -> int:
     ]
     gate_args = list(args.gate_args)
     calibration = None
+    if args.thresholds:
+        if args.calibrate:
+            p.error("--thresholds FILE and --calibrate N: give one (a file, or a calibration)")
+        with open(args.thresholds) as f:
+            calibration = json.load(f)
+        gate_args += ["--thresholds", os.path.abspath(args.thresholds)]
     try:
         if args.calibrate:
             t0 = time.monotonic()
             calibration = calibrate(args.calibrate, args.jobs, slices, tmp, gate_args, args.log)
             path = os.path.join(tmp, "thresholds.json")
-            with open(path, "w") as f:
-                json.dump(calibration, f)
+            for where in (path, args.save_thresholds):
+                if where:
+                    with open(where, "w") as f:
+                        json.dump(calibration, f)
             gate_args += ["--thresholds", path]
             d = calibration["variants"][TARGET]
             a, b = d["first_pass"], d["second_pass"]

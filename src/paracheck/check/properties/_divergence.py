@@ -32,7 +32,7 @@ class Divergence:
         tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
         return (
             f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
-            f"{self.max_abs_diff:.3e}, allowed {self.tolerance:.3e}. {self.detail}"
+            f"{self.max_abs_diff:.3e}, largest allowed {self.tolerance:.3e}. {self.detail}"
         ).rstrip()
 
 

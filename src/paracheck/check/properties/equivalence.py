@@ -69,6 +69,24 @@ def close(got, ref, rtol: float, scale_src=None):
     finite = torch.isfinite(ref)
     if not torch.equal(torch.isfinite(got), finite):
         return False, float("nan"), 0.0, float("inf")
+    got, ref, allowed, scale = _allowed(got, ref, finite, rtol, scale_src)
+    diff = (got - ref).abs()
+    ok = bool((diff <= allowed).all())
+    denom = ref.abs() + scale
+    ratio = (diff / denom.clamp_min(1e-300)).max().item() if diff.numel() else 0.0
+    if (denom == 0).any() and (diff[denom == 0] > 0).any():
+        ratio = float("inf")
+    return (
+        ok,
+        (diff.max().item() if diff.numel() else 0.0),
+        (allowed.max().item() if allowed.numel() else 0.0),
+        ratio,
+    )
+
+
+def _allowed(got, ref, finite, rtol: float, scale_src):
+    """The finite elements of ``got`` and ``ref`` (float64, CPU), each one's allowed difference,
+    and the scale: ``close``'s rule."""
     if not finite.all():
         # Not finite in the oracle too (a scaled gradient the GradScaler never saw: a parameter
         # outside the optimizer's groups): the same elements must be, and the rest are compared.
@@ -81,17 +99,27 @@ def close(got, ref, rtol: float, scale_src=None):
     # An infinite rtol (a derived bound that says nothing: Note [Step 0: a derived bound] with
     # too many terms for the dtype) allows everything, zeros included (inf * 0 is nan).
     allowed = torch.full_like(ref, float("inf")) if math.isinf(rtol) else rtol * (ref.abs() + scale)
-    diff = (got - ref).abs()
-    ok = bool((diff <= allowed).all())
-    denom = ref.abs() + scale
-    ratio = (diff / denom.clamp_min(1e-300)).max().item() if diff.numel() else 0.0
-    if (denom == 0).any() and (diff[denom == 0] > 0).any():
-        ratio = float("inf")
+    return got, ref, allowed, scale
+
+
+def worst_element(got, ref, rtol: float, scale_src=None) -> str:
+    """Where ``close`` failed worst, in words: the element furthest past its own allowance (the
+    largest difference and the largest allowance can be at different elements)."""
+    got = got.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    g, r, allowed, _ = _allowed(
+        got.flatten(),
+        ref.flatten(),
+        torch.isfinite(ref.flatten()),
+        rtol,
+        None if scale_src is None else scale_src.flatten(),
+    )
+    over = (g - r).abs() - allowed
+    k = int(over.argmax())
     return (
-        ok,
-        (diff.max().item() if diff.numel() else 0.0),
-        (allowed.max().item() if allowed.numel() else 0.0),
-        ratio,
+        f"worst element #{k} (of the finite ones): got {g[k].item():.6e}, expected "
+        f"{r[k].item():.6e}, |got - expected| = {abs(g[k] - r[k]).item():.3e} where "
+        f"{allowed[k].item():.3e} is allowed"
     )
 
 
@@ -141,6 +169,8 @@ def compare(
             detail = f"expected {'no gradient' if ref is None else 'a gradient'}, got {'None' if got is None else 'a tensor'}"
         elif got is not None and not torch.isfinite(got.detach().double()).all():
             detail = "non-finite values"
+        elif got is not None and ref is not None:
+            detail = worst_element(got, ref, rtol, scale_src)
         return Divergence(
             step,
             what,
