@@ -3,6 +3,7 @@ check of the target replays them before any search, and drops them once they pas
 command line and from the pytest plugin."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import paracheck.cli.check as cli_check
@@ -129,3 +130,54 @@ def test_plugin_saves_replays_and_drops_failing_cases(inner):
     (inner.path / "broken").unlink()
     inner.runpytest(*args).assert_outcomes(passed=1)
     assert _saved(db) == []
+
+
+# A loop case (the shape the loop kind draws), saved under the token-mean loss.
+LOOP_CASE = (
+    '{"model": {"kind": "lm", "vocab_size": 7, "context_length": 2, "d_model": 8, "d_ff": 8, '
+    '"num_layers": 1, "num_heads": 2, "norm": "torch"}, "world_size": 2, "batch_sizes": [1, 1], '
+    '"steps": 1, "accumulation": 2, "no_sync": false, "optimizer": {"name": "sgd", "groups": '
+    '[{"params": [], "lr": 0.05, "weight_decay": 0.0, "momentum": 0.0, "betas": [0.9, 0.999], '
+    '"add_at_step": null}], "lr_decay": 1.0, "as_generator": false, "scheduler": null, '
+    '"groups_as_generators": false}, "bucket_size_mb": null, "seed": 1, '
+    '"rank_dependent_init": false, "set_to_none": true, "dtype": "float32", "merged_ranks": 1, '
+    '"closure": false, "reload_at_step": null, "zero_grad_module": false, "finish_once": false, '
+    '"double_backward": false, "unbounded_bucket": false, "clip_norm": null, "autocast": null, '
+    '"loss_scale": null, "loss": "token-mean", "padded": true, "empty_micro": false, '
+    '"last_window": null, "autocast_cache": true, "master_weights": false, '
+    '"masters_from_float32": false, "prefetch": 0, "delay_at": null, "delay_rank": 0, '
+    '"delay_s": 0.0}'
+)
+
+
+def test_a_saved_case_of_another_declaration_is_kept_not_replayed(world, tmp_path, capsys):
+    """A loop's loss and clip norm are its declarations: a case saved before the loss was
+    declared (it fails the batch-mean loop, correctly) is not that loop's case. Replayed, it
+    failed a correct target; it is kept, and a ``--case`` of another declaration is refused."""
+    from paracheck.check.run import run_case
+
+    target = resolve_target("loop-batch-mean")
+    token_mean = Case.from_json(LOOP_CASE)
+    assert not run_case(world, target, token_mean).ok  # what a replay would have said
+    db = CaseDatabase(tmp_path / "db")
+    key = f"{target.path}|{target.kind}"
+    db.save(key, token_mean, "gradients")
+    clipped = replace(
+        Case.from_json(LOOP_CASE.replace('"token-mean"', '"batch-mean"')), clip_norm=1.0
+    )
+    db.save(key, clipped, "gradients")
+    report = check_target(target, world, world_sizes=(1, 2), max_examples=4, database=db)
+    assert report.passed and report.replayed == 0, report.text()
+    assert (
+        "1 saved case kept, not replayed: its loss is 'token-mean', the target declares "
+        "'batch-mean'" in report.notes
+    )
+    assert (
+        "1 saved case kept, not replayed: its clip norm is 1.0, the target declares None"
+        in report.notes
+    )
+    code = main(["check", "loop-batch-mean", "--case", LOOP_CASE])
+    assert code == 2
+    assert "--case is not a case of loop-batch-mean: its loss is 'token-mean'" in (
+        capsys.readouterr().err
+    )

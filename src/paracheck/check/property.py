@@ -492,7 +492,7 @@ def check_target(
             database.delete(entry)
             notes.append(f"dropped a saved case that no longer loads: {entry.error}")
             continue
-        why = _not_drawn(entry.case, sizes, precision, off)
+        why = _not_drawn(entry.case, sizes, precision, off) or declared_mismatch(entry.case, target)
         if why is not None:
             kept[why] = kept.get(why, 0) + 1
             continue
@@ -583,6 +583,22 @@ def check_target(
         dropped=dropped,
         saved=stored,
     )
+
+
+def declared_mismatch(case: Case, target) -> str | None:
+    """Why ``case`` is not one of ``target``'s cases by what the target declares of itself (a
+    loop's loss and clip norm: ``Kind.options``), or None. A case saved under another declaration
+    (the loss declared after a first run) is not the target's: replayed, it fails a correct one."""
+    options = KINDS[target.kind].options
+    if "loss" in options:
+        want = getattr(target, "loss", None) or "token-mean"
+        if case.loss != want:
+            return f"its loss is {case.loss!r}, the target declares {want!r}"
+    if "clip_norm" in options:
+        want = getattr(target, "clip_norm", None)
+        if case.clip_norm != want:
+            return f"its clip norm is {case.clip_norm}, the target declares {want}"
+    return None
 
 
 def _not_drawn(case: Case, sizes, precision: str, off) -> str | None:

@@ -472,6 +472,16 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
         targets = [t for t in targets if t.name not in refused]
+    if case is not None:
+        from paracheck.check.property import declared_mismatch
+
+        for t in targets:
+            why = declared_mismatch(case, t)
+            if why:
+                raise UsageError(
+                    f"--case is not a case of {t.name}: {why} (give the options the case was "
+                    f"found with: --loss, --clip-norm)"
+                )
     if (args.features is not None or args.contract != "full") and case is not None:
         print(
             "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",
