@@ -35,13 +35,16 @@ Each kind's rank program and properties, and how a target selects a subset
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -280,6 +283,62 @@ def takes_keyword(cls, name: str) -> bool:
     )
 
 
+# Note [Importing a target]
+#   A target's module runs its top level when imported, in the driver and in every rank. Three
+#   things there would end or stall the check without a verdict: ``sys.exit`` (a script that
+#   trains at import and exits 0: the driver exited 0 having checked nothing), ``os._exit``, and
+#   a top level that never returns (it waits for a process group or for input). While a target
+#   is imported, ``os._exit`` raises ``ExitAtImport`` instead, ``SystemExit`` is caught, and,
+#   where the import runs in the main thread and nothing else uses SIGALRM, an interval timer
+#   raises ``ImportTimeout`` after ``IMPORT_SECONDS``: each becomes a ``TargetError`` naming
+#   what the module did. What it prints goes to stderr (stdout may be ``--json -``).
+IMPORT_SECONDS = 120.0
+
+
+class ExitAtImport(Exception):
+    """``os._exit(code)`` called while a target was imported (Note [Importing a target])."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+class ImportTimeout(Exception):
+    """A target's import ran past ``IMPORT_SECONDS`` (Note [Importing a target])."""
+
+
+@contextlib.contextmanager
+def guarded_import(seconds: float | None = None):
+    """Note [Importing a target] (``seconds``: ``IMPORT_SECONDS``)."""
+    seconds = IMPORT_SECONDS if seconds is None else seconds
+    real_exit = os._exit
+
+    def refuse(code):
+        raise ExitAtImport(code)
+
+    def expire(signum, frame):
+        raise ImportTimeout()
+
+    timed = (
+        threading.current_thread() is threading.main_thread()
+        and hasattr(signal, "setitimer")
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+    os._exit = refuse  # type: ignore[assignment]  # restored below
+    if timed:
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        os._exit = real_exit
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
 def load_object(path: str):
     module, sep, name = path.rpartition(":")
     if not sep or not module or not name:
@@ -287,7 +346,26 @@ def load_object(path: str):
             f"target={path!r} must be a built-in name, 'package.module:Class' or 'file.py:Name'"
         )
     try:
-        obj = import_module(module)
+        with guarded_import():
+            obj = import_module(module)
+    except SystemExit as exc:
+        raise TargetError(
+            f"target={path!r}: importing module {module!r} called sys.exit({exc.code!r}), which "
+            f"would end the check having checked nothing; keep a script's work under "
+            f'`if __name__ == "__main__":`'
+        ) from None
+    except ExitAtImport as exc:
+        raise TargetError(
+            f"target={path!r}: importing module {module!r} called os._exit({exc.code!r}), which "
+            f"would end the check having checked nothing; keep a script's work under "
+            f'`if __name__ == "__main__":`'
+        ) from None
+    except ImportTimeout:
+        raise TargetError(
+            f"target={path!r}: module {module!r} did not finish importing within "
+            f"{IMPORT_SECONDS:g} s (does it train, read input or wait for a process group at its "
+            f"top level?)"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to read
         raise TargetError(
             f"target={path!r}: module {module!r} does not import: {type(exc).__name__}: {exc}"
