@@ -54,3 +54,20 @@ def test_what_a_module_prints_at_import_goes_to_stderr(module, capsys):
     load_object(module("prints"))
     out, err = capsys.readouterr()
     assert out == "" and "hello from the top level" in err
+
+
+def test_ranks_that_do_not_start_end_the_cli_with_exit_2(monkeypatch, capsys):
+    """A World that cannot start its ranks (a machine too loaded) judged nothing: exit 2 and one
+    line, never a traceback with the exit code of a failing verdict."""
+    import paracheck.cli.check as cli_check
+    from paracheck.cli import main
+    from paracheck.world import WorldStartError
+
+    def refuse(*a):
+        raise WorldStartError("ranks did not start within 120.0 s")
+
+    monkeypatch.setattr(cli_check, "_make_world", refuse)
+    assert main(["check", "naive", "--world-sizes", "1", "--no-database"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paracheck: error: could not run the checks: ranks did not start")
+    assert "Traceback" not in err

@@ -163,7 +163,25 @@ PROPERTIES: dict[str, Property] = {
 }
 
 
-def property_info(name: str) -> Property:
+# A training loop's step is judged whole (the ``loop`` kind): its gradients are what it hands
+# ``optimizer.step()``, the declared loss's gradient over every rank's micro-batches.
+LOOP_PROPERTIES: dict[str, Property] = {
+    "gradients": Property(
+        "the gradients optimizer.step() was given differ from the declared loss's gradient over "
+        "every rank's micro-batches",
+        "normalise the loss as declared (--loss token-mean: each micro-batch's summed loss over "
+        "the valid tokens of the whole step on every rank, then sum the gradients over ranks; "
+        "batch-mean: the mean over ranks and micro-batches), synchronise before clipping, "
+        "unscale before clipping",
+    ),
+}
+
+
+def property_info(name: str, case=None) -> Property:
+    """What a failure of ``name`` means and what usually fixes it (a loop case's own words)."""
+    if case is not None and getattr(case, "loss", "rank-mean") != "rank-mean":
+        if name in LOOP_PROPERTIES:
+            return LOOP_PROPERTIES[name]
     return PROPERTIES.get(name, Property(f"the {name} property does not hold", ""))
 
 
@@ -323,7 +341,7 @@ class PropertyFailure:
         summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
         if self.property == "memory-cap" and summary:
             return f"{summary}: a resource failure, not a wrong result"
-        return property_info(self.property).meaning
+        return property_info(self.property, self.case).meaning
 
     def labels(self) -> list[str]:
         from paracheck.check.features import label
@@ -374,7 +392,7 @@ class PropertyFailure:
             and getattr(err, "disagreement", "")
         ):
             out.append(f"  the ranks disagree: {err.disagreement}")
-        hint = property_info(self.property).hint
+        hint = property_info(self.property, self.case).hint
         if hint:
             out.append(f"  fix: {hint}")
         if self.shrunk:

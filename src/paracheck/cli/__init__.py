@@ -46,6 +46,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def main(argv: list[str] | None = None) -> int:
+    from paracheck.world.runner import WorldStartError
+
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, commands = _parser()
     if argv and argv[0] in _OWN_SUBPARSER:
@@ -65,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(args)
     except UsageError as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
+        return 2
+    except WorldStartError as exc:
+        print(
+            f"paracheck: error: could not run the checks: {exc} (on a loaded machine, run again "
+            f"later or with fewer ranks: --world-sizes)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: cleaned up by the command, no traceback
         return exit_code(exc)

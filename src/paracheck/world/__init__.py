@@ -10,6 +10,7 @@ from paracheck.world.runner import (
     RankOverMemory,
     World,
     WorldError,
+    WorldStartError,
     default_rank_memory,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankHang",
+    "WorldStartError",
     "RankOverMemory",
     "World",
     "WorldError",

@@ -57,6 +57,7 @@ __all__ = [
     "RankDied",
     "RankOverMemory",
     "RankFailure",
+    "WorldStartError",
     "PeerFailed",
     "default_rank_memory",
 ]
@@ -111,6 +112,10 @@ class WorldError(Exception):
             if f.output:
                 parts.append(f"--- rank {f.rank} printed ---\n{f.output.rstrip()}")
         return "\n".join(parts)
+
+
+class WorldStartError(RuntimeError):
+    """The World's rank processes did not start (or restart): no case was judged."""
 
 
 class RankError(WorldError):
@@ -467,7 +472,7 @@ class World:
                     for r in sorted(dead)
                     if self._output(r)
                 )
-                raise RuntimeError(
+                raise WorldStartError(
                     f"ranks failed to start: {dead}{printed}"
                     if dead
                     else f"ranks did not start within {self.start_timeout} s"
