@@ -253,6 +253,10 @@ class Case:
             )
         if self.merged_ranks < 1:
             raise ValueError(f"merged_ranks={self.merged_ranks} must be >= 1")
+        if self.bucket_size_mb is not None and not self.bucket_size_mb > 0:
+            raise ValueError(
+                f"bucket_size_mb={self.bucket_size_mb} must be > 0 (or None: no cap given)"
+            )
         if self.reload_at_step is not None and not 1 <= self.reload_at_step < self.steps:
             raise ValueError(
                 f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}"

@@ -42,6 +42,15 @@ def selftest_rows(
     from paracheck.world import World
 
     n = max_examples or PROFILES[profile]["max_examples"]
+    if only is not None:
+        known = set(BUILTIN_TARGETS) | set(MUTANTS)
+        unknown = sorted(set(only) - known)
+        if unknown or not only:
+            raise ValueError(
+                f"only={sorted(only)!r}: {'no names' if not only else f'unknown {unknown}'}; "
+                f"choose among the built-in targets (paracheck.check.targets.BUILTIN_TARGETS) "
+                f"and the mutants (paracheck.mutants.MUTANTS)"
+            )
     own = world is None
     world = world or World(max(world_sizes), timeout=timeout)
     try:

@@ -125,9 +125,10 @@ def gloo_rank_limit() -> RankLimit:
     return rank_limit(_cores(), _memory_mib())
 
 
-def world_size_error(option: str, value: str, sizes, override: str) -> str | None:
+def world_size_error(option: str, value: str, sizes, override: str | None) -> str | None:
     """The usage error for gloo world sizes ``sizes`` above this machine's limit, naming
-    ``option``, its ``value`` and the flag ``override`` that lifts it; None when they fit."""
+    ``option``, its ``value`` and the flag ``override`` that lifts it (None: nothing does); None
+    when they fit."""
     limit = gloo_rank_limit()
     if max(sizes) <= limit.ranks:
         return None
@@ -135,6 +136,6 @@ def world_size_error(option: str, value: str, sizes, override: str) -> str | Non
         f"{option}={value}: world size {max(sizes)} is more gloo ranks than this machine runs "
         f"(at most {limit.ranks}: {limit.reason()}); every rank is a process of its own that "
         f"takes about {RANK_MIB} MiB and seconds of CPU to start, and a world that large "
-        f"outlasts the start timeout or makes correct cases time out as hangs. Pass {override} "
-        f"to run it anyway"
+        f"outlasts the start timeout or makes correct cases time out as hangs"
+        + (f". Pass {override} to run it anyway" if override else "")
     )

@@ -106,8 +106,9 @@ PROPERTIES: dict[str, Property] = {
         "broadcast from one owner)",
     ),
     "memory": Property(
-        "a rank holds other optimizer-state bytes than its declared partition implies",
-        "each rank must hold optimizer state for the parameters it owns, and only those",
+        "a rank holds other optimizer-state bytes than its declared partition implies, or "
+        "(no partition declared) two ranks step the same parameter's state",
+        "each rank must hold and step optimizer state for the parameters it owns, and only those",
     ),
     "balance": Property(
         "the partition breaks its balance bound or does not own every parameter exactly once",

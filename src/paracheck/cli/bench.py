@@ -351,6 +351,10 @@ def cmd_bench(args) -> int:
     except ValueError as exc:
         print(f"paracheck bench: {exc}", file=sys.stderr)
         return 2
+    error = _usage_error(args, "bench")
+    if error is not None:
+        print(f"paracheck bench: {error}", file=sys.stderr)
+        return 2
     record = {
         "machine": machine_info(args.device),
         "argv": list(args.argv or sys.argv[1:]),
@@ -378,6 +382,54 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _usage_error(args, prog: str) -> str | None:
+    """The first bad value among the options ``bench`` and ``memory`` take, as one line naming the
+    option and the value; None when all are good. Checked before any rank starts."""
+    for name in ("world_size", "steps"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            return f"--{name.replace('_', '-')}={v} must be >= 1"
+    for name in ("timeout", "bucket_mb"):
+        v = getattr(args, name, None)
+        if v is not None and not v > 0:
+            return f"--{name.replace('_', '-')}={v} must be > 0"
+    warmup = getattr(args, "warmup", None)
+    if warmup is not None and warmup < 0:
+        return f"--warmup={warmup} must be >= 0"
+    for name in ("buckets", "allreduce_mb"):
+        bad = [v for v in getattr(args, name, None) or () if not v > 0]
+        if bad:
+            return f"--{name.replace('_', '-')}: {bad[0]} must be > 0"
+    sizes = [args.world_size, *(getattr(args, "allreduce_world_sizes", None) or ())]
+    if min(sizes) < 1:
+        return f"--allreduce-world-sizes: {min(sizes)} must be >= 1"
+    if args.device == "cuda":
+        import torch
+
+        if max(sizes) > torch.cuda.device_count():
+            return (
+                f"--world-size={max(sizes)} exceeds the {torch.cuda.device_count()} CUDA "
+                f"device(s) present (--device cuda)"
+            )
+    else:
+        from paracheck.check.limits import world_size_error
+
+        error = world_size_error("--world-size", str(max(sizes)), sizes, None)
+        if error is not None:
+            return error
+    names = getattr(args, "variants", None)
+    if names:
+        from paracheck.bench.variants import variant_kind
+
+        unknown = [n for n in names if variant_kind(n) is None]
+        if unknown:
+            return (
+                f"--variants: {unknown[0]!r} is neither a baseline nor a target that imports "
+                f"(paracheck {prog} --help lists them)"
+            )
+    return None
+
+
 def cmd_memory(args) -> int:
     """``paracheck memory``: exact memory breakdown and traffic per variant (Note [Exact
     quantities]); on CUDA also the allocator's peaks at init / before / after the step."""
@@ -393,7 +445,12 @@ def cmd_memory(args) -> int:
     except ValueError as exc:
         print(f"paracheck memory: {exc}", file=sys.stderr)
         return 2
-    variants = available_variants(_csv(args.variants) or None, include_local=True)
+    args.variants = _csv(args.variants)
+    error = _usage_error(args, "memory")
+    if error is not None:
+        print(f"paracheck memory: {error}", file=sys.stderr)
+        return 2
+    variants = available_variants(args.variants or None, include_local=True)
     cuda = args.device == "cuda"
     record = {"machine": machine_info(args.device), "memory": []}
     with World(args.world_size, backend="nccl" if cuda else "gloo", timeout=args.timeout) as world:

@@ -426,6 +426,8 @@ def cmd_check(args) -> int:
         _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes, pool)
     _positive("--timeout", args.timeout)
     _positive("--rank-memory", args.rank_memory)
+    if args.json not in (None, "-"):
+        _writable("--json", args.json)
     max_examples = (
         args.max_examples
         if args.max_examples is not None
@@ -603,6 +605,18 @@ def _resolve_targets(args) -> list:
     return targets
 
 
+def _writable(option: str, path: str | None) -> None:
+    """Refuse, before anything runs, an output path whose results would be lost at the end: a
+    folder, or a file in a folder that does not exist."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{option}={path!r} is a folder: give a file to write")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option}={path!r}: the folder {folder!r} does not exist")
+
+
 def _stop(world, progress) -> None:
     """After Ctrl-C or SIGTERM: end the ranks at once (they may be inside a job, which a graceful
     close would wait for) and clear the progress line, with further signals ignored."""
@@ -619,6 +633,20 @@ def cmd_selftest(args) -> int:
     refuse_lockstep(None)
     sizes = _world_sizes(args.world_sizes)
     _check_rank_limit(args, "--world-sizes", args.world_sizes, sizes)
+    _positive("--timeout", args.timeout)
+    _writable("--table", args.table)
+    if args.only is not None:
+        from paracheck.check.targets import BUILTIN_TARGETS
+        from paracheck.mutants import MUTANTS
+
+        unknown = [n for n in args.only if n not in BUILTIN_TARGETS and n not in MUTANTS]
+        if unknown or not args.only:
+            raise UsageError(
+                f"--only={' '.join(args.only)!r}: "
+                + (f"unknown {unknown}" if unknown else "give at least one name")
+                + f"; the built-in targets are {', '.join(BUILTIN_TARGETS)}, and the mutants "
+                f"those of `paracheck selftest` ({len(MUTANTS)})"
+            )
     rows: list[dict] = []
     world = None
     try:

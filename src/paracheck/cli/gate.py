@@ -194,6 +194,16 @@ def cmd_gate(args) -> int:
     if not args.threshold > 0:
         print(f"paracheck gate: --threshold={args.threshold} must be > 0", file=sys.stderr)
         return 2
+    if args.bucket_mb is not None and not args.bucket_mb > 0:
+        print(f"paracheck gate: --bucket-mb={args.bucket_mb} must be > 0", file=sys.stderr)
+        return 2
+    if args.device != "cuda":
+        from paracheck.check.limits import world_size_error
+
+        error = world_size_error("--world-size", str(args.world_size), (args.world_size,), None)
+        if error is not None:
+            print(f"paracheck gate: {error}", file=sys.stderr)
+            return 2
     for t in args.targets:
         mod, _, attr = t.partition(":")
         if not mod or not attr:

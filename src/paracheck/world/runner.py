@@ -843,6 +843,14 @@ class World:
                 f"{len(failures)} rank(s) raised during {fn} (world size {w})",
                 _order_failures(failures),
             )
+        missing = [r for r in range(w) if r not in results]
+        if missing:
+            # Every rank of the job answered, raised, died or hung above; this says so if not.
+            raise RankError(
+                f"rank(s) {missing} gave no result for {fn} (world size {w}) and no failure: "
+                f"paracheck's runner lost their answer",
+                [RankFailure(r, "raised", "no answer recorded for this job") for r in missing],
+            )
         return [results[r] for r in range(w)]
 
     def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: _Watch) -> None:

@@ -139,7 +139,7 @@ def window_violation(
             total + allowance,
             (
                 "more bytes all-reduced than the trainable gradients plus their presence "
-                "flags: some gradient was reduced twice"
+                "flags: some gradient was reduced twice, or in a wider dtype than its own"
             ),
         )
     min_calls = 1 if math.isinf(cap) else math.floor(total / (cap + largest)) + 1
