@@ -52,3 +52,21 @@ def test_the_sentences_name_each_ranks_size():
         "rank 0 is in its 2nd all_reduce of 4 float32 elements (5 collectives in all); "
         "rank 1 is in its 2nd all_reduce of 4 float32 elements (5 collectives in all)"
     )
+
+
+def test_ranks_outside_any_collective_are_not_said_to_disagree():
+    """Every rank busy in its own code (a loop that never ends, a lock): nothing to disagree on."""
+    outside = {
+        "job": 1,
+        "state": "running",
+        "inside": None,
+        "inside_index": 0,
+        "sized": None,
+        "total": 3,
+        "world_total": 3,
+        "counts": {"broadcast": 3},
+    }
+    assert describe_disagreement({0: outside, 1: dict(outside)}, [0, 1], []) == (
+        "no rank is inside a collective: rank 0 after 3, rank 1 after 3 collective(s); each is "
+        "busy or blocked in its own code (its stack says where)"
+    )

@@ -392,7 +392,10 @@ class PropertyFailure:
             and self.property in ("hang", "died")
             and getattr(err, "disagreement", "")
         ):
-            out.append(f"  the ranks disagree: {err.disagreement}")
+            from paracheck.world.runner import OUTSIDE
+
+            lead = "" if err.disagreement.startswith(OUTSIDE) else "the ranks disagree: "
+            out.append(f"  {lead}{err.disagreement}")
         hint = property_info(self.property, self.case).hint
         if hint:
             out.append(f"  fix: {hint}")

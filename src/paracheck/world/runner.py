@@ -1082,6 +1082,14 @@ def describe_disagreement(
     passed one collective tensors of different sizes, ``describe_sizes``."""
     if sizes_differ([statuses.get(r) for r in stuck + finished], inside=False):
         return describe_sizes({r: statuses[r] for r in stuck + finished}, [])
+    known = [statuses.get(r) for r in stuck]
+    if not finished and known and all(st is not None and st["inside"] is None for st in known):
+        return (
+            OUTSIDE
+            + ": "
+            + ", ".join(f"rank {r} after {statuses[r]['total']}" for r in stuck)  # type: ignore[index]
+            + " collective(s); each is busy or blocked in its own code (its stack says where)"
+        )
     parts = []
     op = None
     for r in stuck:
@@ -1112,9 +1120,12 @@ def describe_disagreement(
             else f"{total} collective(s)"
         )
         parts.append(f"{_ranks(rs)} finished after {what}")
-    out = "; ".join(parts)
+    return "; ".join(parts)
 
-    return out
+
+# How ``describe_disagreement`` begins when no stuck rank is inside a collective: then the ranks
+# do not disagree on their collectives, and the report says where they are instead.
+OUTSIDE = "no rank is inside a collective"
 
 
 _STATE_WORDS = {"running": "still in it", "raised": "raised", "returned": "returned"}
