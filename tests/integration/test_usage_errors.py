@@ -47,6 +47,8 @@ def no_world(monkeypatch):
             ["selftest", "--only", "naive", "--table", "/no/such/folder/t.md"],
             "the folder '/no/such/folder' does not exist",
         ),
+        (["check", "loop", "--clip-norm=-1"], "--clip-norm=-1.0 must be a finite number > 0"),
+        (["check", "loop", "--clip-norm", "nan"], "--clip-norm=nan must be a finite number > 0"),
         (
             ["check", "naive", "--json", "/no/such/folder/v.json"],
             "the folder '/no/such/folder' does not exist",

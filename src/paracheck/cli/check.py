@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -426,6 +427,8 @@ def cmd_check(args) -> int:
         _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes, pool)
     _positive("--timeout", args.timeout)
     _positive("--rank-memory", args.rank_memory)
+    if args.clip_norm is not None and not (math.isfinite(args.clip_norm) and args.clip_norm > 0):
+        raise UsageError(f"--clip-norm={args.clip_norm} must be a finite number > 0")
     if args.json not in (None, "-"):
         _writable("--json", args.json)
     max_examples = (
