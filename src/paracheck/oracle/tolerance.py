@@ -77,9 +77,14 @@ Note [Autocast]
     tensor is judged at float32's tolerance. Once a float32 difference reaches the parameters, the
     next forward rounds them to bfloat16/float16, where a difference of one float32 ulp can move a
     value by one ulp of the compute dtype: from then on every tensor is judged at the compute
-    dtype's tolerance. Off the CPU (other kernels) that holds from step 0. A float32 gradient
-    reduced in bfloat16 (a relative error up to 2**-9 at step 0) is therefore judged at float32's
-    tolerance where it arises.
+    dtype's tolerance. Off the CPU (other kernels) that holds from step 0, and so it does for a
+    training loop (the ``loop`` kind), which computes its loss its own way: it may divide by the
+    token count before the backward or after, inside the autocast region or out of it, and the
+    gradient entering a bfloat16 matmul's backward then differs from the oracle's by float32
+    rounding, enough to round one element to the neighbouring bfloat16 (measured on one H100: a
+    correct bfloat16 loop 7x past float32's tolerance at step 0, world size 1, where on the CPU it
+    happened to agree). A float32 gradient reduced in bfloat16 (a relative error up to 2**-9 at
+    step 0) is therefore judged at float32's tolerance where it arises, in every kind but a loop.
 """
 
 from __future__ import annotations

@@ -149,7 +149,9 @@ def compare(
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
     # dtypes]).
-    same_operations = device is None or torch.device(device).type == "cpu"
+    # A user's loop computes its loss its own way (derived=False): under autocast its gradients
+    # round at the compute dtype from step 0, wherever it runs (Note [Autocast]).
+    same_operations = derived and (device is None or torch.device(device).type == "cpu")
     bound = derived and same_operations
     state_rtol = state_tolerance(traj.case, same_operations)
     where = dict(anchored=anchored, bound=bound, same_operations=same_operations)
