@@ -192,3 +192,22 @@ def test_fp16_loop_cases_scale_the_loss_with_and_without_an_overflowing_first_ba
     assert seen == {2.0**40, 2.0**8}
     # A loop's step is judged on its own gradients: Adam is drawn below float32 too.
     assert "sgd" in optimizers and optimizers & {"adam", "adamw"}
+
+
+def test_a_loop_under_autocast_is_judged_at_its_compute_dtype_from_step_0():
+    """A loop computes its loss its own way: its bfloat16 roundings differ from the oracle's from
+    step 0 (a correct bf16 loop failed 7x past float32's tolerance on a GPU), so its tensors are
+    judged at the compute dtype's tolerance on every device (Note [Autocast])."""
+    from paracheck.check.properties.equivalence import by_the_oracles_operations
+    from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
+
+    assert by_the_oracles_operations(None, derived=True)
+    assert by_the_oracles_operations("cpu", derived=True)
+    assert not by_the_oracles_operations("cuda", derived=True)
+    assert not by_the_oracles_operations(None, derived=False)
+    case = Case(world_size=1, batch_sizes=(1,), steps=1, autocast="bfloat16", dtype="float32")
+    loop = tensor_tolerance(case, 0, "float32", ["float32"], same_operations=False)
+    ddp = tensor_tolerance(case, 0, "float32", ["float32"], same_operations=True)
+    assert (
+        loop.grads == tolerance_for("bfloat16").grads > ddp.grads == tolerance_for("float32").grads
+    )

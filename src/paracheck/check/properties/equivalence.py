@@ -27,7 +27,15 @@ from paracheck.oracle.tolerance import (
     update_rtol,
 )
 
-__all__ = ["close", "compare", "grad_rtol", "state_rtol_of", "state_terms", "update_terms"]
+__all__ = [
+    "by_the_oracles_operations",
+    "close",
+    "compare",
+    "grad_rtol",
+    "state_rtol_of",
+    "state_terms",
+    "update_terms",
+]
 
 
 # Note [Terms of an update]
@@ -123,6 +131,13 @@ def worst_element(got, ref, rtol: float, scale_src=None) -> str:
     )
 
 
+def by_the_oracles_operations(device: str | None, *, derived: bool) -> bool:
+    """Whether the ranks compute their local gradients by the oracle's operations: on the CPU, and
+    not in a user's loop, which computes its loss its own way (``derived=False``: under autocast
+    its gradients round at the compute dtype from step 0, wherever it runs; Note [Autocast])."""
+    return derived and (device is None or torch.device(device).type == "cpu")
+
+
 def compare(
     traj: Trajectory,
     ranks: list[RankRecord],
@@ -149,9 +164,7 @@ def compare(
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
     # dtypes]).
-    # A user's loop computes its loss its own way (derived=False): under autocast its gradients
-    # round at the compute dtype from step 0, wherever it runs (Note [Autocast]).
-    same_operations = derived and (device is None or torch.device(device).type == "cpu")
+    same_operations = by_the_oracles_operations(device, derived=derived)
     bound = derived and same_operations
     state_rtol = state_tolerance(traj.case, same_operations)
     where = dict(anchored=anchored, bound=bound, same_operations=same_operations)
