@@ -293,6 +293,12 @@ def pytest_collection_modifyitems(config, items):
     if pool is not None:  # the agents' devices, not this machine's
         backend = pool["backend"]
         available = pool["size"] if backend == "nccl" else 0
+    elif backend == "nccl" and _cuda_count() == 0:
+        # Asked for by name: skipping every test would pass a GPU job that checked nothing.
+        raise pytest.UsageError(
+            "--paracheck-backend=nccl: no CUDA device is visible (torch.cuda.device_count() is 0); "
+            "use gloo on a machine without GPUs"
+        )
     for item in items:
         if item.get_closest_marker("gpu") and available == 0:
             item.add_marker(pytest.mark.skip(reason="paracheck: needs CUDA devices, none present"))
@@ -315,9 +321,16 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_logreport(report):
     if report.skipped and report.when in ("setup", "call"):
+        marked = False
         for key, value in getattr(report, "user_properties", []):
             if key == "paracheck_skip":
                 _SKIPS[value] += 1
+                marked = True
+        # The shared World's own skip (a worker given fewer GPUs than the largest world size).
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+        if not marked and "paracheck: world size" in str(reason):
+            _SKIPS["world_size"] += 1
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -511,7 +524,7 @@ def _with_properties(target, properties, config):
     names = _properties(config)
     if names is None:
         return target
-    (selected,), notes = select_properties([target], names)
+    (selected,), notes = select_properties([target], names, refuse_none=False)
     for note in notes:
         warnings.warn(f"paracheck: {note}", stacklevel=3)
     return selected

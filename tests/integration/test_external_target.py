@@ -266,3 +266,16 @@ def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(paracheck, tm
     assert code == 0, stdout + stderr
     code, _, stderr = paracheck("user_impl.py:MyDDP", "--finish", "no_such_method")
     assert code == 2 and "--finish='no_such_method'" in stderr
+
+
+def test_adapters_with_every_design_a_stub_is_a_usage_error(paracheck, tmp_path):
+    """An --adapters file whose every function only raises NotImplementedError checks nothing:
+    exit 2 naming it, never the pass a CI job would read as "checked"."""
+    stubs = "\n\n".join(
+        f"def {fn}(*args, **kwargs):\n    raise NotImplementedError\n"
+        for fn in ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "get_sharded_optimizer")
+    )
+    (tmp_path / "stub_adapters.py").write_text(stubs)
+    code, stdout, stderr = paracheck("--adapters", "stub_adapters.py")
+    assert code == 2, stdout + stderr
+    assert "--adapters='stub_adapters.py': no design is implemented" in stderr

@@ -66,6 +66,18 @@ def test_plugin_refuses_a_bad_choice_at_startup(pytester, option, words):
     assert words in result.stderr.str()
 
 
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the refusal is for machines without CUDA"
+)
+def test_plugin_refuses_nccl_without_cuda(pytester):
+    """--paracheck-backend nccl where no GPU is visible is a usage error, not a session of skips
+    that a GPU job would read as passed."""
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--paracheck-backend", "nccl")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--paracheck-backend=nccl: no CUDA device is visible" in result.stderr.str()
+
+
 def test_plugin_takes_max_examples_from_the_hypothesis_profile_given(inner):
     """--hypothesis-profile names a profile of 3 examples: the check runs no more."""
     inner.makeconftest(

@@ -64,6 +64,24 @@ def no_world(monkeypatch):
             ],
             "bucket_size_mb=0 must be > 0",
         ),
+        (["check", "naive", "--case", ""], "--case='': not a case"),
+        (
+            ["check", "paracheck.ddp:FlatDDP", "--kind", "sharded"],
+            "--kind sharded: paracheck.ddp:FlatDDP.__init__ takes (module), not (params, "
+            "optimizer_cls, ...)",
+        ),
+        (
+            ["check", "torch.optim:SGD", "--kind", "sharded"],
+            "torch.optim:SGD.__init__ takes (params, lr, ...): an optimizer, not a wrapper",
+        ),
+        (
+            ["check", "paracheck.ddp:FlatDDP", "--kind", "zero"],
+            "takes (module), not (module, optimizer_cls, ...)",
+        ),
+        (
+            ["check", "naive", "--properties", "state"],
+            "--properties='state': --properties state selects none of the properties of naive",
+        ),
     ],
 )
 def test_a_bad_value_is_a_usage_error(argv, said, capsys, tmp_path, monkeypatch):

@@ -78,3 +78,9 @@ def test_selection_a_kind_cannot_run_is_refused():
     (f, z), warnings = select_properties([flat, zero1], ["memory"])
     assert f == flat and z == dataclasses.replace(zero1, properties=frozenset({"memory"}))
     assert len(warnings) == 1 and "flat" in warnings[0]
+    # Nothing selected of any target: refused (the CLI's exit 2), or kept with a warning (the
+    # plugin's session-wide selection).
+    with pytest.raises(ValueError, match=r"selects none of the properties of flat \(equivalence"):
+        select_properties([flat], ["memory"])
+    (f,), warnings = select_properties([flat], ["memory"], refuse_none=False)
+    assert f == flat and "flat" in warnings[0]

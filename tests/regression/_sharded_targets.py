@@ -35,3 +35,18 @@ class StaleCopyUndeclared(ShardedOptimizer):
                     for k, v in entry.items()
                     if torch.is_tensor(v)
                 }
+
+
+class ConsolidatesEverywhere(TorchZero):
+    """torch's ZeroRedundancyOptimizer whose ``state_dict()`` is itself a collective on every
+    rank (``consolidate_state_dict(to=0)``, then a broadcast of rank 0's dict) while it still has
+    ``consolidate_state_dict``: the check must ask every rank, not only the receiving one."""
+
+    def state_dict(self) -> dict:
+        import torch.distributed as dist
+
+        self.consolidate_state_dict(to=0)
+        box = [super().state_dict() if self.rank == 0 else None]
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]

@@ -10,7 +10,10 @@ design trains exactly as the oracle does, and paracheck said otherwise.
 * a bucketed DDP that agrees on a "redo" flag with an all-reduce by max: counted as a gradient
   reduced twice (bucket-structure);
 * a sharded optimizer that broadcasts every parameter of its groups, frozen ones too: judged
-  against the owner-broadcast model of traffic, which it does not declare.
+  against the owner-broadcast model of traffic, which it does not declare;
+* torch's own ``ZeroRedundancyOptimizer`` on a case that reloads its state: only the rank that
+  ``consolidate_state_dict(to=...)`` consolidated onto may call ``state_dict()``, and the check
+  called it on every rank.
 """
 
 import json
@@ -54,3 +57,19 @@ def test_a_frozen_parameter_is_in_the_zero2_case():
 
     model = build_case_model(_case("zero2"), 0)
     assert any(not p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "torch.distributed.optim:ZeroRedundancyOptimizer",
+        "tests.regression._sharded_targets:ConsolidatesEverywhere",
+    ],
+)
+def test_a_consolidating_optimizer_is_read_by_its_protocol(world, path):
+    """``consolidate_state_dict(to=0)`` on every rank, then rank 0's ``state_dict()``: torch's
+    protocol, and a design whose ``state_dict()`` is a collective on every rank as well."""
+    case = _case("torch_zero_reload")
+    assert case.reload_at_step is not None and case.world_size == 2
+    result = run_case(world, Target(path, path, "sharded", False), case)
+    assert result.ok, result.describe()

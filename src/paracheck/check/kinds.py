@@ -254,12 +254,14 @@ def resolve_properties(
     return chosen
 
 
-def select_properties(targets, names) -> tuple[list, list[str]]:
+def select_properties(targets, names, *, refuse_none: bool = True) -> tuple[list, list[str]]:
     """The ``targets`` with ``Target.properties`` set to what ``names`` select of each one's
     properties, and warnings. A name written ``+NAME`` adds NAME to the target's default
     properties (or to the plain names selected of it), so ``+repeatability`` checks the defaults
-    and repeatability. ValueError for a name no kind has. A target of which ``names`` select
-    nothing keeps its own properties (a warning says so)."""
+    and repeatability. ValueError for a name no kind has, and (``refuse_none``) when ``names``
+    select nothing of any target. A target of which ``names`` select nothing keeps its own
+    properties (a warning says so): the pytest plugin's session-wide selection meets tests of
+    every kind, one at a time."""
     import dataclasses
 
     plus = frozenset(n[1:] for n in names if n.startswith("+"))
@@ -294,6 +296,15 @@ def select_properties(targets, names) -> tuple[list, list[str]]:
             dataclasses.replace(
                 t,
                 properties=resolve_properties(t.kind, base | added, takes_bucket=t.takes_bucket),
+            )
+        )
+    if not used and refuse_none:
+        raise ValueError(
+            f"--properties {','.join(names)} selects none of the properties of "
+            + "; ".join(
+                f"{t.name} ({', '.join(KINDS[t.kind].properties)}"
+                f"{'' if t.takes_bucket else '; it takes no bucket size'})"
+                for t in targets
             )
         )
     unused = sorted(chosen - used)

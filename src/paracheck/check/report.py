@@ -397,6 +397,12 @@ class PropertyFailure:
             lead = "" if err.disagreement.startswith(OUTSIDE) else "the ranks disagree: "
             out.append(f"  {lead}{err.disagreement}")
         hint = property_info(self.property, self.case).hint
+        if self.meaning.startswith("paracheck's harness raised"):
+            hint = (
+                "the last frames say what was called: a call into torch or your package from "
+                "paracheck's rank program is a way of calling the target that it does not support "
+                "(say so in a paracheck issue, with the replay command); replay the case to see it"
+            )
         if hint:
             out.append(f"  fix: {hint}")
         if self.shrunk:

@@ -531,9 +531,50 @@ def _missing(obj, kind: str) -> list[str]:
     return missing
 
 
+# The first two arguments of a wrapper around an optimizer class.
+_WRAPPER_FIRST = {
+    "sharded": ("params", "optimizer_cls"),
+    "zero": ("module", "optimizer_cls"),
+    "zero2": ("module", "optimizer_cls"),
+}
+
+
+def _not_a_wrapper(obj, kind: str) -> str | None:
+    """Why ``obj`` cannot be constructed as a ``kind`` wrapper ``Class(first, optimizer_cls,
+    **kwargs)``, or None. Refuses only what fails on every case: fewer than two positional
+    arguments, or a second one named ``lr`` (a torch optimizer, which would take the optimizer
+    class as its learning rate). A signature that cannot be read is accepted."""
+    first = _WRAPPER_FIRST.get(kind)
+    if first is None:
+        return None
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if params and params[0].name == "self" and not inspect.isclass(obj):
+        params = params[1:]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2:
+        took = f"({', '.join(positional)})" if positional else "no positional argument"
+        return f"takes {took}, not ({', '.join(first)}, ...)"
+    if positional[1] == "lr":
+        return f"takes ({positional[0]}, lr, ...): an optimizer, not a wrapper of optimizer_cls"
+    return None
+
+
 def check_supplied(obj, kind: str, path: str) -> None:
     """TargetError when the constructor ``obj`` of a ``kind`` target, named ``path`` by the user,
-    has required arguments that paracheck does not supply: it would fail on every case."""
+    cannot take what the ``kind``'s rank program passes, or has required arguments that paracheck
+    does not supply: it would fail on every case."""
+    why = _not_a_wrapper(obj, kind)
+    if why is not None:
+        name = f"{path}.__init__" if inspect.isclass(obj) else path
+        raise TargetError(
+            f"--kind {kind}: {name} {why}; a {kind} target is constructed as Class("
+            f"{', '.join(_WRAPPER_FIRST[kind])}, **kwargs) (paracheck passes {_PASSES[kind]})"
+        )
     missing = _missing(obj, kind)
     if missing:
         name = f"{path}.__init__" if inspect.isclass(obj) else path

@@ -393,8 +393,11 @@ def cmd_check(args) -> int:
         targets = _resolve_targets(args)
     except TargetError as exc:
         raise UsageError(str(exc)) from None
-    if not targets:
-        return 0  # --adapters with no design implemented: nothing to check (listed above)
+    if not targets:  # --adapters whose every design is a stub (listed above)
+        raise UsageError(
+            f"--adapters={args.adapters!r}: no design is implemented (every adapter function "
+            f"only raises NotImplementedError): nothing to check"
+        )
     if args.properties is not None:
         from paracheck.check.kinds import select_properties
 
@@ -406,6 +409,9 @@ def cmd_check(args) -> int:
         for warning in warnings:
             print(f"paracheck: warning: {warning}", file=sys.stderr)
     case = None
+    if args.case is not None and not args.case.strip():
+        # An empty $(cat missing.json) would otherwise run the whole search.
+        raise UsageError(f"--case={args.case!r}: not a case (give the JSON a failure printed)")
     if args.case:
         from paracheck.cases import Case
 

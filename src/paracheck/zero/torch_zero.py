@@ -2,16 +2,15 @@
 so that paracheck checks it exactly like ``ShardedOptimizer`` (target ``torch-zero``).
 
 The adapter changes nothing in torch's algorithm (partition, local step, broadcasts). It adds
-what the check needs: ``state_dict()`` consolidated on *every* rank (torch consolidates onto one
-rank with ``consolidate_state_dict(to=...)``; the adapter then broadcasts it) and ``partition``,
-torch's owner of every parameter. What paracheck found about torch's design is in
+``partition``, torch's owner of every parameter, and takes groups of generators. Its
+``state_dict()`` is torch's: ``consolidate_state_dict(to=0)`` first, then rank 0's, as the check
+reads any target that has ``consolidate_state_dict`` (Note [State dict conventions]). What paracheck found about torch's design is in
 ``docs/findings-torch-zero.md``.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from paracheck.zero.partition import ParamPartition
@@ -24,7 +23,7 @@ class TorchZero(ZeroRedundancyOptimizer):
     ``ShardedOptimizer`` (torch: each rank steps the parameters its greedy-by-numel partition
     gives it, then every parameter is broadcast from its owner).
 
-    Collectives every rank must call: ``step()`` and ``state_dict()``.
+    Collectives every rank must call: ``step()`` and ``consolidate_state_dict()``.
     """
 
     def __init__(
@@ -49,16 +48,3 @@ class TorchZero(ZeroRedundancyOptimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         sizes = [p.numel() * p.element_size() if p.requires_grad else 0 for p in params]
         return ParamPartition(self.world_size, tuple(sizes), tuple(owner[p] for p in params))
-
-    def state_dict(self) -> dict:
-        """The consolidated state on every rank (torch's ``consolidate_state_dict(to=0)`` then a
-        broadcast of rank 0's result)."""
-        self.consolidate_state_dict(to=0)
-        sd = super().state_dict() if self.rank == 0 else None
-        if self.world_size > 1:
-            box = [sd]
-            dist.broadcast_object_list(
-                box, src=dist.get_global_rank(self.process_group, 0), group=self.process_group
-            )
-            sd = box[0]
-        return sd

@@ -4,6 +4,7 @@ a target can carry, the closure for ``step(closure)``, and building a ZeRO wrapp
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "StateWatch",
     "state_by_param",
     "state_bytes",
+    "state_dict_of",
 ]
 
 
@@ -223,10 +225,49 @@ def state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict |
     return out, how
 
 
+def state_dict_of(opt):
+    """``opt.state_dict()`` on this rank, read the way the target offers it (Note [State dict
+    conventions]): a target with ``consolidate_state_dict(to=...)`` (torch's
+    ZeroRedundancyOptimizer protocol, where only the receiving rank may call ``state_dict()``) is
+    consolidated onto rank 0, whose dict every rank then receives. A collective for such a
+    target (and for any target whose ``state_dict()`` is one): call it on every rank."""
+    consolidate = getattr(opt, "consolidate_state_dict", None)
+    if not callable(consolidate):
+        return opt.state_dict()
+    import torch.distributed as dist
+
+    try:
+        inspect.signature(consolidate).bind(to=0)
+        takes_to = True
+    except TypeError:  # takes no ``to``: consolidates onto rank 0 (or everywhere) by itself
+        takes_to = False
+    except ValueError:  # no signature to read
+        takes_to = True
+    if takes_to:
+        consolidate(to=0)
+    else:
+        consolidate()
+    # Every rank asks: the receiving rank's state_dict() may itself be a collective (a design that
+    # also broadcasts it). Another rank's may refuse (torch raises RuntimeError there); rank 0's is
+    # the dict, on every rank.
+    if dist.get_rank() == 0:
+        sd = opt.state_dict()
+    else:
+        try:
+            sd = opt.state_dict()
+        except RuntimeError:
+            sd = None
+    if dist.get_world_size() == 1:
+        return sd
+    box = [sd]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def read_state(opt, index: dict[int, int]):
     """(state_dict(), its state by parameter or None, how it was read): one call of the target's
     ``state_dict()``, a collective for a consolidating target."""
-    sd = opt.state_dict()
+    sd = state_dict_of(opt)
     state, how = state_by_param(sd, opt, index)
     return sd, state, how
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from paracheck.cases import Case, add_late_groups, build_case_model, build_optimizer
 from paracheck.check.ranks._common import on_every_rank, rank_device, snapshot, target_object
-from paracheck.check.ranks._optimizer import build_zero, state_by_param
+from paracheck.check.ranks._optimizer import build_zero, state_by_param, state_dict_of
 from paracheck.check.ranks.record import ReloadRecord
 
 __all__ = ["run_reload"]
@@ -41,7 +41,7 @@ def run_reload(payload: dict) -> ReloadRecord:
 
     def load():
         opt.load_state_dict(payload["state_dict"])
-        return state_by_param(opt.state_dict(), owner, index)[0]
+        return state_by_param(state_dict_of(opt), owner, index)[0]
 
     loaded = on_every_rank(load, device, "load_state_dict")
     opt.zero_grad(set_to_none=True)
@@ -56,4 +56,4 @@ def run_reload(payload: dict) -> ReloadRecord:
         for p, g in zip(params, payload["grads"]):
             p.grad = None if g is None else g.to(device).clone()
     opt.step()
-    return ReloadRecord(loaded, snapshot(params), state_by_param(opt.state_dict(), owner, index)[0])
+    return ReloadRecord(loaded, snapshot(params), state_by_param(state_dict_of(opt), owner, index)[0])

@@ -54,6 +54,7 @@ from paracheck.check.ranks._optimizer import (
     record_masters,
     scheduler_or_skip,
     state_bytes,
+    state_dict_of,
 )
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
@@ -67,7 +68,7 @@ def _reload(case: Case, opt, scheduler, params, cls, step: int, device):
     load both dicts (the usual checkpoint order: construct, then load)."""
 
     def fresh():
-        saved = opt.state_dict()
+        saved = state_dict_of(opt)
         saved_scheduler = None if scheduler is None else scheduler.state_dict()
         new = build_optimizer(case, params, optimizer_cls=cls)
         new_scheduler = build_scheduler(case, new) if scheduler is not None else None
