@@ -40,7 +40,10 @@ class StaleCopyUndeclared(ShardedOptimizer):
 class ConsolidatesEverywhere(TorchZero):
     """torch's ZeroRedundancyOptimizer whose ``state_dict()`` is itself a collective on every
     rank (``consolidate_state_dict(to=0)``, then a broadcast of rank 0's dict) while it still has
-    ``consolidate_state_dict``: the check must ask every rank, not only the receiving one."""
+    ``consolidate_state_dict``: the check must ask every rank, not only the receiving one.
+    Declares no partition, as a user's class does (torch broadcasts frozen parameters too)."""
+
+    partition = None
 
     def state_dict(self) -> dict:
         import torch.distributed as dist
