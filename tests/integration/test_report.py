@@ -222,3 +222,42 @@ def test_harness_error_without_a_target_frame_is_not_blamed_on_the_target():
         error = SimpleNamespace(failures=[SimpleNamespace(rank=0, detail=detail)])
         failure = PropertyFailure("raised", SimpleNamespace(error=error))
         assert failure.meaning.startswith(says), failure.meaning
+
+
+def test_a_target_installed_in_site_packages_is_its_own_code():
+    """A target imported by module path owns its frames wherever it is installed: a user's package
+    in site-packages, or torch's own ZeroRedundancyOptimizer. A file target or paracheck's
+    harness does not."""
+    from types import SimpleNamespace
+
+    from paracheck.check.report import PropertyFailure, own_fragments, target_frame
+
+    detail = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/paracheck/check/ranks/sharded.py", line 70, in fresh\n'
+        "    saved = opt.state_dict()\n"
+        '  File "/x/site-packages/mypkg/zero.py", line 41, in state_dict\n'
+        "    raise RuntimeError('not consolidated')\n"
+        "RuntimeError: not consolidated\n"
+    )
+    assert own_fragments("mypkg.zero:Sharded") == ("/mypkg/zero.py", "/mypkg/zero/", "/mypkg/")
+    assert own_fragments("mymod:Sharded") == ("/mymod.py", "/mymod/")
+    assert own_fragments("src/mymod.py:Sharded") == ()
+    assert target_frame(detail) is None
+    frame = target_frame(detail, own_fragments("mypkg.zero:Sharded"))
+    assert frame is not None and frame.endswith(
+        "zero.py:41 in state_dict: raise RuntimeError('not consolidated')"
+    )
+    assert target_frame(detail, own_fragments("otherpkg.zero:Sharded")) is None
+    torch_detail = detail.replace(
+        "/mypkg/zero.py", "/torch/distributed/optim/zero_redundancy_optimizer.py"
+    )
+    own = own_fragments("torch.distributed.optim:ZeroRedundancyOptimizer")
+    assert target_frame(torch_detail, own) is not None
+    error = SimpleNamespace(failures=[SimpleNamespace(rank=1, detail=detail)])
+    for own, says in (
+        ((), "paracheck's harness raised on rank 1"),
+        (own_fragments("mypkg.zero:Sharded"), "your code raised on rank 1"),
+    ):
+        failure = PropertyFailure("raised", SimpleNamespace(error=error), own=own)
+        assert failure.meaning.startswith(says), failure.meaning

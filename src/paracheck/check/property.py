@@ -50,7 +50,13 @@ from paracheck.check.features import (
     without_all,
 )
 from paracheck.check.kinds import KINDS, resolve_properties
-from paracheck.check.report import CheckReport, PropertyFailure, order, replay_command
+from paracheck.check.report import (
+    CheckReport,
+    PropertyFailure,
+    order,
+    own_fragments,
+    replay_command,
+)
 from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target, load_object
 from paracheck.strategies._core import nominal_dtype, precision_settings
@@ -469,6 +475,7 @@ def check_target(
                 extra,
                 shrunk=hit.shrunk,
                 first=hit.first,
+                own=own_fragments(target.path),
             )
         )
         known.add(hit.prop)

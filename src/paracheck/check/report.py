@@ -212,9 +212,25 @@ _NOT_TARGET = (
 )
 
 
-def target_frame(traceback_text: str) -> str | None:
+def own_fragments(target_path: str) -> tuple[str, ...]:
+    """Path fragments of the module a target named by import path comes from
+    (``pkg.sub.mod:Cls``: ``/pkg/sub/mod.py``, ``/pkg/sub/mod/`` and its package ``/pkg/sub/``):
+    frames there are the target's own even inside site-packages or torch (a user's package
+    installed with ``pip install .``; ``torch.distributed.optim:ZeroRedundancyOptimizer``).
+    Nothing for a file target (its frames are outside site-packages already)."""
+    module = target_path.rpartition(":")[0]
+    if not module or module.endswith(".py") or "/" in module or "\\" in module:
+        return ()
+    parts = module.split(".")
+    whole = "/" + "/".join(parts)
+    out = (whole + ".py", whole + "/")
+    return out + (("/" + "/".join(parts[:-1]) + "/",) if len(parts) > 1 else ())
+
+
+def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
     """The innermost frame of a traceback that is the target's own code (outside torch, the
-    standard library, site-packages and paracheck's harness), as "file:line in function: source"."""
+    standard library, site-packages and paracheck's harness, unless under one of the ``own``
+    path fragments: ``own_fragments``), as "file:line in function: source"."""
     lines = traceback_text.splitlines()
     found = None
     for i, line in enumerate(lines):
@@ -222,7 +238,11 @@ def target_frame(traceback_text: str) -> str | None:
         if not m:
             continue
         path = m.group(1).replace("\\", "/")
-        if any(s in path for s in _NOT_TARGET) and "/paracheck/mutants/" not in path:
+        if (
+            any(s in path for s in _NOT_TARGET)
+            and "/paracheck/mutants/" not in path
+            and not any(s in path for s in own)
+        ):
             continue
         src = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
         found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
@@ -317,6 +337,7 @@ class PropertyFailure:
     notes: list[str] = field(default_factory=list)
     shrunk: bool = True  # False: a given case, reported as it is
     first: CaseResult | None = None  # the first case found to break it, before shrinking
+    own: tuple[str, ...] = ()  # own_fragments of the target's path: where its frames are
 
     @property
     def case(self):
@@ -330,7 +351,7 @@ class PropertyFailure:
             and self.result.error.failures
         ):
             first = self.result.error.failures[0]
-            if target_frame(first.detail) is None and "Traceback" in first.detail:
+            if target_frame(first.detail, self.own) is None and "Traceback" in first.detail:
                 # No frame of the target's own code: paracheck's harness raised while reading
                 # it, which must not be blamed on the target.
                 return (
@@ -380,7 +401,7 @@ class PropertyFailure:
         err = self.result.error
         if err is not None and self.property == "raised" and err.failures:
             first = err.failures[0]
-            frame = target_frame(first.detail)
+            frame = target_frame(first.detail, self.own)
             out.append(f"  {_last_line(first.detail)}")
             if frame:
                 out.append(f"  at {frame}")
@@ -573,7 +594,9 @@ def case_report(
 ) -> CheckReport:
     """The report of one given case (``paracheck check --case``): every property it breaks, as is."""
     failures = [
-        PropertyFailure(p, result, None, True, 0, None, [], shrunk=False)
+        PropertyFailure(
+            p, result, None, True, 0, None, [], shrunk=False, own=own_fragments(target.path)
+        )
         for p in order(result.failed_properties)
     ]
     return CheckReport(

@@ -56,4 +56,6 @@ def run_reload(payload: dict) -> ReloadRecord:
         for p, g in zip(params, payload["grads"]):
             p.grad = None if g is None else g.to(device).clone()
     opt.step()
-    return ReloadRecord(loaded, snapshot(params), state_by_param(state_dict_of(opt), owner, index)[0])
+    return ReloadRecord(
+        loaded, snapshot(params), state_by_param(state_dict_of(opt), owner, index)[0]
+    )
