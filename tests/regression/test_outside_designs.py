@@ -11,6 +11,8 @@ design trains exactly as the oracle does, and paracheck said otherwise.
   reduced twice (bucket-structure);
 * a sharded optimizer that broadcasts every parameter of its groups, frozen ones too: judged
   against the owner-broadcast model of traffic, which it does not declare;
+* a sharded optimizer whose ``state_dict()`` is its wrapped optimizer's, kept in an attribute
+  of a name paracheck did not look for (``self._wrapped``): its state could not be read;
 * torch's own ``ZeroRedundancyOptimizer`` on a case that reloads its state: only the rank that
   ``consolidate_state_dict(to=...)`` consolidated onto may call ``state_dict()``, and the check
   called it on every rank.
@@ -43,6 +45,12 @@ def _case(name: str) -> Case:
         ("zero2", "zero2_forms:ByNameZeRO2", "zero2", False),
         ("ddp_bucketed_reverse", "ddp_bucketed_reverse:DDP", "ddp", True),
         ("sharded_bcast_all", "sharded_bcast_all:ShardedOptimizer", "sharded", False),
+        (
+            "sharded_wrapped_any_name",
+            "sharded_wrapped_any_name:AsyncShardedOptimizer",
+            "sharded",
+            False,
+        ),
     ],
 )
 def test_outside_design_passes_the_case_that_failed_it(world, case, path, kind, takes_bucket):

@@ -69,7 +69,9 @@ def read_masters(opt, index: dict[int, int], n: int) -> list:
 
 def inner_optimizers(opt):
     """``opt`` and the optimizers it wraps, outermost first: ``local_optimizer`` / ``optim`` /
-    ``optimizer`` attributes followed down (at most four levels)."""
+    ``optimizer`` attributes followed down (at most four levels), or where none of those names
+    holds one, the one attribute of any name that holds a ``torch.optim.Optimizer`` (a wrapper's
+    ``self._wrapped``; two such attributes are ambiguous and end the chain)."""
     chain = [opt]
     for _ in range(4):
         nxt = None
@@ -78,6 +80,14 @@ def inner_optimizers(opt):
             if isinstance(cand, torch.optim.Optimizer) and all(cand is not o for o in chain):
                 nxt = cand
                 break
+        if nxt is None:
+            attrs = getattr(chain[-1], "__dict__", None)
+            others = [
+                v
+                for v in (attrs.values() if isinstance(attrs, dict) else ())
+                if isinstance(v, torch.optim.Optimizer) and all(v is not o for o in chain)
+            ]
+            nxt = others[0] if len(others) == 1 else None
         if nxt is None:
             break
         chain.append(nxt)
