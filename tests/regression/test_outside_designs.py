@@ -81,3 +81,32 @@ def test_a_consolidating_optimizer_is_read_by_its_protocol(world, path):
     assert case.reload_at_step is not None and case.world_size == 2
     result = run_case(world, Target(path, path, "sharded", False), case)
     assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize(
+    "path, breaks",
+    [
+        ("ddp_count_not_reset:CountingBucketDDP", True),
+        ("ddp_count_reset:CountingBucketDDPFixed", False),
+    ],
+)
+def test_the_default_search_reaches_a_never_used_parameter_across_windows(world, path, breaks):
+    """A bucket left one gradient short by a never-used parameter, with a count that is not reset,
+    fails only in a second window with that bucket holding two used gradients (Note [A never-used
+    parameter across windows] in ``paracheck.strategies._core``): the default search (world sizes
+    1..4, 40 examples, the derandomised sequence) breaks it, and passes its fixed twin. Both are
+    written for the CS336 contract plus that parameter, and checked so."""
+    from paracheck.check.property import check_target
+
+    target = Target(path, f"{OUTSIDE}.{path}", "ddp", True)
+    report = check_target(
+        target,
+        world,
+        world_sizes=(1, 2, 3, 4),
+        max_examples=40,
+        seed=0,
+        shrink_seconds=2.0,
+        contract="cs336",
+        features="+unused-always",
+    )
+    assert report.passed != breaks, report.describe() if hasattr(report, "describe") else report

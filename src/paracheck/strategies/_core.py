@@ -95,7 +95,10 @@ def mlp_specs(
     # data-dependent branch (a parameter used on some ranks only) in half of the models: at one in
     # four, a DDP that reads "present" as "my hook fired in the last backward" (killed only where
     # that branch meets accumulation) survived 40 derandomised examples at world sizes 1,2,3,4,6.
-    unused = ("none", "none", "data", "data", "data", "always")[draw(st.integers(0, 5))]
+    # The always-unused branch in a third: at one in six, a bucketed DDP that resets a bucket's
+    # count of fired hooks only when it reaches zero passed 180 examples (Note [A never-used
+    # parameter across windows]).
+    unused = ("none", "data", "data", "data", "always", "always")[draw(st.integers(0, 5))]
     # Three buffers in four: a buffer only matters on ranks that start apart (rank-dependent
     # initial values, a third of cases), and at one in two the pair came up in none of the 40
     # derandomised examples at world sizes 1..4.
@@ -342,6 +345,11 @@ def cases(
         case = replace(case, finish_once=True, accumulation=max(2, acc))
     if double_backward and draw(st.integers(0, 2)) == 2:
         case = replace(case, double_backward=True)
+    if getattr(spec, "unused", "none") == "always" and case.seed % 2 == 0 and bucket is not None:
+        # Note [A never-used parameter across windows]
+        case = replace(
+            case, steps=max(2, case.steps), bucket_size_mb=max(bucket, sum(trainable) / 2**20)
+        )
     if getattr(spec, "unused", "none") == "data":
         # From the seed, not a draw of its own: see the note.
         pattern = _BRANCH_PATTERNS[case.seed % len(_BRANCH_PATTERNS)]
@@ -476,6 +484,15 @@ def sharding_clip_norm_for_seed(seed: int) -> float | None:
 #   keeps rank 0's pattern only.
 _BRANCH_PATTERNS = ("any", "mixed", "only-inside-no-sync", "rank-0-never")
 
+
+# Note [A never-used parameter across windows]
+#   A trainable parameter no rank ever uses (unused="always") leaves its bucket one gradient short
+#   in every window. A design that counts a bucket's gradients and resets the count only when it
+#   reaches zero launches that bucket at its first hook in the next window, before the bucket's
+#   other gradients exist. That needs a second window (another step, or a second backward) and a
+#   bucket holding the branch with two used parameters: drawn freely, 1.2% of cases, and such a
+#   design passed 180 examples. So, from the seed (even: half of them, the shrunk seed 0 among
+#   them), an always-unused case runs at least two steps with a cap holding every gradient.
 
 def _branch_used(case: Case, seed: int, micro: int, rank: int) -> bool:
     return bool(batch_for(replace(case, seed=seed), 0, micro, rank)[0][0, 0] > 0)
