@@ -213,8 +213,8 @@ _NOT_TARGET = (
 
 
 def own_fragments(target_path: str) -> tuple[str, ...]:
-    """Path fragments of the module a target named by import path comes from
-    (``pkg.sub.mod:Cls``: ``/pkg/sub/mod.py``, ``/pkg/sub/mod/`` and its package ``/pkg/sub/``):
+    """Path fragments of the module a target named by import path comes from (its file, its
+    folder where it is a package, and the folder of the package that holds it):
     frames there are the target's own even inside site-packages or torch (a user's package
     installed with ``pip install .``; ``torch.distributed.optim:ZeroRedundancyOptimizer``).
     Nothing for a file target (its frames are outside site-packages already)."""

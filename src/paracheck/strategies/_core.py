@@ -346,7 +346,7 @@ def cases(
     if double_backward and draw(st.integers(0, 2)) == 2:
         case = replace(case, double_backward=True)
     if getattr(spec, "unused", "none") == "always" and case.seed % 2 == 0 and bucket is not None:
-        # Note [A never-used parameter across windows]
+        # See Note [A never-used parameter across windows].
         case = replace(
             case, steps=max(2, case.steps), bucket_size_mb=max(bucket, sum(trainable) / 2**20)
         )
@@ -493,6 +493,7 @@ _BRANCH_PATTERNS = ("any", "mixed", "only-inside-no-sync", "rank-0-never")
 #   bucket holding the branch with two used parameters: drawn freely, 1.2% of cases, and such a
 #   design passed 180 examples. So, from the seed (even: half of them, the shrunk seed 0 among
 #   them), an always-unused case runs at least two steps with a cap holding every gradient.
+
 
 def _branch_used(case: Case, seed: int, micro: int, rank: int) -> bool:
     return bool(batch_for(replace(case, seed=seed), 0, micro, rank)[0][0, 0] > 0)
