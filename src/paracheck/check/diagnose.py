@@ -2,7 +2,9 @@
 
 ``cuda_only_call`` recognises a target that calls a CUDA-only API on a machine without CUDA (the
 usual case: timing or NVTX annotations left in a DDP's hooks, checked on a laptop), and says
-which call, where, and what to do about it.
+which call, where, and what to do about it. ``cpu_tensor_on_nccl`` recognises the converse: a
+collective on a CPU tensor under NCCL (a token count made with ``torch.tensor(n)``, which gloo
+reduces and NCCL refuses).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["cuda_only_call"]
+__all__ = ["cpu_tensor_on_nccl", "cuda_only_call"]
 
 # What torch raises when CUDA is missing (a CPU-only build, no driver, no device).
 _CUDA_MISSING = (
@@ -123,4 +125,21 @@ def cuda_only_call(traceback_text: str) -> str | None:
     return (
         f"your code uses CUDA ({api} at {where}) on a machine without it; run with --backend nccl on a "
         f"machine with GPUs"
+    )
+
+
+_CPU_ON_NCCL = "No backend type associated with device type cpu"
+
+
+def cpu_tensor_on_nccl(traceback_text: str) -> str | None:
+    """The diagnosis of a rank traceback in which the target's own code issues a collective on a
+    CPU tensor under NCCL, or None."""
+    if _CPU_ON_NCCL not in traceback_text:
+        return None
+    user = [f for f in _frames(traceback_text) if not _library(f[0])]
+    where = f" ({user[-1][3] or 'a collective'} at {os.path.basename(user[-1][0])}:{user[-1][1]})"
+    return (
+        f"your code issues a collective on a CPU tensor under NCCL{where if user else ''}: NCCL "
+        f"moves CUDA tensors only; make the tensor on the parameters' device (torch.tensor(n, "
+        f"device=p.device)); gloo accepts both, so the same code passes on CPU"
     )

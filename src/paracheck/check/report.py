@@ -256,11 +256,11 @@ def _last_line(text: str) -> str:
 
 def _diagnosis(traceback_text: str) -> str | None:
     try:
-        from paracheck.check.diagnose import cuda_only_call
+        from paracheck.check.diagnose import cpu_tensor_on_nccl, cuda_only_call
     except ImportError:
         return None
     try:
-        return cuda_only_call(traceback_text)
+        return cuda_only_call(traceback_text) or cpu_tensor_on_nccl(traceback_text)
     except Exception:  # noqa: BLE001 - a diagnosis must never hide the report
         return None
 
