@@ -13,6 +13,9 @@ design trains exactly as the oracle does, and paracheck said otherwise.
   against the owner-broadcast model of traffic, which it does not declare;
 * a sharded optimizer whose ``state_dict()`` is its wrapped optimizer's, kept in an attribute
   of a name paracheck did not look for (``self._wrapped``): its state could not be read;
+* a ZeRO-1 that synchronises the gradients of the parameters its groups hold, on a case that adds
+  a group at step 1: the gradient of that group's parameter was judged at step 0, when nothing
+  was trained with it (Note [Gradients outside the groups] in ``paracheck.check.run``);
 * torch's own ``ZeroRedundancyOptimizer`` on a case that reloads its state: only the rank that
   ``consolidate_state_dict(to=...)`` consolidated onto may call ``state_dict()``, and the check
   called it on every rank.
@@ -45,6 +48,7 @@ def _case(name: str) -> Case:
         ("zero2", "zero2_forms:ByNameZeRO2", "zero2", False),
         ("ddp_bucketed_reverse", "ddp_bucketed_reverse:DDP", "ddp", True),
         ("sharded_bcast_all", "sharded_bcast_all:ShardedOptimizer", "sharded", False),
+        ("zero1_flat_groups", "zero1_flat_groups:ZeRO1", "zero", False),
         (
             "sharded_wrapped_any_name",
             "sharded_wrapped_any_name:AsyncShardedOptimizer",

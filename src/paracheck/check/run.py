@@ -196,6 +196,7 @@ def run_case(
             device="cpu" if local_on is not None else ranks_on,
             anchored=by_step,
             derived=row.derived_bound,
+            judged_from=_grouped_from(case) if target.kind in ("zero", "zero2") else None,
         )
         divs += [div] if div is not None else []
     evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)
@@ -243,3 +244,19 @@ def _unjudged(props: set[str], *, stepped: bool) -> str:
             "stepped on two ranks" + ("" if exact else " (the target declares no partition)")
         )
     return "; ".join(parts)
+
+
+# Note [Gradients outside the groups]
+#   A ZeRO wrapper owns the module and synchronises gradients for its optimizer, so one reading
+#   synchronises only the parameters its groups hold: a parameter whose group is added at step k
+#   (``add_param_group``) keeps its local gradient, or none, before k. Nothing is trained with
+#   it before k, so its gradient is judged from step k on, where it must be the average like any
+#   other; its parameter is judged at every step. A DDP, which has no groups, and a sharded
+#   optimizer (trained behind a DDP) are judged at every step.
+def _grouped_from(case) -> dict[int, int]:
+    """Parameter index -> the step its group is added at, for the parameters of groups added
+    mid-training (Note [Gradients outside the groups])."""
+    from paracheck.check.properties._case import case_params, group_of
+
+    _, added = group_of(case, case_params(case))
+    return {i: at for i, at in added.items() if at is not None}

@@ -147,6 +147,7 @@ def compare(
     device: str | None = None,
     anchored: bool = False,
     derived: bool = True,
+    judged_from: dict[int, int] | None = None,
 ) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
     reports). Only the first is meaningful: everything the ranks compute after it starts from a
@@ -160,6 +161,11 @@ def compare(
     local gradients by the oracle's operations (a user's loop), and no gradient is judged at the
     derived step-0 bound. Where ``traj`` applied each step to the gradients rank 0 recorded, the
     parameters are judged at Note [Comparing an update]'s bound whatever ``derived`` says.
+
+    ``judged_from``: parameter index -> the first step whose gradient is judged (a ZeRO wrapper
+    synchronises the gradients of the parameters its groups hold; one whose group is added at
+    step k is judged from step k, Note [Gradients outside the groups] in
+    ``paracheck.check.run``). Parameters are judged at every step.
     """
     dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
     # The oracle trains on the CPU: ranks elsewhere run other kernels (Note [Parameters of two
@@ -256,6 +262,8 @@ def compare(
             # hold inf or nan); the parameters, unchanged, are still compared.
             if step.grads is not None and not getattr(oref, "skipped", False):
                 for i, (got, ref) in enumerate(zip(step.grads, oref.grads)):
+                    if judged_from is not None and k < judged_from.get(i, 0):
+                        continue
                     d = check(
                         k,
                         "grad",
