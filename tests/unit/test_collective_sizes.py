@@ -70,3 +70,28 @@ def test_ranks_outside_any_collective_are_not_said_to_disagree():
         "no rank is inside a collective: rank 0 after 3, rank 1 after 3 collective(s); each is "
         "busy or blocked in its own code (its stack says where)"
     )
+
+
+def test_a_broadcast_names_its_source_where_ranks_wait():
+    """Two ranks in the same broadcast with the same tensor but each naming the other as the
+    source wait for each other: the sentence shows each rank's source (sizes equal, so no size
+    mismatch is claimed)."""
+    a = status(inside="broadcast", sized=("broadcast", 6, 6, 4, "float64", 1))
+    b = status(inside="broadcast", sized=("broadcast", 6, 6, 4, "float64", 0))
+    a["counts"] = b["counts"] = {"broadcast": 6}
+    assert not sizes_differ([a, b])
+    said = describe_disagreement({0: a, 1: b}, [0, 1], [])
+    assert "rank 0 is in its 6th broadcast of 4 float64 elements from rank 1" in said
+    assert "rank 1 is in its 6th broadcast of 4 float64 elements from rank 0" in said
+
+
+def test_the_recorded_root_of_a_broadcast_and_a_reduce():
+    import torch
+
+    from paracheck.world._collectives import _size
+
+    t = torch.zeros(3)
+    assert _size("broadcast", (t, 2), {}) == [3, "float32", 2]
+    assert _size("broadcast", (t,), {"src": 1}) == [3, "float32", 1]
+    assert _size("reduce", (t,), {"dst": 0}) == [3, "float32", 0]
+    assert _size("all_reduce", (t,), {}) == [3, "float32"]

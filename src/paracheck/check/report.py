@@ -55,7 +55,9 @@ PROPERTIES: dict[str, Property] = {
     "hang": Property(
         "the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
         "never returns)",
-        "every rank must issue the same collectives in the same order; decide what to communicate "
+        "every rank must issue the same collectives in the same order, with the same sizes and "
+        "the same source rank (a partition computed the same way on every rank); decide what to "
+        "communicate "
         "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
         "(such as its gradient being None)",
     ),

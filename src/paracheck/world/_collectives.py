@@ -201,13 +201,22 @@ def _group_position(fn) -> int | None:
 
 
 def _size(name: str, args, kwargs) -> list | None:
-    """A SIZED collective's tensor as [numel, dtype] (None for the others, or no tensor)."""
+    """A SIZED collective's tensor as [numel, dtype], with the root rank for a broadcast or a
+    reduce ([numel, dtype, root]; ranks that name different roots wait for each other); None for
+    the others, or no tensor."""
     if name not in SIZED:
         return None
     import torch
 
     t = args[0] if args else kwargs.get("tensor")
-    return [t.numel(), str(t.dtype).removeprefix("torch.")] if torch.is_tensor(t) else None
+    if not torch.is_tensor(t):
+        return None
+    out = [t.numel(), str(t.dtype).removeprefix("torch.")]
+    if name in ("broadcast", "reduce"):
+        root = args[1] if len(args) > 1 else kwargs.get("src", kwargs.get("dst"))
+        if isinstance(root, int):
+            out.append(root)
+    return out
 
 
 def _wrap(counter: CollectiveCounter, name: str, fn):

@@ -1054,7 +1054,7 @@ def sizes_differ(statuses: list[dict | None], *, inside: bool = True) -> bool:
         return False
     if len({tuple(x[:3]) for x in sized}) > 1:
         return False
-    return len({tuple(x[3:]) for x in sized}) > 1
+    return len({tuple(x[3:5]) for x in sized}) > 1
 
 
 def _size_words(st: dict) -> str:
@@ -1062,7 +1062,9 @@ def _size_words(st: dict) -> str:
     if not _inside_sized(st):
         return ""
     x = st["sized"]
-    return f" of {x[3]} {x[4]} element{'' if x[3] == 1 else 's'}"
+    root = f" from rank {x[5]}" if len(x) > 5 and x[0] == "broadcast" else ""
+    root = f" to rank {x[5]}" if len(x) > 5 and x[0] == "reduce" else root
+    return f" of {x[3]} {x[4]} element{'' if x[3] == 1 else 's'}{root}"
 
 
 def _ordinal(n: int) -> str:
@@ -1147,7 +1149,7 @@ def describe_sizes(statuses: dict[int, dict | None], dead: list[int]) -> str:
     kind, count = next(iter(known.values()))["sized"][:2]
     parts = []
     for r, st in known.items():
-        _, _, _, n, dtype = st["sized"]
+        n, dtype = st["sized"][3:5]
         how = "died" if r in dead else _STATE_WORDS.get(st.get("state", ""), "")
         parts.append(f"rank {r} ({how}) {n} {dtype} element{'' if n == 1 else 's'}")
     return f"their {_ordinal(count)} {kind} got tensors of different sizes: " + ", ".join(parts)
