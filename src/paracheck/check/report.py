@@ -122,6 +122,16 @@ PROPERTIES: dict[str, Property] = {
         "communicate only trainable parameters, once per step, with the collectives the "
         "design calls for",
     ),
+    "grads-sharded": Property(
+        "a ZeRO-2 rank keeps more gradient than its shard after the synchronisation",
+        "after finish_gradient_synchronization(), keep only this rank's reduce-scattered piece of "
+        "each gradient: free (set to None, or resize to 0) the full-size gradients and buffers",
+    ),
+    "params-sharded": Property(
+        "an FSDP rank holds whole parameters where it should hold only its shards",
+        "between the layers' gathers, keep each parameter as this rank's shard only: free the "
+        "gathered tensor after the layer's forward and backward, and keep no view of it",
+    ),
     "reduced-once": Property(
         "a gradient was communicated more than once per synchronised backward, or inside no_sync()",
         "reduce each parameter's gradient once per synchronised backward (sum a tied weight's "
