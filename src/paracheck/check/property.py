@@ -185,13 +185,7 @@ class _Checker:
             f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
             f"{self.phase}"
         )
-        result = run_case(
-            self.world,
-            self.target,
-            case,
-            device=self.device_fn(case) if self.device_fn else None,
-            timeout=self.timeouts(case.world_size),
-        )
+        result = self._fresh(case)
         if result.ok:
             self.timeouts.observe(case.world_size, result.seconds)
             self.worst = max(self.worst, result.worst_ratio)
@@ -314,17 +308,17 @@ class _Checker:
         """Whether ``case``, which passed ``prop`` once, passes it ``times`` more on fresh runs: a
         race (an all-reduce not waited for) can land in time on one run, and a feature would be
         reported as needed when it is not."""
-        for _ in range(times):
-            result = run_case(
-                self.world,
-                self.target,
-                case,
-                device=self.device_fn(case) if self.device_fn else None,
-                timeout=self.timeouts(case.world_size),
-            )
-            if prop in result.failed_properties:
-                return False
-        return True
+        return not any(prop in self._fresh(case).failed_properties for _ in range(times))
+
+    def _fresh(self, case: Case) -> CaseResult:
+        """``case`` run on the ranks, not from the cache."""
+        return run_case(
+            self.world,
+            self.target,
+            case,
+            device=self.device_fn(case) if self.device_fn else None,
+            timeout=self.timeouts(case.world_size),
+        )
 
 
 def declared_features(target) -> frozenset[str]:
