@@ -249,6 +249,9 @@ def test_a_target_installed_in_site_packages_is_its_own_code():
         "zero.py:41 in state_dict: raise RuntimeError('not consolidated')"
     )
     assert target_frame(detail, own_fragments("otherpkg.zero:Sharded")) is None
+    # A built-in's fragments (paracheck.ddp: "/paracheck/") never make the harness the target.
+    harness_only = detail.replace("/x/site-packages/mypkg/zero.py", "/x/paracheck/check/run.py")
+    assert target_frame(harness_only, own_fragments("paracheck.ddp:FlatDDP")) is None
     torch_detail = detail.replace(
         "/mypkg/zero.py", "/torch/distributed/optim/zero_redundancy_optimizer.py"
     )

@@ -207,21 +207,17 @@ def order(props) -> list[str]:
 # -- where the target's code raised -----------------------------------------------------------
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
-# Frames of these are the harness's or a library's, not the target's.
-_NOT_TARGET = (
-    "/torch/",
-    "/site-packages/",
-    "/dist-packages/",
+# Frames of these are paracheck's harness, never the target's.
+_HARNESS = (
     "/paracheck/check/",
     "/paracheck/world/",
     "/paracheck/oracle/",
     "/paracheck/cases.py",
     "/paracheck/workloads/",
     "/paracheck/accounting/",
-    "/lib/python3",
-    "<frozen",
-    "<string>",
 )
+# Frames of these are a library's, unless the target itself lives there (``own_fragments``).
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen", "<string>")
 
 
 def own_fragments(target_path: str) -> tuple[str, ...]:
@@ -240,9 +236,9 @@ def own_fragments(target_path: str) -> tuple[str, ...]:
 
 
 def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
-    """The innermost frame of a traceback that is the target's own code (outside torch, the
-    standard library, site-packages and paracheck's harness, unless under one of the ``own``
-    path fragments: ``own_fragments``), as "file:line in function: source"."""
+    """The innermost frame of a traceback that is the target's own code (outside paracheck's
+    harness, and outside torch, the standard library and site-packages unless under one of the
+    ``own`` path fragments: ``own_fragments``), as "file:line in function: source"."""
     lines = traceback_text.splitlines()
     found = None
     for i, line in enumerate(lines):
@@ -250,10 +246,9 @@ def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
         if not m:
             continue
         path = m.group(1).replace("\\", "/")
-        if (
-            any(s in path for s in _NOT_TARGET)
-            and "/paracheck/mutants/" not in path
-            and not any(s in path for s in own)
+        if "/paracheck/mutants/" not in path and (
+            any(s in path for s in _HARNESS)
+            or (any(s in path for s in _LIBRARY) and not any(s in path for s in own))
         ):
             continue
         src = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
