@@ -113,4 +113,4 @@ def test_the_default_search_reaches_a_never_used_parameter_across_windows(world,
         contract="cs336",
         features="+unused-always",
     )
-    assert report.passed != breaks, report.describe() if hasattr(report, "describe") else report
+    assert report.passed != breaks, report.text()
