@@ -61,14 +61,14 @@ class Kind:
         return f"paracheck.check.ranks._cuda_stub:{self.rank_fn.rpartition(':')[2]}"
 
 
-_SHARDING_PROPERTIES = ("equivalence", "state", "memory", "balance", "traffic")
+_SHARDING_PROPERTIES = ("equivalence", "float64-bound", "state", "memory", "balance", "traffic")
 
 KINDS: dict[str, Kind] = {
     "ddp": Kind(
         "ddp",
         "paracheck.check.ranks.ddp:run_ddp",
         "paracheck.strategies:cases",
-        default=("equivalence", "bucket-structure"),
+        default=("equivalence", "float64-bound", "bucket-structure"),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("world-size-relation", "bucket-size-independence", "repeatability", "reduce-dtype"),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
@@ -108,6 +108,7 @@ KINDS: dict[str, Kind] = {
         "paracheck.strategies._fsdp:fsdp_cases",
         default=(
             "equivalence",
+            "float64-bound",
             "reduced-once",
             "freed",
             "gather-dtype",
@@ -181,6 +182,21 @@ def _reduce_dtype(e: Evidence):
     )
 
 
+def _float64_bound(e: Evidence):
+    from paracheck.check.properties.float64_bound import check_float64_bound
+    from paracheck.check.run import _grouped_from
+
+    on = "cuda" if getattr(e.world, "backend", "gloo") == "nccl" else "cpu"
+    return check_float64_bound(
+        e.case,
+        e.traj,
+        e.ranks,
+        e.kind,
+        device_type=on,
+        judged_from=_grouped_from(e.case) if e.kind in ("zero", "zero2") else None,
+    )
+
+
 def _rerun(module: str, fn: str):
     def check(e: Evidence):
         import importlib
@@ -215,6 +231,7 @@ PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
         "paracheck.check.properties.bucket_size_independence", "check_bucket_size_independence"
     ),
     "reduce-dtype": _reduce_dtype,
+    "float64-bound": _float64_bound,
     "repeatability": _rerun("paracheck.check.properties.repeatability", "check_repeatability"),
 }
 

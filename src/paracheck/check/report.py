@@ -74,6 +74,13 @@ PROPERTIES: dict[str, Property] = {
         "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
         "sum over ranks divided by the world size, on every rank (None where no rank had one)",
     ),
+    "float64-bound": Property(
+        "a synchronised gradient is further from the exact (float64) gradient than rounding in "
+        "the case's precision can move it",
+        "the gradient must be the average over ranks of the local gradients the case's program "
+        "computes: compute the forward and backward in the precision asked, and reduce in the "
+        "gradients' dtype or wider",
+    ),
     "bucket-structure": Property(
         "the all-reduce calls do not respect bucket_size_mb",
         "pack gradients into buckets of at most bucket_size_mb * 2**20 bytes (a larger "

@@ -1,0 +1,95 @@
+"""The ``float64-bound`` property: in a case that computes below float64, every synchronised
+gradient a rank records is within a derived bound of the exact gradient, computed in float64 at
+the parameters the target started the step from (Note [A bound against the float64 gradient] in
+``paracheck.oracle.exact``).
+
+Reads from each ``RankRecord``: per step, the synchronised ``grads`` (where the kind records
+them) and rank 0's ``params`` after the previous step (where every step starts: the target's own
+trajectory, so a wrong step does not carry into the next one's verdict). Compares with the
+float64 oracle, not the matched-precision one: it is the referee of how far a precision may move
+a gradient, independent of where the matched oracle puts its casts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paracheck.cases import Case
+from paracheck.check.properties._case import param_names
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.ranks.record import RankRecord
+from paracheck.oracle.exact import exact_gradients, judged_here
+
+__all__ = ["NAME", "SLACK", "check_float64_bound"]
+
+NAME = "float64-bound"
+SLACK = 1 + 1e-9  # the bound's own float64 evaluation
+
+
+def check_float64_bound(
+    case: Case,
+    traj,
+    ranks: list[RankRecord],
+    kind: str,
+    *,
+    device_type: str = "cpu",
+    judged_from: dict[int, int] | None = None,
+) -> Divergence | None:
+    """The first gradient on any rank outside its bound, as a Divergence, or None (also where the
+    case is not judged: ``judged_here``)."""
+    if judged_here(case, kind) is not None or not ranks or not ranks[0].steps:
+        return None
+    if any(len(r.steps) != len(traj.steps) for r in ranks):
+        return None  # the equivalence family reports the structure
+    starts = [traj.initial_params] + [s.params for s in ranks[0].steps[:-1]]
+    if any(len(s) != len(traj.initial_params) for s in starts):
+        return None
+    if any(
+        a is None or tuple(a.shape) != tuple(b.shape)
+        for s in starts
+        for a, b in zip(s, traj.initial_params)
+    ):
+        return None
+    exact = exact_gradients(case, starts, [s.skipped for s in traj.steps], device_type)
+    names = param_names(case)
+    for k, ex in enumerate(exact):
+        for r, rec in enumerate(ranks):
+            grads = rec.steps[k].grads
+            if grads is None or len(grads) != len(ex.grads):
+                continue
+            for i, (got, v, bound) in enumerate(zip(grads, ex.grads, ex.bounds)):
+                if v is None or got is None or tuple(got.shape) != tuple(v.shape):
+                    continue  # not judged here, or the equivalence family's to report
+                if judged_from is not None and k < judged_from.get(i, 0):
+                    continue
+                d = _outside(k, r, i, names[i] if i < len(names) else None, got, v, bound)
+                if d is not None:
+                    return d
+    return None
+
+
+def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence | None:
+    g = got.detach().to(torch.float64).cpu()
+    diff = (g - v).abs()
+    allowed = bound * SLACK
+    bad = ~(diff <= allowed)  # nan and inf are outside
+    if not bool(bad.any()):
+        return None
+    over = torch.where(bad, diff - allowed, torch.zeros_like(diff))
+    over = torch.where(torch.isnan(over), torch.full_like(over, float("inf")), over)
+    j = int(over.flatten().argmax())
+    ratio = (diff / allowed.clamp_min(1e-300)).flatten()[j].item()
+    return Divergence(
+        k,
+        NAME,
+        r,
+        i,
+        name,
+        diff.flatten()[j].item(),
+        allowed.flatten()[j].item(),
+        f"element {j}: got {g.flatten()[j].item():.6e}, the float64 gradient at the same "
+        f"parameters is {v.flatten()[j].item():.6e}, |difference| {diff.flatten()[j].item():.3e} "
+        f"where rounding in this precision allows at most {allowed.flatten()[j].item():.3e} "
+        f"({int(bad.sum())} of {g.numel()} elements outside)",
+        ratio,
+    )
