@@ -20,9 +20,10 @@ Note [A bound against the float64 gradient]
       e = pre + u_d (|v| + pre) + eta_d;
     * a linear layer z = x W^T + b in compute dtype c (operands rounded to c: the parameters'
       rounding is known exactly, ``|W_c - W|``), k = in_features products summed with the bias
-      in any order in the accumulation dtype a (float32 for bfloat16 and float16 on the CPU,
-      whose products of two such values are exact in float32; c itself on a GPU, which may reduce
-      in c: ``allow_bf16_reduced_precision_reduction``):
+      in any order at the accumulation unit roundoff u_a (float32's for bfloat16 and float16 on
+      the CPU, whose products of two such values are exact in float32; on a GPU c's own, which
+      may reduce in c (``allow_bf16_reduced_precision_reduction``), and TensorFloat-32's for
+      float32, which may multiply in it (``allow_tf32``)):
       pre = (|x| + e_x) e_W^T + e_x |W|^T + e_b + gamma_{k+2}(u_a) ((|x| + e_x)(|W| + e_W)^T +
       |b| + e_b); its backward likewise: the input gradient sums out_features terms, the weight
       gradient and the bias gradient sum the batch;
@@ -48,7 +49,7 @@ Note [A bound against the float64 gradient]
     comparison allows the bound times 1 + 1e-9 (its own float64 evaluation). What it assumes of
     the target: the program is the case's (the harness's forward, loss and backward, the case's
     casts), every operation rounds each result at most once per arithmetic operation, and sums
-    are accumulated in at least the accumulation dtype above. What it does not cover: the LM
+    are accumulated at the accumulation unit roundoff above or finer. What it does not cover: the LM
     workload (attention, softmax, embeddings: not derived here; such cases are not judged),
     gradients held from an earlier step (a parameter outside the optimizer's groups; not judged
     at that step), and a training loop's own loss (the ``loop`` kind is not judged).
