@@ -5,6 +5,7 @@ cases of every precision), and the property fails designs whose gradients the pr
 explain."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +144,24 @@ def test_the_property_fails_gradients_the_precision_cannot_explain(world, mutant
     assert div.worst_ratio >= 10, div.describe()
     ok = _check(world, resolve_target("flat"), case)
     assert not ok.divergences, [d.describe() for d in ok.divergences]
+
+
+def test_an_overflowed_gradient_is_not_judged(world):
+    """A loss scale of 2**40 overflows float16 in the first backward; the optimizer's only group
+    at step 0 holds an unused branch, so the GradScaler sees no gradient and skips nothing, and
+    the other parameters keep their infinite gradients (Note [Overflow is not judged]). Found by
+    a nightly run on a correct DDP, which failed the property before such elements had an
+    unbounded bound."""
+    text = Path(__file__).parent.parent / "regression/cases/fp16_overflow_outside_groups.json"
+    case = Case.from_json(text.read_text())
+    traj = train(case)
+    exact = exact_gradients(case, _starts(traj), [s.skipped for s in traj.steps])
+    assert not traj.steps[0].skipped
+    overflowed = [
+        i for i, g in enumerate(traj.steps[0].grads) if g is not None and not g.isfinite().all()
+    ]
+    assert overflowed
+    for i in overflowed:
+        assert not exact[0].bounds[i].isfinite().all()
+    result = _check(world, resolve_target("flat"), case)
+    assert not result.divergences, [d.describe() for d in result.divergences]

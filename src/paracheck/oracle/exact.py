@@ -54,6 +54,13 @@ Note [A bound against the float64 gradient]
     gradients held from an earlier step (a parameter outside the optimizer's groups; not judged
     at that step), and a training loop's own loss (the ``loop`` kind is not judged).
 
+    Note [Overflow is not judged]
+    An element whose magnitude, with its error, may pass the largest finite value of the dtype
+    it is stored in (float16's 65504: a loss scale of 2**40) may be infinite, and everything
+    computed from it infinite or nan: its bound, and the bound of every element computed from
+    it, is infinite or nan, and such elements are not judged (a GradScaler skips the step where
+    it sees one; a parameter outside the optimizer's groups keeps its overflowed gradient).
+
     The bound is far looser than the matched oracle's comparison (measured: a correct target's
     gradients reach a few percent of it); it is the referee of the matched oracle, not a
     substitute: a matched oracle that cast in the wrong place would put the targets' gradients
@@ -92,6 +99,7 @@ _ETA = {  # smallest normal numbers
     torch.bfloat16: 2.0**-126,
     torch.float16: 2.0**-14,
 }
+_MAX = {d: torch.finfo(d).max for d in _U}
 _HALF = (torch.bfloat16, torch.float16)
 _U64 = _U[torch.float64]
 TANH_UNITS = 8  # float32 units of roundoff a tanh implementation may be off by
@@ -113,8 +121,11 @@ class _B:
 
 
 def _store(v: torch.Tensor, pre: torch.Tensor, dtype: torch.dtype) -> _B:
-    """A result within ``pre`` of ``v`` before it is stored in ``dtype``."""
+    """A result within ``pre`` of ``v`` before it is stored in ``dtype``; an element that may
+    overflow (|v| + pre above the dtype's largest finite value) is unbounded from here on
+    (Note [Overflow is not judged])."""
     e = pre + _U[dtype] * (v.abs() + pre) + _ETA[dtype] + 2 * _U64 * v.abs()
+    e = torch.where(v.abs() + pre > _MAX[dtype], torch.full_like(e, float("inf")), e)
     return _B(v, e, dtype)
 
 

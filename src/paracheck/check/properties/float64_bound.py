@@ -72,7 +72,9 @@ def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence | None:
     g = got.detach().to(torch.float64).cpu()
     diff = (g - v).abs()
     allowed = bound * SLACK
-    bad = ~(diff <= allowed)  # nan and inf are outside
+    # A non-finite bound is an element that may have overflowed (Note [Overflow is not judged]):
+    # not judged. Elsewhere a nan or infinite gradient is outside.
+    bad = torch.isfinite(allowed) & ~(diff <= allowed)
     if not bool(bad.any()):
         return None
     over = torch.where(bad, diff - allowed, torch.zeros_like(diff))
