@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
-            f"| {row['workload']} | {row['elements_judged']} | {row['median']:.3g} | "
+            f"| {row['workload']} | {row['tensors_judged']} | {row['median']:.3g} | "
             f"{row['p99']:.3g} | {row['worst']:.3g} | {row['above_1']} |"
         )
     for o in over[:5]:
