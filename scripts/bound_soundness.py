@@ -21,6 +21,7 @@ import time
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
+from paracheck.check.properties.float64_bound import bound_ratio
 from paracheck.oracle import train
 from paracheck.oracle.exact import exact_gradients, judged_here
 from paracheck.strategies import cases
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
             for i, (g, v, b) in enumerate(zip(s.grads, ex.grads, ex.bounds)):
                 if v is None or g is None:
                     continue
-                r = ((g.double() - v).abs() / b).max().item()
+                r = bound_ratio(g, v, b)
                 ratios.setdefault(case.model.kind, []).append(r)
                 if not r <= 1.0:
                     over.append({"ratio": r, "step": k, "param": i, "case": repr(case)})

@@ -20,7 +20,7 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle.exact import exact_gradients, judged_here
 
-__all__ = ["NAME", "SLACK", "check_float64_bound"]
+__all__ = ["NAME", "SLACK", "bound_ratio", "check_float64_bound"]
 
 NAME = "float64-bound"
 SLACK = 1 + 1e-9  # the bound's own float64 evaluation
@@ -66,6 +66,20 @@ def check_float64_bound(
                 if d is not None:
                     return d
     return None
+
+
+def bound_ratio(got: torch.Tensor, v: torch.Tensor, bound: torch.Tensor) -> float:
+    """The largest |got - v| / bound over the judged elements (those of finite bound: Note
+    [Overflow is not judged]); inf where a judged element of ``got`` is not finite; 0.0 where
+    none is judged. Above ``SLACK``: outside the bound."""
+    judged = torch.isfinite(bound)
+    if not bool(judged.any()):
+        return 0.0
+    g = got.detach().to(torch.float64).cpu()[judged]
+    diff = (g - v[judged]).abs()
+    if not bool(torch.isfinite(diff).all()):
+        return float("inf")
+    return (diff / bound[judged].clamp_min(1e-300)).max().item()
 
 
 def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence | None:
