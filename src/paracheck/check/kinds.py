@@ -12,7 +12,7 @@ selects (``paracheck check --properties``, ``Target.properties``) into the set a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "KINDS",
@@ -146,6 +146,8 @@ class Evidence:
     world: object = None
     target: object = None
     timeout: float | None = None
+    # What a property measured besides its verdict, by name (the float64 bound's worst ratio).
+    measured: dict = field(default_factory=dict)
 
 
 def _state(props):
@@ -194,6 +196,7 @@ def _float64_bound(e: Evidence):
         e.kind,
         device_type=on,
         judged_from=_grouped_from(e.case) if e.kind in ("zero", "zero2") else None,
+        measured=e.measured,
     )
 
 

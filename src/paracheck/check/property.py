@@ -173,6 +173,7 @@ class _Checker:
         self.seed = seed  # hypothesis.seed() of every search; None: the settings decide
         self.cache: dict[str, CaseResult] = {}
         self.worst = 0.0
+        self.worst_bound: float | None = None  # the float64 bound's worst ratio, where judged
         self.phase = "searching"
         self.last: CaseResult | None = None  # the result run() returned last
 
@@ -189,6 +190,8 @@ class _Checker:
         if result.ok:
             self.timeouts.observe(case.world_size, result.seconds)
             self.worst = max(self.worst, result.worst_ratio)
+            if result.bound_ratio is not None:
+                self.worst_bound = max(self.worst_bound or 0.0, result.bound_ratio)
         self.cache[key] = result
         self.last = result
         return result
@@ -601,6 +604,7 @@ def check_target(
         replayed=replayed,
         dropped=dropped,
         saved=stored,
+        worst_bound=checker.worst_bound,
     )
 
 

@@ -524,6 +524,9 @@ class CheckReport:
     dropped: int = 0
     saved: int = 0
     rank_memory: float | None = None  # the ranks' memory cap (GB) the replay commands carry
+    # The largest ratio of a gradient's difference from the float64 gradient to its bound over
+    # the cases the float64-bound property judged (None: none judged).
+    worst_bound: float | None = None
 
     @property
     def failure(self) -> CaseResult | None:
@@ -550,12 +553,17 @@ class CheckReport:
     def summary(self) -> str:
         extra = self.saved_cases()
         extra = f"; {extra}" if extra else ""
+        bound = (
+            ""
+            if self.worst_bound is None
+            else f", float64 bound reached at most {self.worst_bound:.2f} of its allowance"
+        )
         if self.passed and self.cases_run == 1 and self.examples == 1 and not self.replayed:
             return f"PASS {self.target.name}: the given case"
         if self.passed:
             return (
                 f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
-                f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}{extra}"
+                f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}{bound}{extra}"
             )
         props = ", ".join(
             f.property + (f" (without {f.without})" if f.without else "") for f in self.failures
@@ -586,6 +594,7 @@ class CheckReport:
             "seconds": round(self.seconds, 3),
             "world_sizes": list(self.world_sizes),
             "worst_relative_error": self.worst_ratio,
+            "worst_float64_bound_ratio": self.worst_bound,
             "failed_properties": [f.property for f in self.failures],
             "failures": [
                 f.to_dict(self.target, backend, timeout=self.timeout, rank_memory=self.rank_memory)

@@ -37,6 +37,9 @@ class CaseResult:
     divergence: Divergence | None = None
     error: WorldError | None = None
     worst_ratio: float = 0.0
+    # The largest |gradient - float64 gradient| / bound of a case the float64-bound property
+    # judged and passed (None: not judged).
+    bound_ratio: float | None = None
     extra: dict = field(default_factory=dict)
     divergences: list[Divergence] = field(default_factory=list)
     seconds: float = 0.0  # from submission to the verdict
@@ -224,7 +227,13 @@ def run_case(
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
             extra["unjudged"] = _unjudged(judged_on_a_partition, stepped=row.name == "sharded")
     return CaseResult(
-        case, worst_ratio=worst, extra=extra, divergences=divs, seconds=seconds, outputs=outputs
+        case,
+        worst_ratio=worst,
+        bound_ratio=evidence.measured.get("float64-bound"),
+        extra=extra,
+        divergences=divs,
+        seconds=seconds,
+        outputs=outputs,
     )
 
 

@@ -4,6 +4,8 @@ what the property means, what it reads from the ``RankRecord``s and what it comp
 * ``equivalence``: initial state, gradients, parameters, each rank's optimizer state against the
   oracle, and bitwise agreement between ranks (the properties ``initial-state``, ``gradients``,
   ``parameters``, ``optimizer-state``, ``rank-agreement``, ``structure``);
+* ``float64_bound``: every synchronised gradient against the float64 oracle, within a bound
+  derived from the case's precision (``float64-bound``);
 * ``state``: the union over ranks of the optimizer state, and ``state-consolidated``;
 * ``memory``, ``balance``, ``traffic``: the sharding kinds' resources against their models;
 * ``reduced_once``, ``freed``, ``gather_dtype``: an FSDP's collectives and gathered storages;

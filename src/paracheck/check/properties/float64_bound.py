@@ -34,9 +34,11 @@ def check_float64_bound(
     *,
     device_type: str = "cpu",
     judged_from: dict[int, int] | None = None,
+    measured: dict | None = None,
 ) -> Divergence | None:
     """The first gradient on any rank outside its bound, as a Divergence, or None (also where the
-    case is not judged: ``judged_here``)."""
+    case is not judged: ``judged_here``). ``measured["float64-bound"]``: the largest ratio of a
+    judged gradient's difference to its bound, where every one is inside."""
     if judged_here(case, kind) is not None or not ranks or not ranks[0].steps:
         return None
     if any(len(r.steps) != len(traj.steps) for r in ranks):
@@ -52,6 +54,7 @@ def check_float64_bound(
         return None
     exact = exact_gradients(case, starts, [s.skipped for s in traj.steps], device_type)
     names = param_names(case)
+    worst = 0.0
     for k, ex in enumerate(exact):
         for r, rec in enumerate(ranks):
             grads = rec.steps[k].grads
@@ -65,6 +68,9 @@ def check_float64_bound(
                 d = _outside(k, r, i, names[i] if i < len(names) else None, got, v, bound)
                 if d is not None:
                     return d
+                worst = max(worst, bound_ratio(got, v, bound))
+    if measured is not None:
+        measured[NAME] = worst
     return None
 
 
