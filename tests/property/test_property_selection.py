@@ -55,10 +55,23 @@ def test_relations_pass_correct_targets(world, paracheck_world_sizes, name, prop
 
 
 def test_defaults_leave_relations_out():
-    """The relations are opt-in: the default sets are those a check ran before they existed."""
-    assert default_properties("ddp", takes_bucket=True) == {"equivalence", "bucket-structure"}
-    assert default_properties("ddp") == {"equivalence"}
-    assert default_properties("sharded") == {"equivalence", "state", "memory", "balance", "traffic"}
+    """The relations are opt-in: the default sets are those a check ran before they existed, and
+    the float64 bound (which judges only cases below float64)."""
+    assert default_properties("ddp", takes_bucket=True) == {
+        "equivalence",
+        "float64-bound",
+        "bucket-structure",
+    }
+    assert default_properties("ddp") == {"equivalence", "float64-bound"}
+    assert default_properties("sharded") == {
+        "equivalence",
+        "float64-bound",
+        "state",
+        "memory",
+        "balance",
+        "traffic",
+    }
+    assert "float64-bound" not in default_properties("loop")
     assert resolve_properties("zero", None) == default_properties("zero")
 
 
