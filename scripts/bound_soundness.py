@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     ratios: dict[str, list[float]] = {}
     over: list[dict] = []
     counts = {"cases": 0, "judged_cases": 0}
+    t0 = time.monotonic()
 
     @settings(
         max_examples=args.cases,
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
     @given(case=cases(precision=args.precision, world_sizes=[1, 2, 3, 4]))
     def run(case):
         counts["cases"] += 1
+        if counts["cases"] % 1000 == 0:
+            print(f"{counts['cases']} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr)
         if judged_here(case, "ddp") is not None:
             return
         counts["judged_cases"] += 1
@@ -67,7 +70,6 @@ def main(argv=None) -> int:
                 if not r <= 1.0:
                     over.append({"ratio": r, "step": k, "param": i, "case": repr(case)})
 
-    t0 = time.monotonic()
     torch.manual_seed(args.seed)
     run._hypothesis_internal_use_seed = args.seed  # type: ignore[attr-defined]
     run()
