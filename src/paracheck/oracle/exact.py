@@ -12,8 +12,8 @@ Note [A bound against the float64 gradient]
     Higham, Accuracy and Stability of Numerical Algorithms, 2002, sections 3.1-3.5), from the
     case's parameters and data, the dtype each operation stores its result in, and how many terms
     each sum has. No measured constant enters. For each operation, with u_d the unit roundoff of
-    dtype d, eta_d its smallest normal number (a result below it may be flushed to zero or lose
-    relative accuracy), gamma_k(u) = k u / (1 - k u), and a pre-rounding value within ``pre`` of
+    dtype d, eta_d the largest error of a rounding below its smallest normal number (a flush to
+    zero: the smallest normal; float16, whose conversions keep subnormals: half their spacing), gamma_k(u) = k u / (1 - k u), and a pre-rounding value within ``pre`` of
     v:
 
     * storing in dtype d (every operation's result, and a cast to a narrower dtype):
@@ -93,11 +93,13 @@ _U = {
     torch.bfloat16: 2.0**-8,
     torch.float16: 2.0**-11,
 }
-_ETA = {  # smallest normal numbers
-    torch.float64: 2.0**-1022,
+_ETA = {  # the largest error of a rounding below the smallest normal number
+    torch.float64: 2.0**-1022,  # a flush to zero
     torch.float32: 2.0**-126,
     torch.bfloat16: 2.0**-126,
-    torch.float16: 2.0**-14,
+    # Half the subnormal spacing: conversions to float16 (from float32, on the CPU and on GPUs)
+    # keep subnormals; the smallest normal, 2**-14, would swamp unscaled float16 gradients.
+    torch.float16: 2.0**-25,
 }
 _MAX = {d: torch.finfo(d).max for d in _U}
 _HALF = (torch.bfloat16, torch.float16)
