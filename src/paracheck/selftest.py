@@ -108,6 +108,7 @@ def selftest_rows(
 _TOLERANCED = frozenset(
     {
         "gradients",
+        "float64-bound",
         "parameters",
         "optimizer-state",
         "master-weights",
