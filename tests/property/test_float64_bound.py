@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.properties.float64_bound import NAME, bound_ratio
+from paracheck.check.property import check_target
 from paracheck.check.run import run_case
 from paracheck.check.targets import resolve_target
 from paracheck.mutants import MUTANTS
@@ -163,3 +164,16 @@ def test_an_overflowed_gradient_is_not_judged(world):
         assert not exact[0].bounds[i].isfinite().all()
     result = _check(world, resolve_target("flat"), case)
     assert not result.divergences, [d.describe() for d in result.divergences]
+
+
+def test_selecting_only_the_bound_where_it_judges_nothing_says_so(world):
+    """A float64 check with only float64-bound selected passes vacuously: the report says the
+    property judged no case instead of letting the pass speak for it; below float64 it reports
+    how close the bound came."""
+    target = replace(resolve_target("flat"), properties=frozenset({NAME}))
+    report = check_target(target, world, world_sizes=(1, 2), max_examples=3, seed=0)
+    assert report.passed and report.worst_bound is None
+    assert any("float64-bound judged none" in n for n in report.notes), report.notes
+    low = check_target(target, world, world_sizes=(1, 2), max_examples=3, seed=0, precision="bf16")
+    assert low.passed and 0 < low.worst_bound <= 1
+    assert not any("judged none" in n for n in low.notes)

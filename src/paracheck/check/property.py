@@ -586,6 +586,13 @@ def check_target(
         {r.extra["unjudged"] for r in checker.cache.values() if r.extra.get("unjudged")}
     )
     notes += unjudged
+    selected = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
+    if selected == {"float64-bound"} and checker.worst_bound is None and not failures:
+        # The one property selected judged nothing: a pass would say nothing.
+        notes.append(
+            "float64-bound judged none of these cases: it judges the MLP and toy cases computed "
+            "below float64 (--precision fp32, bf16, fp16 or mixed) of every kind but loop"
+        )
     seconds = time.monotonic() - t0
     if hasattr(progress, "clear"):
         progress.clear()
