@@ -236,11 +236,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--properties",
         default=None,
         help="comma-separated properties to check, each applied to the targets whose kind has it: "
-        "sharding targets equivalence,state,state-consolidated,memory,balance,traffic (default: "
-        "every one but the opt-in state-consolidated); DDP targets equivalence,bucket-structure "
-        "(the default) and the opt-in world-size-relation and bucket-size-independence (the "
-        "bucket ones for targets that take a bucket size); every kind the opt-in repeatability. "
-        "+NAME adds NAME to the defaults: --properties +repeatability",
+        "sharding targets equivalence,float64-bound,state,state-consolidated,memory,balance,"
+        "traffic (default: every one but the opt-in state-consolidated); DDP targets "
+        "equivalence,float64-bound,bucket-structure (the default) and the opt-in "
+        "world-size-relation and bucket-size-independence (the bucket ones for targets that take "
+        "a bucket size); every kind the opt-in repeatability; float64-bound judges the cases "
+        "below float64 of every kind but loop. +NAME adds NAME to the defaults: --properties "
+        "+repeatability",
     )
     c.add_argument(
         "--contract",
