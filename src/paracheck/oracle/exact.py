@@ -82,17 +82,13 @@ from paracheck.cases import (
     micro_batches,
     params_in_groups,
 )
+from paracheck.oracle.tolerance import UNIT_ROUNDOFF, gamma
 from paracheck.workloads.mlp import MLP, _Float32Linear
 
 __all__ = ["ExactStep", "exact_gradients", "judged_here"]
 
 _F64 = torch.float64
-_U = {
-    torch.float64: 2.0**-53,
-    torch.float32: 2.0**-24,
-    torch.bfloat16: 2.0**-8,
-    torch.float16: 2.0**-11,
-}
+_U = {getattr(torch, name): u for name, u in UNIT_ROUNDOFF.items()}
 _ETA = {  # the largest error of a rounding below the smallest normal number
     torch.float64: 2.0**-1022,  # a flush to zero
     torch.float32: 2.0**-126,
@@ -105,10 +101,6 @@ _MAX = {d: torch.finfo(d).max for d in _U}
 _HALF = (torch.bfloat16, torch.float16)
 _U64 = _U[torch.float64]
 TANH_UNITS = 8  # float32 units of roundoff a tanh implementation may be off by
-
-
-def _gamma(k: int, u: float) -> float:
-    return k * u / (1 - k * u) if k * u < 0.5 else float("inf")
 
 
 @dataclass(eq=False)
@@ -195,7 +187,7 @@ class _Program:
             v = v + B
             err = err + eB
             mag = mag + B.abs() + eB
-        u = _gamma(k + 2, acc) + _gamma(k + 2, _U64)
+        u = gamma(k + 2, acc) + gamma(k + 2, _U64)
         out = _store(v, err + u * mag, compute)
 
         def backward(g: _B):
@@ -203,15 +195,15 @@ class _Program:
             ga = g.v.abs() + g.e
             n_out, batch = W.shape[0], g.v.shape[0]
             if b is not None and self.params_require[b]:
-                ub = _gamma(batch + 1, acc) + _gamma(batch + 1, _U64)
+                ub = gamma(batch + 1, acc) + gamma(batch + 1, _U64)
                 self._use(b, _store(g.v.sum(0), g.e.sum(0) + ub * ga.sum(0), compute))
             if self.params_require[w]:
-                uw = _gamma(batch + 2, acc) + _gamma(batch + 2, _U64)
+                uw = gamma(batch + 2, acc) + gamma(batch + 2, _U64)
                 gw_err = g.e.T @ xa + g.v.abs().T @ xin.e
                 self._use(w, _store(g.v.T @ xin.v, gw_err + uw * (ga.T @ xa), compute))
             if not x.requires:
                 return [None]
-            ux = _gamma(n_out + 2, acc) + _gamma(n_out + 2, _U64)
+            ux = gamma(n_out + 2, acc) + gamma(n_out + 2, _U64)
             gx_err = g.e @ Wa + g.v.abs() @ eW
             gx = _store(g.v @ W, gx_err + ux * (ga @ Wa), compute)
             return [_cast(gx, x.dtype)]
@@ -240,7 +232,7 @@ class _Program:
             deriv = 1 - out.v**2
             ga = g.v.abs() + g.e
             pre = g.e * (deriv + sq).clamp_max(1.0) + g.v.abs() * sq
-            pre = pre + (_gamma(3, _U[d]) + _gamma(3, _U64)) * ga * (1 + ya**2)
+            pre = pre + (gamma(3, _U[d]) + gamma(3, _U64)) * ga * (1 + ya**2)
             return [_store(g.v * deriv, pre, d)]
 
         return self._record(out, [x], backward)
@@ -309,7 +301,7 @@ def _sum_uses(parts: list[_B], dtype: torch.dtype) -> _B:
     e = torch.stack([p.e for p in parts]).sum(0)
     mag = torch.stack([p.v.abs() + p.e for p in parts]).sum(0)
     n = len(parts)
-    out = _store(v, e + (_gamma(n, _U[d]) + _gamma(n, _U64)) * mag, d)
+    out = _store(v, e + (gamma(n, _U[d]) + gamma(n, _U64)) * mag, d)
     return _cast(out, dtype)
 
 
@@ -387,7 +379,7 @@ def _mse_gradient(out: _B, y: torch.Tensor, scale: float) -> _B:
     yv = y.to(_F64)
     alpha = 2.0 * scale / out.v.numel()
     v = alpha * (out.v - yv)
-    u = _gamma(4, _U[d]) + _gamma(4, _U64)
+    u = gamma(4, _U[d]) + gamma(4, _U64)
     pre = alpha * out.e + u * alpha * ((out.v - yv).abs() + out.e) + 4 * _ETA[d]
     return _store(v, pre, d)
 
@@ -470,7 +462,7 @@ def exact_gradients(
             n = W * backwards * micro_batches(case, k)
             v = torch.stack([t.v for t in ts]).sum(0) / W
             mag = torch.stack([t.v.abs() + t.e for t in ts]).sum(0) / W
-            u = _gamma(2 * n + 2, _U[dtypes[i]]) + _gamma(2 * n + 2, _U64)
+            u = gamma(2 * n + 2, _U[dtypes[i]]) + gamma(2 * n + 2, _U64)
             e = torch.stack([t.e for t in ts]).sum(0) / W + u * mag + _ETA[dtypes[i]]
             if case.loss_scale is not None and i in inside:
                 v, e = v / scale, e / scale
@@ -493,7 +485,7 @@ def _clip(grads, bounds, inside, dtypes, max_norm: float) -> None:
     u = max(_U[dtypes[i]] for i in held)
     norm = torch.linalg.vector_norm(torch.cat([grads[i].flatten() for i in held])).item()
     enorm = torch.linalg.vector_norm(torch.cat([bounds[i].flatten() for i in held])).item()
-    g = _gamma(n_elements + 4, u) + _gamma(n_elements + 4, _U64)
+    g = gamma(n_elements + 4, u) + gamma(n_elements + 4, _U64)
     dn = enorm + g * (norm + enorm)
 
     def f(x: float) -> float:
@@ -501,7 +493,7 @@ def _clip(grads, bounds, inside, dtypes, max_norm: float) -> None:
 
     c = f(norm)
     low = f(max(norm - dn, 0.0))
-    dc = max(low - c, c - f(norm + dn)) + (_gamma(3, u) + _gamma(3, _U64)) * low
+    dc = max(low - c, c - f(norm + dn)) + (gamma(3, u) + gamma(3, _U64)) * low
     for i in held:
         a = grads[i].abs() + bounds[i]
         bounds[i] = dc * a + c * bounds[i] + (_U[dtypes[i]] + _U64) * (c + dc) * a + _ETA[dtypes[i]]

@@ -99,7 +99,9 @@ __all__ = [
     "RMSNormTolerance",
     "TOLERANCES",
     "Tolerance",
+    "UNIT_ROUNDOFF",
     "anchored",
+    "gamma",
     "master_rtol",
     "rms_norm_tolerance",
     "rounding_depth",
@@ -207,7 +209,7 @@ def state_tolerance(case, same_operations: bool = True) -> float:
 #   each gives 6.0e-6, against the fixed float32 tolerance's 5e-4; float64 gives 1.1e-14 against
 #   1e-10. A float32 gradient rounded to bfloat16 for its all-reduce (relative error up to 2**-9)
 #   is then caught at step 0 by a factor of 100 or more.
-_UNIT_ROUNDOFF = {
+UNIT_ROUNDOFF = {
     "float64": 2.0**-53,
     "float32": 2.0**-24,
     "bfloat16": 2.0**-8,
@@ -215,7 +217,9 @@ _UNIT_ROUNDOFF = {
 }
 
 
-def _gamma(k: int, u: float) -> float:
+def gamma(k: int, u: float) -> float:
+    """Higham's gamma_k = k u / (1 - k u): the relative error bound of k roundings at unit
+    roundoff u (inf where k u >= 1/2, where it bounds nothing)."""
     return k * u / (1 - k * u) if k * u < 0.5 else float("inf")
 
 
@@ -256,12 +260,12 @@ def anchored(case) -> bool:
 def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
     """The derived tolerance of a synchronised gradient of ``dtype`` at step 0 on the CPU (Note
     [Step 0: a derived bound]); ``n_elements`` bounds the gradient elements a clip's norm sums."""
-    u = _UNIT_ROUNDOFF[dtype]
+    u = UNIT_ROUNDOFF[dtype]
     backwards = case.accumulation * (2 if getattr(case, "double_backward", False) else 1)
     n = case.world_size * backwards
-    rtol = 2 * _gamma(2 * n + 2, u)
+    rtol = 2 * gamma(2 * n + 2, u)
     if getattr(case, "clip_norm", None) is not None:
-        rtol += 2 * _gamma(n_elements + 4, u)
+        rtol += 2 * gamma(n_elements + 4, u)
     return rtol
 
 
@@ -326,7 +330,7 @@ def step0_grad_rtol(case, dtype: str, n_elements: int) -> float:
 def update_rtol(step: int, dtype: str) -> float:
     """The relative tolerance of a tensor of ``dtype`` after step ``step``, stepped from the
     target's own parameters and gradients (Note [Comparing an update])."""
-    return 2 * _gamma(16 * (step + 1), _UNIT_ROUNDOFF[dtype])
+    return 2 * gamma(16 * (step + 1), UNIT_ROUNDOFF[dtype])
 
 
 def rounding_bracket(master: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
