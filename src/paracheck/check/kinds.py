@@ -146,6 +146,11 @@ class Evidence:
     world: object = None
     target: object = None
     timeout: float | None = None
+    # Where the ranks computed ("cpu", "cuda", "cuda:1"), and the first step each parameter's
+    # gradient is judged at (a ZeRO wrapper's late groups: Note [Gradients outside the groups] in
+    # paracheck.check.run; None: every step).
+    ranks_on: str = "cpu"
+    judged_from: dict | None = None
     # What a property measured besides its verdict, by name (the float64 bound's worst ratio).
     measured: dict = field(default_factory=dict)
 
@@ -186,16 +191,14 @@ def _reduce_dtype(e: Evidence):
 
 def _float64_bound(e: Evidence):
     from paracheck.check.properties.float64_bound import check_float64_bound
-    from paracheck.check.run import _grouped_from
 
-    on = "cuda" if getattr(e.world, "backend", "gloo") == "nccl" else "cpu"
     return check_float64_bound(
         e.case,
         e.traj,
         e.ranks,
         e.kind,
-        device_type=on,
-        judged_from=_grouped_from(e.case) if e.kind in ("zero", "zero2") else None,
+        device_type=e.ranks_on.partition(":")[0],
+        judged_from=e.judged_from,
         measured=e.measured,
     )
 

@@ -189,6 +189,7 @@ def run_case(
     if check_state is None:
         check_state = row.compares_state and "state" in props
     divs, worst = [], 0.0
+    judged_from = _grouped_from(case) if target.kind in ("zero", "zero2") else None
     if "equivalence" in props or (row.compares_state and "state" in props):
         div, worst = compare(
             traj,
@@ -199,10 +200,20 @@ def run_case(
             device="cpu" if local_on is not None else ranks_on,
             anchored=by_step,
             derived=row.derived_bound,
-            judged_from=_grouped_from(case) if target.kind in ("zero", "zero2") else None,
+            judged_from=judged_from,
         )
         divs += [div] if div is not None else []
-    evidence = Evidence(case, traj, ranks, target.kind, world, target, timeout)
+    evidence = Evidence(
+        case,
+        traj,
+        ranks,
+        target.kind,
+        world,
+        target,
+        timeout,
+        ranks_on=ranks_on,
+        judged_from=judged_from,
+    )
     # Each property is checked on its own (they do not depend on each other's verdicts); one
     # divergence per property. The properties compared with the oracle come first, in name order,
     # then those that run the target again.
