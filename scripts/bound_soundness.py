@@ -21,9 +21,8 @@ import time
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from paracheck.check.properties.float64_bound import bound_ratio
-from paracheck.oracle import train
-from paracheck.oracle.exact import exact_gradients, judged_here
+from paracheck.check.properties.float64_bound import oracle_ratios
+from paracheck.oracle.exact import judged_here
 from paracheck.strategies import cases
 
 
@@ -58,17 +57,10 @@ def main(argv=None) -> int:
         if judged_here(case, "ddp") is not None:
             return
         counts["judged_cases"] += 1
-        traj = train(case, device=None if on == "cpu" else args.device)
-        starts = [traj.initial_params] + [s.params for s in traj.steps[:-1]]
-        exact = exact_gradients(case, starts, [s.skipped for s in traj.steps], on)
-        for k, (s, ex) in enumerate(zip(traj.steps, exact)):
-            for i, (g, v, b) in enumerate(zip(s.grads, ex.grads, ex.bounds)):
-                if v is None or g is None:
-                    continue
-                r = bound_ratio(g, v, b)
-                ratios.setdefault(case.model.kind, []).append(r)
-                if not r <= 1.0:
-                    over.append({"ratio": r, "step": k, "param": i, "case": repr(case)})
+        for k, i, r in oracle_ratios(case, None if on == "cpu" else args.device):
+            ratios.setdefault(case.model.kind, []).append(r)
+            if not r <= 1.0:
+                over.append({"ratio": r, "step": k, "param": i, "case": repr(case)})
 
     torch.manual_seed(args.seed)
     run._hypothesis_internal_use_seed = args.seed  # type: ignore[attr-defined]

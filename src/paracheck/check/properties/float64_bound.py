@@ -18,9 +18,10 @@ from paracheck.cases import Case
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
+from paracheck.oracle import train
 from paracheck.oracle.exact import exact_gradients, judged_here
 
-__all__ = ["NAME", "SLACK", "bound_ratio", "check_float64_bound"]
+__all__ = ["NAME", "SLACK", "bound_ratio", "check_float64_bound", "oracle_ratios"]
 
 NAME = "float64-bound"
 SLACK = 1 + 1e-9  # the bound's own float64 evaluation
@@ -72,6 +73,23 @@ def check_float64_bound(
     if measured is not None:
         measured[NAME] = worst
     return None
+
+
+def oracle_ratios(case: Case, device: str | None = None) -> list[tuple[int, int, float]]:
+    """(step, parameter index, ``bound_ratio``) of every gradient the matched-precision oracle
+    computes for ``case`` (a correct computation of its program: its local gradients on
+    ``device``'s kernels, else the CPU's), against the bound at the oracle's own parameters:
+    how close a correct computation comes to the bound."""
+    on = "cpu" if device is None else torch.device(device).type
+    traj = train(case, device=None if on == "cpu" else device)
+    starts = [traj.initial_params] + [s.params for s in traj.steps[:-1]]
+    exact = exact_gradients(case, starts, [s.skipped for s in traj.steps], on)
+    return [
+        (k, i, bound_ratio(g, v, b))
+        for k, (s, ex) in enumerate(zip(traj.steps, exact))
+        for i, (g, v, b) in enumerate(zip(s.grads, ex.grads, ex.bounds))
+        if v is not None and g is not None
+    ]
 
 
 def bound_ratio(got: torch.Tensor, v: torch.Tensor, bound: torch.Tensor) -> float:
