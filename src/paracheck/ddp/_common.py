@@ -15,7 +15,9 @@ Note [Gradients that exist on some ranks only]
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,51 @@ def check_bucket_size_mb(bucket_size_mb) -> float:
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be a finite number > 0")
     return value
+
+
+def _end_of_backward(ref: weakref.ref) -> None:
+    # A weak reference: the autograd engine holds the callback until backward ends.
+    ddp = ref()
+    if ddp is not None:
+        ddp._end_round()
+
+
+class RoundsMixin:
+    """The round protocol of Note [Several backward passes in one window] (in
+    ``paracheck.ddp.overlapped``), for the variants that launch from backward's hooks. A variant
+    calls ``_open_round()`` from each hook of a synchronised backward and provides
+    ``_launch_rest()`` (launch every unit the round has not launched, in plan order, presence flags
+    last) and ``_settle()`` (wait, average, apply the flags, start a new window)."""
+
+    _round_open = False  # a synchronised backward has fired hooks and not ended yet
+    # no_sync() entries when the last round was settled; None: no round since the last finish
+    _reduced_through: int | None = None
+
+    def _open_round(self) -> None:
+        """The round's first hook queues its end on the autograd engine."""
+        if not self._round_open:
+            self._round_open = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(_end_of_backward, weakref.ref(self))
+            )
+
+    def _close_round(self) -> None:
+        self._round_open = False
+
+    def _end_round(self) -> None:
+        """End of a synchronised backward: launch what is left, then settle the round."""
+        self._close_round()
+        self._launch_rest()
+        self._settle()
+        self._reduced_through = self._no_sync_entries
+
+    def _finish_window(self) -> None:
+        """``finish_gradient_synchronization()``: a round of its own only where backward passes
+        since the last round only accumulated, or no synchronised backward ran."""
+        if self._reduced_through != self._no_sync_entries:
+            self._launch_rest()
+            self._settle()
+        self._reduced_through = None
 
 
 class DDPBase(nn.Module):
@@ -55,6 +102,7 @@ class DDPBase(nn.Module):
         # parameters() de-duplicates tied parameters: a tied weight is reduced once.
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self._sync_enabled = True
+        self._no_sync_entries = 0  # how often no_sync() was entered (RoundsMixin reads it)
         self._broadcast_state()
 
     def _broadcast_state(self) -> None:
@@ -78,6 +126,7 @@ class DDPBase(nn.Module):
         synchronised backward (or ``finish_gradient_synchronization()``) reduces the sum."""
         previous = self._sync_enabled
         self._sync_enabled = False
+        self._no_sync_entries += 1
         try:
             yield
         finally:

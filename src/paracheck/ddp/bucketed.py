@@ -29,9 +29,9 @@ Note [Presence flags in the bucket]
 Communication runs asynchronously (``async_op=True``): on NCCL on the process group's own stream,
 with ``wait()`` making the compute stream wait; on gloo on its worker threads. Launch order
 follows Note [Launch in plan order], Note [Hooks under no_sync] and Note [Several backward passes
-in one window] in ``paracheck.ddp.overlapped``: here a round launches every *bucket* once, and the
-hook before accumulation settles the previous round before the new backward adds into the
-buffers that round is reducing (the gradients are views of those very buffers).
+in one window] in ``paracheck.ddp.overlapped``: here a round launches every *bucket* once and is
+settled when its backward ends, before a later backward adds into the buffers it reduced (the
+gradients are views of those very buffers).
 """
 
 from __future__ import annotations
@@ -43,11 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import DDPBase, check_bucket_size_mb
-from paracheck.ddp.overlapped import (
-    _before_accumulate,
-    _end_of_backward,
-)  # the same round boundaries
+from paracheck.ddp._common import DDPBase, RoundsMixin, check_bucket_size_mb
 from paracheck.ddp.plan import plan_buckets
 
 __all__ = ["BucketedDDP"]
@@ -59,7 +55,7 @@ def _hook(ref: weakref.ref, i: int, param: torch.Tensor) -> None:
         ddp._grad_ready(i)
 
 
-class BucketedDDP(DDPBase):
+class BucketedDDP(RoundsMixin, DDPBase):
     """Equal to the oracle (see NaiveDDP) for any ``bucket_size_mb``; gradients are views into
     flat bucket buffers and each bucket is reduced by one async all-reduce overlapped with backward.
 
@@ -110,14 +106,6 @@ class BucketedDDP(DDPBase):
             p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
             for i, p in enumerate(params)
         ]
-        self._pre_hooks = self._register_round_boundary(params)
-
-    def _register_round_boundary(self, params) -> list:
-        """A hook on each parameter that runs before its gradient is accumulated: the round
-        boundary, where the previous round is settled (Note [Several backward passes in one
-        window] in ``paracheck.ddp.overlapped``)."""
-        ref = weakref.ref(self)
-        return [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
 
     def _reset_window(self) -> None:
         self._ready = [False] * len(self.trainable)
@@ -127,8 +115,6 @@ class BucketedDDP(DDPBase):
             [] for _ in self.plan.buckets
         ]  # positions without a local gradient
         self._next = 0  # the first bucket not launched yet
-        self._open = False  # a synchronised backward has fired hooks and not ended yet
-        self._launched = False  # a round ended: every bucket is launched, not settled yet
 
     def _adopt(self, i: int) -> bool:
         """Put parameter i's local gradient in its slot (zeros if it has none) and make ``.grad``
@@ -148,11 +134,7 @@ class BucketedDDP(DDPBase):
         self._adopt(i)  # into the bucket even under no_sync(): later micro-steps add in place
         if not self._sync_enabled:
             return  # Note [Hooks under no_sync]
-        if not self._open:
-            self._open = True
-            torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(_end_of_backward, weakref.ref(self))
-            )
+        self._open_round()
         if self._ready[i]:
             return  # counted in this round already
         self._ready[i] = True
@@ -177,17 +159,10 @@ class BucketedDDP(DDPBase):
             return None
         return dist.all_reduce(self._bucket_buffers[k], group=self.process_group, async_op=True)
 
-    def _end_round(self) -> None:
-        """End of a synchronised backward: launch the buckets the round has not launched, in order."""
-        self._open = False
+    def _launch_rest(self) -> None:
+        """Launch the buckets the round has not launched, in order."""
         while self._next < len(self._bucket_buffers):
             self._launch(self._next)
-        self._launched = True
-
-    def _start_round(self) -> None:
-        """A backward is about to add into buffers the previous round reduces: settle it first
-        (Note [Several backward passes in one window] in ``paracheck.ddp.overlapped``)."""
-        self._settle()
 
     def _settle(self) -> None:
         """Wait for every bucket of the round, average, apply the presence flags, reset."""
@@ -206,8 +181,7 @@ class BucketedDDP(DDPBase):
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled:
             return
-        self._end_round()
-        self._settle()
+        self._finish_window()
 
     def _wait(self, k: int) -> None:
         if self._works[k] is not None:

@@ -25,18 +25,24 @@ Note [Several backward passes in one window]
     The usual training loop calls ``backward()`` k times and ``finish_gradient_synchronization()``
     once; ``loss.backward(retain_graph=True); loss.backward()`` does the same without a forward in
     between. Each synchronised backward is one *round*: when it ends (a callback queued on the
-    autograd engine by the round's first hook) every unit not launched yet is launched, in plan
-    order, with the presence flags last. Every rank thus issues exactly one all-reduce per unit per
-    synchronised backward, whatever its hooks saw, so ranks whose rounds use different parameters
-    still pair their collectives. The round's all-reduces are still in flight when the next
-    backward starts, and that backward *adds into* the very tensors being reduced. So a hook that
-    runs before accumulation (``Tensor.register_hook`` on the parameter) settles the previous
-    round first: wait for its handles, divide by W, apply its presence flags. The gradient is then
-    the average of the earlier rounds, identical on every rank, and the new backward adds its
-    local gradient to it; the next round's all-reduce gives W * avg + sum_r g_r, and dividing by W
-    gives avg + avg(new): the average of the sums, the oracle's value up to rounding. Only a
-    round's first hook waits: communication of round n overlaps the forward of round n+1 (or
-    nothing, for a second backward of the same graph) and the backward up to its first gradient.
+    autograd engine by the round's first hook, where torch DDP finalises its reducer too) every
+    unit not launched yet is launched, in plan order, with the presence flags last, and the round
+    is settled at once: wait for its handles, divide by W, apply its presence flags. Every rank
+    thus issues exactly one all-reduce per unit per synchronised backward, whatever its hooks saw,
+    so ranks whose rounds use different parameters still pair their collectives. The gradient is
+    then the average of the rounds so far, identical on every rank; the next backward adds its
+    local gradient to it, the next round's all-reduce gives W * avg + sum_r g_r, and dividing by
+    W gives avg + avg(new): the average of the sums, the oracle's value up to rounding.
+    ``finish_gradient_synchronization()`` then has nothing left to do, unless ``no_sync()`` was
+    entered since the last round (its backward passes only accumulated) or no synchronised
+    backward ran in the window: then it launches and settles one round itself. Counting
+    ``no_sync()`` entries, not hooks, keeps that decision the same on every rank.
+    On NCCL, waiting in the callback costs the host nothing (``wait()`` orders the compute stream
+    after the collective); on gloo it blocks until communication ends, where
+    ``finish_gradient_synchronization()`` would block anyway. Nothing runs per parameter beyond
+    the one post-accumulate hook: the step is close to host-bound on GPUs (docs/measurements.md),
+    and a hook per parameter before accumulation, which an earlier design used to find the round
+    boundary, cost the overlapped DDP about a quarter of its step on two GPUs.
     Precondition: every synchronised backward reaches at least one trainable parameter on every
     rank (it queues the callback); a rank whose backward reaches none merges that round into the
     next and issues fewer collectives than its peers.
@@ -51,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import DDPBase
+from paracheck.ddp._common import DDPBase, RoundsMixin
 
 __all__ = ["OverlappedDDP"]
 
@@ -63,19 +69,7 @@ def _hook(ref: weakref.ref, k: int, param: torch.Tensor) -> None:
         ddp._grad_ready(k)
 
 
-def _before_accumulate(ref: weakref.ref, grad: torch.Tensor) -> None:
-    ddp = ref()
-    if ddp is not None and ddp._launched:
-        ddp._start_round()
-
-
-def _end_of_backward(ref: weakref.ref) -> None:
-    ddp = ref()
-    if ddp is not None:
-        ddp._end_round()
-
-
-class OverlappedDDP(DDPBase):
+class OverlappedDDP(RoundsMixin, DDPBase):
     """Equal to the oracle (see NaiveDDP), with communication overlapped with backward.
 
     Launches one async all-reduce per trainable parameter, in reverse registration order (Note
@@ -97,14 +91,6 @@ class OverlappedDDP(DDPBase):
             p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, k))
             for k, p in enumerate(self._order)
         ]
-        self._pre_hooks = self._register_round_boundary(self._order)
-
-    def _register_round_boundary(self, params) -> list:
-        """A hook on each parameter that runs before its gradient is accumulated: the round
-        boundary, where the previous round is settled (Note [Several backward passes in one
-        window])."""
-        ref = weakref.ref(self)
-        return [p.register_hook(functools.partial(_before_accumulate, ref)) for p in params]
 
     def _reset_window(self) -> None:
         n = len(self._order)
@@ -112,8 +98,6 @@ class OverlappedDDP(DDPBase):
         self._present = [False] * n  # did the local gradient exist when the unit was launched
         self._works: list = []
         self._next = 0  # the first unit of the plan not launched yet
-        self._open = False  # a synchronised backward has fired hooks and not ended yet
-        self._launched = False  # a round ended: every unit and the flags are launched, not settled
         self._flags = None
 
     def _all_reduce(self, t: torch.Tensor):
@@ -124,11 +108,7 @@ class OverlappedDDP(DDPBase):
     def _grad_ready(self, k: int) -> None:
         if not self._sync_enabled:
             return  # Note [Hooks under no_sync]
-        if not self._open:
-            self._open = True
-            torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(_end_of_backward, weakref.ref(self))
-            )
+        self._open_round()
         if self._ready[k]:
             return  # launched in this round already
         self._ready[k] = True
@@ -143,26 +123,17 @@ class OverlappedDDP(DDPBase):
         self._works.append(self._all_reduce(p.grad))
         self._next = k + 1
 
-    def _end_round(self) -> None:
+    def _launch_rest(self) -> None:
         """Launch what the round has not launched, then the presence flags (issued last on every
         rank, after every gradient: same order everywhere)."""
-        self._open = False
-        if not self._order or self._launched:
-            return
         while self._next < len(self._order):
             self._launch(self._next)
         self._flags = torch.tensor(self._present, dtype=torch.float32, device=self._order[0].device)
         self._works.append(self._all_reduce(self._flags))
-        self._launched = True
 
     def _average(self, p: torch.Tensor) -> None:
         if self.world_size > 1:
             p.grad.div_(self.world_size)
-
-    def _start_round(self) -> None:
-        """A backward is about to add into gradients the previous round reduces: settle it first
-        (Note [Several backward passes in one window])."""
-        self._settle()
 
     def _settle(self) -> None:
         """Wait for the launched round, average, and apply its presence flags."""
@@ -182,5 +153,4 @@ class OverlappedDDP(DDPBase):
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled or not self._order:
             return
-        self._end_round()
-        self._settle()
+        self._finish_window()

@@ -163,7 +163,7 @@ register(
     "ddp-round-starts-in-forward",
     "paracheck.mutants.ddp:RoundStartsInForwardDDP",
     "ddp",
-    "the previous backward is settled at the next forward: a second backward of one forward is not reduced",
+    "a round is opened by forward: a second backward of one forward is launched but never waited for or averaged",
 )
 register(
     "ddp-bucket-cap-ignored",

@@ -242,37 +242,40 @@ class PresenceFromHooksDDP(BucketedDDP):
 
 
 class ReadinessPerStepDDP(BucketedDDP):
-    """BucketedDDP that resets its per-bucket readiness once per step (in
+    """BucketedDDP that keeps its per-bucket readiness for the whole step (reset in
     ``finish_gradient_synchronization``) instead of once per backward: a second synchronised
     backward in the same window finds every bucket already sent and only adds its local gradient
-    to the reduced sum, so the result is (sum_r g1 + g2_local) / W instead of avg(g1) + avg(g2)."""
+    to the averaged one, so the result is avg(g1) + g2_local instead of avg(g1) + avg(g2)."""
 
-    def _start_round(self) -> None:
-        for k in range(len(self._bucket_buffers)):
-            self._wait(k)  # BUG: waits, but keeps the round's readiness: nothing is sent again
+    def _grad_ready(self, i: int) -> None:
+        if self._reduced_through is not None:
+            self._adopt(i)  # BUG: every bucket of this window was sent by its first backward
+            return
+        super()._grad_ready(i)
 
 
 class HandlesPerStepDDP(OverlappedDDP):
-    """OverlappedDDP that keeps its list of handles per step and launches only in the first
-    backward of a window: a second backward adds into gradients whose all-reduce is still in
-    flight (or done), and nothing reduces what it added."""
+    """OverlappedDDP that launches only in the first backward of a window: a second backward adds
+    into gradients already averaged, and nothing reduces what it added."""
 
-    def _start_round(self) -> None:
-        pass  # BUG: "the handles are waited for in finish_gradient_synchronization()"
+    def _grad_ready(self, k: int) -> None:
+        if self._reduced_through is not None:
+            return  # BUG: "the window's all-reduces were launched by its first backward"
+        super()._grad_ready(k)
 
 
 class RoundStartsInForwardDDP(BucketedDDP):
-    """BucketedDDP that settles the previous backward's reduction at the next *forward* (where
-    torch DDP prepares its reducer) instead of before the next backward accumulates: two backward
-    passes of one forward (``retain_graph=True``) leave the second one unreduced."""
+    """BucketedDDP that opens a round in *forward* (where torch DDP prepares its reducer) instead
+    of at the first hook of each backward: two backward passes of one forward
+    (``retain_graph=True``) queue one end-of-backward callback, so the second one's buckets are
+    launched by its hooks but never waited for, averaged or flagged."""
 
-    def _register_round_boundary(self, params) -> list:
-        # BUG: the round boundary is taken to be the forward
-        return [
-            self.register_forward_pre_hook(
-                lambda mod, args: mod._start_round() if mod._launched else None
-            )
-        ]
+    def forward(self, *args, **kwargs):
+        self._round_open = False  # BUG: the round boundary is taken to be the forward
+        return super().forward(*args, **kwargs)
+
+    def _close_round(self) -> None:
+        pass  # (closed by the next forward instead)
 
 
 def _plan_one_bucket(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:

@@ -147,9 +147,11 @@ def memory_record_path(stack_dir: str, rank: int) -> str:
 
 
 class _Watchdog(threading.Thread):
-    """Every ``interval`` seconds: exit when the parent process is gone (the driver, or the
-    zygote that forked this rank: Note [Cleaning up]); while a job runs with a memory cap, stop
-    this process once its resident memory exceeds the cap (Note [Rank memory cap])."""
+    """Every ``interval`` seconds: write the collective counts that changed (Note [Counting costs
+    the step nothing] in ``paracheck.world._collectives``); exit when the parent process is gone
+    (the driver, or the zygote that forked this rank: Note [Cleaning up]); while a job runs with a
+    memory cap, stop this process once its resident memory exceeds the cap (Note [Rank memory
+    cap])."""
 
     interval = 0.05
 
@@ -168,6 +170,7 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         while True:
             time.sleep(self.interval)
+            self.counter.flush()  # Note [Counting costs the step nothing]
             if os.getppid() != self.parent:
                 orphaned(self.stack_dir, self.lock)
             if self.cap and self.counter.active:
