@@ -121,8 +121,8 @@ class StepTiming:
     cpu_times: tuple[float, ...]  # seconds
     cuda_memory: dict  # Note [CUDA memory points], bytes, max over ranks; {} on CPU
     rss_peak: int  # max over ranks of the peak resident set during the job (bytes); noisy
-    # Note [Measuring from a clean state]: bytes held when the job started and when it ended
-    # (max over ranks); 0 and 0 when no job leaks.
+    # Bytes held when the job started and when it ended (max over ranks; Note [Measuring from
+    # a clean state]): 0 and 0 when no job leaks.
     start_bytes: int = 0
     left_bytes: int = 0
 
@@ -302,7 +302,6 @@ def release(device, *, count: bool = True) -> int:
         if n == 0:
             break
         time.sleep(wait)
-        gc.collect()
         n = held()
     if device.type == "cuda":
         torch.cuda.empty_cache()
