@@ -4,6 +4,9 @@
   init / before / after the optimizer step, of every variant next to torch DDP and torch DDP +
   ZeroRedundancyOptimizer, for the CS336 LM sizes small..xl (batch 4 x 256 tokens per GPU, fp32
   with TF32 matmuls, fused AdamW, 25 MB buckets); ``local`` is one GPU with no communication;
+  each (size, variant) from a clean state: its memory is above what the ranks held when its job
+  started, printed beside it with what the job left behind (both 0.00 when nothing leaks: Note
+  [Measuring from a clean state] in ``paracheck.bench.step``);
 * the bucket sweep (1, 10, 100, 1000 MB) of bucketed DDP and torch DDP on xl;
 * NCCL all-reduce time and bus bandwidth, 1 MB .. 1 GB;
 * the share of NCCL kernel time hidden under compute (profiler) on 'large'.
@@ -15,6 +18,8 @@ size and the xl peak per variant). Everything is also written to $OUT (gpu_bench
 
     PYTHONPATH=src python scripts/gpu_bench.py
     PYTHONPATH=src python scripts/gpu_bench.py --sizes small,xl --variants bucketed,torch-ddp --what step,bucket
+    PYTHONPATH=src python scripts/gpu_bench.py --sizes large,xl --what step \
+        --variants local,torch-ddp,zero1,zero2,torch-zero,fsdp,torch-fsdp     # the memory table
     PYTHONPATH=src python scripts/gpu_bench.py --smoke        # CPU/gloo, tiny model: code paths only
 """
 
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
 
 
 def _summary(record: dict, sizes) -> str:
-    """Step time (ms) per variant and size, and the largest size's peak memory (GiB)."""
+    """Step time (ms) and peak memory (GiB) per variant and size."""
     by = {}
     for r in record["step"]:
         if "error" in r:
@@ -155,13 +160,13 @@ def _summary(record: dict, sizes) -> str:
         by.setdefault(r["spec"]["variant"], {})[size] = r
     if not by:
         return "(no step measurements)"
-    last = sizes[-1]
-    header = ["variant"] + [f"{s} ms" for s in sizes] + [f"{last} peak GiB"]
+    header = ["variant"] + [f"{s} ms" for s in sizes] + [f"{s} peak GiB" for s in sizes]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for v, row in by.items():
         cells = [f"{row[s]['median'] * 1e3:.1f}" if s in row else "-" for s in sizes]
-        peak = row.get(last, {}).get("cuda_memory", {}).get("peak")
-        cells.append(f"{peak / 2**30:.2f}" if peak else "-")
+        for s in sizes:
+            peak = row.get(s, {}).get("cuda_memory", {}).get("peak")
+            cells.append(f"{peak / 2**30:.2f}" if peak else "-")
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,6 +1,8 @@
 """One training step of every variant on 2 NCCL ranks, torch DDP and ZeroRedundancyOptimizer
 beside them, CS336 sizes small..xl, batch 4 x 256 tokens per rank, fp32 with TF32 matmuls,
-fused AdamW, 25 MB buckets. CUDA memory at the CS336 points (Note [CUDA memory points])."""
+fused AdamW, 25 MB buckets. CUDA memory at the CS336 points (Note [CUDA memory points]), each
+(size, variant) above what its ranks held when its job started (Note [Measuring from a clean
+state])."""
 
 from paracheck.bench.asvtools import key, measure_steps, require
 
@@ -16,6 +18,9 @@ VARIANTS = [
     "sharded",
     "zero1",
     "torch-zero",
+    "zero2",
+    "fsdp",
+    "torch-fsdp",
 ]
 
 
@@ -75,3 +80,9 @@ class StepCudaMemory:
         return self.r["cuda_memory"]["peak"]
 
     track_peak.unit = "bytes"
+
+    def track_left(self, results, size, variant):
+        """Bytes the job still held once it released everything: 0 unless the variant leaks."""
+        return self.r["left_bytes"]
+
+    track_left.unit = "bytes"

@@ -69,13 +69,14 @@ def test_missing_variants_are_skipped_not_failed():
 
 def test_default_variants_are_the_ones_the_benchmarks_drive():
     """Every variant listed by default can be built by build_setup: built-in targets of other
-    kinds (an FSDP wrapper, a training loop) are not listed, so `paracheck memory` and `paracheck
-    bench` with no --variants measure every listed one instead of raising on the first FSDP."""
+    kinds (a training loop) are not listed, so `paracheck memory` and `paracheck bench` with no
+    --variants measure every listed one instead of raising on the first loop."""
     from paracheck.bench.variants import DRIVEN_KINDS
 
     names = available_variants(include_local=True)
     assert {"local", "flat", "bucketed", "torch-ddp", "sharded", "zero1", "zero2"} <= set(names)
-    assert not {"fsdp", "torch-fsdp", "loop"} & set(names)
+    assert {"fsdp", "torch-fsdp"} <= set(names)
+    assert not {"loop", "loop-batch-mean"} & set(names)
     assert all(variant_kind(n) in DRIVEN_KINDS for n in names)
 
 

@@ -21,6 +21,7 @@ from paracheck.accounting.memory import (
     sharded_state_bytes,
     state_model,
     training_memory,
+    zero_construction_bytes,
 )
 from paracheck.accounting.record import COLLECTIVE_KINDS, CollectiveCall, Recorder
 from paracheck.accounting.traffic import (
@@ -50,5 +51,6 @@ __all__ = [
     "sharded_state_bytes",
     "state_model",
     "training_memory",
+    "zero_construction_bytes",
     "zero1_traffic",
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "sharded_state_bytes",
     "state_model",
     "training_memory",
+    "zero_construction_bytes",
 ]
 
 
@@ -121,7 +122,7 @@ class MemoryBreakdown:
         return self.static + self.comm
 
 
-DESIGNS = ("ddp", "sharded", "zero1", "torch-ddp", "torch-zero")
+DESIGNS = ("ddp", "sharded", "zero1", "zero2", "torch-ddp", "torch-zero")
 
 
 def training_memory(
@@ -148,6 +149,9 @@ def training_memory(
       presence flags (n * e). With ``syncs`` > 1 gradient synchronisations per step (accumulation
       without ``no_sync()``) the later ones also keep the accumulated chunk aside while the buckets
       refill: grads = P' + P'/W at their peak (Note [Zero1 gradient accumulation]);
+    * ``zero2``: ``Zero2``: as ``zero1``, but the gradients it keeps are this rank's shards
+      (P'/W, whatever ``syncs``); a bucket's full buffer lives only while the bucket is reduced
+      (Note [Zero2 gradient lifetime] in ``paracheck.zero.zero2``);
     * ``torch-ddp``: torch ``DistributedDataParallel`` at its defaults: bucket buffers separate from
       ``.grad`` (``gradient_as_bucket_view=False``), comm = P;
     * ``torch-zero``: torch DDP + ``ZeroRedundancyOptimizer``: state by torch's partition (greedy by
@@ -197,5 +201,39 @@ def training_memory(
     state = flat_state_bytes(
         layout.pieces(rank), element_size=e, models=models, stateful=everything
     )
+    if design == "zero2":
+        return MemoryBreakdown(padded, padded // world_size, state, len(n) * e)
     saved = padded // world_size if syncs > 1 else 0  # every bucket divides into W equal chunks
     return MemoryBreakdown(padded, padded + saved, state, len(n) * e)
+
+
+def zero_construction_bytes(
+    design: str, numels: Sequence[int], element_size: int, world_size: int, *, bucket_numel: int
+) -> tuple[int, int]:
+    """``Zero1`` (``design="zero1"``) or ``Zero2`` (``"zero2"``) constructed over a module whose
+    trainable parameters have ``numels`` elements (one dtype, held by nothing but the module):
+    ``(most, held)``, the most bytes held at once above what was held before the constructor,
+    and the bytes held above it once it returns.
+
+    Bucket by bucket (``flat_layout``): the padded parameter buffer is allocated while the
+    bucket's original parameters still exist, re-pointing them frees the originals, then the
+    gradient buffer is allocated: the padded bucket (``zero1``) or this rank's shard of it
+    (``zero2``). Last, one presence flag per parameter. So ``zero1`` only grows (its gradient
+    buffer alone covers the originals), while ``zero2`` holds the most just after the last
+    bucket's parameter buffer is allocated, when that bucket's originals are larger than its
+    shard and the flags."""
+    from paracheck.zero.partition import flat_layout
+
+    if design not in ("zero1", "zero2"):
+        raise ValueError(f"design={design!r} must be 'zero1' or 'zero2'")
+    e = element_size
+    layout = flat_layout(list(numels), world_size, bucket_numel=bucket_numel)
+    held = most = 0
+    for bucket in layout.buckets:
+        held += bucket.padded * e  # the parameter buffer, beside the originals
+        most = max(most, held)
+        held -= sum(layout.numels[i] for i in bucket.params) * e  # the originals freed
+        held += bucket.padded * e // (world_size if design == "zero2" else 1)
+        most = max(most, held)
+    held += len(layout.numels) * e  # the presence flags
+    return max(most, held), held

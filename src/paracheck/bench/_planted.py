@@ -9,7 +9,10 @@ as the regressions it catches. Not used by paracheck itself.
 * ``RelaunchingFlatDDP``: FlatDDP that scales one gradient by 1.0 in place after synchronising:
   exactly one operator and one launch more per step, nothing else;
 * ``HookedFlatDDP``: FlatDDP with a Python hook on every trainable parameter that does nothing:
-  one hook call more per parameter and backward pass, nothing else.
+  one hook call more per parameter and backward pass, nothing else;
+* ``LeakyFlatDDP``: FlatDDP whose do-nothing hooks close over the wrapper: a cycle through the
+  parameters' hook tables, which the garbage collector never frees, so the wrapper and its
+  module outlive the job that built them (Note [Measuring from a clean state]).
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import torch.distributed as dist
 
 from paracheck.ddp.flat import FlatDDP
 
-__all__ = ["ChattyFlatDDP", "FatFlatDDP", "HookedFlatDDP", "RelaunchingFlatDDP"]
+__all__ = [
+    "ChattyFlatDDP",
+    "FatFlatDDP",
+    "HookedFlatDDP",
+    "LeakyFlatDDP",
+    "RelaunchingFlatDDP",
+    "free_leaks",
+]
 
 
 class FatFlatDDP(FlatDDP):
@@ -60,3 +70,27 @@ class HookedFlatDDP(FlatDDP):
         super().__init__(module, process_group=process_group)
         for p in self.trainable:
             p.register_post_accumulate_grad_hook(lambda p: None)
+
+
+class LeakyFlatDDP(FlatDDP):
+    """FlatDDP with a post-accumulate-grad hook on every trainable parameter that closes over
+    the wrapper."""
+
+    def __init__(self, module, *, process_group=None):
+        super().__init__(module, process_group=process_group)
+        self._leaks = [
+            p.register_post_accumulate_grad_hook(lambda p: self._leaks and None)
+            for p in self.trainable
+        ]
+
+
+def free_leaks(_payload=None) -> None:
+    """World job: remove every ``LeakyFlatDDP``'s hooks, so the garbage collector frees it (a
+    test that plants the leak leaves its ranks as it found them)."""
+    import gc
+
+    for obj in gc.get_objects():
+        if isinstance(obj, LeakyFlatDDP):
+            for handle in obj._leaks:
+                handle.remove()
+    gc.collect()

@@ -20,6 +20,20 @@ Note [CUDA memory points]
     allocator's reserve), reset between the points; the allocator acts when a kernel is launched,
     not when it runs, so no synchronisation is needed and the timed steps are not disturbed (the
     points are taken on one extra step after the timed ones).
+
+Note [Measuring from a clean state]
+    The ranks outlive a job: every (model, variant) of a run is measured in the same processes,
+    so a job must start from what a fresh process holds. Each job starts and ends with
+    ``release``: garbage collection, then on CUDA a device synchronisation, ``empty_cache`` and
+    ``reset_peak_memory_stats``. A cycle through a tensor's hooks (a wrapper whose hook closes
+    over it, the hook stored on its parameter) is never collected, so the built-in wrappers
+    hold themselves weakly from their hooks. ``release`` returns the bytes still held (CUDA:
+    ``memory_allocated``; CPU, when asked, every tensor storage the garbage collector reaches,
+    each once): ``start_bytes`` at the job's start (what earlier jobs left) and ``left_bytes``
+    at its end (what this job left), both 0 when nothing leaks. The CUDA points are taken above
+    the job's start, so an earlier job's leak never shows as this job's memory, and the tables
+    print ``start_bytes`` beside them. (``account_step``'s recorder counts only the allocations
+    made inside its own job and needs none of this.)
 """
 
 from __future__ import annotations
@@ -41,6 +55,8 @@ __all__ = [
     "account_step",
     "rank_time",
     "rank_account",
+    "release",
+    "live_tensor_bytes",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -105,6 +121,10 @@ class StepTiming:
     cpu_times: tuple[float, ...]  # seconds
     cuda_memory: dict  # Note [CUDA memory points], bytes, max over ranks; {} on CPU
     rss_peak: int  # max over ranks of the peak resident set during the job (bytes); noisy
+    # Bytes held when the job started and when it ended (max over ranks; Note [Measuring from
+    # a clean state]): 0 and 0 when no job leaks.
+    start_bytes: int = 0
+    left_bytes: int = 0
 
     @property
     def median(self) -> float:
@@ -126,6 +146,8 @@ class StepTiming:
             "cpu_min": self.cpu_min,
             "cuda_memory": dict(self.cuda_memory),
             "rss_peak": self.rss_peak,
+            "start_bytes": self.start_bytes,
+            "left_bytes": self.left_bytes,
         }
 
 
@@ -240,26 +262,68 @@ def _rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _release(device) -> None:
-    gc.collect()  # ~0.2 s with torch loaded: once per job, outside every measured interval
+_SETTLE_SECONDS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every CPU tensor storage the garbage collector can reach, each storage once."""
+    seen: dict[int, int] = {}
+    tensor = torch.Tensor
+    for obj in gc.get_objects():
+        # issubclass of the type, not isinstance: isinstance reads ``__class__``, which some
+        # module-level proxies answer with a deprecation warning.
+        if issubclass(type(obj), tensor) and obj.device.type == "cpu":
+            try:
+                st = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, sparse)
+                continue
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def release(device, *, count: bool = True) -> int:
+    """Free what this process no longer references and reset the CUDA peak; the bytes still held
+    (Note [Measuring from a clean state]; on the CPU only with ``count``, else 0)."""
+    gc.collect()  # ~0.2 s with torch loaded: twice per job, outside every measured interval
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+        def held() -> int:
+            return torch.cuda.memory_allocated(device)
+    elif count:
+        held = live_tensor_bytes
+    else:
+        return 0
+    n = held()
+    # A communication backend's thread may still hold a finished collective's tensors (Note
+    # [Late frees after a collective] in paracheck.accounting.record): counted again after
+    # waits of 1..32 ms while anything is held.
+    for wait in _SETTLE_SECONDS:
+        if n == 0:
+            break
+        time.sleep(wait)
+        n = held()
+    if device.type == "cuda":
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return n
 
 
 def rank_time(payload: dict) -> dict:
-    """World job: time ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
+    """World job: time ``payload`` (a ``StepSpec.to_dict()``, and ``"count": True`` to count the
+    bytes held on the CPU too) on this rank."""
     import torch.distributed as dist
 
+    payload = dict(payload)
+    count = payload.pop("count", False)
     spec = StepSpec.from_dict(payload)
     device = _device()
     _configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     cuda = device.type == "cuda"
+    start = release(device, count=count)  # Note [Measuring from a clean state]
     _reset_rss_peak()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
     from paracheck.bench.variants import build_setup
 
     model = _build_model(spec, device)
@@ -267,8 +331,12 @@ def rank_time(payload: dict) -> dict:
         spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and cuda
     )
     memory = {}
+
+    def above_start() -> int:
+        return torch.cuda.max_memory_allocated(device) - start
+
     if cuda:
-        memory["init"] = torch.cuda.max_memory_allocated(device)
+        memory["init"] = above_start()
     x, y = _batch(spec, device, rank)
     times, cpu_times = [], []
     for _ in range(spec.warmup + spec.steps):
@@ -285,24 +353,25 @@ def rank_time(payload: dict) -> dict:
         cpu_times.append(time.process_time() - c0)
     if cuda:
         # One extra step for Note [CUDA memory points].
-        memory["peak"] = torch.cuda.max_memory_allocated(device)
+        memory["peak"] = above_start()
         torch.cuda.reset_peak_memory_stats(device)
 
         def before_step():
-            memory["before_step"] = torch.cuda.max_memory_allocated(device)
+            memory["before_step"] = above_start()
             torch.cuda.reset_peak_memory_stats(device)
 
         _train_step(setup, x, y, before_step=before_step)
-        memory["after_step"] = torch.cuda.max_memory_allocated(device)
+        memory["after_step"] = above_start()
         memory["peak"] = max(memory.values())
     result = {
         "times": times[spec.warmup :],
         "cpu_times": cpu_times[spec.warmup :],
         "cuda_memory": memory,
         "rss_peak": _rss_peak(),
+        "start_bytes": start,
     }
-    del setup, model
-    _release(device)
+    del setup, model, x, y
+    result["left_bytes"] = release(device, count=count)
     return result
 
 
@@ -408,8 +477,8 @@ def rank_account(payload: dict) -> dict:
         "peak_step_bytes": peak_step,
         **host,
     }
-    del setup, model, rec, before_step
-    _release(device)
+    del setup, model, rec, before_step, x, y
+    release(device, count=False)
     return result
 
 
@@ -419,12 +488,16 @@ def _check_world(world, spec: StepSpec) -> None:
         raise ValueError(f"world_size={spec.world_size} exceeds the World's size {world.size}")
 
 
-def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTiming:
-    """Run ``rank_time`` on ``spec.world_size`` ranks of ``world``; see the module docstring."""
+def time_step(
+    world, spec: StepSpec, *, timeout: float | None = None, count: bool = False
+) -> StepTiming:
+    """Run ``rank_time`` on ``spec.world_size`` ranks of ``world``; see the module docstring.
+    ``count``: count ``start_bytes`` and ``left_bytes`` on the CPU too (two scans of every live
+    object, ~0.3 s each; on CUDA they are always counted, for free)."""
     _check_world(world, spec)
     per_rank = world.run(
         "paracheck.bench.step:rank_time",
-        spec.to_dict(),
+        {**spec.to_dict(), "count": count},
         world_size=spec.world_size,
         timeout=timeout,
     )
@@ -432,7 +505,15 @@ def time_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepTim
     times = tuple(max(r["times"][i] for r in per_rank) for i in range(spec.steps))
     cpu = tuple(max(r["cpu_times"][i] for r in per_rank) for i in range(spec.steps))
     memory = {k: max(r["cuda_memory"][k] for r in per_rank) for k in per_rank[0]["cuda_memory"]}
-    return StepTiming(spec, times, cpu, memory, max(r["rss_peak"] for r in per_rank))
+    return StepTiming(
+        spec,
+        times,
+        cpu,
+        memory,
+        max(r["rss_peak"] for r in per_rank),
+        start_bytes=max(r["start_bytes"] for r in per_rank),
+        left_bytes=max(r["left_bytes"] for r in per_rank),
+    )
 
 
 def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> StepAccount:

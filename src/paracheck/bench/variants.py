@@ -9,6 +9,10 @@ only the benchmarks know:
 * ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` with ``bucket_cap_mb``;
 * ``torch-zero``: torch DDP plus ``ZeroRedundancyOptimizer`` over the same optimizer.
 
+FSDP targets (``fsdp``, ``torch-fsdp``: PyTorch's FSDP2 ``fully_shard`` per parameter-owning
+module, ``paracheck.fsdp.torch_fsdp``) are driven as their check drives them: AdamW over the
+wrapper's parameters.
+
 The two torch baselines are always built natively here, even when an adapter target of the same
 name exists, so that "next to torch" means torch as people use it (gradients reduced by DDP's own
 reducer during backward), whatever the adapters do to fit the CS336 protocol.
@@ -44,10 +48,13 @@ VARIANT_ORDER = (
     "sharded",
     "zero1",
     "torch-zero",
+    "zero2",
+    "fsdp",
+    "torch-fsdp",
 )
 BASELINES = ("local", "torch-ddp", "torch-zero")
-# The target kinds build_setup drives (an FSDP wrapper or a training loop trains differently).
-DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero", "zero2"})
+# The target kinds build_setup drives (a training loop trains its own way).
+DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero", "zero2", "fsdp"})
 
 
 def _builtin_targets() -> dict:
@@ -190,4 +197,11 @@ def build_setup(
             zero,
             getattr(zero, "on_train_batch_start", None),
         )
+    if kind == "fsdp":
+        # As paracheck.check.ranks.fsdp trains the kind: the wrapper shards the module, the
+        # optimizer steps the wrapper's parameters (its shards and replicated parameters).
+        wrapper = cls(model)
+        opt = _adamw(wrapper.parameters(), fused=fused)
+        finish = getattr(wrapper, "finish_gradient_synchronization", None) or _noop
+        return Setup(name, wrapper, finish, opt, wrapper)
     raise ValueError(f"variant={name!r} has kind={kind!r}, which the benchmarks cannot drive")

@@ -109,6 +109,8 @@ def run_bench(args, world, record: dict) -> None:
                         _gib(mem["before_step"]),
                         _gib(mem["after_step"]),
                         _gib(mem["peak"]),
+                        _gib(timing.start_bytes),
+                        _gib(timing.left_bytes),
                     ]
                 else:
                     row += [f"{timing.cpu_min * 1e3:.1f}", _mib(timing.rss_peak)]
@@ -123,7 +125,16 @@ def run_bench(args, world, record: dict) -> None:
                 _say(f"  {v}: {timing.median * 1e3:.1f} ms ({time.monotonic() - t0:.0f} s)")
             header = ["variant", "step ms (median)"]
             if cuda:
-                header += ["init GiB", "before step GiB", "after step GiB", "peak GiB"]
+                # Above what the ranks held when the job started (start), and what the job
+                # left behind (left): Note [Measuring from a clean state].
+                header += [
+                    "init GiB",
+                    "before step GiB",
+                    "after step GiB",
+                    "peak GiB",
+                    "start GiB",
+                    "left GiB",
+                ]
             else:
                 header += ["cpu ms (min)", "rank RSS peak MiB"]
             if args.exact:

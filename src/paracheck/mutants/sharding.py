@@ -241,8 +241,8 @@ class NoShardUndeclared(NoShard):
 class Zero1NoAverage(Zero1):
     """The reduce-scattered gradient chunks are sums over ranks, never divided by the world size."""
 
-    finish_gradient_synchronization = edited(
-        Zero1.finish_gradient_synchronization,
+    _settle = edited(
+        Zero1._settle,
         (
             "chunk = self._reduced_chunk(b).div_(self.world_size)",
             "chunk = self._reduced_chunk(b)  # BUG: no .div_(self.world_size): a sum over ranks",

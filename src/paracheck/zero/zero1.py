@@ -57,7 +57,9 @@ Note [Zero1 in-place reduce-scatter]
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -80,6 +82,15 @@ __all__ = ["MasterWeightsZero1", "Zero1", "Zero1Optimizer"]
 # torch has the old names only. Picked once: the new name wherever it exists.
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _hook(ref: weakref.ref, i: int, p: torch.Tensor) -> None:
+    # A weak reference: the hook lives on the parameter, and a closure over the wrapper would make
+    # a cycle through the parameter's hook table, which the garbage collector does not traverse:
+    # the wrapper, its buffers and the module would never be freed.
+    zero = ref()
+    if zero is not None:
+        zero._grad_ready(i, p)
 
 
 class Zero1:
@@ -163,8 +174,9 @@ class Zero1:
         self._reset_round()
         self._fresh = [True] * len(self.layout.buckets)
         self._has_grad = [False] * len(self.trainable)
+        ref = weakref.ref(self)
         self._hooks = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
             for i, p in enumerate(self.trainable)
         ]
         self.optimizer = Zero1Optimizer(
@@ -295,13 +307,10 @@ class Zero1:
         ref = self.trainable[0]
         self._present = torch.zeros(len(self.trainable), dtype=ref.dtype, device=ref.device)
 
-    def _make_hook(self, i: int):
-        def hook(p):
-            if self._sync_enabled:
-                self._take_grad(i, p)
-                self._launch_ready()
-
-        return hook
+    def _grad_ready(self, i: int, p) -> None:
+        if self._sync_enabled:
+            self._take_grad(i, p)
+            self._launch_ready()
 
     def _take_grad(self, i: int, p) -> None:
         if self._fired[i]:
@@ -362,19 +371,24 @@ class Zero1:
         if self.world_size > 1:
             dist.all_reduce(self._present, group=self.process_group)
         for b, handle in self._inflight:
-            if handle is not None:
-                handle.wait()
-            chunk = self._reduced_chunk(b).div_(self.world_size)
-            if self._saved[b] is not None:
-                chunk.add_(self._saved[b])
-            if chunk is not self._grad_shard[b]:
-                self._grad_shard[b].copy_(chunk)
-            self._release(b)
+            self._settle(b, handle)
         for i, flag in enumerate(self._present.tolist()):
             if flag:
                 self._has_grad[i] = True
         self._attach_piece_grads()
         self._reset_round()
+
+    def _settle(self, b: int, handle) -> None:
+        """Wait for bucket b's reduce-scatter; its shard becomes the new sum / W, plus what the
+        step's earlier synchronisations left (Note [Zero1 gradient accumulation])."""
+        if handle is not None:
+            handle.wait()
+        chunk = self._reduced_chunk(b).div_(self.world_size)
+        if self._saved[b] is not None:
+            chunk.add_(self._saved[b])
+        if chunk is not self._grad_shard[b]:
+            self._grad_shard[b].copy_(chunk)
+        self._release(b)
 
     def _attach_piece_grads(self) -> None:
         for k, pc in enumerate(self.pieces):

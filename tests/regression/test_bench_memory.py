@@ -1,0 +1,109 @@
+"""ZeRO-2's memory against ZeRO-1's, to the byte, as the analytic model derives it; and each
+benchmark job measured from a clean state (Note [Measuring from a clean state])."""
+
+import pytest
+import torch
+
+from paracheck.accounting import state_model, training_memory, zero_construction_bytes
+from paracheck.bench.step import StepSpec, account_step, time_step
+from paracheck.workloads.lm import LMSpec, TransformerLM
+
+# 16 parameters, 6352 elements; a 4 KiB cap cuts them into 7 buckets, the token embedding
+# (1024 elements) the last one.
+LM = LMSpec(vocab_size=64, context_length=8, d_model=16, d_ff=32, num_layers=2, num_heads=2)
+BUCKET_MB = 4096 / 2**20
+BATCH = 2
+W = 2
+
+
+def _numels() -> list[int]:
+    return [p.numel() for p in TransformerLM(LM).parameters() if p.requires_grad]
+
+
+def _account(world, variant):
+    spec = StepSpec(variant, LM, world_size=W, batch=BATCH, bucket_mb=BUCKET_MB, fused=False)
+    return account_step(world, spec)
+
+
+def test_zero2_peaks_are_zero1_less_the_gradients_it_does_not_keep(world):
+    """Two gloo ranks, float32 AdamW, 7 buckets. Before and during the optimizer step ZeRO-1
+    holds the padded buckets' full gradients (P'), ZeRO-2 only its shard of them (P'/W):
+    both peaks differ by exactly 4 (P' - P'/W) bytes (``training_memory``'s gradients), since
+    ZeRO-2's peak before the step falls at the end of forward, when it holds no full bucket.
+    Construction differs by what ``zero_construction_bytes`` derives, the batch allocated
+    after it: less than P' - P'/W, since ZeRO-2's constructor briefly holds the last bucket's
+    parameter buffer beside its originals. Parameters, optimizer state and traffic agree."""
+    numels = _numels()
+    e = 4
+    bucket_numel = int(BUCKET_MB * 2**20) // e
+    one, two = _account(world, "zero1"), _account(world, "zero2")
+    grads = {
+        d: training_memory(
+            d, numels, e, W, rank=0, model=state_model("adamw"), bucket_numel=bucket_numel
+        ).grads
+        for d in ("zero1", "zero2")
+    }
+    assert grads["zero1"] - grads["zero2"] == 12704  # P' = 6352 (even), 4 * P' / 2
+    assert one.peak_before_step_bytes - two.peak_before_step_bytes == 12704
+    assert one.peak_step_bytes - two.peak_step_bytes == 12704
+    batch = 2 * BATCH * LM.context_length * 8  # inputs and targets, int64, after the constructor
+    init = {}
+    for d in ("zero1", "zero2"):
+        most, held = zero_construction_bytes(d, numels, e, W, bucket_numel=bucket_numel)
+        init[d] = max(most, held + batch)
+    assert init["zero1"] - init["zero2"] == 10976
+    assert one.peak_init_bytes - two.peak_init_bytes == 10976
+    assert (one.param_bytes, one.optimizer_state_bytes, one.collectives_by_kind) == (
+        two.param_bytes,
+        two.optimizer_state_bytes,
+        two.collectives_by_kind,
+    )
+
+
+def _time(world, variant, world_size=W):
+    spec = StepSpec(variant, LM, world_size=world_size, batch=BATCH, steps=1, warmup=0)
+    return time_step(world, spec, count=True)
+
+
+@pytest.mark.slow
+def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_memory(world):
+    """LeakyFlatDDP's hooks close over it: after its job its module (parameters and last
+    gradients, 2 x 4 x 6352 bytes, and the rotary tables) is still held; the next job starts
+    with exactly those bytes held and leaves no more. ZeRO-1, ZeRO-2 and FSDP leave nothing."""
+    try:
+        leaky = _time(world, "paracheck.bench._planted:LeakyFlatDDP")
+        after = _time(world, "zero1")
+    finally:
+        world.run("paracheck.bench._planted:free_leaks", None, world_size=W)
+    assert leaky.start_bytes == 0
+    buffers = sum(b.numel() * b.element_size() for b in TransformerLM(LM).buffers())
+    assert leaky.left_bytes == 2 * 4 * sum(_numels()) + buffers
+    assert (after.start_bytes, after.left_bytes) == (leaky.left_bytes, leaky.left_bytes)
+    assert _time(world, "zero1").start_bytes == 0  # freed once the cycle is broken
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "zero2",
+        pytest.param("zero1", marks=pytest.mark.slow),
+        pytest.param("fsdp", marks=pytest.mark.slow),
+    ],
+)
+def test_builtin_wrappers_leave_nothing_behind(world, variant):
+    """A job of a built-in wrapper ends holding no tensor (its hooks hold it weakly)."""
+    t = _time(world, variant)
+    assert (t.start_bytes, t.left_bytes) == (0, 0), variant
+
+
+def test_release_counts_the_tensors_still_referenced():
+    """``release`` on the CPU counts every reachable tensor storage once: a view adds nothing,
+    a dropped tensor nothing."""
+    from paracheck.bench.step import release
+
+    base = release(torch.device("cpu"))
+    kept = torch.zeros(1000)
+    view = kept[10:20]  # noqa: F841 - the same storage
+    dropped = torch.zeros(500)
+    del dropped
+    assert release(torch.device("cpu")) - base == 4000
