@@ -131,6 +131,21 @@ def flight_record(since_ns: int, last: int = 6) -> str:
     return "torch's flight recorder, this job, newest last:\n" + "\n".join(lines) if lines else ""
 
 
+def abort_group() -> bool:
+    """Abort the job's default group from the control thread, while the job's thread is blocked in
+    it: NCCL's communicators are aborted, so a collective no peer will join ends on the GPU and
+    the job's thread raises once back in Python; ``_serve`` then drops the group, and the next
+    job creates a new one (Note [Attached ranks]). Gloo's abort does nothing: there the group's
+    timeout frees the rank. True if there was a group to abort."""
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d.GroupMember.WORLD
+    if group is None:
+        return False
+    group.abort()
+    return True
+
+
 def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, main: int) -> None:
     """Answer the driver's control requests until its connection ends: ``(seq, what, arg)`` ->
     ``(seq, answer)``."""
@@ -162,6 +177,8 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
             if answer:
                 interrupt.job = arg
                 signal.pthread_kill(main, signal.SIGUSR2)
+        elif what == "abort":
+            answer = bool(counter.active and counter.job == arg) and abort_group()
         try:
             _send(ctl, (seq, answer))
         except (EOFError, OSError):
@@ -175,6 +192,11 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     # when a process group is created; the older name is NCCL's).
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         os.environ.setdefault(name, "256")
+    # NCCL's watchdog, at a collective's timeout, aborts the communicators but leaves the process
+    # alive (torch's default, 3, ends it: torchrun would then end the whole job). The driver
+    # aborts the group itself as soon as it reports a hang (``abort_group``); this is the
+    # fallback where it could not.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     import torch
 
     if backend is None:
