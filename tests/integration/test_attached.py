@@ -21,7 +21,7 @@ from paracheck.check.kinds import KINDS
 from paracheck.check.properties.repeatability import first_difference
 from paracheck.check.property import check_target
 from paracheck.check.targets import load_object, resolve_target
-from paracheck.world import RankHang
+from paracheck.world import PoolLost, RankHang
 from paracheck.world.attached import AttachedWorld
 from tests.integration._attached_jobs import SKIPS_A_GRADIENT
 
@@ -311,3 +311,35 @@ def test_a_signal_ends_a_driver_still_connecting(monkeypatch, no_world, signum, 
     address = f"127.0.0.1:{_free_port()}"
     assert main(["check", "naive", "--attach", address, "--attach-timeout", "120"]) == code
     assert time.monotonic() - t0 < 60.0
+
+
+class _LostAgents:
+    """The part of an AttachedWorld a check uses, for agents already lost (Note [A lost pool])."""
+
+    backend, timeout, size = "gloo", 20.0, 2
+    lost = "the agents at 127.0.0.1:1 cannot run another case (agent(s) [1] are gone)"
+
+    def submit(self, *args, **kwargs):
+        raise PoolLost(self.lost)
+
+    def close(self) -> None:
+        pass
+
+
+def test_agents_lost_before_a_target_is_judged_give_no_verdict_and_exit_2(monkeypatch, capsys):
+    """A target on which nothing was found before the agents were lost has no verdict: no PASS,
+    the one line naming what was not checked, exit 2."""
+    import json
+
+    from paracheck.cli import main
+
+    monkeypatch.setattr("paracheck.cli.check._attached_pool", lambda args: {"size": 2})
+    monkeypatch.setattr("paracheck.cli.check._make_world", lambda *a, **k: _LostAgents())
+    case = json.dumps(SKIPS_A_GRADIENT)
+    assert main(["check", "naive", "flat", "--attach", "127.0.0.1:1", "--case", case]) == 2
+    out, err = capsys.readouterr()
+    assert "PASS" not in out and "FAIL" not in out, out
+    assert err.strip().endswith(
+        "paracheck: the agents at 127.0.0.1:1 cannot run another case (agent(s) [1] are gone) "
+        "(not checked: naive, flat)"
+    ), err
