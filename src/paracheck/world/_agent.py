@@ -14,8 +14,10 @@ What differs is how it finds the driver and how the driver sees into it:
 * the control connection is served by a thread of its own, so it answers while the job's thread
   is blocked in a collective: the agent's collective counts, every thread's Python stack
   (``faulthandler``), what the job printed, and an interrupt that raises in a job's thread once
-  it is back in Python (a job stuck in a Python loop, or whose collective timed out). On one
-  host the driver reads files and sends signals for the same things; across nodes it cannot.
+  it is back in Python (a job stuck in a Python loop, or whose collective timed out), and an
+  abort of the job's NCCL group (``abort_group``: a collective no peer joins waits on the GPU,
+  where no interrupt reaches it). On one host the driver reads files and sends signals for the
+  same things, and replaces a stuck rank; across nodes it cannot.
 
 Every process group a session creates lives under ``paracheck/<session>/`` in the store, so
 a second driver attaching to the same agents never meets the first one's keys.
