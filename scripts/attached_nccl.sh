@@ -5,7 +5,8 @@
 # agents; then a driver refused at a dead address. Prints the verdicts, the hang report, every
 # exit code and how long each step took; about 2 minutes.
 #
-#   scripts/attached_nccl.sh [OUT_DIR]       (PYTHON=python3 by default, run from the repo root)
+#   scripts/attached_nccl.sh [OUT_DIR]       (PYTHON=python3 by default; src/ is put on
+#                                            PYTHONPATH, hypothesis must be importable)
 #
 # The agents' logs and the driver's output are left in OUT_DIR (default: a new temporary one).
 # BACKEND=gloo runs the same on CPU (where gloo may abort an agent: then the check stops there).
