@@ -138,13 +138,17 @@ def abort_group() -> bool:
     it: NCCL's communicators are aborted, so a collective no peer will join ends on the GPU and
     the job's thread raises once back in Python; ``_serve`` then drops the group, and the next
     job creates a new one (Note [Attached ranks]). Gloo's abort does nothing: there the group's
-    timeout frees the rank. True if there was a group to abort."""
+    timeout frees the rank. True if a group was aborted; False where none was, or the abort
+    failed (then the group's timeout frees the rank, NCCL's watchdog aborting it)."""
     import torch.distributed as dist
 
     group = dist.distributed_c10d.GroupMember.WORLD
     if group is None:
         return False
-    group.abort()
+    try:
+        group.abort()
+    except Exception:  # noqa: BLE001 - the control thread must go on answering
+        return False
     return True
 
 
