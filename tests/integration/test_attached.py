@@ -4,9 +4,11 @@ torchrun's own rendezvous store."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +21,9 @@ from paracheck.check.kinds import KINDS
 from paracheck.check.properties.repeatability import first_difference
 from paracheck.check.property import check_target
 from paracheck.check.targets import load_object, resolve_target
-from paracheck.world import RankHang
+from paracheck.world import PoolLost, RankHang
 from paracheck.world.attached import AttachedWorld
+from tests.integration._attached_jobs import SKIPS_A_GRADIENT
 
 # One pool of agents per module: its tests stay on one xdist worker (--dist loadgroup).
 pytestmark = pytest.mark.xdist_group("attached")
@@ -160,6 +163,35 @@ def test_ranks_stuck_in_python_are_interrupted_and_the_pool_recovers(attached):
     assert time.monotonic() - reported <= 10.0
 
 
+def test_a_hang_mutant_is_reported_and_a_correct_target_passes_after_it_on_the_same_agents(
+    attached,
+):
+    """The DDP that skips parameters whose local gradient is None hangs on a case where rank 1
+    leaves a weight unused: reported with the stuck rank's stack, its collective and the counts;
+    the agents recover, and a search of the naive DDP passes right after on the same agents."""
+    from paracheck.cases import Case
+    from paracheck.mutants import MUTANTS
+    from paracheck.selftest import mutant_target
+
+    mutant = mutant_target(MUTANTS["ddp-skip-none-grad"])
+    case = Case.from_dict(SKIPS_A_GRADIENT)
+    report = check_target(mutant, attached, world_sizes=(2,), explicit=[case], max_examples=1)
+    assert [f.property for f in report.failures] == ["hang"], report.text("gloo")
+    hang = report.failures[0].result.error
+    assert isinstance(hang, RankHang) and hang.definite, hang
+    assert "ranks recovered" in str(hang), hang
+    stuck = [f for f in hang.failures if f.kind == "hung"]
+    assert [f.rank for f in stuck] == [0] and stuck[0].collective == "all_reduce", hang.report()
+    assert "finish_gradient_synchronization" in stuck[0].detail, hang.report()
+    assert hang.disagreement.startswith("rank 0 is in its 3rd all_reduce of 1 float64 element")
+    assert "rank 1 finished after 2 all_reduce" in hang.disagreement
+    assert attached.lost is None
+    after = check_target(
+        resolve_target("naive"), attached, world_sizes=(1, 2, 3, 4), max_examples=8
+    )
+    assert after.passed, after.failure.describe()
+
+
 def test_a_second_driver_is_refused(attached):
     with pytest.raises(RuntimeError, match="already serve another driver"):
         AttachedWorld(attached.address, timeout=5.0, start_timeout=5.0)
@@ -221,3 +253,93 @@ def test_agents_end_when_the_driver_agent_zero_started_fails_to_attach(tmp_path)
     assert codes[0] != 0 and codes[1] != 0, logs
     assert "world size 3 exceeds the 2 agents" in logs[0], logs[0]
     assert "exited (2) before attaching" in logs[1], logs[1]
+
+
+@pytest.mark.slow  # a torchrun job of its own, ended by the death: about a minute on 2 cores
+def test_an_agent_that_dies_ends_the_check_with_its_verdict_and_one_line(tmp_path):
+    """An agent gone mid-case (torchrun ends its job): the death is the target's verdict, the
+    check says the torchrun job must be started again and checks no further target; no
+    traceback."""
+    codes, logs = agent_zero_checks(
+        tmp_path, f"{JOBS}:ExitsOnRankOne", "naive", "--world-sizes", "2", "--no-database"
+    )
+    assert codes[0] == 1, logs
+    assert f"FAIL {JOBS}:ExitsOnRankOne: 1 failing property (died)" in logs[0], logs[0]
+    assert "note: the check stopped here: the agents at" in logs[0], logs[0]
+    line = re.search(r"^paracheck: the agents at \S+ cannot run another case.*$", logs[0], re.M)
+    assert line is not None, logs[0]
+    assert "agent(s) [1] are gone" in line[0] and line[0].endswith(
+        "start the torchrun job again (not checked: naive)"
+    ), line[0]
+    assert f'File "{ROOT / "src"}' not in logs[0], logs[0]  # no traceback of paracheck's
+
+
+def test_attach_to_a_dead_address_is_refused_within_its_timeout(capsys, no_world):
+    from paracheck.cli import main
+
+    port = _free_port()
+    t0 = time.monotonic()
+    assert main(["check", "naive", "--attach", f"127.0.0.1:{port}", "--attach-timeout", "2"]) == 2
+    assert time.monotonic() - t0 < 60.0
+    err = capsys.readouterr().err
+    assert f"--attach='127.0.0.1:{port}': no torchrun job answers there within 2 s" in err, err
+    assert f"--master-port {port} -m paracheck.agent" in err, err
+    assert "Traceback" not in err and "frame #" not in err, err
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_a_driver_still_connecting(monkeypatch, no_world, signum, code):
+    """Ctrl-C or SIGTERM while the driver waits for a torchrun job: it ends at once, not when
+    --attach-timeout (here 120 s) runs out."""
+    from paracheck.cli import main
+    from paracheck.world import attached
+
+    waiting = threading.Event()
+    listening = attached._listening
+
+    def watched(*args):
+        waiting.set()
+        return listening(*args)
+
+    def send() -> None:
+        waiting.wait(60.0)
+        os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(attached, "_listening", watched)
+    threading.Thread(target=send, daemon=True).start()
+    t0 = time.monotonic()
+    address = f"127.0.0.1:{_free_port()}"
+    assert main(["check", "naive", "--attach", address, "--attach-timeout", "120"]) == code
+    assert time.monotonic() - t0 < 60.0
+
+
+class _LostAgents:
+    """The part of an AttachedWorld a check uses, for agents already lost (Note [A lost pool])."""
+
+    backend, timeout, size = "gloo", 20.0, 2
+    lost = "the agents at 127.0.0.1:1 cannot run another case (agent(s) [1] are gone)"
+
+    def submit(self, *args, **kwargs):
+        raise PoolLost(self.lost)
+
+    def close(self) -> None:
+        pass
+
+
+def test_agents_lost_before_a_target_is_judged_give_no_verdict_and_exit_2(monkeypatch, capsys):
+    """A target on which nothing was found before the agents were lost has no verdict: no PASS,
+    the one line naming what was not checked, exit 2."""
+    import json
+
+    from paracheck.cli import main
+
+    monkeypatch.setattr("paracheck.cli.check._attached_pool", lambda args: {"size": 2})
+    monkeypatch.setattr("paracheck.cli.check._make_world", lambda *a, **k: _LostAgents())
+    case = json.dumps(SKIPS_A_GRADIENT)
+    assert main(["check", "naive", "flat", "--attach", "127.0.0.1:1", "--case", case]) == 2
+    out, err = capsys.readouterr()
+    assert "PASS" not in out and "FAIL" not in out, out
+    assert err.strip().endswith(
+        "paracheck: the agents at 127.0.0.1:1 cannot run another case (agent(s) [1] are gone) "
+        "(not checked: naive, flat)"
+    ), err

@@ -60,7 +60,7 @@ from paracheck.check.report import (
 from paracheck.check.run import CaseResult, CheckFailure, run_case
 from paracheck.check.targets import Target, load_object
 from paracheck.strategies._core import nominal_dtype, precision_settings
-from paracheck.world import World
+from paracheck.world import PoolLost, World
 
 __all__ = [
     "CheckReport",
@@ -462,6 +462,8 @@ def check_target(
     costly = ("hang", "died", "memory-cap")
 
     def budget(prop: str):
+        if getattr(world, "lost", None) is not None:
+            return 0.0  # Note [A lost pool]: what was found is what is reported
         return hang_shrink_seconds if prop in costly else shrink_seconds
 
     t0 = time.monotonic()
@@ -469,13 +471,18 @@ def check_target(
     known: set[str] = set()
     first_at = None
     notes: list[str] = []
+    lost: PoolLost | None = None
 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
-        nonlocal first_at
+        nonlocal first_at, lost
         deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
-        needs, complete = (
-            checker.needs(hit.prop, hit.result.case, deadline) if labels else (None, True)
-        )
+        needs, complete = None, True
+        if labels:
+            try:
+                needs, complete = checker.needs(hit.prop, hit.result.case, deadline)
+            except PoolLost as exc:  # Note [A lost pool]
+                lost = exc
+                checker.phase = "searching"
         extra = list(hit.notes)
         if not complete:
             extra.append("not every feature was tried: the time budget for hangs ran out")
@@ -496,6 +503,8 @@ def check_target(
         known.add(hit.prop)
         if first_at is None:
             first_at = hit.found_after + 1
+        if lost is not None:
+            raise lost
 
     def run_as_is(case: Case, note: str) -> CaseResult:
         result = checker.run(case)
@@ -505,73 +514,85 @@ def check_target(
         return result
 
     replayed = dropped = 0
-    saved = database.cases(key) if database is not None else []
-    kept: dict[str, int] = {}
-    for entry in saved:
-        if first_failure and failures:
-            break
-        if entry.case is None:
-            database.delete(entry)
-            notes.append(f"dropped a saved case that no longer loads: {entry.error}")
-            continue
-        why = _not_drawn(entry.case, sizes, precision, off) or declared_mismatch(entry.case, target)
-        if why is not None:
-            kept[why] = kept.get(why, 0) + 1
-            continue
-        result = run_as_is(
-            entry.case,
-            f"a saved case, replayed from {database.path} before the search (not shrunk again)",
-        )
-        replayed += 1
-        if entry.property not in result.failed_properties and (
-            entry.properties is None or entry.properties <= checked
-        ):
-            database.delete(entry)
-            dropped += 1
-    for why, n in kept.items():
-        notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
+    searched_cases = 0
+    try:
+        saved = database.cases(key) if database is not None else []
+        kept: dict[str, int] = {}
+        for entry in saved:
+            if first_failure and failures:
+                break
+            if entry.case is None:
+                database.delete(entry)
+                notes.append(f"dropped a saved case that no longer loads: {entry.error}")
+                continue
+            why = _not_drawn(entry.case, sizes, precision, off) or declared_mismatch(
+                entry.case, target
+            )
+            if why is not None:
+                kept[why] = kept.get(why, 0) + 1
+                continue
+            result = run_as_is(
+                entry.case,
+                f"a saved case, replayed from {database.path} before the search (not shrunk again)",
+            )
+            replayed += 1
+            if entry.property not in result.failed_properties and (
+                entry.properties is None or entry.properties <= checked
+            ):
+                database.delete(entry)
+                dropped += 1
+        for why, n in kept.items():
+            notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
 
-    for case in explicit:
-        if first_failure and failures:
-            break
-        run_as_is(case, "a given case, not shrunk")
+        for case in explicit:
+            if first_failure and failures:
+                break
+            run_as_is(case, "a given case, not shrunk")
 
-    # The first search also reports how many cases a passing target ran.
-    passes = 0
-    while not (first_failure and failures):
-        hit = checker.search(
-            strategy,
-            lambda failed: next((p for p in order(failed) if p not in known), None),
-            max_examples=max_examples,
-            tag=f"new:{passes}",
-            shrink_budget=budget,
-        )
-        passes += 1
-        if hit is None:
-            break
-        finish(hit)
-    searched_cases = len(checker.cache)
+        # The first search also reports how many cases a passing target ran.
+        passes = 0
+        while not (first_failure and failures):
+            hit = checker.search(
+                strategy,
+                lambda failed: next((p for p in order(failed) if p not in known), None),
+                max_examples=max_examples,
+                tag=f"new:{passes}",
+                shrink_budget=budget,
+            )
+            passes += 1
+            if hit is None:
+                break
+            finish(hit)
+        searched_cases = len(checker.cache)
 
-    if search_without and not first_failure:
-        tried = set()
-        for f in list(failures):
-            for name in f.needs or ():
-                if not feature(name).search_without or (f.property, name) in tried:
-                    continue
-                tried.add((f.property, name))
-                prop = f.property
-                masked = strategy.map(lambda c, name=name: without(c, name))
-                hit = checker.search(
-                    masked,
-                    lambda failed, prop=prop: next(
-                        (p for p in order(failed) if p == prop or p not in known), None
-                    ),
-                    max_examples=max(10, max_examples // 2),
-                    tag=f"without:{prop}:{name}",
-                    shrink_budget=budget,
-                )
-                if hit is not None:
-                    finish(hit, without_feature=name)
+        if search_without and not first_failure:
+            tried = set()
+            for f in list(failures):
+                for name in f.needs or ():
+                    if not feature(name).search_without or (f.property, name) in tried:
+                        continue
+                    tried.add((f.property, name))
+                    prop = f.property
+                    masked = strategy.map(lambda c, name=name: without(c, name))
+                    hit = checker.search(
+                        masked,
+                        lambda failed, prop=prop: next(
+                            (p for p in order(failed) if p == prop or p not in known), None
+                        ),
+                        max_examples=max(10, max_examples // 2),
+                        tag=f"without:{prop}:{name}",
+                        shrink_budget=budget,
+                    )
+                    if hit is not None:
+                        finish(hit, without_feature=name)
+
+    except PoolLost as exc:  # Note [A lost pool]
+        lost = exc
+    if lost is not None:
+        if not failures:
+            raise lost  # nothing judged to report: no verdict for this target
+        searched_cases = len(checker.cache)
+        notes.append(f"the check stopped here: {lost}")
 
     stored = 0
     if database is not None:

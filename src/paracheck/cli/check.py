@@ -126,6 +126,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "sizes up to the agents' number are drawn, and closing stops the agents (default: none)",
     )
     c.add_argument(
+        "--attach-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="with --attach: how long to wait for the torchrun job and its agents before giving "
+        "up (exit 2) (default %(default)s)",
+    )
+    c.add_argument(
         "--timeout",
         type=float,
         default=20.0,
@@ -343,8 +351,9 @@ def _attached_pool(args) -> dict:
             f"--rank-memory={args.rank_memory!r} does not apply with --attach: torchrun owns the "
             "agents, and one stopped for its memory would end the whole job"
         )
+    _positive("--attach-timeout", args.attach_timeout)
     try:
-        pool = pool_of(args.attach)
+        pool = pool_of(args.attach, args.attach_timeout)
     except (ValueError, RuntimeError) as exc:  # not HOST:PORT; no agents there
         raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
     if args.backend is not None and args.backend != pool["backend"]:
@@ -362,6 +371,7 @@ def _make_world(
     timeout: float,
     rank_memory: float | None = None,
     attach: str | None = None,
+    attach_timeout: float = 30.0,
 ):
     from paracheck.world import World
 
@@ -369,7 +379,7 @@ def _make_world(
         from paracheck.world.attached import AttachedWorld
 
         try:
-            return AttachedWorld(attach, timeout=timeout)
+            return AttachedWorld(attach, timeout=timeout, start_timeout=attach_timeout)
         except RuntimeError as exc:
             raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
 
@@ -387,6 +397,7 @@ def _make_world(
 def cmd_check(args) -> int:
     from paracheck.check.property import PROFILES, check_target
     from paracheck.check.targets import TargetError
+    from paracheck.world import PoolLost
 
     refuse_lockstep(args.attach)
     pool = _attached_pool(args) if args.attach is not None else None
@@ -507,44 +518,60 @@ def cmd_check(args) -> int:
     # The replay commands carry --timeout only where it is not the default.
     replay_timeout = None if args.timeout == 20.0 else args.timeout
     world = progress = None
+    lost: str | None = None  # Note [A lost pool]
+    unchecked: list = []
     try:
-        world = _make_world(args.backend, max(sizes), args.timeout, args.rank_memory, args.attach)
-        for target in targets:
-            if case is not None:
-                from paracheck.check.report import case_report
-                from paracheck.check.run import run_case
+        world = _make_world(
+            args.backend,
+            max(sizes),
+            args.timeout,
+            args.rank_memory,
+            args.attach,
+            args.attach_timeout,
+        )
+        for i, target in enumerate(targets):
+            try:
+                if case is not None:
+                    from paracheck.check.report import case_report
+                    from paracheck.check.run import run_case
 
-                report = case_report(
-                    target,
-                    run_case(world, target, case, timeout=args.timeout),
-                    timeout=replay_timeout,
-                    rank_memory=args.rank_memory,
-                )
-            else:
-                from paracheck.check.property import Progress
+                    report = case_report(
+                        target,
+                        run_case(world, target, case, timeout=args.timeout),
+                        timeout=replay_timeout,
+                        rank_memory=args.rank_memory,
+                    )
+                else:
+                    from paracheck.check.property import Progress
 
-                progress = Progress()
-                report = check_target(
-                    target,
-                    world,
-                    world_sizes=sizes,
-                    max_examples=max_examples,
-                    seed=None if args.random else args.seed,
-                    timeout=args.timeout,
-                    database=database,
-                    precision=explicit,
-                    contract=args.contract,
-                    features=args.features,
-                    first_failure=args.first_failure,
-                    labels=True,
-                    progress=progress,
-                )
-                report.timeout = replay_timeout
-                report.rank_memory = args.rank_memory
+                    progress = Progress()
+                    report = check_target(
+                        target,
+                        world,
+                        world_sizes=sizes,
+                        max_examples=max_examples,
+                        seed=None if args.random else args.seed,
+                        timeout=args.timeout,
+                        database=database,
+                        precision=explicit,
+                        contract=args.contract,
+                        features=args.features,
+                        first_failure=args.first_failure,
+                        labels=True,
+                        progress=progress,
+                    )
+                    report.timeout = replay_timeout
+                    report.rank_memory = args.rank_memory
+            except PoolLost as exc:  # nothing found on this target before the agents were lost
+                lost, unchecked = str(exc), targets[i:]
+                break
             reports.append(report)
             failed += not report.passed
             if not to_stdout:
                 print(report.text(args.backend), flush=True)
+            if getattr(world, "lost", None) is not None:  # Note [A lost pool]
+                lost, unchecked = world.lost, targets[i + 1 :]
+                break
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (cli._common.Terminated)
         _stop(world, progress)
         noun = "target" if len(targets) == 1 else "targets"
@@ -555,6 +582,10 @@ def cmd_check(args) -> int:
             world.close()
     if args.json is not None:
         _write_json(args.json, reports, args.backend)
+    if lost is not None:
+        names = ", ".join(t.name for t in unchecked)
+        print(f"paracheck: {lost}" + (f" (not checked: {names})" if names else ""), file=sys.stderr)
+        return 1 if failed else 2
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """Persistent multi-rank runner: gloo on CPU, NCCL on GPU; failures reported by rank."""
 
 from paracheck.world._collectives import set_step
+from paracheck.world.attached import PoolLost
 from paracheck.world.runner import (
     PeerFailed,
     RankDied,
@@ -16,6 +17,7 @@ from paracheck.world.runner import (
 
 __all__ = [
     "PeerFailed",
+    "PoolLost",
     "RankDied",
     "RankError",
     "RankFailure",

@@ -14,8 +14,10 @@ What differs is how it finds the driver and how the driver sees into it:
 * the control connection is served by a thread of its own, so it answers while the job's thread
   is blocked in a collective: the agent's collective counts, every thread's Python stack
   (``faulthandler``), what the job printed, and an interrupt that raises in a job's thread once
-  it is back in Python (a job stuck in a Python loop, or whose collective timed out). On one
-  host the driver reads files and sends signals for the same things; across nodes it cannot.
+  it is back in Python (a job stuck in a Python loop, or whose collective timed out), and an
+  abort of the job's NCCL group (``abort_group``: a collective no peer joins waits on the GPU,
+  where no interrupt reaches it). On one host the driver reads files and sends signals for the
+  same things, and replaces a stuck rank; across nodes it cannot.
 
 Every process group a session creates lives under ``paracheck/<session>/`` in the store, so
 a second driver attaching to the same agents never meets the first one's keys.
@@ -131,6 +133,25 @@ def flight_record(since_ns: int, last: int = 6) -> str:
     return "torch's flight recorder, this job, newest last:\n" + "\n".join(lines) if lines else ""
 
 
+def abort_group() -> bool:
+    """Abort the job's default group from the control thread, while the job's thread is blocked in
+    it: NCCL's communicators are aborted, so a collective no peer will join ends on the GPU and
+    the job's thread raises once back in Python; ``_serve`` then drops the group, and the next
+    job creates a new one (Note [Attached ranks]). Gloo's abort does nothing: there the group's
+    timeout frees the rank. True if a group was aborted; False where none was, or the abort
+    failed (then the group's timeout frees the rank, NCCL's watchdog aborting it)."""
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d.GroupMember.WORLD
+    if group is None:
+        return False
+    try:
+        group.abort()
+    except Exception:  # noqa: BLE001 - the control thread must go on answering
+        return False
+    return True
+
+
 def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, main: int) -> None:
     """Answer the driver's control requests until its connection ends: ``(seq, what, arg)`` ->
     ``(seq, answer)``."""
@@ -162,6 +183,8 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
             if answer:
                 interrupt.job = arg
                 signal.pthread_kill(main, signal.SIGUSR2)
+        elif what == "abort":
+            answer = bool(counter.active and counter.job == arg) and abort_group()
         try:
             _send(ctl, (seq, answer))
         except (EOFError, OSError):
@@ -175,6 +198,11 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     # when a process group is created; the older name is NCCL's).
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         os.environ.setdefault(name, "256")
+    # NCCL's watchdog, at a collective's timeout, aborts the communicators but leaves the process
+    # alive (torch's default, 3, ends it: torchrun would then end the whole job). The driver
+    # aborts the group itself as soon as it reports a hang (``abort_group``); this is the
+    # fallback where it could not.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     import torch
 
     if backend is None:

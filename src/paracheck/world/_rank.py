@@ -377,11 +377,7 @@ def _serve(
             return True
         if msg[0] == "reset":
             current = None
-            try:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - the group is being abandoned either way
-                pass
+            _drop_group(backend)
             gc.collect()  # a finished target's reference cycles can hold the group open
             continue
         _, job_id, world_size, generation, fn_path, payload, cap = msg
@@ -425,16 +421,34 @@ def _serve(
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.
             current = None
-            try:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-            except Exception:
-                pass
+            _drop_group(backend)
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             try:
                 _send(conn, (job_id, "error", text, output.take()))
             except Exception:
                 return False
+
+
+def _drop_group(backend: str) -> None:
+    """Leave the default group after a failed or abandoned job, whatever state it is in. An NCCL
+    group is aborted, not destroyed: a destroy waits for the group's kernels to finish, which a
+    collective that no peer joins never does, and on a group already aborted (by the watchdog
+    at its timeout, or by an attached agent's control thread) it raises and leaves the group
+    registered, so that every later job would fail creating its own."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    for leave in ([abort] if backend == "nccl" and abort is not None else []) + [
+        dist.destroy_process_group
+    ]:
+        try:
+            leave()
+        except Exception:  # noqa: BLE001 - the group is being abandoned either way
+            pass
+        if not dist.is_initialized():
+            return
 
 
 # Plain pickle over the connection: multiprocessing's ForkingPickler would hand torch tensors over

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from datetime import timedelta
 from multiprocessing.connection import Listener
@@ -21,7 +22,7 @@ from paracheck.world._agent import DRIVER_KEY, POOL_KEY, agent_key
 from paracheck.world._rank import _recv, _send
 from paracheck.world.runner import RankFailure, World, hellos
 
-__all__ = ["AttachedWorld", "parse_address", "pool_of"]
+__all__ = ["AttachedWorld", "PoolLost", "parse_address", "pool_of"]
 
 # Note [Attached ranks]
 #   A multi-node check needs ranks on every node, and on a cluster the processes are started by
@@ -40,9 +41,12 @@ __all__ = ["AttachedWorld", "parse_address", "pool_of"]
 #   collective counts (polled for Note [Definite deadlock]), its stack, its output, and an
 #   interrupt. A hang is reported like a World's; recovery is the World's (ranks that finished
 #   drop their group, so a peer blocked with them fails at once), then an interrupt for a rank
-#   stuck in Python, then the group's timeout (a little over the job's) for a rank blocked in a
-#   collective that no peer will join. The agents are never restarted from here: torchrun owns
-#   them. An agent that dies ends the pool, said as much, and the next job is refused.
+#   stuck in Python, then, on NCCL, an abort of the stuck ranks' group from their control thread
+#   (an NCCL collective waits on the GPU, where neither an interrupt nor a peer's leaving reaches
+#   it; the agents also keep NCCL's watchdog from ending the process at the group's timeout),
+#   then the group's timeout (a little over the job's) for a rank blocked in a gloo collective
+#   that no peer will join. A rank freed drops its group, and the next job creates a new one.
+#   The agents are never restarted from here: torchrun owns them (Note [A lost pool]).
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -62,34 +66,125 @@ def _facing(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
+# Note [A lost pool]
+#   A World replaces a rank that died or stayed stuck; attached agents cannot be replaced from the
+#   driver, and torchrun ends the whole job when one of its workers dies (gloo aborts a process
+#   whose peer sent a collective of another size). From then on the pool is lost: the case that
+#   lost it has already been judged (a hang or a death, with its stacks), and every later job is
+#   refused with ``PoolLost``. A check stops where it is and reports what it found: its search
+#   shrinks no further (uncached candidates count as passing, as when a hang's shrinking budget
+#   runs out), the failure being labelled keeps the features tried so far, and the target's
+#   report says the check stopped there; a target with nothing found yet has no verdict
+#   (``check_target`` raises ``PoolLost``). ``paracheck check`` prints the verdicts it has and
+#   one line saying the torchrun job must be started again, and checks no further target.
+
+
+class PoolLost(RuntimeError):
+    """The attached agents cannot run another job: an agent is gone, or one stayed stuck in a job
+    that no timeout or abort freed. Not a ``WorldError``: no case failed for it (Note [A lost
+    pool])."""
+
+
+# How a refused --attach says what to start.
+_START_AGENTS = (
+    "start them with torchrun --nnodes N --node-rank K --nproc-per-node G --master-addr {host} "
+    "--master-port {port} -m paracheck.agent, one command per node (a driver's end stops the "
+    "agents it used: each driver needs a torchrun job of its own)"
+)
+
+
+def _in_thread(fn, deadline: float):
+    """``fn()``'s value, computed in a daemon thread while this one waits in slices of 0.1 s: a
+    store's connect and wait block in C++, where Python runs no signal handler, so a Ctrl-C or
+    SIGTERM would wait for them. TimeoutError past ``deadline`` (the thread is left to end at its
+    own timeout)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="paracheck-attach", daemon=True)
+    thread.start()
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(0.1, max(0.0, deadline - time.monotonic())))
+    if "error" in box:
+        raise box["error"]
+    if "value" not in box:
+        raise TimeoutError
+    return box["value"]
+
+
+def _listening(host: str, port: int, deadline: float) -> None:
+    """Return once something accepts connections at ``host:port``; TimeoutError at ``deadline``.
+    Asked with a plain socket first: a store's client retries in C++ and prints a C++ stack trace
+    for each attempt that finds nothing."""
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except socket.gaierror:
+            raise
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError from None
+            time.sleep(0.2)
+
+
 def _pool(address: str, start_timeout: float):
-    """The store at ``address``, the pool's record and each agent's, once every agent wrote it."""
+    """The store at ``address``, the pool's record and each agent's, once every agent wrote it;
+    a clear error within ``start_timeout`` seconds where there are none."""
     import torch.distributed as dist
 
     host, port = parse_address(address)
-    try:
-        store = dist.TCPStore(
-            host,
-            port,
-            is_master=False,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=start_timeout),
-        )
-        store.wait([POOL_KEY], timedelta(seconds=start_timeout))
+    deadline = time.monotonic() + start_timeout
+    start = _START_AGENTS.format(host=host, port=port)
+    where = f"attach={address!r}: "
+
+    def left() -> timedelta:
+        return timedelta(seconds=max(0.5, deadline - time.monotonic()))
+
+    def connect():
+        _listening(host, port, deadline)
+        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=left())
+
+    def registered(store):
+        store.wait([POOL_KEY], left())
         pool = json.loads(store.get(POOL_KEY))
         nodes = []
         for r in range(pool["size"]):
-            store.wait([agent_key(r)], timedelta(seconds=start_timeout))
+            store.wait([agent_key(r)], left())
             nodes.append(json.loads(store.get(agent_key(r))))
-    except (RuntimeError, dist.DistStoreError) as exc:
+        return pool, nodes, store.check([DRIVER_KEY])
+
+    try:
+        store = _in_thread(connect, deadline)
+    except socket.gaierror as exc:
+        raise RuntimeError(f"{where}cannot resolve {host!r} ({exc.strerror})") from None
+    except (TimeoutError, RuntimeError, dist.DistError):
         raise RuntimeError(
-            f"attach={address!r}: no paracheck agents answered there within {start_timeout:g} s "
-            f"(start them with torchrun ... -m paracheck.agent): {str(exc).splitlines()[0]}"
+            f"{where}no torchrun job answers there within {start_timeout:g} s (none started, or "
+            f"its agents already ended): {start}"
         ) from None
+    try:
+        pool, nodes, claimed = _in_thread(lambda: registered(store), deadline)
+    except (TimeoutError, RuntimeError, dist.DistError):
+        raise RuntimeError(
+            f"{where}a torchrun job answers there but no paracheck agents registered within "
+            f"{start_timeout:g} s (is it running -m paracheck.agent?): {start}"
+        ) from None
+    if claimed:
+        raise RuntimeError(
+            f"{where}these agents already serve another driver (one driver per torchrun job: "
+            "start another job for another driver)"
+        )
+    store.set_timeout(timedelta(seconds=start_timeout))
     return store, host, port, pool, nodes
 
 
-def pool_of(address: str, start_timeout: float = 120.0) -> dict:
+def pool_of(address: str, start_timeout: float = 30.0) -> dict:
     """The size and backend of the pool of agents at ``address`` (``{"size": 4, "backend":
     "gloo"}``), without attaching to it."""
     return _pool(address, start_timeout)[3]
@@ -121,7 +216,7 @@ class AttachedWorld(World):
     --backend``); ``timeout`` bounds every job, as for a World. Closing it stops the agents, and
     the torchrun job ends."""
 
-    def __init__(self, address: str, *, timeout: float = 30.0, start_timeout: float = 120.0):
+    def __init__(self, address: str, *, timeout: float = 30.0, start_timeout: float = 30.0):
         store, host, port, pool, nodes = _pool(address, start_timeout)
         self.address = f"{host}:{port}"
         self._attach = (store, host, port)
@@ -195,20 +290,29 @@ class AttachedWorld(World):
     def restart(self) -> None:
         dead = [r for r, p in enumerate(self._procs) if p is not None and p.poll() is not None]
         self._broken = (
-            f"the attached pool at {self.address} cannot be used any more"
-            + (f" (agent(s) {dead} are gone)" if dead else " (agents that did not recover)")
-            + ": torchrun owns its agents; start the torchrun job again"
+            f"the agents at {self.address} cannot run another case"
+            + (
+                f" (agent(s) {dead} are gone: torchrun ends its job when a worker dies)"
+                if dead
+                else " (an agent stayed stuck in its job)"
+            )
+            + ": start the torchrun job again"
         )
 
-    restarted_words = "the attached pool is unusable (torchrun owns its agents)"
+    restarted_words = "the attached agents cannot run another case (torchrun owns them)"
+
+    @property
+    def lost(self) -> str | None:
+        """Why these agents cannot run another job (None while they can)."""
+        if self._broken is None and any(p.poll() is not None for p in self._procs):
+            self.restart()
+        return self._broken
 
     def submit(
         self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None
     ):
-        if self._broken is None and any(p.poll() is not None for p in self._procs):
-            self.restart()
-        if self._broken is not None:
-            raise RuntimeError(self._broken)
+        if self.lost is not None:
+            raise PoolLost(self.lost)
         return super().submit(fn, payload, world_size=world_size, timeout=timeout)
 
     def close(self) -> None:
@@ -275,9 +379,13 @@ class AttachedWorld(World):
 
     def _abandon(self, stuck: list[int]) -> None:
         """Interrupt the stuck ranks' job: a rank in Python raises at once, one blocked in a
-        collective as soon as the collective returns (Note [Attached ranks])."""
+        collective as soon as the collective returns; on NCCL, abort their group, which frees a
+        collective no peer will join (Note [Attached ranks])."""
         for r in stuck:
             self._ask(r, "interrupt", self._job)
+        if self.backend == "nccl":
+            for r in stuck:
+                self._ask(r, "abort", self._job, timeout=10.0)
 
     def _unstick(self, stuck: list[int], started: float) -> bool:
         """Wait for the group's timeout to free a rank blocked in a collective that no peer will
