@@ -8,11 +8,13 @@ from paracheck.accounting import state_model, training_memory, zero_construction
 from paracheck.bench.step import StepSpec, account_step, time_step
 from paracheck.workloads.lm import LMSpec, TransformerLM
 
-# 16 parameters, 6352 elements; a 4 KiB cap cuts them into 7 buckets, the token embedding
-# (1024 elements) the last one.
-LM = LMSpec(vocab_size=64, context_length=8, d_model=16, d_ff=32, num_layers=2, num_heads=2)
-BUCKET_MB = 4096 / 2**20
-BATCH = 2
+# Parameters outweigh activations (context 2, batch 1), so the peak before the step falls inside
+# backward, where ZeRO-2 also holds the full buffers of the buckets it is reducing. 106944
+# parameters (P' = P at W = 2) in 15 buckets of at most 4096 elements (16 KiB); a d_ff matrix
+# (16384) is a bucket of its own.
+LM = LMSpec(vocab_size=64, context_length=2, d_model=64, d_ff=256, num_layers=2, num_heads=2)
+BUCKET_MB = 16384 / 2**20
+BATCH = 1
 W = 2
 
 
@@ -25,17 +27,24 @@ def _account(world, variant):
     return account_step(world, spec)
 
 
-def test_zero2_peaks_are_zero1_less_the_gradients_it_does_not_keep(world):
-    """Two gloo ranks, float32 AdamW, 7 buckets. Before and during the optimizer step ZeRO-1
-    holds the padded buckets' full gradients (P'), ZeRO-2 only its shard of them (P'/W):
-    both peaks differ by exactly 4 (P' - P'/W) bytes (``training_memory``'s gradients), since
-    ZeRO-2's peak before the step falls at the end of forward, when it holds no full bucket.
-    Construction differs by what ``zero_construction_bytes`` derives, the batch allocated
-    after it: less than P' - P'/W, since ZeRO-2's constructor briefly holds the last bucket's
-    parameter buffer beside its originals. Parameters, optimizer state and traffic agree."""
-    numels = _numels()
-    e = 4
+def test_zero2_memory_is_zero1_less_the_gradients_it_does_not_keep(world):
+    """Two gloo ranks, float32 AdamW, exact bytes per rank.
+
+    During the optimizer step ZeRO-1 holds the padded buckets' full gradients (4 P'), ZeRO-2 only
+    its shards (4 P'/W): the peaks differ by exactly 4 (P' - P'/W) (``training_memory``). At
+    every point of forward and backward ZeRO-2 holds the same less that, plus the full buffers
+    of the buckets it is reducing: the one launched last and the one being filled, at most two
+    of the largest, so its peak before the step is at most ZeRO-1's - 4 (P' - P'/W) + 4 x 2 x
+    16384 (measured: 124928 above ZeRO-1's less the gradients). Construction differs by what
+    ``zero_construction_bytes`` derives with the batch allocated after it."""
+    from paracheck.zero.partition import flat_layout
+
+    numels, e = _numels(), 4
     bucket_numel = int(BUCKET_MB * 2**20) // e
+    layout = flat_layout(numels, W, bucket_numel=bucket_numel)
+    padded, largest = layout.padded_numel, max(b.padded for b in layout.buckets)
+    assert (len(layout.buckets), padded, largest) == (15, 106944, 16384)
+
     one, two = _account(world, "zero1"), _account(world, "zero2")
     grads = {
         d: training_memory(
@@ -43,21 +52,32 @@ def test_zero2_peaks_are_zero1_less_the_gradients_it_does_not_keep(world):
         ).grads
         for d in ("zero1", "zero2")
     }
-    assert grads["zero1"] - grads["zero2"] == 12704  # P' = 6352 (even), 4 * P' / 2
-    assert one.peak_before_step_bytes - two.peak_before_step_bytes == 12704
-    assert one.peak_step_bytes - two.peak_step_bytes == 12704
+    kept = grads["zero1"] - grads["zero2"]
+    assert kept == 4 * (padded - padded // W) == 213888
+    assert one.peak_step_bytes - two.peak_step_bytes == kept
+    without_grads = one.peak_before_step_bytes - kept
+    assert two.peak_before_step_bytes - without_grads == 124928 <= 4 * 2 * largest < kept
     batch = 2 * BATCH * LM.context_length * 8  # inputs and targets, int64, after the constructor
     init = {}
     for d in ("zero1", "zero2"):
         most, held = zero_construction_bytes(d, numels, e, W, bucket_numel=bucket_numel)
         init[d] = max(most, held + batch)
-    assert init["zero1"] - init["zero2"] == 10976
-    assert one.peak_init_bytes - two.peak_init_bytes == 10976
+    assert one.peak_init_bytes - two.peak_init_bytes == init["zero1"] - init["zero2"] == 197984
     assert (one.param_bytes, one.optimizer_state_bytes, one.collectives_by_kind) == (
         two.param_bytes,
         two.optimizer_state_bytes,
         two.collectives_by_kind,
     )
+
+
+@pytest.mark.slow
+def test_zero2_waiting_at_the_end_of_backward_peaks_above_zero1(world):
+    """LateZero2 waits for every reduce-scatter at the end of backward: every bucket's full
+    buffer is alive there beside the shards, so its peak before the step passes ZeRO-1's, while
+    Zero2's stays below it (the regression the bound above guards against)."""
+    one = _account(world, "zero1").peak_before_step_bytes
+    late = _account(world, "paracheck.bench._planted:LateZero2").peak_before_step_bytes
+    assert late > one > _account(world, "zero2").peak_before_step_bytes
 
 
 def _time(world, variant, world_size=W):
@@ -68,7 +88,7 @@ def _time(world, variant, world_size=W):
 @pytest.mark.slow
 def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_memory(world):
     """LeakyFlatDDP's hooks close over it: after its job its module (parameters and last
-    gradients, 2 x 4 x 6352 bytes, and the rotary tables) is still held; the next job starts
+    gradients, 2 x 4 x 106944 bytes, and the rotary tables) is still held; the next job starts
     with exactly those bytes held and leaves no more. ZeRO-1, ZeRO-2 and FSDP leave nothing."""
     try:
         leaky = _time(world, "paracheck.bench._planted:LeakyFlatDDP")

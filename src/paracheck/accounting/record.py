@@ -250,6 +250,9 @@ def _group_size(group) -> int:
 
 
 def _storage_key(t: torch.Tensor):
+    # A DTensor (torch FSDP2's parameters and their optimizer state) holds its shard in
+    # ``_local_tensor``; its own storage describes the whole tensor.
+    t = getattr(t, "_local_tensor", t)
     try:
         if t.device.type == "meta" or t.layout != torch.strided:
             return None

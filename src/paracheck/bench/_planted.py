@@ -12,7 +12,9 @@ as the regressions it catches. Not used by paracheck itself.
   one hook call more per parameter and backward pass, nothing else;
 * ``LeakyFlatDDP``: FlatDDP whose do-nothing hooks close over the wrapper: a cycle through the
   parameters' hook tables, which the garbage collector never frees, so the wrapper and its
-  module outlive the job that built them (Note [Measuring from a clean state]).
+  module outlive the job that built them (Note [Measuring from a clean state]);
+* ``LateZero2``: Zero2 that waits for its reduce-scatters only at the end of backward: every
+  bucket's full buffer lives until then, beside the shards (more than ZeRO-1 holds there).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.ddp.flat import FlatDDP
+from paracheck.zero.zero2 import Zero2
 
 __all__ = [
     "ChattyFlatDDP",
@@ -94,3 +97,11 @@ def free_leaks(_payload=None) -> None:
             for handle in obj._leaks:
                 handle.remove()
     gc.collect()
+
+
+class LateZero2(Zero2):
+    """Zero2 that waits for its reduce-scatters only in ``finish_gradient_synchronization()``:
+    every bucket's full buffer lives to the end of backward (ZeRO-1's gradients, and the shards
+    beside them), freed before the optimizer step."""
+
+    IN_FLIGHT = 1 << 30

@@ -42,7 +42,7 @@ class Zero2(Zero1):
     """ZeRO-2 data parallelism: ``Zero1``'s interface, contract and collectives, with gradients
     kept only as this rank's shard (Note [Zero2 gradient lifetime]).
 
-    Interface (``paracheck check``'s kind ``zero``)::
+    Interface (``paracheck check``'s kind ``zero2``)::
 
         zero = Zero2(module, torch.optim.AdamW, params=groups_or_params, bucket_size_mb=25, lr=1e-3)
         loss = loss_fn(zero(x), y); loss.backward(); zero.finish_gradient_synchronization()
