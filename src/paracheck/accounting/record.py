@@ -286,6 +286,8 @@ class Recorder(TorchDispatchMode):
         self.operators = 0
         self.launches = 0
         self.allocations = 0
+        # A ScheduleWatch (paracheck.accounting.schedule) told of every operator.
+        self.observer = None
 
     # -- context --------------------------------------------------------------------------
     def __enter__(self):
@@ -368,6 +370,8 @@ class Recorder(TorchDispatchMode):
                     else "",
                 )
             )
+        if self.observer is not None:
+            self.observer.on_operator(func, args, kwargs, out, self.calls[-1] if kind else None)
         return out
 
     def _run(self, func, args, kwargs):

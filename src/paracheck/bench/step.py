@@ -151,6 +151,20 @@ class StepAccount:
     launches: int = 0
     allocations: int = 0
     hooks: int = 0
+    # Note [Communication schedule of a step] in paracheck.accounting.schedule: the schedule of
+    # rank 0 (StepSchedule.to_dict(); None where not measured) and its derived quantities
+    # (max over ranks), all lower-is-better.
+    schedule: dict | None = None
+    device_syncs: int = 0
+    waits_in_backward: int = 0
+    launches_after_backward: int = 0
+    bytes_after_backward: int = 0
+    bytes_before_backward_end: int = 0
+    exposed_comm_share_balanced: float = 0.0
+    exposed_comm_s_nvlink_h100: float = 0.0
+    exposed_comm_s_pcie4: float = 0.0
+    exposed_comm_s_ethernet_100g: float = 0.0
+    host_calls: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -193,22 +207,32 @@ def _batch(spec: StepSpec, device: torch.device, rank: int):
     return x.to(device), y.to(device)
 
 
-def _train_step(setup, x, y, *, before_step=None) -> None:
+def _train_step(setup, x, y, *, before_step=None, mark=None) -> None:
     """One step of the CS336 protocol; ``before_step()`` runs between the gradient
-    synchronisation and ``optimizer.step()`` (the memory points)."""
+    synchronisation and ``optimizer.step()`` (the memory points); ``mark(phase)`` is told each
+    phase of Note [Communication schedule of a step] as it begins."""
     import torch.nn.functional as F
 
+    mark = mark or _no_mark
+    mark("forward")
     setup.optimizer.zero_grad(set_to_none=True)
     if setup.before_forward is not None:
         setup.before_forward()
     logits = setup.forward(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    mark("backward")
     loss.backward()
     del logits, loss  # not alive during the optimizer step, as in a training loop's next iteration
+    mark("after_backward")
     setup.after_backward()
     if before_step is not None:
         before_step()
+    mark("step")
     setup.optimizer.step()
+
+
+def _no_mark(phase: str) -> None:
+    return None
 
 
 def _configure(spec: StepSpec, device: torch.device) -> None:
@@ -342,6 +366,7 @@ def rank_account(payload: dict) -> dict:
     import torch.distributed as dist
 
     from paracheck.accounting.record import Recorder, count_hooks
+    from paracheck.accounting.schedule import ScheduleWatch
     from paracheck.bench.variants import build_setup
 
     spec = StepSpec.from_dict(payload)
@@ -350,6 +375,14 @@ def rank_account(payload: dict) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     with count_hooks() as hooks, Recorder() as rec:
         model = _build_model(spec, device)
+        x, y = _batch(spec, device, rank)
+        watch = ScheduleWatch(
+            rec,
+            list(model.parameters()),
+            [*model.parameters(), *model.buffers(), x, y],
+            tokens=spec.batch * spec.model.context_length,
+        )
+        watch.__enter__()
         setup = build_setup(
             spec.variant,
             model,
@@ -357,7 +390,6 @@ def rank_account(payload: dict) -> dict:
             device=device,
             fused=spec.fused and device.type == "cuda",
         )
-        x, y = _batch(spec, device, rank)
         peak_init = rec.peak_bytes
         init_calls = len(rec.calls)
         # Step 1 allocates the optimizer state; torch DDP rebuilds its buckets (two broadcasts)
@@ -380,7 +412,19 @@ def rank_account(payload: dict) -> dict:
             )
             rec.reset_peak()
 
-        _train_step(setup, x, y, before_step=before_step)
+        def before_step_timed(before_step=before_step, watch=watch):
+            # The memory point's settling sleeps and reads storages: no part of the schedule.
+            watch.stop()
+            before_step()
+            watch.resume()
+
+        watch.start()
+        try:
+            _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
+        finally:
+            watch.stop()
+            watch.__exit__(None, None, None)
+        schedule = watch.schedule()
         _settle(rec)
         peak_step = rec.peak_bytes
         state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
@@ -407,10 +451,17 @@ def rank_account(payload: dict) -> dict:
         "peak_before_step_bytes": phase["peak_before"],
         "peak_step_bytes": peak_step,
         **host,
+        "schedule": schedule.to_dict(),
+        **_schedule_fields(schedule),
     }
-    del setup, model, rec, before_step
+    del setup, model, rec, before_step, watch
     _release(device)
     return result
+
+
+def _schedule_fields(schedule) -> dict:
+    """The derived quantities of ``schedule`` under ``StepAccount``'s field names."""
+    return {k.replace("-", "_"): v for k, v in schedule.metrics().items()}
 
 
 # -- on the driver ----------------------------------------------------------------------------
@@ -448,5 +499,14 @@ def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> Step
     for r in per_rank:
         for k, n in r["collectives_by_kind"].items():
             by_kind[k] = max(by_kind.get(k, 0), n)
-    fields = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "collectives_by_kind"}
-    return StepAccount(spec=spec, collectives_by_kind=dict(sorted(by_kind.items())), **fields)
+    fields = {
+        k: max(r[k] for r in per_rank)
+        for k in per_rank[0]
+        if k not in ("collectives_by_kind", "schedule")
+    }
+    return StepAccount(
+        spec=spec,
+        collectives_by_kind=dict(sorted(by_kind.items())),
+        schedule=per_rank[0].get("schedule"),
+        **fields,
+    )
