@@ -52,12 +52,15 @@ Note [Device syncs counted on the CPU]
 
     A *device tensor* on a GPU is a CUDA tensor. On the CPU it is a tensor derived from one the
     step is given as device-resident (the model's parameters, buffers and gradients, the batch):
-    every output of an operator with a device tensor among its inputs is one, and so is the output
-    of a factory given a ``torch.device`` as ``device=`` (``torch.zeros(n, device=p.device)``); a
-    factory given none, or a string (``torch.tensor(0.0, device="cpu")``: AdamW's step counter,
-    which torch keeps on the host) makes a host tensor, and an in-place operator keeps its first
-    argument's side. ``torch.tensor(data, device=...)`` counts as a host-to-device copy on the
-    CPU under the same rule. What is not counted:
+    every output of an operator with a device tensor among its inputs is one, and so is the
+    output of a factory operator (``zeros``, ``empty``, ``full``; torch DDP's buckets, made in
+    C++). ``torch.tensor`` and ``torch.as_tensor`` decide by their ``device=``: a
+    ``torch.device`` (as ``p.device`` gives) makes a device tensor (and, from host data, counts
+    as a host-to-device copy), none or a string (``torch.tensor(0.0, device="cpu")``: AdamW's
+    step counter, which torch keeps on the host) a host tensor. An in-place operator keeps its
+    first argument's side. The one mismatch left: a factory operator called without ``device=``
+    makes a host tensor on a GPU and a device tensor here, so reading it back counts on the CPU
+    only (no built-in does). What is not counted:
     ``torch.cuda.synchronize()``, event and stream ``synchronize()`` (explicit, and absent from
     every built-in), and syncs inside C++ code (torch DDP's reducer). The GPU test checks the count
     against ``torch.cuda.set_sync_debug_mode("warn")``'s warnings.
@@ -89,7 +92,6 @@ import sys
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from paracheck.accounting.cost import bus_bytes
 
@@ -388,7 +390,8 @@ _TO_HOST = {
     torch.Tensor.numpy: "numpy",
     torch.Tensor.cpu: "cpu",
 }
-_FROM_HOST = frozenset({torch.tensor, torch.as_tensor})
+_TENSOR_TO = torch.Tensor.to
+_FROM_HOST = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
 _SKIP_PREFIXES: tuple[str, ...] = ()
 
 
@@ -445,25 +448,20 @@ def _target_device(args, kwargs):
     return None if target is None else torch.device(target)
 
 
-class _PythonLevel(TorchFunctionMode):
-    """The Python-level half of Note [Device syncs counted on the CPU]: the syncing Tensor
-    methods and factories, and which factories were given a device."""
+def _python_level(watch: ScheduleWatch, original, python_sync):
+    """``original`` (a syncing Tensor method or a factory from host data) with the Python-level
+    half of Note [Device syncs counted on the CPU]: the event, and what the result is."""
+    factory = original in _FROM_HOST
 
-    def __init__(self, watch: ScheduleWatch):
-        super().__init__()
-        self.watch = watch
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        w = self.watch
-        kind = w._python_sync(func, args, kwargs) if w._recording and not w._inside else None
-        factory = func in _FACTORIES
+    def wrapper(*args, **kwargs):
+        w = watch
+        kind = python_sync(original, args, kwargs) if w._recording and not w._inside else None
         if kind is not None:
             w._event("sync", kind, _where())
         w._inside += kind is not None
         w._in_factory += factory
         try:
-            out = func(*args, **kwargs)
+            out = original(*args, **kwargs)
         finally:
             w._inside -= kind is not None
             w._in_factory -= factory
@@ -471,20 +469,13 @@ class _PythonLevel(TorchFunctionMode):
             w.mark_device(out)
         return out
 
+    return wrapper
+
 
 def _names_device(device) -> bool:
     """On the CPU: does a factory's ``device=`` name the step's device? A ``torch.device`` (as
     ``p.device`` gives) does; a string (``"cpu"``, as host-side code spells it) does not."""
     return isinstance(device, torch.device)
-
-
-def _factories() -> frozenset:
-    from torch.utils._device import _device_constructors
-
-    return frozenset(_device_constructors())
-
-
-_FACTORIES = _factories()
 
 
 class ScheduleWatch:
@@ -520,7 +511,7 @@ class ScheduleWatch:
         self._nodes: list = []
         self._handles: list = []
         self._saved_wait = None
-        self._mode = _PythonLevel(self)
+        self._saved: list[tuple[object, str, object]] = []
 
     # -- device tensors (CPU) -----------------------------------------------------------------
     def mark_device(self, obj) -> None:
@@ -603,7 +594,7 @@ class ScheduleWatch:
             if self._cuda and torch.device(device).type != "cuda":
                 return None
             return "to_device" if self._cuda or _names_device(device) else None
-        if func is torch.Tensor.to and self._cuda and args:
+        if func is _TENSOR_TO and self._cuda and args:
             if kwargs.get("non_blocking") or any(a is True for a in args[2:]):
                 return None
             target = _target_device(args, kwargs)
@@ -651,8 +642,14 @@ class ScheduleWatch:
         }
         for n, f in self._saved_streams.items():
             setattr(torch.cuda.Stream, n, self._counted_stream_wait(n, f))
+        for owner, originals in ((torch.Tensor, _TO_HOST), (torch, _FROM_HOST)):
+            for f, name in originals.items():
+                self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+                setattr(owner, name, _python_level(self, f, self._python_sync))
+        if self._cuda:
+            self._saved.append((torch.Tensor, "to", torch.Tensor.__dict__.get("to", _MISSING)))
+            torch.Tensor.to = _python_level(self, torch.Tensor.to, self._python_sync)
         self.recorder.observer = self
-        self._mode.__enter__()
         return self
 
     def _counted_stream_wait(self, kind: str, original):
@@ -667,8 +664,13 @@ class ScheduleWatch:
 
     def __exit__(self, *exc):
         self.stop()
-        self._mode.__exit__(*exc)
         self.recorder.observer = None
+        for owner, name, original in reversed(self._saved):
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._saved = []
         for n, f in self._saved_streams.items():
             setattr(torch.cuda.Stream, n, f)
         work = _work_class()
@@ -715,6 +717,9 @@ class ScheduleWatch:
         )
 
 
+_MISSING = object()
+
+
 def _work_class():
     try:
         from torch._C._distributed_c10d import Work
@@ -730,8 +735,8 @@ def _work_class():
 #     backward and its hooks): wrappers around collectives, hooks, bookkeeping per parameter or
 #     per collective. The measuring code's own calls are left out: everything under the
 #     recorder's ``__torch_dispatch__`` and its storage finalisers, and this module's code (its
-#     function mode passes through: what the function it intercepts calls is counted, the call
-#     itself once, where the step's code made it). A count does not move with the load on the
+#     wrappers pass through: what the function they wrap calls is counted, the call itself once,
+#     where the step's code made it). A count does not move with the load on the
 #     machine; it moves with every call a change adds per step. CPU only: on a GPU, backward
 #     runs on torch's device threads, which ``sys.setprofile`` does not reach; the count is 0.
 def _start_counting_calls(watch: ScheduleWatch) -> None:
@@ -742,10 +747,10 @@ def _start_counting_calls(watch: ScheduleWatch) -> None:
     from paracheck.accounting.record import Recorder
 
     here = __file__
-    # Pass-through code: the function mode and the wait wrappers call what they wrap.
-    through = {_PythonLevel.__torch_function__.__code__} | {
+    # Pass-through code: the wrappers call what they wrap.
+    through = {
         c
-        for f in (ScheduleWatch._counted_wait, ScheduleWatch._counted_stream_wait)
+        for f in (ScheduleWatch._counted_wait, ScheduleWatch._counted_stream_wait, _python_level)
         for c in f.__code__.co_consts
         if hasattr(c, "co_code")
     }
@@ -760,6 +765,7 @@ def _start_counting_calls(watch: ScheduleWatch) -> None:
         if event == "call":
             code = frame.f_code
             if code in through and not skipped:
+                watch.host_calls += 1  # the step's call of what the wrapper wraps
                 return
             if skipped or code in skip or code.co_filename == here:
                 skipped.append(frame)

@@ -9,7 +9,12 @@ as the regressions it catches. Not used by paracheck itself.
 * ``RelaunchingFlatDDP``: FlatDDP that scales one gradient by 1.0 in place after synchronising:
   exactly one operator and one launch more per step, nothing else;
 * ``HookedFlatDDP``: FlatDDP with a Python hook on every trainable parameter that does nothing:
-  one hook call more per parameter and backward pass, nothing else.
+  one hook call more per parameter and backward pass, nothing else;
+* ``LateBucketedDDP``: BucketedDDP whose hooks only put each gradient in its bucket, so that
+  ``finish_gradient_synchronization()`` launches every bucket: every all-reduce moves after
+  backward (Note [Communication schedule of a step] in ``paracheck.accounting.schedule``);
+* ``SyncingBucketedDDP``: BucketedDDP that reads one value of each bucket to the host after
+  waiting for it: one device sync more per bucket, in ``finish_gradient_synchronization()``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paracheck.ddp.bucketed import BucketedDDP
 from paracheck.ddp.flat import FlatDDP
 
-__all__ = ["ChattyFlatDDP", "FatFlatDDP", "HookedFlatDDP", "RelaunchingFlatDDP"]
+__all__ = [
+    "ChattyFlatDDP",
+    "FatFlatDDP",
+    "HookedFlatDDP",
+    "LateBucketedDDP",
+    "RelaunchingFlatDDP",
+    "SyncingBucketedDDP",
+]
 
 
 class FatFlatDDP(FlatDDP):
@@ -60,3 +73,19 @@ class HookedFlatDDP(FlatDDP):
         super().__init__(module, process_group=process_group)
         for p in self.trainable:
             p.register_post_accumulate_grad_hook(lambda p: None)
+
+
+class LateBucketedDDP(BucketedDDP):
+    """BucketedDDP whose gradient hooks launch nothing: every bucket is launched by
+    ``finish_gradient_synchronization()``, after backward."""
+
+    def _grad_ready(self, i: int) -> None:
+        self._adopt(i)
+
+
+class SyncingBucketedDDP(BucketedDDP):
+    """BucketedDDP that reads each bucket's first element to the host once it has waited for it."""
+
+    def _wait(self, k: int) -> None:
+        super()._wait(k)
+        self._bucket_buffers[k][0].item()

@@ -165,6 +165,7 @@ class StepAccount:
     exposed_comm_s_pcie4: float = 0.0
     exposed_comm_s_ethernet_100g: float = 0.0
     host_calls: int = 0
+    cuda_sync_warnings: int = -1  # set_sync_debug_mode's count on CUDA, -1 elsewhere
 
     @property
     def peak_bytes(self) -> int:
@@ -362,15 +363,21 @@ def _settle(rec) -> None:
 
 
 def rank_account(payload: dict) -> dict:
-    """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
+    """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank.
+    A ``"device"`` key in it (``"cuda"``) puts the step there whatever the backend: gloo moves
+    CUDA tensors, so one GPU can run a W-rank step's schedule (``scripts/gpu_schedule.py``)."""
     import torch.distributed as dist
 
     from paracheck.accounting.record import Recorder, count_hooks
     from paracheck.accounting.schedule import ScheduleWatch
     from paracheck.bench.variants import build_setup
 
+    payload = dict(payload)
+    forced = payload.pop("device", None)
     spec = StepSpec.from_dict(payload)
-    device = _device()
+    device = _device() if forced is None else torch.device(forced)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     _configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     with count_hooks() as hooks, Recorder() as rec:
@@ -420,7 +427,8 @@ def rank_account(payload: dict) -> dict:
 
         watch.start()
         try:
-            _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
+            with _cuda_sync_warnings(device) as cuda_syncs:
+                _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
         finally:
             watch.stop()
             watch.__exit__(None, None, None)
@@ -452,11 +460,43 @@ def rank_account(payload: dict) -> dict:
         "peak_step_bytes": peak_step,
         **host,
         "schedule": schedule.to_dict(),
+        # On CUDA, what torch.cuda.set_sync_debug_mode("warn") reported during the step (the
+        # check of Note [Device syncs counted on the CPU]); -1 elsewhere.
+        "cuda_sync_warnings": len(cuda_syncs) if device.type == "cuda" else -1,
+        "cuda_sync_messages": sorted(set(cuda_syncs))[:20],
         **_schedule_fields(schedule),
     }
     del setup, model, rec, before_step, watch
     _release(device)
     return result
+
+
+class _cuda_sync_warnings:
+    """On CUDA, the warnings ``torch.cuda.set_sync_debug_mode("warn")`` gives while active (a
+    list of messages); an empty list elsewhere."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.messages: list[str] = []
+
+    def __enter__(self) -> list[str]:
+        if self.cuda:
+            import warnings
+
+            self._catch = warnings.catch_warnings(record=True)
+            self._caught = self._catch.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        return self.messages
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            self.messages += [
+                str(w.message) for w in self._caught if "synchroniz" in str(w.message)
+            ]
+            self._catch.__exit__(*exc)
+        return False
 
 
 def _schedule_fields(schedule) -> dict:
@@ -502,7 +542,7 @@ def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> Step
     fields = {
         k: max(r[k] for r in per_rank)
         for k in per_rank[0]
-        if k not in ("collectives_by_kind", "schedule")
+        if k not in ("collectives_by_kind", "schedule", "cuda_sync_messages")
     }
     return StepAccount(
         spec=spec,
