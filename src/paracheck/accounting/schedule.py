@@ -571,8 +571,8 @@ class ScheduleWatch:
                 self._event("sync", "to_host" if device_in[1] else "to_device", _where())
         if self._cuda or self._inside:
             return
-        # Note [Device syncs counted on the CPU]: an output derived from a device tensor is one,
-        # and so is a factory's called from C++ (torch DDP's buckets); an in-place operator's
+        # Which outputs are device tensors: see Note [Device syncs counted on the CPU]. A
+        # factory operator's are (torch DDP's buckets, made in C++); an in-place operator's
         # output (its first argument) keeps its side.
         if not (any(device_in) or (not inputs and "device" in kwargs and not self._in_factory)):
             return
