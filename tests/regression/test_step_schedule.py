@@ -80,13 +80,7 @@ def test_bucketed_launches_its_first_bucket_before_half_the_gradient_bytes(bucke
         s.collectives
     )
     assert 0 < a.exposed_comm_share_balanced < 1
-
-
-def test_schedule_is_reproducible(world, bucketed):
-    """Two accountings of the same step give the same schedule, host calls included."""
-    again, _ = _schedule(world, "bucketed")
-    assert again.schedule == bucketed[0].schedule and again.host_calls == bucketed[0].host_calls
-    assert again.host_calls > 0
+    assert a.host_calls > a.world_calls > 0  # the World wraps every collective and wait
 
 
 def _gate(base, head, quantity):

@@ -175,6 +175,7 @@ class StepSchedule:
     grad_elems: int
     tokens: int
     host_calls: int = 0
+    world_calls: int = 0  # of host_calls, those inside paracheck.world's wrappers
 
     @property
     def collectives(self) -> list[ScheduleEvent]:
@@ -202,6 +203,7 @@ class StepSchedule:
             key = f"exposed_comm_s_{name.replace('-', '_')}"
             out[key] = exposed_communication(self, link)["exposed_s"]
         out["host_calls"] = self.host_calls
+        out["world_calls"] = self.world_calls  # the harness's share: reported, not gated
         return out
 
     def to_dict(self) -> dict:
@@ -211,6 +213,7 @@ class StepSchedule:
             "grad_elems": self.grad_elems,
             "tokens": self.tokens,
             "host_calls": self.host_calls,
+            "world_calls": self.world_calls,
         }
 
     @classmethod
@@ -221,6 +224,7 @@ class StepSchedule:
             d["grad_elems"],
             d["tokens"],
             d.get("host_calls", 0),
+            d.get("world_calls", 0),
         )
 
     def table(self) -> str:
@@ -361,6 +365,8 @@ def schedule_changes(variant: str, base: StepSchedule, head: StepSchedule) -> li
                 lines.append(f"{variant}: {name} {verb} (was {at(base, old)})")
     for what in ("wait", "sync"):
         for phase in PHASES:
+            # Only a phase that has more of them than before reports; a wait that moved from one
+            # function to another is not one added.
             places: dict[str, int] = {}
             for e in head.events:
                 if e.what == what and e.phase == phase:
@@ -368,6 +374,8 @@ def schedule_changes(variant: str, base: StepSchedule, head: StepSchedule) -> li
             for e in base.events:
                 if e.what == what and e.phase == phase:
                     places[e.where] = places.get(e.where, 0) - 1
+            if sum(places.values()) <= 0:
+                continue
             for where, n in places.items():
                 if n > 0:
                     many = "a" if n == 1 else str(n)
@@ -502,6 +510,7 @@ class ScheduleWatch:
         self.produced_bytes = 0
         self.produced_elems = 0
         self.host_calls = 0
+        self.world_calls = 0
         self._cuda = any(p.is_cuda for p in self.params)
         self._in_factory = 0  # inside a Python-level factory call, which decides itself
         for t in device_tensors:
@@ -685,7 +694,7 @@ class ScheduleWatch:
         """Forget everything so far and record from here (the measured step)."""
         self.events = []
         self.produced_bytes = self.produced_elems = 0
-        self.host_calls = 0
+        self.host_calls = self.world_calls = 0
         self.phase = "forward"
         self.resume()
 
@@ -714,6 +723,7 @@ class ScheduleWatch:
             self.produced_elems,
             self.tokens,
             self.host_calls,
+            self.world_calls,
         )
 
 
@@ -737,7 +747,9 @@ def _work_class():
 #     recorder's ``__torch_dispatch__`` and its storage finalisers, and this module's code (its
 #     wrappers pass through: what the function they wrap calls is counted, the call itself once,
 #     where the step's code made it). A count does not move with the load on the
-#     machine; it moves with every call a change adds per step. CPU only: on a GPU, backward
+#     machine; it moves with every call a change adds per step. ``world_calls`` is the part made
+#     inside ``paracheck.world``'s wrappers of the collectives and ``Work.wait`` (Note [Two ways of
+#     watching collectives]): what the harness adds to every collective. CPU only: on a GPU, backward
 #     runs on torch's device threads, which ``sys.setprofile`` does not reach; the count is 0.
 def _start_counting_calls(watch: ScheduleWatch) -> None:
     if watch._cuda:
@@ -760,22 +772,31 @@ def _start_counting_calls(watch: ScheduleWatch) -> None:
         weakref.finalize.__call__.__code__,
     }
     skipped: list = []  # frames whose calls are the measuring code's
+    world: list = []  # frames of paracheck.world's wrappers (counted, and in world_calls too)
+    world_dir = _skip_prefixes()[2]
 
     def profile(frame, event, arg):
         if event == "call":
             code = frame.f_code
             if code in through and not skipped:
                 watch.host_calls += 1  # the step's call of what the wrapper wraps
+                watch.world_calls += bool(world)
                 return
             if skipped or code in skip or code.co_filename == here:
                 skipped.append(frame)
                 return
             watch.host_calls += 1
+            if world or code.co_filename.startswith(world_dir):
+                world.append(frame)
+                watch.world_calls += 1
         elif event == "return":
             if skipped and skipped[-1] is frame:
                 skipped.pop()
+            elif world and world[-1] is frame:
+                world.pop()
         elif event == "c_call" and not skipped and frame.f_code not in through:
             watch.host_calls += 1
+            watch.world_calls += bool(world)
 
     _profiled.append(sys.getprofile())
     sys.setprofile(profile)

@@ -165,6 +165,7 @@ class StepAccount:
     exposed_comm_s_pcie4: float = 0.0
     exposed_comm_s_ethernet_100g: float = 0.0
     host_calls: int = 0
+    world_calls: int = 0
     cuda_sync_warnings: int = -1  # set_sync_debug_mode's count on CUDA, -1 elsewhere
 
     @property

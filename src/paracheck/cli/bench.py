@@ -234,7 +234,7 @@ def _print_schedules(entries: list) -> None:
                 f"{a['exposed_comm_share_balanced']:.1%}",
                 f"{a['exposed_comm_s_pcie4'] * 1e3:.3f}",
                 f"{a['exposed_comm_s_nvlink_h100'] * 1e3:.3f}",
-                a["host_calls"],
+                f"{a['host_calls']} ({a.get('world_calls', 0)})",
             ]
         )
     header = [
@@ -247,7 +247,7 @@ def _print_schedules(entries: list) -> None:
         "exposed comm, balanced link",
         "exposed ms, pcie4",
         "exposed ms, nvlink-h100",
-        "host calls",
+        "host calls (in paracheck.world)",
     ]
     _say("\n### exact communication schedule (per rank and step; every column lower is better)\n")
     _say(_table(header, rows))
