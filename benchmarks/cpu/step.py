@@ -190,17 +190,17 @@ class StepSchedule:
     track_device_syncs.unit = "syncs (lower is better)"
 
     def track_exposed_share_balanced(self, results, variant):
-        return self.r["account"]["exposed_comm_share_balanced"]
+        return self.r["account"]["exposed_comm_pct_balanced"]
 
-    track_exposed_share_balanced.unit = "exposed share of backward, balanced link (lower is better)"
+    track_exposed_share_balanced.unit = "percent of backward exposed, balanced link (lower is better)"
 
     def track_exposed_pcie4(self, results, variant):
-        return self.r["account"]["exposed_comm_s_pcie4"]
+        return self.r["account"]["exposed_comm_us_pcie4"] / 1e6
 
     track_exposed_pcie4.unit = "seconds"
 
     def track_exposed_nvlink_h100(self, results, variant):
-        return self.r["account"]["exposed_comm_s_nvlink_h100"]
+        return self.r["account"]["exposed_comm_us_nvlink_h100"] / 1e6
 
     track_exposed_nvlink_h100.unit = "seconds"
 

@@ -34,7 +34,7 @@ def test_naive_launches_every_all_reduce_after_backward(world):
     assert a.launches_after_backward == PARAMS + 1
     assert a.bytes_after_backward == 4 * (N + PARAMS) and a.bytes_before_backward_end == 0
     assert sum(e.what == "wait" for e in s.events) == PARAMS + 1 and a.waits_in_backward == 0
-    assert a.exposed_comm_share_balanced == pytest.approx(1.0, abs=1e-9)
+    assert a.exposed_comm_pct_balanced == pytest.approx(100.0, abs=1e-7)
     assert s.grad_bytes == 4 * N
 
 
@@ -79,7 +79,7 @@ def test_bucketed_launches_its_first_bucket_before_half_the_gradient_bytes(bucke
     assert [e.where for e in s.events if e.what == "wait"] == ["BucketedDDP._wait"] * len(
         s.collectives
     )
-    assert 0 < a.exposed_comm_share_balanced < 1
+    assert 0 < a.exposed_comm_pct_balanced < 100
     assert a.host_calls > a.world_calls > 0  # the World wraps every collective and wait
 
 
@@ -92,7 +92,7 @@ def test_gate_fails_a_bucketed_ddp_that_launches_after_backward(world, bucketed)
     communication rise, and the gate's detail says which all-reduce moved."""
     base, sb = bucketed
     late, sl = _schedule(world, "paracheck.bench._planted:LateBucketedDDP")
-    for q in ("launches_after_backward", "bytes_after_backward", "exposed_comm_share_balanced"):
+    for q in ("launches_after_backward", "bytes_after_backward", "exposed_comm_pct_balanced"):
         assert q in EXACT_QUANTITIES and _gate(base, late, q) == "REGRESSION", q
     lines = schedule_changes("bucketed", sb, sl)
     assert lines[0].startswith("bucketed: all-reduce #1 launched after backward (was at ")

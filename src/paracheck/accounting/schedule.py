@@ -32,7 +32,9 @@ Note [Communication schedule of a step]
     ``launches_after_backward`` and ``bytes_after_backward`` (collectives in the ``after_backward``
     and ``step`` phases, and their payload), ``bytes_before_backward_end`` (the others),
     ``waits_in_backward``, ``device_syncs`` (all phases), and the exposed communication of Note
-    [Exposed communication model].
+    [Exposed communication model]: ``exposed_comm_pct_balanced`` (percent of backward's time on
+    the balanced link) and ``exposed_comm_us_<link>`` (microseconds on each named link). Every one
+    is lower-is-better.
 
 Note [Device syncs counted on the CPU]
     On a GPU a sync is a host call that blocks until the device's queue has drained. The same
@@ -136,8 +138,8 @@ SCHEDULE_QUANTITIES = (
     "waits_in_backward",
     "launches_after_backward",
     "bytes_after_backward",
-    "exposed_comm_share_balanced",
-    *(f"exposed_comm_s_{name.replace('-', '_')}" for name in LINKS),
+    "exposed_comm_pct_balanced",
+    *(f"exposed_comm_us_{name.replace('-', '_')}" for name in LINKS),
     "host_calls",
 )
 
@@ -197,11 +199,11 @@ class StepSchedule:
             "bytes_after_backward": sum(e.payload_bytes for e in after),
             "bytes_before_backward_end": sum(e.payload_bytes for e in colls)
             - sum(e.payload_bytes for e in after),
-            "exposed_comm_share_balanced": exposed_communication(self, None)["exposed_share"],
+            "exposed_comm_pct_balanced": 100 * exposed_communication(self, None)["exposed_share"],
         }
         for name, link in LINKS.items():
-            key = f"exposed_comm_s_{name.replace('-', '_')}"
-            out[key] = exposed_communication(self, link)["exposed_s"]
+            key = f"exposed_comm_us_{name.replace('-', '_')}"
+            out[key] = 1e6 * exposed_communication(self, link)["exposed_s"]
         out["host_calls"] = self.host_calls
         out["world_calls"] = self.world_calls  # the harness's share: reported, not gated
         return out

@@ -160,10 +160,10 @@ class StepAccount:
     launches_after_backward: int = 0
     bytes_after_backward: int = 0
     bytes_before_backward_end: int = 0
-    exposed_comm_share_balanced: float = 0.0
-    exposed_comm_s_nvlink_h100: float = 0.0
-    exposed_comm_s_pcie4: float = 0.0
-    exposed_comm_s_ethernet_100g: float = 0.0
+    exposed_comm_pct_balanced: float = 0.0
+    exposed_comm_us_nvlink_h100: float = 0.0
+    exposed_comm_us_pcie4: float = 0.0
+    exposed_comm_us_ethernet_100g: float = 0.0
     host_calls: int = 0
     world_calls: int = 0
     cuda_sync_warnings: int = -1  # set_sync_debug_mode's count on CUDA, -1 elsewhere

@@ -231,9 +231,9 @@ def _print_schedules(entries: list) -> None:
                 _mib(a["bytes_after_backward"]),
                 a["waits_in_backward"],
                 a["device_syncs"],
-                f"{a['exposed_comm_share_balanced']:.1%}",
-                f"{a['exposed_comm_s_pcie4'] * 1e3:.3f}",
-                f"{a['exposed_comm_s_nvlink_h100'] * 1e3:.3f}",
+                f"{a['exposed_comm_pct_balanced']:.1f}%",
+                f"{a['exposed_comm_us_pcie4']:.1f}",
+                f"{a['exposed_comm_us_nvlink_h100']:.1f}",
                 f"{a['host_calls']} ({a.get('world_calls', 0)})",
             ]
         )
@@ -245,8 +245,8 @@ def _print_schedules(entries: list) -> None:
         "waits in backward",
         "device syncs",
         "exposed comm, balanced link",
-        "exposed ms, pcie4",
-        "exposed ms, nvlink-h100",
+        "exposed us, pcie4",
+        "exposed us, nvlink-h100",
         "host calls (in paracheck.world)",
     ]
     _say("\n### exact communication schedule (per rank and step; every column lower is better)\n")

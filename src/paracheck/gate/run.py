@@ -488,16 +488,17 @@ def _schedule_detail(variant: str, quantity: str, exact: dict) -> str:
     if not b or not h:
         return ""
     lines = schedule_changes(variant, StepSchedule.from_dict(b[0]), StepSchedule.from_dict(h[0]))
-    wanted = {
-        "device_syncs": ("sync",),
-        "waits_in_backward": ("wait",),
-        "launches_after_backward": ("after backward", "added"),
-        "bytes_after_backward": ("after backward", "added"),
-        "host_calls": ("host calls",),
-    }.get(quantity)
-    if wanted is not None:
-        lines = [line for line in lines if any(w in line for w in wanted)]
-    return "; ".join(lines)
+    if quantity == "device_syncs":
+        wanted: tuple[str, ...] = (" sync",)
+    elif quantity == "waits_in_backward":
+        wanted = (" wait",)
+    elif quantity == "host_calls":
+        wanted = ("host calls",)
+    else:  # what moves a launch, or stalls backward
+        wanted = (" launched ", " wait")
+    lines = [line for line in lines if any(w in line for w in wanted)]
+    shown = "; ".join(line.removeprefix(f"{variant}: ") for line in lines[:3])
+    return shown + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
 
 
 def calibrate_gate(
