@@ -24,6 +24,7 @@ Note [CUDA memory points]
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -381,7 +382,9 @@ def rank_account(payload: dict) -> dict:
         device = torch.device("cuda", torch.cuda.current_device())
     _configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with count_hooks() as hooks, Recorder() as rec:
+    # The watch patches torch (Work.wait, syncing Tensor methods) in this persistent rank
+    # process: the stack takes it off however the job ends.
+    with count_hooks() as hooks, Recorder() as rec, contextlib.ExitStack() as stack:
         model = _build_model(spec, device)
         x, y = _batch(spec, device, rank)
         watch = ScheduleWatch(
@@ -390,7 +393,7 @@ def rank_account(payload: dict) -> dict:
             [*model.parameters(), *model.buffers(), x, y],
             tokens=spec.batch * spec.model.context_length,
         )
-        watch.__enter__()
+        stack.enter_context(watch)
         setup = build_setup(
             spec.variant,
             model,
@@ -431,8 +434,7 @@ def rank_account(payload: dict) -> dict:
             with _cuda_sync_warnings(device) as cuda_syncs:
                 _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
         finally:
-            watch.stop()
-            watch.__exit__(None, None, None)
+            stack.close()
         schedule = watch.schedule()
         _settle(rec)
         peak_step = rec.peak_bytes
