@@ -28,8 +28,8 @@ Note [The gate rule]
       launches, allocations, Python hook calls; the communication schedule, Note [Communication
       schedule of a step] in ``paracheck.accounting.schedule``: device syncs, waits inside
       backward, launches and bytes after backward, exposed communication under the stated links,
-      host calls, a regression row naming the collective that moved or where a sync or wait was
-      added; on CUDA also the
+      a regression row naming the collective that moved or where a sync or wait was added (its
+      host calls are reported by ``paracheck bench``, not gated); on CUDA also the
       allocator's peaks of Note [CUDA memory points]) are measured twice per side, in the first
       and the last round. They FAIL on any increase, however small. A side whose two readings
       differ is reported UNSTABLE (a warning: that quantity is then not exact and is not gated).

@@ -492,8 +492,6 @@ def _schedule_detail(variant: str, quantity: str, exact: dict) -> str:
         wanted: tuple[str, ...] = (" sync",)
     elif quantity == "waits_in_backward":
         wanted = (" wait",)
-    elif quantity == "host_calls":
-        wanted = ("host calls",)
     else:  # what moves a launch, or stalls backward
         wanted = (" launched ", " wait")
     lines = [line for line in lines if any(w in line for w in wanted)]
