@@ -239,7 +239,7 @@ def _print_schedules(entries: list) -> None:
         )
     header = [
         "variant",
-        "MiB launched in backward",
+        "MiB launched in backward (higher is better)",
         "launches after backward",
         "MiB after backward",
         "waits in backward",
@@ -249,7 +249,7 @@ def _print_schedules(entries: list) -> None:
         "exposed us, nvlink-h100",
         "host calls (in paracheck.world)",
     ]
-    _say("\n### exact communication schedule (per rank and step; every column lower is better)\n")
+    _say("\n### exact communication schedule (per rank and step; lower is better unless marked)\n")
     _say(_table(header, rows))
     for e in measured:
         sched = StepSchedule.from_dict(e["account"]["schedule"])
