@@ -152,3 +152,61 @@ class StepHostCost:
         return self.r["account"]["hooks"]
 
     track_hook_calls.unit = "hook calls"
+
+
+class StepSchedule:
+    """The exact communication schedule of a step (Note [Communication schedule of a step] in
+    paracheck.accounting.schedule), per rank: what is launched after backward, waits inside
+    backward, device syncs, exposed communication under the stated links, host calls."""
+
+    params = [VARIANTS]
+    param_names = ["variant"]
+    setup_cache = measure
+    timeout = 900
+
+    def setup(self, results, variant):
+        self.r = require(results, key(MODEL, variant))
+        if "launches_after_backward" not in self.r["account"]:
+            raise NotImplementedError("this commit records no communication schedule")
+
+    def track_launches_after_backward(self, results, variant):
+        return self.r["account"]["launches_after_backward"]
+
+    track_launches_after_backward.unit = "collectives (lower is better)"
+
+    def track_bytes_after_backward(self, results, variant):
+        return self.r["account"]["bytes_after_backward"]
+
+    track_bytes_after_backward.unit = "bytes"
+
+    def track_waits_in_backward(self, results, variant):
+        return self.r["account"]["waits_in_backward"]
+
+    track_waits_in_backward.unit = "waits (lower is better)"
+
+    def track_device_syncs(self, results, variant):
+        return self.r["account"]["device_syncs"]
+
+    track_device_syncs.unit = "syncs (lower is better)"
+
+    def track_exposed_share_balanced(self, results, variant):
+        return self.r["account"]["exposed_comm_pct_balanced"]
+
+    track_exposed_share_balanced.unit = (
+        "percent of backward exposed, balanced link (lower is better)"
+    )
+
+    def track_exposed_pcie4(self, results, variant):
+        return self.r["account"]["exposed_comm_us_pcie4"] / 1e6
+
+    track_exposed_pcie4.unit = "seconds"
+
+    def track_exposed_nvlink_h100(self, results, variant):
+        return self.r["account"]["exposed_comm_us_nvlink_h100"] / 1e6
+
+    track_exposed_nvlink_h100.unit = "seconds"
+
+    def track_host_calls(self, results, variant):
+        return self.r["account"]["host_calls"]
+
+    track_host_calls.unit = "host calls (lower is better)"

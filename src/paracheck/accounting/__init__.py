@@ -9,7 +9,9 @@ bit for bit.
 * ``traffic``: payload bytes per step per design, analytic, and ``record_collectives``, the
   per-call payload records the check reads;
 * ``cost``: Note [Bus bytes], what one collective costs on the wire;
-* ``record``: ``Recorder``, the dispatch mode behind every measured quantity.
+* ``record``: ``Recorder``, the dispatch mode behind every measured quantity;
+* ``schedule``: the communication schedule of a step (launch points, waits, device syncs) and
+  its exposed-communication model.
 """
 
 from paracheck.accounting.cost import bus_bytes, bus_factor

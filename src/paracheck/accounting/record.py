@@ -6,7 +6,9 @@ active passes through it, whoever calls it (paracheck's variants, torch DDP's C+
 all_reduce`` long before). So it needs no cooperation from the code it measures and no patched
 ``torch.distributed`` functions. It is the one recorder: the benchmarks read its calls and memory
 (``paracheck.bench.step``), the check reads one payload size per call through
-``paracheck.accounting.traffic.record_collectives``.
+``paracheck.accounting.traffic.record_collectives``, and a ``ScheduleWatch``
+(``paracheck.accounting.schedule``) set as its ``observer`` sees every operator to place each
+collective in the step.
 
 Note [Two ways of watching collectives]
     ``paracheck.world`` also wraps the ``torch.distributed`` namespace in every rank, for liveness,
@@ -289,6 +291,8 @@ class Recorder(TorchDispatchMode):
         self.operators = 0
         self.launches = 0
         self.allocations = 0
+        # A ScheduleWatch (paracheck.accounting.schedule) told of every operator.
+        self.observer = None
 
     # -- context --------------------------------------------------------------------------
     def __enter__(self):
@@ -371,6 +375,8 @@ class Recorder(TorchDispatchMode):
                     else "",
                 )
             )
+        if self.observer is not None:
+            self.observer.on_operator(func, args, kwargs, out, self.calls[-1] if kind else None)
         return out
 
     def _run(self, func, args, kwargs):

@@ -15,6 +15,11 @@ as the regressions it catches. Not used by paracheck itself.
   module outlive the job that built them (Note [Measuring from a clean state]);
 * ``LateZero2``: Zero2 that waits for its reduce-scatters only at the end of backward: every
   bucket's full buffer lives until then, beside the shards (more than ZeRO-1 holds there).
+* ``LateBucketedDDP``: BucketedDDP whose hooks only put each gradient in its bucket, so that
+  ``finish_gradient_synchronization()`` launches every bucket: every all-reduce moves after
+  backward (Note [Communication schedule of a step] in ``paracheck.accounting.schedule``);
+* ``SyncingBucketedDDP``: BucketedDDP that reads one value of each bucket to the host after
+  waiting for it: one device sync more per bucket, in ``finish_gradient_synchronization()``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paracheck.ddp.bucketed import BucketedDDP
 from paracheck.ddp.flat import FlatDDP
 from paracheck.zero.zero2 import Zero2
 
@@ -32,6 +38,8 @@ __all__ = [
     "LeakyFlatDDP",
     "RelaunchingFlatDDP",
     "free_leaks",
+    "LateBucketedDDP",
+    "SyncingBucketedDDP",
 ]
 
 
@@ -105,3 +113,19 @@ class LateZero2(Zero2):
     beside them), freed before the optimizer step."""
 
     IN_FLIGHT = 1 << 30
+
+
+class LateBucketedDDP(BucketedDDP):
+    """BucketedDDP whose gradient hooks launch nothing: every bucket is launched by
+    ``finish_gradient_synchronization()``, after backward."""
+
+    def _grad_ready(self, i: int) -> None:
+        self._adopt(i)
+
+
+class SyncingBucketedDDP(BucketedDDP):
+    """BucketedDDP that reads each bucket's first element to the host once it has waited for it."""
+
+    def _wait(self, k: int) -> None:
+        super()._wait(k)
+        self._bucket_buffers[k][0].item()

@@ -38,6 +38,7 @@ Note [Measuring from a clean state]
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -173,6 +174,22 @@ class StepAccount:
     launches: int = 0
     allocations: int = 0
     hooks: int = 0
+    # Note [Communication schedule of a step] in paracheck.accounting.schedule: the schedule of
+    # rank 0 (StepSchedule.to_dict(); None where not measured) and its derived quantities
+    # (max over ranks), all lower-is-better.
+    schedule: dict | None = None
+    device_syncs: int = 0
+    waits_in_backward: int = 0
+    launches_after_backward: int = 0
+    bytes_after_backward: int = 0
+    bytes_before_backward_end: int = 0
+    exposed_comm_pct_balanced: float = 0.0
+    exposed_comm_us_nvlink_h100: float = 0.0
+    exposed_comm_us_pcie4: float = 0.0
+    exposed_comm_us_ethernet_100g: float = 0.0
+    host_calls: int = 0
+    world_calls: int = 0
+    cuda_sync_warnings: int = -1  # set_sync_debug_mode's count on CUDA, -1 elsewhere
 
     @property
     def peak_bytes(self) -> int:
@@ -215,22 +232,32 @@ def _batch(spec: StepSpec, device: torch.device, rank: int):
     return x.to(device), y.to(device)
 
 
-def _train_step(setup, x, y, *, before_step=None) -> None:
+def _train_step(setup, x, y, *, before_step=None, mark=None) -> None:
     """One step of the CS336 protocol; ``before_step()`` runs between the gradient
-    synchronisation and ``optimizer.step()`` (the memory points)."""
+    synchronisation and ``optimizer.step()`` (the memory points); ``mark(phase)`` is told each
+    phase of Note [Communication schedule of a step] as it begins."""
     import torch.nn.functional as F
 
+    mark = mark or _no_mark
+    mark("forward")
     setup.optimizer.zero_grad(set_to_none=True)
     if setup.before_forward is not None:
         setup.before_forward()
     logits = setup.forward(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    mark("backward")
     loss.backward()
     del logits, loss  # not alive during the optimizer step, as in a training loop's next iteration
+    mark("after_backward")
     setup.after_backward()
     if before_step is not None:
         before_step()
+    mark("step")
     setup.optimizer.step()
+
+
+def _no_mark(phase: str) -> None:
+    return None
 
 
 def _configure(spec: StepSpec, device: torch.device) -> None:
@@ -407,18 +434,35 @@ def _settle(rec) -> None:
 
 
 def rank_account(payload: dict) -> dict:
-    """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank."""
+    """World job: the exact quantities of ``payload`` (a ``StepSpec.to_dict()``) on this rank.
+    A ``"device"`` key in it (``"cuda"``) puts the step there whatever the backend: gloo moves
+    CUDA tensors, so one GPU can run a W-rank step's schedule (``scripts/gpu_schedule.py``)."""
     import torch.distributed as dist
 
     from paracheck.accounting.record import Recorder, count_hooks
+    from paracheck.accounting.schedule import ScheduleWatch
     from paracheck.bench.variants import build_setup
 
+    payload = dict(payload)
+    forced = payload.pop("device", None)
     spec = StepSpec.from_dict(payload)
-    device = _device()
+    device = _device() if forced is None else torch.device(forced)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     _configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with count_hooks() as hooks, Recorder() as rec:
+    # The watch patches torch (Work.wait, syncing Tensor methods) in this persistent rank
+    # process: the stack takes it off however the job ends.
+    with count_hooks() as hooks, Recorder() as rec, contextlib.ExitStack() as stack:
         model = _build_model(spec, device)
+        x, y = _batch(spec, device, rank)
+        watch = ScheduleWatch(
+            rec,
+            list(model.parameters()),
+            [*model.parameters(), *model.buffers(), x, y],
+            tokens=spec.batch * spec.model.context_length,
+        )
+        stack.enter_context(watch)
         setup = build_setup(
             spec.variant,
             model,
@@ -426,7 +470,6 @@ def rank_account(payload: dict) -> dict:
             device=device,
             fused=spec.fused and device.type == "cuda",
         )
-        x, y = _batch(spec, device, rank)
         peak_init = rec.peak_bytes
         init_calls = len(rec.calls)
         # Step 1 allocates the optimizer state; torch DDP rebuilds its buckets (two broadcasts)
@@ -449,7 +492,19 @@ def rank_account(payload: dict) -> dict:
             )
             rec.reset_peak()
 
-        _train_step(setup, x, y, before_step=before_step)
+        def before_step_timed(before_step=before_step, watch=watch):
+            # The memory point's settling sleeps and reads storages: no part of the schedule.
+            watch.stop()
+            before_step()
+            watch.resume()
+
+        watch.start()
+        try:
+            with _cuda_sync_warnings(device) as cuda_syncs:
+                _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
+        finally:
+            stack.close()
+        schedule = watch.schedule()
         _settle(rec)
         peak_step = rec.peak_bytes
         state_bytes = rec.storage_bytes(optimizer_state_tensors(setup.optimizer))
@@ -476,10 +531,49 @@ def rank_account(payload: dict) -> dict:
         "peak_before_step_bytes": phase["peak_before"],
         "peak_step_bytes": peak_step,
         **host,
+        "schedule": schedule.to_dict(),
+        # On CUDA, what torch.cuda.set_sync_debug_mode("warn") reported during the step (the
+        # check of Note [Device syncs counted on the CPU]); -1 elsewhere.
+        "cuda_sync_warnings": len(cuda_syncs) if device.type == "cuda" else -1,
+        "cuda_sync_messages": sorted(set(cuda_syncs))[:20],
+        **_schedule_fields(schedule),
     }
-    del setup, model, rec, before_step, x, y
+    del setup, model, rec, before_step, watch, x, y
     release(device, count=False)
     return result
+
+
+class _cuda_sync_warnings:
+    """On CUDA, the warnings ``torch.cuda.set_sync_debug_mode("warn")`` gives while active (a
+    list of messages); an empty list elsewhere."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.messages: list[str] = []
+
+    def __enter__(self) -> list[str]:
+        if self.cuda:
+            import warnings
+
+            self._catch = warnings.catch_warnings(record=True)
+            self._caught = self._catch.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        return self.messages
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            self.messages += [
+                str(w.message) for w in self._caught if "synchroniz" in str(w.message)
+            ]
+            self._catch.__exit__(*exc)
+        return False
+
+
+def _schedule_fields(schedule) -> dict:
+    """The derived quantities of ``schedule`` under ``StepAccount``'s field names."""
+    return {k.replace("-", "_"): v for k, v in schedule.metrics().items()}
 
 
 # -- on the driver ----------------------------------------------------------------------------
@@ -529,5 +623,14 @@ def account_step(world, spec: StepSpec, *, timeout: float | None = None) -> Step
     for r in per_rank:
         for k, n in r["collectives_by_kind"].items():
             by_kind[k] = max(by_kind.get(k, 0), n)
-    fields = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "collectives_by_kind"}
-    return StepAccount(spec=spec, collectives_by_kind=dict(sorted(by_kind.items())), **fields)
+    fields = {
+        k: max(r[k] for r in per_rank)
+        for k in per_rank[0]
+        if k not in ("collectives_by_kind", "schedule", "cuda_sync_messages")
+    }
+    return StepAccount(
+        spec=spec,
+        collectives_by_kind=dict(sorted(by_kind.items())),
+        schedule=per_rank[0].get("schedule"),
+        **fields,
+    )

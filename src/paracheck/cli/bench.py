@@ -84,6 +84,7 @@ def run_bench(args, world, record: dict) -> None:
     if "step" in args.what:
         for size in args.sizes:
             rows = []
+            first = len(record["step"])
             _say(
                 f"\n### step time and memory: {size}, {W} ranks, batch {args.batch}/rank ({'cuda' if cuda else 'cpu'})\n"
             )
@@ -145,6 +146,8 @@ def run_bench(args, world, record: dict) -> None:
                     "tensor peak MiB/rank",
                 ]
             _say("\n" + _table(header, rows))
+            if args.exact:
+                _print_schedules(record["step"][first:])
 
     if "bucket" in args.what:
         from paracheck.bench.bucket_model import fit_bucket_model
@@ -218,6 +221,50 @@ def run_bench(args, world, record: dict) -> None:
                 )
                 _say(f"  {v}: {o.share:.0%} of {o.comm_ms_per_step:.2f} ms hidden")
             _say("\n" + _table(["variant", "comm ms/step", "hidden ms/step", "hidden share"], rows))
+
+
+def _print_schedules(entries: list) -> None:
+    """The exact communication schedule of each variant's step (Note [Communication schedule of
+    a step] in ``paracheck.accounting.schedule``): its derived quantities, then its events."""
+    from paracheck.accounting.schedule import StepSchedule
+
+    measured = [e for e in entries if e.get("account") and e["account"].get("schedule")]
+    if not measured:
+        return
+    rows = []
+    for e in measured:
+        a = e["account"]
+        rows.append(
+            [
+                e["spec"]["variant"],
+                _mib(a["bytes_before_backward_end"]),
+                a["launches_after_backward"],
+                _mib(a["bytes_after_backward"]),
+                a["waits_in_backward"],
+                a["device_syncs"],
+                f"{a['exposed_comm_pct_balanced']:.1f}%",
+                f"{a['exposed_comm_us_pcie4']:.1f}",
+                f"{a['exposed_comm_us_nvlink_h100']:.1f}",
+                f"{a['host_calls']} ({a.get('world_calls', 0)})",
+            ]
+        )
+    header = [
+        "variant",
+        "MiB launched in backward (higher is better)",
+        "launches after backward",
+        "MiB after backward",
+        "waits in backward",
+        "device syncs",
+        "exposed comm, balanced link",
+        "exposed us, pcie4",
+        "exposed us, nvlink-h100",
+        "host calls (in paracheck.world)",
+    ]
+    _say("\n### exact communication schedule (per rank and step; lower is better unless marked)\n")
+    _say(_table(header, rows))
+    for e in measured:
+        sched = StepSchedule.from_dict(e["account"]["schedule"])
+        _say(f"\n{e['spec']['variant']}:\n" + sched.table())
 
 
 def run_lm(args, record: dict) -> None:

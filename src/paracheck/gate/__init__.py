@@ -25,7 +25,11 @@ Note [The gate rule]
       payload bytes and bus bytes per step, optimizer-state bytes per rank, peak tensor bytes
       during init / forward-backward-sync / optimizer step, per variant; the host cost of a
       step, Note [Host cost per step] in ``paracheck.accounting.record``: operators dispatched,
-      launches, allocations, Python hook calls; on CUDA also the
+      launches, allocations, Python hook calls; the communication schedule, Note [Communication
+      schedule of a step] in ``paracheck.accounting.schedule``: device syncs, waits inside
+      backward, launches and bytes after backward, exposed communication under the stated links,
+      a regression row naming the collective that moved or where a sync or wait was added (its
+      host calls are reported by ``paracheck bench``, not gated); on CUDA also the
       allocator's peaks of Note [CUDA memory points]) are measured twice per side, in the first
       and the last round. They FAIL on any increase, however small. A side whose two readings
       differ is reported UNSTABLE (a warning: that quantity is then not exact and is not gated).

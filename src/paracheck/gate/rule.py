@@ -6,6 +6,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from paracheck.accounting.schedule import SCHEDULE_QUANTITIES
+
 __all__ = [
     "CUDA_QUANTITIES",
     "EXACT_QUANTITIES",
@@ -65,6 +67,8 @@ EXACT_QUANTITIES = (
     "launches",
     "allocations",
     "hooks",
+    # Note [Communication schedule of a step] in paracheck.accounting.schedule.
+    *SCHEDULE_QUANTITIES,
 )
 CUDA_QUANTITIES = ("cuda_init", "cuda_before_step", "cuda_after_step", "cuda_peak")
 

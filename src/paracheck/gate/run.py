@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 
+from paracheck.accounting.schedule import SCHEDULE_QUANTITIES
 from paracheck.gate.rule import (
     CUDA_QUANTITIES,
     EXACT_QUANTITIES,
@@ -225,6 +226,8 @@ def _timing_pass(cfg, sides, variants, exact: dict | None, rounds: int) -> dict[
                         # A commit older than a quantity does not report it: not compared.
                         if q in res:
                             exact.setdefault((v, q, side.label), []).append(res[q])
+                    if res.get("schedule"):
+                        exact.setdefault((v, "schedule", side.label), []).append(res["schedule"])
         _say(
             cfg,
             f"  round {r + 1}/{rounds}: "
@@ -440,21 +443,17 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         order = {v: i for i, v in enumerate(variants)}
         names = list(EXACT_QUANTITIES) + list(CUDA_QUANTITIES)
         for v, key in sorted(
-            {(v, k) for (v, k, _) in exact}, key=lambda vk: (order[vk[0]], names.index(vk[1]))
+            {(v, k) for (v, k, _) in exact if k in names},
+            key=lambda vk: (order[vk[0]], names.index(vk[1])),
         ):
             b, h = exact.get((v, key, "base"), []), exact.get((v, key, "head"), [])
             if not b or not h:
                 continue
-            rows.append(
-                GateRow(
-                    v,
-                    key,
-                    b[0],
-                    h[0],
-                    exact_verdict(b, h),
-                    "" if len(set(b + h)) == 1 else f"base {sorted(set(b))}, head {sorted(set(h))}",
-                )
-            )
+            verdict = exact_verdict(b, h)
+            detail = "" if len(set(b + h)) == 1 else f"base {sorted(set(b))}, head {sorted(set(h))}"
+            if verdict == "REGRESSION" and key in SCHEDULE_QUANTITIES:
+                detail = _schedule_detail(v, key, exact) or detail
+            rows.append(GateRow(v, key, b[0], h[0], verdict, detail))
         record = {
             "base": {"ref": cfg.base, "sha": shas["base"]},
             "head": {"ref": cfg.head, "sha": shas["head"]},
@@ -478,6 +477,26 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         for side in sides:
             side.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _schedule_detail(variant: str, quantity: str, exact: dict) -> str:
+    """What moved in the schedule (Note [Communication schedule of a step]), in the lines that
+    concern ``quantity``."""
+    from paracheck.accounting.schedule import StepSchedule, schedule_changes
+
+    b, h = exact.get((variant, "schedule", "base")), exact.get((variant, "schedule", "head"))
+    if not b or not h:
+        return ""
+    lines = schedule_changes(variant, StepSchedule.from_dict(b[0]), StepSchedule.from_dict(h[0]))
+    if quantity == "device_syncs":
+        wanted: tuple[str, ...] = (" sync",)
+    elif quantity == "waits_in_backward":
+        wanted = (" wait",)
+    else:  # what moves a launch, or stalls backward
+        wanted = (" launched ", " wait")
+    lines = [line for line in lines if any(w in line for w in wanted)]
+    shown = "; ".join(line.removeprefix(f"{variant}: ") for line in lines[:3])
+    return shown + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
 
 
 def calibrate_gate(
