@@ -64,7 +64,7 @@ def test_overlapped_launches_one_all_reduce_per_parameter_during_backward(world)
     assert a.launches_after_backward == 0 and a.waits_in_backward == 0
     # The flags' host-to-device copy at the end of backward is its one sync.
     assert [(e.kind, e.phase, e.where) for e in s.events if e.what == "sync"] == [
-        ("to_device", "backward", "OverlappedDDP._end_round")
+        ("to_device", "backward", "OverlappedDDP._launch_rest")
     ]
 
 
@@ -108,5 +108,5 @@ def test_gate_fails_a_bucketed_ddp_that_syncs_per_bucket(world, bucketed):
     assert _gate(base, syncing, "device_syncs") == "REGRESSION"
     assert _gate(base, syncing, "launches_after_backward") == "ok"
     assert schedule_changes("bucketed", sb, ss)[0] == (
-        f"bucketed: {len(sb.collectives)} syncs added in SyncingBucketedDDP._wait (after backward)"
+        f"bucketed: {len(sb.collectives)} syncs added in SyncingBucketedDDP._wait (backward)"
     )

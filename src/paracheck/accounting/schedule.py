@@ -31,7 +31,8 @@ Note [Communication schedule of a step]
     From the events, exactly and independently of the machine (``StepSchedule``):
     ``launches_after_backward`` and ``bytes_after_backward`` (collectives in the ``after_backward``
     and ``step`` phases, and their payload), ``bytes_before_backward_end`` (the others),
-    ``waits_in_backward``, ``device_syncs`` (all phases), and the exposed communication of Note
+    ``waits_in_backward`` (waits before backward has produced its last gradient byte),
+    ``device_syncs`` (all phases), and the exposed communication of Note
     [Exposed communication model]: ``exposed_comm_pct_balanced`` (percent of backward's time on
     the balanced link) and ``exposed_comm_us_<link>`` (microseconds on each named link). Every one
     is lower-is-better.
@@ -193,8 +194,11 @@ class StepSchedule:
         after = [e for e in colls if e.phase in _AFTER]
         out = {
             "device_syncs": sum(e.what == "sync" for e in self.events),
+            # A wait once every gradient byte exists (an end-of-backward callback, where torch
+            # DDP finalises its reducer too) holds back nothing backward still had to compute.
             "waits_in_backward": sum(
-                e.what == "wait" and e.phase == "backward" for e in self.events
+                e.what == "wait" and e.phase == "backward" and e.grad_bytes < self.grad_bytes
+                for e in self.events
             ),
             "launches_after_backward": len(after),
             "bytes_after_backward": sum(e.payload_bytes for e in after),

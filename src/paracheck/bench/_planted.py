@@ -19,7 +19,8 @@ as the regressions it catches. Not used by paracheck itself.
   ``finish_gradient_synchronization()`` launches every bucket: every all-reduce moves after
   backward (Note [Communication schedule of a step] in ``paracheck.accounting.schedule``);
 * ``SyncingBucketedDDP``: BucketedDDP that reads one value of each bucket to the host after
-  waiting for it: one device sync more per bucket, in ``finish_gradient_synchronization()``.
+  waiting for it: one device sync more per bucket, where the round is settled (the end of
+  backward).
 """
 
 from __future__ import annotations
