@@ -226,12 +226,12 @@ def cmd_gate(args) -> int:
         verbose=args.verbose,
         json_path=args.json_path,
     )
-    plan = sequential_plan(cfg.rounds + cfg.rounds % 2, error_rate)
-    if plan.first_look is None:
+    if sequential_plan(cfg.rounds + cfg.rounds % 2, error_rate).first_look is None:
         print(
-            f"paracheck gate: warning: --rounds={args.rounds} is too few to decide a step time at "
-            f"--error-rate={error_rate:g} (at least {sequential_plan(200, error_rate).first_look} "
-            f"for one variant): timings will be INCONCLUSIVE, exact quantities still decide",
+            f"paracheck gate: warning: --rounds={args.rounds} cannot decide a step time at "
+            f"--error-rate={error_rate:g} (with --rounds 40, one variant can be decided after "
+            f"{sequential_plan(40, error_rate).first_look}): timings will be INCONCLUSIVE, exact "
+            f"quantities still decide",
             file=sys.stderr,
         )
     t0 = time.monotonic()

@@ -220,7 +220,7 @@ def _rounds(cfg, trees, own, sides: list, variants, exact: dict):
     import time
 
     plan = sequential_plan(_even(cfg.rounds), cfg.error_rate / len(variants))
-    coverage = 1 - 2 * plan.error
+    coverage = 1 - 2 * plan.alpha
     fresh = _even(cfg.fresh_every)
     got: dict[str, dict[str, list[float]]] = {v: {"base": [], "head": []} for v in variants}
     decided: dict[str, RatioDecision] = {}
@@ -435,7 +435,7 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         exact: dict = {}
         _warm_up(cfg, sides, variants)
         timings, decisions, plan = _rounds(cfg, trees, own, sides, variants, exact)
-        coverage = 1 - 2 * plan.error
+        coverage = 1 - 2 * plan.alpha
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
             d = decisions[v]
