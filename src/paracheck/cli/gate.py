@@ -15,6 +15,7 @@ __all__ = ["add_parser", "cmd_gate"]
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``gate`` to the subcommands ``sub``."""
     import paracheck.gate
+    from paracheck.gate.rule import DEFAULT_ROUNDS
 
     p = sub.add_parser(
         "gate",
@@ -57,9 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=40,
+        default=DEFAULT_ROUNDS,
         help="budget: the most interleaved rounds per variant, rounded up to even; a timing "
-        "needs at least 12 to be decided (default 40)",
+        f"needs at least 14 to be decided (default {DEFAULT_ROUNDS})",
     )
     p.add_argument(
         "--seconds",
@@ -157,7 +158,14 @@ EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 def cmd_gate(args) -> int:
     """``paracheck gate``: 0 PASS, 1 FAIL (table on stdout), 2 when the gate cannot measure, 3
     INCONCLUSIVE (unless ``--inconclusive`` maps it to 0 or 1)."""
-    from paracheck.gate import ERROR_RATE, GateConfig, GateError, format_rows, run_gate
+    from paracheck.gate import (
+        DEFAULT_ROUNDS,
+        ERROR_RATE,
+        GateConfig,
+        GateError,
+        format_rows,
+        run_gate,
+    )
     from paracheck.gate.rule import sequential_plan
 
     for name in ("world_size", "rounds", "steps", "fresh_every"):
@@ -229,8 +237,9 @@ def cmd_gate(args) -> int:
     if sequential_plan(cfg.rounds + cfg.rounds % 2, error_rate).first_look is None:
         print(
             f"paracheck gate: warning: --rounds={args.rounds} cannot decide a step time at "
-            f"--error-rate={error_rate:g} (with --rounds 40, one variant can be decided after "
-            f"{sequential_plan(40, error_rate).first_look}): timings will be INCONCLUSIVE, exact "
+            f"--error-rate={error_rate:g} (with --rounds {DEFAULT_ROUNDS}, one variant can be "
+            f"decided after {sequential_plan(DEFAULT_ROUNDS, error_rate).first_look}): timings "
+            f"will be INCONCLUSIVE, exact "
             f"quantities still decide",
             file=sys.stderr,
         )

@@ -63,6 +63,7 @@ Note [The gate rule]
 """
 
 from paracheck.gate.rule import (
+    DEFAULT_ROUNDS,
     ERROR_RATE,
     EXACT_QUANTITIES,
     GateRow,
@@ -77,6 +78,7 @@ from paracheck.gate.rule import (
 from paracheck.gate.run import GateConfig, GateError, run_gate
 
 __all__ = [
+    "DEFAULT_ROUNDS",
     "ERROR_RATE",
     "EXACT_QUANTITIES",
     "GateConfig",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 __all__ = [
     "CUDA_QUANTITIES",
     "EXACT_QUANTITIES",
+    "DEFAULT_ROUNDS",
     "ERROR_RATE",
     "GateRow",
     "PassTiming",
@@ -60,6 +61,7 @@ __all__ = [
 #     step that CPU load has stretched, so a loaded machine shows it smaller than a quiet one.
 
 ERROR_RATE = 0.001
+DEFAULT_ROUNDS = 60  # the budget of rounds; see "How long" in benchmarks/README.md
 
 
 @dataclass(frozen=True)

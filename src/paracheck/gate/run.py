@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from paracheck.gate.rule import (
     CUDA_QUANTITIES,
+    DEFAULT_ROUNDS,
     ERROR_RATE,
     EXACT_QUANTITIES,
     GateRow,
@@ -144,7 +145,7 @@ class GateConfig:
     variants: tuple[str, ...] | None = None
     # The budget of Note [Sequential sign test]: the most rounds per variant, rounded up to
     # even, and the seconds the rounds may take (checked after every second round).
-    rounds: int = 40
+    rounds: int = DEFAULT_ROUNDS
     seconds: float = 600.0
     fresh_every: int = 10  # rounds per set of workers, rounded up to even
     error_rate: float = ERROR_RATE  # per gate and direction, shared by the variants
