@@ -10,7 +10,7 @@ Note [History without asv configuration]
 
     ``paracheck report`` turns the history into what asv publishes (``asv_tree``): a generated
     ``asv.conf.json`` beside it (the repository as ``repo``, the local branches that hold a
-    recorded commit as ``branches``), ``results/benchmarks.json`` naming every benchmark with its
+    recorded commit as ``branches``), a ``benchmarks.json`` in ``results`` naming every benchmark with its
     variants as one parameter, and one asv result file per machine and commit. The pages are
     then asv's, built and vendored as for paracheck's own suite. Every recorded quantity is lower
     is better, and its unit says so (asv lists every rise as a regression).
