@@ -466,3 +466,34 @@ def test_gate_history_page_shows_both_commits_in_a_browser(user_pages):
     assert fetched, "the graph's data was never fetched"
     data = json.loads((html / unquote(fetched[-1].split("?")[0]).lstrip("/")).read_text())
     assert len(data) == 2, data
+
+
+def test_bench_history_records_a_clean_commit_only(tmp_path, monkeypatch, capsys):
+    """``paracheck bench --history`` records the step table (median time and exact quantities
+    per variant) under HEAD; with uncommitted changes it records nothing and says why."""
+    import argparse
+
+    from paracheck.cli.bench import _record_history
+
+    repo = tmp_path / "repo"
+    head = _two_commits(repo)[-1]
+    monkeypatch.chdir(repo)
+    from dataclasses import asdict
+
+    from paracheck.bench.suites import model_for
+
+    spec = {"variant": USER_TARGET, "model": asdict(model_for("gate"))}
+    record = {"step": [{"spec": spec, "median": 0.025, "account": {"collectives": 3}}]}
+    args = argparse.Namespace(history="", sizes=("gate",))
+    (repo / "ddp.py").write_text("VERSION = 'edited'\n")
+    _record_history(args, record)
+    assert "uncommitted changes" in capsys.readouterr().out
+    assert not (repo / ".paracheck" / "history").exists()
+    subprocess.run(["git", "checkout", "-q", "ddp.py"], cwd=repo, check=True)
+    _record_history(args, record)
+    (machine,) = os.listdir(repo / ".paracheck" / "history" / "measurements")
+    data = json.loads(
+        (repo / ".paracheck" / "history" / "measurements" / machine / f"{head}.json").read_text()
+    )
+    assert data["benchmarks"]["bench.step.gate.time"]["values"] == {USER_TARGET: 25.0}
+    assert data["benchmarks"]["bench.exact.gate.collectives"]["values"] == {USER_TARGET: 3.0}

@@ -25,7 +25,14 @@ import statistics
 import subprocess
 import time
 
-__all__ = ["asv_tree", "default_history", "has_measurements", "record", "record_gate"]
+__all__ = [
+    "asv_tree",
+    "default_history",
+    "has_measurements",
+    "record",
+    "record_bench",
+    "record_gate",
+]
 
 _UNITS = {"step": "ms per step (lower is better)"}
 _EXACT_UNIT = "count or bytes, exact (lower is better)"
@@ -108,6 +115,32 @@ def record_gate(history: str, repo: str, gate: dict) -> str:
     for side, benchmarks in per_side.items():
         if benchmarks:
             record(history, repo, gate[side]["sha"], benchmarks)
+    return history
+
+
+def record_bench(history: str, repo: str, sha: str, bench: dict, model_names: dict) -> str:
+    """Record the step table of a ``paracheck bench --json`` record as measured at ``sha``: per
+    model and variant the median step time and every exact quantity. ``model_names`` maps a
+    model's spec (``json.dumps(..., sort_keys=True)``) to its name. Returns ``history``."""
+    from paracheck.gate.rule import EXACT_QUANTITIES
+
+    benchmarks: dict[str, dict] = {}
+    for entry in bench.get("step", []):
+        if "error" in entry:
+            continue
+        spec = entry["spec"]
+        model = model_names.get(json.dumps(spec["model"], sort_keys=True), "model")
+        name = f"bench.step.{model}.time"
+        benchmarks.setdefault(name, {"unit": _UNITS["step"], "values": {}})
+        benchmarks[name]["values"][spec["variant"]] = 1e3 * entry["median"]
+        for q in EXACT_QUANTITIES:
+            value = (entry.get("account") or {}).get(q)
+            if value is not None:
+                name = f"bench.exact.{model}.{q}"
+                benchmarks.setdefault(name, {"unit": _EXACT_UNIT, "values": {}})
+                benchmarks[name]["values"][spec["variant"]] = value
+    if benchmarks:
+        record(history, repo, sha, benchmarks)
     return history
 
 
