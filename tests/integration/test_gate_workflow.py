@@ -105,23 +105,27 @@ def _run_workflow_gate(repo: str, tmp_path, extra_args: str):
 
 @pytest.mark.slow
 def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
-    """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 and a JSON verdict naming
-    the step time of mypkg.ddp:MyDDP, measured on the two commits' trees."""
+    """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 (or 3 on a machine too
+    loaded to tell, never 0) and a JSON verdict naming the step time of mypkg.ddp:MyDDP, measured
+    on the two commits' trees; both commits recorded in the repository's git-ignored history."""
     if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        # Two worker starts (torch, two ranks each) and 12 rounds: 1-2 min on the shared
-        # 2-core machine, beyond the default run's budget.
-        pytest.skip("slow (two worker starts and 12 rounds): run with -m slow")
+        # Two or more worker starts (torch, two ranks each) and 14 or more rounds: 1-6 min on
+        # the shared 2-core machine, beyond the default run's budget.
+        pytest.skip("slow (worker starts and 14 or more rounds): run with -m slow")
     if shutil.which("paracheck", path=os.path.dirname(sys.executable)) is None:
         pytest.skip(f"no paracheck script beside {sys.executable} (paracheck is not installed)")
     repo = _user_repo(tmp_path, SLEEP_PATCH)
-    # Fewer steps than the workflow's defaults (the workflow's PARACHECK_GATE_ARGS knob): the
-    # planted slowdown is several times the step, far beyond any noise, so the fewest rounds
-    # that can decide (12) do.
-    proc = _run_workflow_gate(repo, tmp_path, "--rounds 12 --steps 3")
+    # Fewer steps and seconds than the workflow's defaults (the workflow's PARACHECK_GATE_ARGS
+    # knob): the planted slowdown is several times the step, so a quiet machine FAILs it in the
+    # fewest rounds that can decide (14). On a machine loaded far beyond its cores a round of the
+    # base can read slower than the head's (x0.54 seen at a load average of 20 on 2 cores), and
+    # the budget may end first: INCONCLUSIVE, whose interval must then reach above the threshold.
+    # PASS is the failure this test exists for.
+    proc = _run_workflow_gate(repo, tmp_path, "--rounds 40 --seconds 300 --steps 3")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
+    assert proc.returncode in (1, 3), out
     verdict = json.load(open(os.path.join(repo, "paracheck-gate.json")))
-    assert verdict["verdict"] == "FAIL" and verdict["exit_code"] == 1, verdict
+    assert verdict["exit_code"] == proc.returncode, verdict
     assert verdict["targets"] == [TARGET] and verdict["paracheck"] == "installed"
     heads = subprocess.run(
         ["git", "rev-parse", "origin/main", "HEAD"],
@@ -131,11 +135,16 @@ def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
         check=True,
     ).stdout.split()
     assert [verdict["base"]["sha"], verdict["head"]["sha"]] == heads
-    failed = [(r["variant"], r["quantity"]) for r in verdict["regressions"]]
-    assert failed == [(TARGET, "step wall time (ms)")], failed
-    assert verdict["timings"][TARGET]["min_ratio"] > 1.5
-    assert verdict["timings"][TARGET]["interval"][0] > 1.1
-    assert "\nFAIL: " in proc.stdout
+    timing = verdict["timings"][TARGET]
+    assert timing["median_ratio"] > 1.1, timing
+    said = verdict["regressions"] if proc.returncode == 1 else verdict["inconclusive"]
+    assert [(r["variant"], r["quantity"]) for r in said] == [(TARGET, "step wall time (ms)")]
+    if proc.returncode == 1:
+        assert verdict["verdict"] == "FAIL" and timing["interval"][0] > 1.1, verdict
+        assert "\nFAIL: " in proc.stdout
+    else:
+        assert verdict["verdict"] == "INCONCLUSIVE", verdict
+        assert timing["interval"][1] is None or timing["interval"][1] > 1.1, timing
     # Both commits' readings went to the repository's history, which git ignores.
     recorded = os.listdir(os.path.join(repo, ".paracheck", "history", "measurements"))
     assert len(recorded) == 1

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from paracheck.gate.rule import (
@@ -217,9 +218,7 @@ def _round(cfg, sides, variants, r: int, got: dict, cuda: dict) -> None:
 def _rounds(cfg, trees, own, sides: list, variants, exact: dict):
     """The rounds of Note [The gate rule] until every variant is decided or the budget ends;
     ``sides`` (the running workers) is replaced in place when the workers are restarted.
-    Returns each variant's readings and its last decision."""
-    import time
-
+    Returns each variant's readings, its last decision and the plan."""
     plan = sequential_plan(_even(cfg.rounds), cfg.error_rate / len(variants))
     coverage = 1 - 2 * plan.alpha
     fresh = _even(cfg.fresh_every)
