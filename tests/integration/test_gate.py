@@ -159,3 +159,27 @@ def test_budget_arguments_are_checked(extra, says, capsys):
 
     assert main(["gate", "--base", "HEAD", *extra]) == 2
     assert says in capsys.readouterr().err
+
+
+# -- the load generator for tests of the gate ---------------------------------------------------
+def test_load_generator_stops_by_itself_and_checks_its_arguments():
+    """scripts/load.py starts its busy processes and ends on its own after --seconds (here 0.5 s,
+    one per CPU), leaving no process behind; a bad --per-core or --seconds is exit 2 naming it."""
+    import time
+
+    script = os.path.join(ROOT, "scripts", "load.py")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, script, "--per-core", "1", "--seconds", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "busy processes" in proc.stdout, proc.stderr
+    assert time.monotonic() - t0 < 30
+    for args, says in (
+        (["--per-core", "0"], "--per-core=0"),
+        (["--seconds", "-1"], "--seconds=-1"),
+    ):
+        proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
