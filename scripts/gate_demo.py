@@ -12,7 +12,9 @@ Builds, in a temporary clone (the repository it is run from is only read), three
   (a float32 tensor of every trainable element, allocated at construction and kept).
 
 Then runs ``paracheck gate`` five times base vs base, once base vs slow and once base vs fatter,
-and prints a table of expected and actual exit codes. Exit 0 when every run is as expected.
+and prints a table of expected and actual exit codes: base vs base must not FAIL (exit 0, PASS,
+or 3, INCONCLUSIVE where the machine is too noisy to tell), the two others must (exit 1). Exit 0
+when every run is as expected.
 Falls back to ``flat`` when no bucketed DDP is registered.
 
     python scripts/gate_demo.py [--runs 5] [--variants ...] [-- extra gate arguments]
@@ -152,10 +154,10 @@ def main(argv=None) -> int:
     rows = []
     try:
         repo, shas = build_repo(tmp, victim)
-        runs = [(f"self {i + 1}", "base", "base", 0) for i in range(args.runs)]
+        runs = [(f"self {i + 1}", "base", "base", (0, 3)) for i in range(args.runs)]
         runs += [
-            (f"{victim[0]} 25% slower", "base", "slow", 1),
-            (f"{victim[0]} + full-size grad buffer", "base", "fatter", 1),
+            (f"{victim[0]} 25% slower", "base", "slow", (1,)),
+            (f"{victim[0]} + full-size grad buffer", "base", "fatter", (1,)),
         ]
         for label, base, head, expected in runs:
             t0 = time.monotonic()
@@ -170,6 +172,7 @@ def main(argv=None) -> int:
                 shas[base],
                 "--head",
                 shas[head],
+                "--no-history",
                 *args.gate_args,
             ]
             print(f"\n## {label}: paracheck gate --base {base} --head {head}", flush=True)
@@ -181,14 +184,15 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    ok = all(code == expected for _, expected, code, _ in rows)
+    ok = all(code in expected for _, expected, code, _ in rows)
     print("\n| gate run | expected exit | exit | as expected | seconds |")
     print("| --- | ---: | ---: | --- | ---: |")
     for label, expected, code, secs in rows:
         print(
-            f"| {label} | {expected} | {code} | {'yes' if code == expected else 'NO'} | {secs:.0f} |"
+            f"| {label} | {' or '.join(map(str, expected))} | {code} "
+            f"| {'yes' if code in expected else 'NO'} | {secs:.0f} |"
         )
-    print(f"\n{sum(c == e for _, e, c, _ in rows)} of {len(rows)} gate runs as expected")
+    print(f"\n{sum(c in e for _, e, c, _ in rows)} of {len(rows)} gate runs as expected")
     return 0 if ok else 1
 
 

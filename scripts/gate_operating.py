@@ -1,36 +1,32 @@
-"""The gate's operating point on this machine: how often ``paracheck gate`` raises a false alarm on
-identical commits and how often it catches planted 10% and 25% slowdowns.
+"""The gate's operating point on this machine: how often ``paracheck gate`` FAILs, PASSes or says
+INCONCLUSIVE on identical commits and on planted slowdowns, and how long it takes.
 
 Builds, in a temporary directory, a user repository from ``examples/gate_user_package`` (the
 DDP class ``mypkg.ddp:MyDDP``) with one commit per planted slowdown on top of the base:
 
-* ``sleep-10``, ``sleep-25``: after each gradient synchronisation, sleep for 10% / 25% of the
-  fastest step seen so far (forward to forward, the extra itself excluded; in a wrapper's first
-  step, of that step up to its synchronisation): a blocking slowdown, like a wait on a lock or
-  I/O;
-* ``spin-10``, ``spin-25``: the same duration spent computing (a busy loop): a CPU-bound
-  slowdown, like a needless copy.
+* ``sleep-10``, ``sleep-25``, ``sleep-40``: after each gradient synchronisation, sleep for 10% /
+  25% / 40% of the fastest step seen so far (forward to forward, the extra itself excluded; in a
+  wrapper's first step, of that step up to its synchronisation): a blocking slowdown, like a
+  wait on a lock or I/O; measured against the step as the machine's load stretches it;
+* ``spin-10``, ``spin-25``, ``spin-40``: the same duration spent computing (a busy loop): a
+  CPU-bound slowdown, like a needless copy.
 
 On a loaded machine a sleep wakes late (its process waits for a core), so a planted sleep costs
 more than its nominal share; the table's median ratios show the slowdown actually planted.
 
 Then runs the gate (as a user runs it: TARGET ``mypkg.ddp:MyDDP``, installed paracheck) N times
-base vs base and N times base vs each planted commit, and prints the false-alarm rate (exit 1 on
-identical commits), the detection rate per planted slowdown (exit 1), the runs that could not
-measure (exit 2) and the median ratios the gate saw. At the default threshold of 10% a planted
-10% slowdown sits on the threshold: about half of them should be caught; 25% should always be.
+base vs base and N times base vs each planted commit, and prints per comparison the FAILs (exit
+1), PASSes (exit 0), INCONCLUSIVEs (exit 3), the runs that could not measure (exit 2), the
+median of the runs' median ratios and their rounds and seconds. ``--load K`` runs
+``scripts/load.py --per-core K`` for the whole measurement (K busy processes per CPU).
 
-    python scripts/gate_operating.py [--n 10] [--kinds sleep-10,...] [--calibrate 30] [--json out.json]
+    python scripts/gate_operating.py [--n 10] [--kinds sleep-25,...] [--load 4] [--json out.json]
         [-- gate args]
 
-``--calibrate N`` first measures the gate's threshold on this machine from N A/A gate runs
-(``paracheck gate --calibrate``; Note [Thresholds from measured noise] in ``paracheck.gate.rule``)
-and runs every gate with it, instead of the fixed 10%.
-
-Takes about 2 x (N + N x kinds) gate runs of ~1 min each on a quiet 2-core machine: run it when
-the machine is not shared. On a machine of many cores, ``--jobs J`` runs J gates at once, each
-pinned to its own ``--cores-per-job`` CPUs with its own copy of the repository (``--deadline``
-bounds a run's time, counted after the calibration; ``--merge`` tabulates several runs' ``--json`` files together).
+Takes about N x (1 + kinds) gate runs of 0.5-2 min each on a 2-core machine. On a machine of
+many cores, ``--jobs J`` runs J gates at once, each pinned to its own ``--cores-per-job`` CPUs
+with its own copy of the repository (``--deadline`` bounds a run's time; ``--merge`` tabulates
+several runs' ``--json`` files together).
 """
 
 from __future__ import annotations
@@ -49,7 +45,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "examples", "gate_user_package")
 TARGET = "mypkg.ddp:MyDDP"
-KINDS = ("sleep-10", "sleep-25", "spin-10", "spin-25")
+KINDS = ("sleep-10", "sleep-25", "sleep-40", "spin-10", "spin-25", "spin-40")
+DEFAULT_KINDS = ("sleep-25", "spin-25")
 GIT = [
     "git",
     "-c",
@@ -160,72 +157,19 @@ def _gate(repo: str, base: str, head: str, gate_args, log, cpus=None) -> dict:
     )
     log.flush()
     rec = json.load(open(out)) if os.path.exists(out) else {}
-    first = rec.get("first_pass", {}).get(TARGET, {})
-    second = rec.get("second_pass", {}).get(TARGET, {})
+    t = rec.get("timings", {}).get(TARGET, {})
     return {
         "exit": proc.returncode,
+        "verdict": rec.get("verdict"),
         "seconds": time.monotonic() - t0,
-        "median_ratio_1": first.get("median_ratio"),
-        "min_ratio_1": first.get("min_ratio"),
-        "median_ratio_2": second.get("median_ratio"),
-        "min_ratio_2": second.get("min_ratio"),
+        "rounds": len(t.get("ratios", [])),
+        "ratios": t.get("ratios"),
+        "median_ratio": t.get("median_ratio"),
+        "min_ratio": t.get("min_ratio"),
+        "interval": t.get("interval"),
         "error": rec.get("error"),
         "cpus": None if cpus is None else sorted(cpus),
     }
-
-
-def _calibrate_job(j, n, cpus, tmp, gate_args, log_path, out) -> None:
-    """Job ``j``: ``n`` A/A calibration passes on its own copy of the repository and CPUs."""
-    repo, shas = build_repo(os.path.join(tmp, f"cal{j}"), [])
-    path = os.path.join(tmp, f"cal{j}.json")
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-    proc = subprocess.run(
-        [sys.executable, "-m", "paracheck.cli", "gate", "--repo", repo, "--base", shas["base"]]
-        + ["--calibrate", str(n), "--thresholds", path, *gate_args, TARGET],
-        capture_output=True,
-        text=True,
-        preexec_fn=pin,
-    )
-    with open(f"{log_path}.cal{j}", "w") as log:
-        log.write(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"calibration job {j} failed: {proc.stdout}{proc.stderr}")
-    out[j] = json.load(open(path))
-
-
-def calibrate(n, jobs, slices, tmp, gate_args, log_path) -> dict:
-    """``n`` A/A passes spread over the jobs (each on its slice, all at once, loading the
-    machine as the measured runs will); their ratios merged into one thresholds file."""
-    from paracheck.gate import noise_threshold
-
-    out: dict = {}
-    per = [len(range(j, n, jobs)) for j in range(jobs)]
-    threads = [
-        threading.Thread(
-            target=_calibrate_job, args=(j, per[j], slices[j], tmp, gate_args, log_path, out)
-        )
-        for j in range(jobs)
-        if per[j]
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if len(out) != len(threads):
-        raise RuntimeError(
-            f"{len(threads) - len(out)} calibration job(s) failed: see {log_path}.cal*"
-        )
-    record = dict(out[0])
-    first = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["first_pass"]]
-    second = [r for j in sorted(out) for r in out[j]["variants"][TARGET]["second_pass"]]
-    t, reached = noise_threshold(
-        first, second, alarm_rate=record["alarm_rate"], floor=record["floor"]
-    )
-    record["runs"] = len(first)
-    record["variants"] = {
-        TARGET: {"first_pass": first, "second_pass": second, "threshold": t, "reached": reached}
-    }
-    return record
 
 
 def _fmt(x) -> str:
@@ -234,22 +178,21 @@ def _fmt(x) -> str:
 
 def _table(runs: dict[str, list[dict]]) -> str:
     lines = [
-        "| comparison | runs | exit 1 (regression) | rate | exit 2 (could not measure) "
-        "| median of pass-1 median ratios | median of pass-1 ratios of minima |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| comparison | runs | FAIL (exit 1) | PASS (exit 0) | INCONCLUSIVE (exit 3) | exit 2 "
+        "| median of median ratios | median rounds | median seconds |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, rs in runs.items():
         if not rs:
             continue
-        hits = sum(r["exit"] == 1 for r in rs)
-        errors = sum(r["exit"] not in (0, 1) for r in rs)
-        med = [r["median_ratio_1"] for r in rs if r["median_ratio_1"] is not None]
-        mins = [r["min_ratio_1"] for r in rs if r["min_ratio_1"] is not None]
-        name = "identical (false alarms)" if label == "identical" else label + "% slower"
+        count = {code: sum(r["exit"] == code for r in rs) for code in (0, 1, 2, 3)}
+        med = [r["median_ratio"] for r in rs if r.get("median_ratio") is not None]
+        name = "identical" if label == "identical" else label + "% slower"
         lines.append(
-            f"| {name} | {len(rs)} | {hits} | {hits / len(rs):.0%} | {errors} "
+            f"| {name} | {len(rs)} | {count[1]} | {count[0]} | {count[3]} | {count[2]} "
             f"| {_fmt(statistics.median(med) if med else None)} "
-            f"| {_fmt(statistics.median(mins) if mins else None)} |"
+            f"| {statistics.median(r.get('rounds', 0) for r in rs):.0f} "
+            f"| {statistics.median(r['seconds'] for r in rs):.0f} |"
         )
     return "\n".join(lines)
 
@@ -267,10 +210,9 @@ def _job(j, reps, labels, cpus, tmp, kinds, gate_args, log_path, deadline, lock,
                 with lock:
                     runs[label].append(r)
                     print(
-                        f"  {i + 1} {label}: exit {r['exit']}, pass 1 x{_fmt(r['median_ratio_1'])}"
-                        f" / x{_fmt(r['min_ratio_1'])}, pass 2 x{_fmt(r['median_ratio_2'])} / "
-                        f"x{_fmt(r['min_ratio_2'])} (median ratio / ratio of minima; "
-                        f"{r['seconds']:.0f} s{'' if cpus is None else f', cpus {sorted(cpus)}'})",
+                        f"  {i + 1} {label}: exit {r['exit']} {r['verdict']}, {r['rounds']} rounds,"
+                        f" median ratio x{_fmt(r['median_ratio'])}, interval {r['interval']}"
+                        f" ({r['seconds']:.0f} s{'' if cpus is None else f', cpus {sorted(cpus)}'})",
                         flush=True,
                     )
 
@@ -279,7 +221,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=10, help="gate runs per comparison (default 10)")
     p.add_argument(
-        "--kinds", default=",".join(KINDS), help=f"planted slowdowns (default {','.join(KINDS)})"
+        "--kinds",
+        default=",".join(DEFAULT_KINDS),
+        help=f"planted slowdowns among {','.join(KINDS)} (default {','.join(DEFAULT_KINDS)})",
+    )
+    p.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run scripts/load.py --per-core K meanwhile (default 0: no load)",
     )
     p.add_argument(
         "--jobs",
@@ -297,29 +248,6 @@ def main(argv=None) -> int:
         type=float,
         default=None,
         help="start no gate run after this many seconds; runs started still finish (default: none)",
-    )
-    p.add_argument(
-        "--calibrate",
-        type=int,
-        default=None,
-        metavar="N",
-        help="first measure the threshold from N A/A gate runs (paracheck gate --calibrate, spread "
-        "over the jobs) and run every gate with it (--thresholds); default: the gate's fixed "
-        "--threshold",
-    )
-    p.add_argument(
-        "--thresholds",
-        default=None,
-        metavar="FILE",
-        help="run every gate with this thresholds file (a calibration's, written by --save-"
-        "thresholds or paracheck gate --calibrate) instead of calibrating (default: none)",
-    )
-    p.add_argument(
-        "--save-thresholds",
-        default=None,
-        metavar="FILE",
-        help="with --calibrate, also write the thresholds file here as soon as it is measured "
-        "(default: none)",
     )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
     p.add_argument(
@@ -376,32 +304,14 @@ def main(argv=None) -> int:
         else set(available[j * args.cores_per_job : (j + 1) * args.cores_per_job])
         for j in range(args.jobs)
     ]
-    gate_args = list(args.gate_args)
-    calibration = None
-    if args.thresholds:
-        if args.calibrate:
-            p.error("--thresholds FILE and --calibrate N: give one (a file, or a calibration)")
-        with open(args.thresholds) as f:
-            calibration = json.load(f)
-        gate_args += ["--thresholds", os.path.abspath(args.thresholds)]
+    gate_args = list(args.gate_args) + ["--no-history"]
+    load = None
+    if args.load:
+        load = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", "load.py"), "--per-core", str(args.load)]
+            + ["--seconds", str(24 * 3600)]
+        )
     try:
-        if args.calibrate:
-            t0 = time.monotonic()
-            calibration = calibrate(args.calibrate, args.jobs, slices, tmp, gate_args, args.log)
-            path = os.path.join(tmp, "thresholds.json")
-            for where in (path, args.save_thresholds):
-                if where:
-                    with open(where, "w") as f:
-                        json.dump(calibration, f)
-            gate_args += ["--thresholds", path]
-            d = calibration["variants"][TARGET]
-            a, b = d["first_pass"], d["second_pass"]
-            print(
-                f"calibrated on {len(a)} A/A runs in {time.monotonic() - t0:.0f} s: pass-1 median "
-                f"ratios x{min(a):.3f} to x{max(a):.3f}, pass-2 x{min(b):.3f} to x{max(b):.3f}, "
-                f"threshold {d['threshold']:.1%}{'' if d['reached'] else ' (rate not reached)'}",
-                flush=True,
-            )
         deadline = time.monotonic() + (args.deadline if args.deadline is not None else float("inf"))
         # Interleaved: one run of every comparison per repetition, so a machine that gets busier
         # affects the false-alarm and detection rates alike. Job j takes repetitions j, j+J, ...,
@@ -422,6 +332,9 @@ def main(argv=None) -> int:
         for t in threads:
             t.join()
     finally:
+        if load is not None:
+            load.terminate()
+            load.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(_table(runs))
@@ -432,7 +345,7 @@ def main(argv=None) -> int:
                     "n": args.n,
                     "jobs": args.jobs,
                     "gate_args": args.gate_args,
-                    "calibration": calibration,
+                    "load_per_core": args.load,
                     "runs": runs,
                 },
                 f,

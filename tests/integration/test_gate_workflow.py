@@ -105,22 +105,27 @@ def _run_workflow_gate(repo: str, tmp_path, extra_args: str):
 
 @pytest.mark.slow
 def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
-    """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 and a JSON verdict naming
-    the step time of mypkg.ddp:MyDDP, measured on the two commits' trees."""
+    """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 (or 3 on a machine too
+    loaded to tell, never 0) and a JSON verdict naming the step time of mypkg.ddp:MyDDP, measured
+    on the two commits' trees; both commits recorded in the repository's git-ignored history."""
     if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        # Four worker starts (torch, two ranks each) and two passes: 1.5-2.5 min on the shared
-        # 2-core machine, beyond the default run's budget.
-        pytest.skip("slow (four worker starts and two passes): run with -m slow")
+        # Two or more worker starts (torch, two ranks each) and 14 or more rounds: 1-6 min on
+        # the shared 2-core machine, beyond the default run's budget.
+        pytest.skip("slow (worker starts and 14 or more rounds): run with -m slow")
     if shutil.which("paracheck", path=os.path.dirname(sys.executable)) is None:
         pytest.skip(f"no paracheck script beside {sys.executable} (paracheck is not installed)")
     repo = _user_repo(tmp_path, SLEEP_PATCH)
-    # Fewer rounds than the workflow's defaults (the workflow's PARACHECK_GATE_ARGS knob): the
-    # planted slowdown is several times the step, far beyond any noise.
-    proc = _run_workflow_gate(repo, tmp_path, "--rounds 2 --confirm-rounds 2 --steps 3")
+    # Fewer steps and seconds than the workflow's defaults (the workflow's PARACHECK_GATE_ARGS
+    # knob): the planted slowdown is several times the step, so a quiet machine FAILs it in the
+    # fewest rounds that can decide (14). On a machine loaded far beyond its cores a round of the
+    # base can read slower than the head's (x0.54 seen at a load average of 20 on 2 cores), and
+    # the budget may end first: INCONCLUSIVE, whose interval must then reach above the threshold.
+    # PASS is the failure this test exists for.
+    proc = _run_workflow_gate(repo, tmp_path, "--rounds 40 --seconds 300 --steps 3")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
+    assert proc.returncode in (1, 3), out
     verdict = json.load(open(os.path.join(repo, "paracheck-gate.json")))
-    assert verdict["verdict"] == "REGRESSION" and verdict["exit_code"] == 1, verdict
+    assert verdict["exit_code"] == proc.returncode, verdict
     assert verdict["targets"] == [TARGET] and verdict["paracheck"] == "installed"
     heads = subprocess.run(
         ["git", "rev-parse", "origin/main", "HEAD"],
@@ -130,13 +135,25 @@ def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
         check=True,
     ).stdout.split()
     assert [verdict["base"]["sha"], verdict["head"]["sha"]] == heads
-    failed = [(r["variant"], r["quantity"]) for r in verdict["regressions"]]
-    assert failed == [(TARGET, "step wall time (ms)")], failed
-    assert (
-        verdict["first_pass"][TARGET]["min_ratio"] > 1.5
-        and verdict["second_pass"][TARGET]["min_ratio"] > 1.5
-    )
-    assert "REGRESSION" in proc.stdout
+    timing = verdict["timings"][TARGET]
+    assert timing["median_ratio"] > 1.1, timing
+    said = verdict["regressions"] if proc.returncode == 1 else verdict["inconclusive"]
+    assert [(r["variant"], r["quantity"]) for r in said] == [(TARGET, "step wall time (ms)")]
+    if proc.returncode == 1:
+        assert verdict["verdict"] == "FAIL" and timing["interval"][0] > 1.1, verdict
+        assert "\nFAIL: " in proc.stdout
+    else:
+        assert verdict["verdict"] == "INCONCLUSIVE", verdict
+        assert timing["interval"][1] is None or timing["interval"][1] > 1.1, timing
+    # Both commits' readings went to the repository's history, which git ignores.
+    recorded = os.listdir(os.path.join(repo, ".paracheck", "history", "measurements"))
+    assert len(recorded) == 1
+    files = os.listdir(os.path.join(repo, ".paracheck", "history", "measurements", recorded[0]))
+    assert sorted(files) == sorted(f"{sha}.json" for sha in heads)
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True
+    ).stdout
+    assert ".paracheck" not in status, status
 
 
 def test_gate_without_targets_outside_paracheck_names_what_to_pass(tmp_path):
@@ -250,11 +267,10 @@ def test_gate_measures_a_base_from_before_the_gate_package(tmp_path, request):
             "--variants",
             "flat",
             "--rounds",
-            "1",
+            "2",
             "--steps",
             "2",
-            "--threshold",
-            "100",
+            "--no-history",
             "--json",
             str(out),
         ],
@@ -262,8 +278,9 @@ def test_gate_measures_a_base_from_before_the_gate_package(tmp_path, request):
         text=True,
         timeout=600,
     )
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    # Two rounds decide no timing: INCONCLUSIVE (3) unless an exact quantity changed (1).
+    assert proc.returncode in (1, 3), proc.stdout + proc.stderr
     record = json.load(open(out))
     assert record["paracheck"] == "each commit's own", record
     assert record["base"]["sha"].startswith(OLD_LAYOUT) and record["head"]["sha"] == head
-    assert set(record["first_pass"]) == {"flat"}, record["first_pass"]
+    assert set(record["timings"]) == {"flat"}, record["timings"]

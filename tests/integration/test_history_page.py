@@ -89,8 +89,9 @@ def pages(tmp_path_factory):
     return tmp
 
 
-def _render(directory, tmp, name):
-    """Serve ``directory`` on 127.0.0.1 and return (DOM after scripts ran, requested paths)."""
+def _render(directory, tmp, name, bench=BENCH):
+    """Serve ``directory`` on 127.0.0.1 and return (DOM after scripts ran, requested paths) of
+    the graph of ``bench``."""
     requested = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -102,7 +103,7 @@ def _render(directory, tmp, name):
     )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/#{BENCH}"
+    url = f"http://127.0.0.1:{server.server_address[1]}/#{bench}"
     # Every host name but the local server's address resolves to nothing: no CDN can answer.
     flags = [
         CHROMIUM,
@@ -339,3 +340,160 @@ def test_report_serve_prints_a_url_that_serves_the_pages(tmp_path):
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
     assert code == 0, proc.stderr.read()
+
+
+# -- a user's repository: the gate's history, no asv configuration ---------------------------------
+USER_TARGET = "mypkg.ddp:MyDDP"
+
+
+def _two_commits(repo) -> list[str]:
+    """A git repository at ``repo`` with two commits; returns their shas, oldest first."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+    repo.mkdir()
+    subprocess.run(git + ["init", "-q", "-b", "main"], cwd=repo, check=True)
+    for i in range(2):
+        (repo / "ddp.py").write_text(f"VERSION = {i}\n")
+        subprocess.run(git + ["add", "-A"], cwd=repo, check=True)
+        subprocess.run(git + ["commit", "-q", "-m", f"commit {i}"], cwd=repo, check=True)
+    out = subprocess.run(
+        ["git", "rev-list", "--reverse", "HEAD"], cwd=repo, capture_output=True, text=True
+    )
+    return out.stdout.split()
+
+
+def _gate_run(cfg):
+    """What run_gate returns for one TARGET, with literal readings (head 20% slower, 8 more
+    payload bytes): the gate's recording is under test here, not its measuring."""
+    from paracheck.gate import GateRow
+
+    shas = {
+        side: subprocess.run(
+            ["git", "rev-parse", ref], cwd=cfg.repo, capture_output=True, text=True
+        ).stdout.strip()
+        for side, ref in (("base", cfg.base), ("head", cfg.head))
+    }
+    rows = [
+        GateRow(USER_TARGET, "step wall time (ms)", 10.0, 12.0, "REGRESSION", "12 rounds"),
+        GateRow(USER_TARGET, "payload_bytes", 1000, 1008, "REGRESSION"),
+    ]
+    record = {
+        "base": {"ref": cfg.base, "sha": shas["base"]},
+        "head": {"ref": cfg.head, "sha": shas["head"]},
+        "timing": "wall",
+        "timings": {USER_TARGET: {"base_s": [0.010] * 12, "head_s": [0.012] * 12}},
+        "rows": [r.__dict__ for r in rows],
+    }
+    return rows, record
+
+
+def _paracheck(args, cwd, home):
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=os.path.join(ROOT, "src"))
+    return subprocess.run(
+        [sys.executable, "-m", "paracheck.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def user_pages(tmp_path_factory):
+    """A user's repository of two commits, gated (``paracheck gate --base HEAD~1``, measuring
+    replaced by literal readings), then ``paracheck report`` run there with no asv.conf.json."""
+    pytest.importorskip(
+        "asv",
+        reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)",
+    )
+    pytest.importorskip("matplotlib")
+    import paracheck.gate
+    from paracheck.cli import main
+
+    tmp = tmp_path_factory.mktemp("user")
+    repo = tmp / "repo"
+    shas = _two_commits(repo)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paracheck.gate, "run_gate", _gate_run)
+        assert main(["gate", "--repo", str(repo), "--base", "HEAD~1", USER_TARGET]) == 1
+    proc = _paracheck(["report"], repo, tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return repo / ".paracheck" / "history" / "html", shas
+
+
+def test_gate_history_lists_both_commits(user_pages):
+    """The pages built from the gate's history know both commits, draw the step time at each,
+    and the thumbnails draw a series of one point as a point; the history is git-ignored."""
+    html, shas = user_pages
+    index = json.loads((html / "index.json").read_text())
+    assert sorted(index["revision_to_hash"].values()) == sorted(shas)
+    assert {"gate.step.wall_time", "gate.exact.payload_bytes"} <= set(index["benchmarks"])
+    summary = json.loads((html / "graphs" / "summary" / "gate.step.wall_time.json").read_text())
+    assert [v for _, v in summary] == [10.0, 12.0]
+    assert "points: {show: data.length < 2" in (html / "summarygrid.js").read_text()
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=html.parents[2], capture_output=True, text=True
+    ).stdout
+    assert status == "", status
+
+
+def test_report_without_measurements_names_the_command_to_run(tmp_path):
+    """No asv.conf.json and no history, or an asv.conf.json whose results are empty: exit 2,
+    naming what to run first, never asv's own hint."""
+    pytest.importorskip("asv")
+    proc = _paracheck(["report"], tmp_path, tmp_path)
+    assert proc.returncode == 2
+    assert "no asv.conf.json here" in proc.stderr and "paracheck gate --base HEAD~1" in proc.stderr
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"version": 1, "results_dir": "results"}))
+    proc = _paracheck(["report"], tmp_path, tmp_path)
+    assert proc.returncode == 2
+    assert "asv.conf.json has no results" in proc.stderr and "asv machine --yes" in proc.stderr
+
+
+@needs_chromium
+def test_gate_history_page_shows_both_commits_in_a_browser(user_pages):
+    """Headless Chromium without network draws the gate's step time from the user's history:
+    the graph's canvas, its data fetched, both commits in it."""
+    from urllib.parse import unquote
+
+    html, shas = user_pages
+    dom, requested = _render(html, html.parent, "user", bench="gate.step.wall_time")
+    assert "Can not determine continental origin of swallow" not in dom
+    assert 'class="flot-base"' in dom, "no graph was drawn"
+    fetched = [
+        p for p in requested if "gate.step.wall_time" in p and p.split("?")[0].endswith(".json")
+    ]
+    assert fetched, "the graph's data was never fetched"
+    data = json.loads((html / unquote(fetched[-1].split("?")[0]).lstrip("/")).read_text())
+    assert len(data) == 2, data
+
+
+def test_bench_history_records_a_clean_commit_only(tmp_path, monkeypatch, capsys):
+    """``paracheck bench --history`` records the step table (median time and exact quantities
+    per variant) under HEAD; with uncommitted changes it records nothing and says why."""
+    import argparse
+
+    from paracheck.cli.bench import _record_history
+
+    repo = tmp_path / "repo"
+    head = _two_commits(repo)[-1]
+    monkeypatch.chdir(repo)
+    from dataclasses import asdict
+
+    from paracheck.bench.suites import model_for
+
+    spec = {"variant": USER_TARGET, "model": asdict(model_for("gate"))}
+    record = {"step": [{"spec": spec, "median": 0.025, "account": {"collectives": 3}}]}
+    args = argparse.Namespace(history="", sizes=("gate",))
+    (repo / "ddp.py").write_text("VERSION = 'edited'\n")
+    _record_history(args, record)
+    assert "uncommitted changes" in capsys.readouterr().out
+    assert not (repo / ".paracheck" / "history").exists()
+    subprocess.run(["git", "checkout", "-q", "ddp.py"], cwd=repo, check=True)
+    _record_history(args, record)
+    (machine,) = os.listdir(repo / ".paracheck" / "history" / "measurements")
+    data = json.loads(
+        (repo / ".paracheck" / "history" / "measurements" / machine / f"{head}.json").read_text()
+    )
+    assert data["benchmarks"]["bench.step.gate.time"]["values"] == {USER_TARGET: 25.0}
+    assert data["benchmarks"]["bench.exact.gate.collectives"]["values"] == {USER_TARGET: 3.0}

@@ -343,6 +343,16 @@ def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
     )
     if what_default is not None:
         p.add_argument(
+            "--history",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="DIR",
+            help="record the step table under the current git commit in this history (without "
+            "DIR: .paracheck/history of the repository), which paracheck report shows; not "
+            "recorded when the working tree has uncommitted changes (default: not recorded)",
+        )
+        p.add_argument(
             "--what",
             default=",".join(what_default),
             help=f"comma-separated subset of {','.join(WHAT)} (default: all of them)",
@@ -437,7 +447,37 @@ def cmd_bench(args) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=1)
+    if args.history is not None:
+        _record_history(args, record)
     return 0
+
+
+def _record_history(args, record: dict) -> None:
+    """``--history``: the step table under HEAD of the current repository, unless the working
+    tree differs from HEAD (its measurements would then not be HEAD's)."""
+    import os
+    import subprocess
+    from dataclasses import asdict
+
+    from paracheck.bench.suites import model_for
+    from paracheck.report.store import default_history, record_bench
+
+    def git(*a):
+        return subprocess.run(["git", *a], capture_output=True, text=True)
+
+    top = git("rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        _say(f"not recorded in a history: {os.getcwd()} is not in a git repository")
+        return
+    repo = top.stdout.strip()
+    if git("status", "--porcelain", "--untracked-files=no").stdout.strip():
+        _say("not recorded in a history: the working tree has uncommitted changes (commit first)")
+        return
+    sha = git("rev-parse", "HEAD").stdout.strip()
+    names = {json.dumps(asdict(model_for(s)), sort_keys=True): s for s in args.sizes}
+    history = args.history or default_history(repo)
+    record_bench(history, repo, sha, record, names)
+    _say(f"recorded the step table of {sha[:10]} in {history}: `paracheck report --serve` shows it")
 
 
 def _usage_error(args, prog: str) -> str | None:

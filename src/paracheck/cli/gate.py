@@ -15,16 +15,18 @@ __all__ = ["add_parser", "cmd_gate"]
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``gate`` to the subcommands ``sub``."""
     import paracheck.gate
+    from paracheck.gate.rule import DEFAULT_ROUNDS
 
     p = sub.add_parser(
         "gate",
         help="speed and memory tracking: gate",
         description=paracheck.gate.__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Rule: exact quantities fail on any increase; a step time fails when, in two "
-        "passes of interleaved rounds (the second with fresh processes), the median "
-        "of the paired head/base ratios exceeds 1+threshold. Exit 1 on a regression, 0 otherwise, 2 when the gate "
-        "cannot measure.",
+        epilog="Rule: exact quantities fail on any increase; interleaved rounds of head and base go on "
+        "until a confidence interval on the median head/base step-time ratio lies wholly above "
+        "1+threshold (FAIL) or below it (PASS), or the budget (--rounds, --seconds) ends "
+        "(INCONCLUSIVE). Exit 0 PASS, 1 FAIL, 2 the gate cannot measure, 3 INCONCLUSIVE (see "
+        "--inconclusive).",
     )
     p.add_argument(
         "targets",
@@ -56,48 +58,51 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=6,
-        help="interleaved rounds of the first pass, rounded up to even (default 6)",
+        default=DEFAULT_ROUNDS,
+        help="budget: the most interleaved rounds per variant, rounded up to even; a timing "
+        f"needs at least 14 to be decided (default {DEFAULT_ROUNDS})",
     )
     p.add_argument(
-        "--confirm-rounds",
-        type=int,
-        default=None,
-        help="rounds of the second pass, which re-measures only the suspects (default 2 x rounds)",
-    )
-    p.add_argument(
-        "--threshold", type=float, default=0.10, help="relative step-time threshold (default 0.10)"
-    )
-    p.add_argument(
-        "--thresholds",
-        default=None,
-        metavar="PATH",
-        help="per-variant thresholds measured by --calibrate on this machine with these settings; "
-        "a variant the file does not name is judged at --threshold (default: none, --threshold for "
-        "every variant)",
-    )
-    p.add_argument(
-        "--calibrate",
-        type=int,
-        default=None,
-        metavar="N",
-        help="instead of gating, run the gate's two passes N times on --base against itself (fresh "
-        "workers each) and write to --thresholds PATH each variant's threshold: the smallest that "
-        "keeps false alarms within --alarm-rate by the noise measured (default: no calibration)",
-    )
-    p.add_argument(
-        "--floor",
+        "--seconds",
         type=float,
-        default=0.02,
-        help="with --calibrate: the smallest threshold written for a variant (default 0.02)",
+        default=600.0,
+        help="budget: seconds the rounds may take, checked after every second round (default 600)",
     )
     p.add_argument(
-        "--alarm-rate",
-        type=float,
-        default=1 / 30,
-        help="with --calibrate: the false alarms per gate run the thresholds allow, over all "
-        "variants (default 1/30)",
+        "--fresh-every",
+        type=int,
+        default=10,
+        help="restart the workers and ranks every this many rounds (default 10)",
     )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.10,
+        help="relative step-time threshold: FAIL when the median ratio is shown above 1+threshold, "
+        "PASS when shown below (default 0.10)",
+    )
+    p.add_argument(
+        "--error-rate",
+        type=float,
+        default=None,
+        help="the chance of a wrong FAIL, and of a wrong PASS, per gate run at a median ratio on "
+        "the threshold, shared by the variants (default 0.001)",
+    )
+    p.add_argument(
+        "--inconclusive",
+        choices=("exit3", "fail", "pass"),
+        default="exit3",
+        help="what an INCONCLUSIVE verdict does: exit 3 (default), exit 1 as a FAIL, or exit 0 as "
+        "a PASS",
+    )
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="DIR",
+        help="record both commits' readings into this history, which paracheck report shows "
+        "(default: .paracheck/history in the repository, git-ignored)",
+    )
+    p.add_argument("--no-history", action="store_true", help="record nothing (default: record)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per job (default 8)")
     p.add_argument(
         "--timing",
@@ -140,52 +145,31 @@ def _write_json(path: str | None, record: dict) -> None:
             json.dump(record, f, indent=1)
 
 
-def _thresholds(cfg) -> str:
-    if not cfg.thresholds:
-        return f"{cfg.threshold:.0%}"
-    return "measured per variant, " + ", ".join(f"{v} {t:.1%}" for v, t in cfg.thresholds.items())
+def _verdict(rows) -> str:
+    """FAIL when anything regressed, else INCONCLUSIVE when a timing is undecided, else PASS."""
+    if any(r.failed for r in rows):
+        return "FAIL"
+    return "INCONCLUSIVE" if any(r.verdict == "INCONCLUSIVE" for r in rows) else "PASS"
 
 
-def _calibrate(cfg, n: int, floor: float, alarm_rate: float, path: str, t0: float) -> int:
-    """``--calibrate N``: measure, write ``path``, print each variant's threshold."""
-    from paracheck.gate import GateError, calibrate_gate
-
-    try:
-        record = calibrate_gate(cfg, n, floor, alarm_rate)
-    except GateError as exc:
-        print(f"paracheck gate: cannot calibrate: {exc}", file=sys.stderr)
-        return 2
-    _write_json(path, record)
-    print(
-        "| variant | A/A runs | pass 1 ratios, lowest / highest | pass 2 ratios, lowest / highest | threshold |"
-    )
-    print("| --- | ---: | --- | --- | ---: |")
-    for v, d in record["variants"].items():
-        a, b = d["first_pass"], d["second_pass"]
-        mark = "" if d["reached"] else " (largest deviation seen: more runs needed for the rate)"
-        print(
-            f"| {v} | {len(a)} | x{min(a):.3f} / x{max(a):.3f} | x{min(b):.3f} / x{max(b):.3f} "
-            f"| {d['threshold']:.1%}{mark} |"
-        )
-    print(
-        f"\nThresholds for at most {alarm_rate:.3g} false alarms per gate run over "
-        f"{len(record['variants'])} variant(s) (Note [Thresholds from measured noise]); a slowdown "
-        f"about the size of a variant's threshold is caught about half the time."
-    )
-    print(
-        f"wrote {path} ({time.monotonic() - t0:.0f} s): pass it to paracheck gate --thresholds "
-        f"with the same settings on this machine"
-    )
-    return 0
+EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
 def cmd_gate(args) -> int:
-    """``paracheck gate``: 0 when nothing regressed, 1 on a regression (table on stdout), 2 when
-    the gate cannot measure."""
-    from paracheck.gate import GateConfig, GateError, format_rows, read_thresholds, run_gate
+    """``paracheck gate``: 0 PASS, 1 FAIL (table on stdout), 2 when the gate cannot measure, 3
+    INCONCLUSIVE (unless ``--inconclusive`` maps it to 0 or 1)."""
+    from paracheck.gate import (
+        DEFAULT_ROUNDS,
+        ERROR_RATE,
+        GateConfig,
+        GateError,
+        format_rows,
+        run_gate,
+    )
+    from paracheck.gate.rule import sequential_plan
 
-    for name in ("world_size", "rounds", "steps", "confirm_rounds", "calibrate"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
+    for name in ("world_size", "rounds", "steps", "fresh_every"):
+        if getattr(args, name) < 1:
             print(
                 f"paracheck gate: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1",
                 file=sys.stderr,
@@ -193,6 +177,13 @@ def cmd_gate(args) -> int:
             return 2
     if not args.threshold > 0:
         print(f"paracheck gate: --threshold={args.threshold} must be > 0", file=sys.stderr)
+        return 2
+    if not args.seconds > 0:
+        print(f"paracheck gate: --seconds={args.seconds} must be > 0", file=sys.stderr)
+        return 2
+    error_rate = ERROR_RATE if args.error_rate is None else args.error_rate
+    if not 0 < error_rate < 0.5:
+        print(f"paracheck gate: --error-rate={error_rate} must be in (0, 0.5)", file=sys.stderr)
         return 2
     if args.bucket_mb is not None and not args.bucket_mb > 0:
         print(f"paracheck gate: --bucket-mb={args.bucket_mb} must be > 0", file=sys.stderr)
@@ -219,19 +210,6 @@ def cmd_gate(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.calibrate is not None and not args.thresholds:
-        print(
-            f"paracheck gate: --calibrate={args.calibrate} writes its thresholds to "
-            f"--thresholds PATH: name the file",
-            file=sys.stderr,
-        )
-        return 2
-    if not 0 < args.alarm_rate < 1:
-        print(f"paracheck gate: --alarm-rate={args.alarm_rate} must be in (0, 1)", file=sys.stderr)
-        return 2
-    if not args.floor > 0:
-        print(f"paracheck gate: --floor={args.floor} must be > 0", file=sys.stderr)
-        return 2
     cuda = args.device == "cuda"
     cfg = GateConfig(
         repo=os.path.abspath(args.repo),
@@ -244,7 +222,9 @@ def cmd_gate(args) -> int:
         if args.variants
         else None,
         rounds=args.rounds,
-        confirm_rounds=args.confirm_rounds,
+        seconds=args.seconds,
+        fresh_every=args.fresh_every,
+        error_rate=error_rate,
         threshold=args.threshold,
         steps=args.steps,
         bucket_mb=args.bucket_mb if args.bucket_mb is not None else (25.0 if cuda else 1.0),
@@ -254,12 +234,17 @@ def cmd_gate(args) -> int:
         verbose=args.verbose,
         json_path=args.json_path,
     )
+    if sequential_plan(cfg.rounds + cfg.rounds % 2, error_rate).first_look is None:
+        print(
+            f"paracheck gate: warning: --rounds={args.rounds} cannot decide a step time at "
+            f"--error-rate={error_rate:g} (with --rounds {DEFAULT_ROUNDS}, one variant can be "
+            f"decided after {sequential_plan(DEFAULT_ROUNDS, error_rate).first_look}): timings "
+            f"will be INCONCLUSIVE, exact "
+            f"quantities still decide",
+            file=sys.stderr,
+        )
     t0 = time.monotonic()
-    if args.calibrate is not None:
-        return _calibrate(cfg, args.calibrate, args.floor, args.alarm_rate, args.thresholds, t0)
     try:
-        if args.thresholds:
-            cfg.thresholds = read_thresholds(args.thresholds, cfg)
         rows, record = run_gate(cfg)
     except GateError as exc:
         print(f"paracheck gate: cannot decide: {exc}", file=sys.stderr)
@@ -277,22 +262,42 @@ def cmd_gate(args) -> int:
         )
         return 2
     failed = [r for r in rows if r.failed]
+    undecided = [r for r in rows if r.verdict == "INCONCLUSIVE"]
     print(format_rows(rows, verbose=cfg.verbose))
     unstable = [r for r in rows if r.verdict == "UNSTABLE"]
     if unstable:
         print(
             f"\nwarning: {len(unstable)} quantities are not reproducible on one side and were not gated"
         )
+    verdict = _verdict(rows)
+    code = EXIT[verdict]
+    if verdict == "INCONCLUSIVE" and args.inconclusive != "exit3":
+        code = EXIT[args.inconclusive.upper()]
+    seconds = time.monotonic() - t0
     print(
-        f"\n{'REGRESSION' if failed else 'PASS'}: {len(failed)} of {len(rows)} quantities regressed "
-        f"(threshold {_thresholds(cfg)} on step {cfg.timing} times, any increase on exact quantities; "
-        f"{time.monotonic() - t0:.0f} s)"
+        f"\n{verdict}: {len(failed)} of {len(rows)} quantities regressed, {len(undecided)} step "
+        f"time(s) undecided (threshold {cfg.threshold:.0%} on step {cfg.timing} times, at most "
+        f"{error_rate:g} wrong verdicts per direction; any increase on exact quantities; "
+        f"{seconds:.0f} s)"
     )
+    if verdict == "INCONCLUSIVE":
+        print(
+            "The noise did not let the rounds show the median ratio on either side of the "
+            "threshold within the budget (the detail column gives each interval and spread): "
+            "rerun on a quieter machine, or give more --rounds / --seconds"
+            + ("" if code == 3 else f"; --inconclusive={args.inconclusive}: exit {code}")
+        )
     record.update(
-        verdict="REGRESSION" if failed else "PASS",
-        exit_code=1 if failed else 0,
+        verdict=verdict,
+        exit_code=code,
         regressions=[r.__dict__ for r in failed],
-        seconds=time.monotonic() - t0,
+        inconclusive=[r.__dict__ for r in undecided],
+        seconds=seconds,
     )
     _write_json(cfg.json_path, record)
-    return 1 if failed else 0
+    if not args.no_history:
+        from paracheck.report.store import default_history, record_gate
+
+        where = record_gate(args.history or default_history(cfg.repo), cfg.repo, record)
+        print(f"recorded both commits in {where}: `paracheck report --serve` shows them")
+    return code

@@ -26,7 +26,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=paracheck.report.__doc__.split("\n\n")[0],
     )
     p.add_argument(
-        "--config", default="asv.conf.json", help="asv configuration (default ./asv.conf.json)"
+        "--config",
+        default=None,
+        help="asv configuration (default ./asv.conf.json where it exists, else the history that "
+        "paracheck gate records in .paracheck/history)",
+    )
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="DIR",
+        help="show this history recorded by paracheck gate instead of an asv configuration's "
+        "results (default: .paracheck/history of the repository, when there is no asv.conf.json "
+        "or its results are empty)",
     )
     p.add_argument(
         "--html-dir",
@@ -57,6 +68,73 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_report)
 
 
+_RUN_FIRST = (
+    "run `paracheck gate --base HEAD~1 [TARGET ...]` first (it records both commits' readings "
+    "in .paracheck/history, which this then shows), or, for paracheck's own asv suite, "
+    "`asv machine --yes` then `asv run --bench '^cpu\\.' HEAD^!` (minutes; "
+    "benchmarks/README.md)"
+)
+
+
+def _toplevel() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else os.getcwd()
+
+
+def _asv_results(config: str) -> bool:
+    """Whether the configuration's results directory holds any measurement."""
+    conf = _load_conf(config)
+    results = os.path.join(
+        os.path.dirname(os.path.abspath(config)), conf.get("results_dir", "results")
+    )
+    return any(
+        f.endswith(".json") and f not in ("machine.json", "benchmarks.json")
+        for _, _, files in os.walk(results)
+        for f in files
+    )
+
+
+def _config(args) -> str | int:
+    """The asv configuration to publish: ``--config``; else ./asv.conf.json when it has results;
+    else one generated from the gate's history (Note [History without asv configuration] in
+    ``paracheck.report.store``). An exit code, the next step said, when there is nothing."""
+    from paracheck.report.store import asv_tree, has_measurements
+
+    if args.config is not None and args.history is not None:
+        print(
+            f"paracheck report: --config={args.config!r} and --history={args.history!r}: give one",
+            file=sys.stderr,
+        )
+        return 2
+    if args.config is not None:
+        if not os.path.exists(args.config):
+            print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
+            return 2
+        return args.config
+    top = _toplevel()
+    history = args.history or os.path.join(top, ".paracheck", "history")
+    own = "asv.conf.json" if os.path.exists("asv.conf.json") else None
+    if args.history is None and own and (args.no_publish or _asv_results(own)):
+        return own
+    if has_measurements(history):
+        if own:
+            print(f"asv.conf.json has no results yet: showing the gate's history in {history}")
+        config, lost = asv_tree(history, top)
+        for sha in lost:
+            print(
+                f"paracheck report: warning: commit {sha[:10]} is recorded but on no local branch: "
+                f"asv cannot place it, it is left out",
+                file=sys.stderr,
+            )
+        return config
+    where = f"{own} has no results and " if own else "no asv.conf.json here and "
+    print(
+        f"paracheck report: {where}no history in {history}: {_RUN_FIRST}",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def cmd_report(args) -> int:
     """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
     vendoring fails, 2 on a usage error."""
@@ -65,13 +143,14 @@ def cmd_report(args) -> int:
     if not 0 <= args.port <= 65535:
         print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
         return 2
-    if not os.path.exists(args.config):
-        print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
-        return 2
     for path in args.from_json:
         if not os.path.exists(path):
             print(f"paracheck report: --from-json={path!r} does not exist", file=sys.stderr)
             return 2
+    config = _config(args)
+    if isinstance(config, int):
+        return config
+    args.config = config
     conf = _load_conf(args.config)
     base = os.path.dirname(os.path.abspath(args.config))
     html_dir = os.path.join(base, args.html_dir or conf.get("html_dir", "html"))

@@ -31,7 +31,7 @@ Note [The gate rule]
       a regression row naming the collective that moved or where a sync or wait was added (its
       host calls are reported by ``paracheck bench``, not gated); on CUDA also the
       allocator's peaks of Note [CUDA memory points]) are measured twice per side, in the first
-      and the last round. They FAIL on any increase, however small. A side whose two readings
+      round and after the last. They FAIL on any increase, however small. A side whose two readings
       differ is reported UNSTABLE (a warning: that quantity is then not exact and is not gated).
     * Timings, per variant. A job times ``steps`` steps (per step the slowest rank) and keeps
       its fastest step: load from other processes only ever adds time, so the fastest step is
@@ -39,58 +39,61 @@ Note [The gate rule]
       wall``): a slowdown that blocks (a sleep, a wait on a lock or a collective, I/O) shows in
       wall time only, a CPU-bound one in both. ``--timing cpu`` times the rank processes' CPU
       time instead (blind to blocking slowdowns; steadier where the machine is shared).
-    * A pass starts with one untimed job per side and variant (a fresh worker's first job pays
-      for imports and first connections), then R interleaved rounds give per side R job readings and per round one ratio
-      head/base of the two jobs run back to back. The *median of the paired ratios* decides
-      (a load that drifts during the run affects both jobs of a round alike; one disturbed
-      round cannot move a median): a pass says "slower" when it exceeds ``1 + threshold``
-      (default 0.10, or each variant's own threshold measured by ``--calibrate``: Note
-      [Thresholds from measured noise] in ``paracheck.gate.rule``), "faster" when it is below
-      ``1 - threshold``. The ratio of the two sides'
-      fastest jobs is reported, not judged. It once had to exceed ``1 + threshold`` too, and
-      then only to exceed 1; on 2-core slices of a shared 16-core machine, 12 of 82 planted
-      25% slowdowns were missed that way, with median ratios of x1.15-x1.32 and ratios of
-      minima of x0.84-x1.08. One side's fastest job is an extreme value: it
-      says more about one quiet moment than about the code. The median's own noise is
-      handled by the second pass.
-    * Confidence: a pass that says "slower" or "faster" only makes the variant a *suspect*.
-      Suspects are measured again in a second pass of ``confirm_rounds`` rounds (default twice
-      ``rounds``) by freshly started workers and ranks (a process's own luck, where the loader
-      and allocator put things and which cores its ranks share, can bias one side for its whole
-      life; it must not be able to confirm itself). A timing FAILS only when both passes say
-      "slower"; "faster" twice is reported, never a failure. R is rounded up to an even number
-      so that each side runs first in exactly half of the rounds.
-    * Exit 1 when something FAILS (a table says what), 0 otherwise, 2 when the gate cannot
-      measure (an unknown ref, a target that does not import at head, a rank that raised).
-      ``--json PATH`` writes the verdict and every reading, also when the gate cannot measure.
-    * How often this rule raises a false alarm on identical commits and how often it catches a
-      planted 10% / 25% slowdown on a given machine: ``python scripts/gate_operating.py``.
+    * One untimed job per side and variant first (a fresh worker's first job pays for imports
+      and first connections), then interleaved rounds: round r runs base then head when r is
+      even, head then base when odd, and gives one ratio head/base of two jobs run back to back
+      (a load that drifts affects both alike). After every second round each undecided variant
+      is judged by Note [Sequential sign test] in ``paracheck.gate.rule``: REGRESSION once a
+      confidence interval on the median of its ratios lies wholly above ``1 + threshold``
+      (default 0.10), ok once wholly below it ("faster" when below ``1 - threshold``, reported,
+      never a failure). A decided variant is measured no more. The workers and their ranks are
+      restarted every ``fresh_every`` rounds (a process's own luck, where the loader and
+      allocator put things and which cores its ranks share, can bias one side for its whole
+      life). Rounds stop when every variant is decided or the budget ends (``--rounds``, the
+      most rounds, and ``--seconds``); a variant still undecided is INCONCLUSIVE, its interval
+      and the spread of its ratios printed. The ratio of the two sides' fastest jobs is
+      reported, not judged: one side's fastest job is an extreme value, it says more about one
+      quiet moment than about the code (on 2-core slices of a shared machine, judging it too
+      missed 12 of 82 planted 25% slowdowns).
+    * Verdict: FAIL (exit 1) when an exact quantity or a timing regressed (exact quantities
+      decide on their own, whatever the timings' noise), else INCONCLUSIVE (exit 3, or as
+      ``--inconclusive fail|pass`` says) when a timing is undecided, else PASS (exit 0); exit 2
+      when the gate cannot measure (an unknown ref, a target that does not import at head, a
+      rank that raised). ``--json PATH`` writes the verdict and every reading, also when the
+      gate cannot measure; ``--history DIR`` records the readings for ``paracheck report``.
+    * How often this rule FAILs identical commits and how often it catches a planted slowdown
+      on a given machine: ``python scripts/gate_operating.py`` (``scripts/load.py`` loads the
+      machine meanwhile).
 """
 
 from paracheck.gate.rule import (
+    DEFAULT_ROUNDS,
+    ERROR_RATE,
     EXACT_QUANTITIES,
     GateRow,
     PassTiming,
+    RatioDecision,
+    SequentialPlan,
+    decide_ratio,
     exact_verdict,
-    false_alarm_bound,
     format_rows,
-    noise_threshold,
-    timing_verdict,
+    sequential_plan,
 )
-from paracheck.gate.run import GateConfig, GateError, calibrate_gate, read_thresholds, run_gate
+from paracheck.gate.run import GateConfig, GateError, run_gate
 
 __all__ = [
+    "DEFAULT_ROUNDS",
+    "ERROR_RATE",
     "EXACT_QUANTITIES",
     "GateConfig",
     "GateError",
     "GateRow",
     "PassTiming",
+    "RatioDecision",
+    "SequentialPlan",
+    "decide_ratio",
     "exact_verdict",
-    "calibrate_gate",
-    "false_alarm_bound",
     "format_rows",
-    "noise_threshold",
-    "read_thresholds",
     "run_gate",
-    "timing_verdict",
+    "sequential_plan",
 ]

@@ -3,6 +3,8 @@ it reports."""
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -11,48 +13,180 @@ from paracheck.accounting.schedule import SCHEDULE_QUANTITIES
 __all__ = [
     "CUDA_QUANTITIES",
     "EXACT_QUANTITIES",
+    "DEFAULT_ROUNDS",
+    "ERROR_RATE",
     "GateRow",
     "PassTiming",
+    "RatioDecision",
+    "SequentialPlan",
+    "decide_ratio",
     "exact_verdict",
     "format_rows",
-    "false_alarm_bound",
-    "noise_threshold",
-    "timing_verdict",
+    "sequential_plan",
 ]
 
-# Note [Thresholds from measured noise]
-#     One fixed threshold is too loose for a variant whose step is steady (a 10% slowdown of it
-#     goes through about half the time) and can be too tight for one that is noisy. ``paracheck
-#     gate --calibrate N`` measures the noise instead, on the machine the gate will run on and
-#     with the settings it will use: N times, the gate's two passes on one commit against itself
-#     (A/A), each pass with fresh workers as in a real run (R rounds, then the confirming
-#     pass's rounds). Per variant that gives N first-pass median ratios a_i and N second-pass
-#     ones b_i, pure noise since the code is the same.
+# Note [Sequential sign test]
+#     A round gives one ratio head/base of two jobs run back to back (ABBA order); a variant's
+#     rounds go on until the median of its per-round ratios is shown, with known error rates, to
+#     lie above 1 + threshold (FAIL), below it (PASS), or the budget ends (INCONCLUSIVE).
 #
-#     The gate fails a timing only when both passes read above 1 + t. For a threshold t let
-#     k1(t) = #{i: a_i > 1 + t} and k2(t) = #{i: b_i > 1 + t}. A later A/A first pass and the N
-#     calibration first passes are exchangeable draws of one distribution, so the later one
-#     exceeds 1 + t with probability at most (k1 + 1)/(N + 1) (it would have to be among the
-#     k1 + 1 largest of N + 1); the same for the second pass with k2. The two passes of a run
-#     use different processes at different times; taking them as independent, a variant raises
-#     a false alarm with probability at most
+#     The statistic is the count S_n of the first n rounds whose ratio exceeds 1 + t. If the
+#     median ratio m is at most 1 + t, each round exceeds it with probability p <= 1/2, whatever
+#     the distribution of the ratios (heavy tails, a few rounds hit by load, a skew): only the
+#     rounds' independence is assumed, and ABBA order with fresh workers every few rounds is
+#     what makes it plausible. The gate looks after every second round (n = 2, 4, ..., N) and
+#     FAILs the first time S_n >= c_n. The probability of ever crossing is largest at p = 1/2
+#     (crossing an upper boundary is monotone in p) and is computed *exactly* for p = 1/2 by a
+#     dynamic program over the binomial walk with its boundaries (``sequential_plan``): no
+#     approximation, no penalty for looking often beyond the exact one. Symmetrically, PASS
+#     when the count below 1 + t reaches c_n, false with probability <= alpha when m >= 1 + t.
+#     The boundaries c_n are those of one nominal per-look level, the largest whose exact
+#     overall crossing probability is <= alpha.
 #
-#         p(t) = (k1(t) + 1)(k2(t) + 1) / (N + 1)^2,
+#     The same boundaries are a confidence interval on the median ratio, valid at every look at
+#     once: [c_n-th largest ratio, c_n-th smallest ratio] (order statistics) misses the median
+#     with probability <= 2 alpha. FAIL is "the interval lies wholly above 1 + t", PASS "wholly
+#     below"; an INCONCLUSIVE gate prints it with the spread of the ratios.
 #
-#     and V variants with at most V p(t). The variant's threshold is the smallest t >= floor
-#     with V p(t) <= the wanted false-alarm rate (``--alarm-rate``, default 1 in 30 gate runs).
-#     Where no t reaches it (N too small: the least p is 1/(N + 1)^2), the threshold is the
-#     largest deviation seen and the calibration says so. No model of the noise is assumed:
-#     shared machines have heavy tails (an A/A pass 17% off on 2-core slices of a loaded host)
-#     that a standard deviation understates. Only slowdowns count ("faster" never fails).
-#     ``floor`` (default 2%) keeps a variant measured as very steady from failing on changes too
-#     small to matter.
+#     The rates: the targets are no false FAIL (identical commits) and no false PASS (a 40%
+#     slowdown) in 30 gate runs, and at most 1 false FAIL in 30 on a quiet machine. alpha =
+#     0.001 per direction and gate makes 30 error-free runs 97% likely even for a true median
+#     exactly at the threshold, where the bound is attained; identical commits (m = 1) and a 40%
+#     slowdown (m = 1.4) sit far from a 10% threshold, where the rates are far smaller
+#     (tests/unit/test_gate_sequential.py simulates them from measured ratio spreads). With V
+#     variants each gets alpha / V (a union bound over the gate's verdict).
 #
-#     What it costs: a slowdown is caught about half the time when it equals the variant's
-#     threshold; the calibration prints each threshold, so what the gate can see on this
-#     machine is known. The thresholds hold for the machine and the settings they were measured
-#     with: a file whose device, world size, timing, rounds, steps, model or bucket size differ
-#     from the gate's is refused.
+#     What it cannot see: a process-long bias of one side (where the loader put things, which
+#     cores its ranks share) makes rounds dependent; workers are restarted every
+#     ``fresh_every`` rounds so that no one process decides alone. And the median is of the
+#     ratios on the machine as loaded: a blocking slowdown (a sleep) is a smaller share of a
+#     step that CPU load has stretched, so a loaded machine shows it smaller than a quiet one.
+
+ERROR_RATE = 0.001
+DEFAULT_ROUNDS = 60  # the budget of rounds; see "How long" in benchmarks/README.md
+
+
+@dataclass(frozen=True)
+class SequentialPlan:
+    """The boundaries of Note [Sequential sign test]: at look ``n`` (even, <= ``max_rounds``)
+    FAIL once ``need[n]`` ratios exceed 1 + t, PASS once ``need[n]`` are below it (``n + 1``:
+    no decision possible yet). ``error`` is the exact probability, at a median on the
+    threshold, of a wrong verdict in one direction."""
+
+    max_rounds: int
+    alpha: float
+    need: tuple[int, ...]  # indexed by n; odd n and n = 0 are never looks
+    error: float
+
+    @property
+    def first_look(self) -> int | None:
+        """The fewest rounds that can decide, None if the budget is too small for any."""
+        return next((n for n in range(2, self.max_rounds + 1, 2) if self.need[n] <= n), None)
+
+
+def _tail(n: int, c: int) -> float:
+    """P(Binomial(n, 1/2) >= c)."""
+    return sum(math.comb(n, k) for k in range(max(c, 0), n + 1)) / 2**n
+
+
+def _boundaries(max_rounds: int, level: float) -> tuple[int, ...]:
+    need = [1] * (max_rounds + 1)
+    for n in range(max_rounds + 1):
+        need[n] = next((c for c in range(n + 1) if _tail(n, c) <= level), n + 1)
+    return tuple(need)
+
+
+def _crossing(need: tuple[int, ...]) -> float:
+    """The exact probability that the count of a fair coin's heads reaches ``need[n]`` at some
+    even n (the looks), by dynamic programming over the walk not yet stopped."""
+    alive = [1.0]  # alive[s]: P(s heads after n tosses and no crossing yet)
+    crossed = 0.0
+    for n in range(1, len(need)):
+        nxt = [0.0] * (n + 1)
+        for s, p in enumerate(alive):
+            nxt[s] += p / 2
+            nxt[s + 1] += p / 2
+        if n % 2 == 0:
+            crossed += sum(nxt[need[n] :])
+            nxt = [p if s < need[n] else 0.0 for s, p in enumerate(nxt)]
+        alive = nxt
+    return crossed
+
+
+@functools.lru_cache(maxsize=64)
+def sequential_plan(max_rounds: int, alpha: float = ERROR_RATE) -> SequentialPlan:
+    """The boundaries of Note [Sequential sign test] for a budget of ``max_rounds`` rounds and
+    an error rate ``alpha`` per direction: one nominal per-look level, the largest whose exact
+    crossing probability is <= ``alpha`` (bisection; the boundaries are integers, so many levels
+    give the same ones)."""
+    if max_rounds < 2:
+        raise ValueError(f"max_rounds={max_rounds!r} must be >= 2")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha={alpha!r} must be in (0, 0.5)")
+    lo, hi = 0.0, alpha  # the level of one look is never above the whole
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _crossing(_boundaries(max_rounds, mid)) <= alpha:
+            lo = mid
+        else:
+            hi = mid
+    need = _boundaries(max_rounds, lo)
+    return SequentialPlan(max_rounds, alpha, need, _crossing(need))
+
+
+@dataclass(frozen=True)
+class RatioDecision:
+    """What the rounds so far say about one variant (Note [Sequential sign test]).
+    ``verdict``: "REGRESSION" (the interval lies above 1 + threshold), "ok" (below it),
+    "faster" (below 1 - threshold) or "INCONCLUSIVE" (neither, yet); ``low``/``high``: the
+    interval on the median ratio, None where too few rounds bound it."""
+
+    verdict: str
+    rounds: int
+    median: float
+    low: float | None
+    high: float | None
+    spread: tuple[float, float]
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict != "INCONCLUSIVE"
+
+    def describe(self, coverage: float) -> str:
+        lo = "-" if self.low is None else f"x{self.low:.3f}"
+        hi = "-" if self.high is None else f"x{self.high:.3f}"
+        return (
+            f"{self.rounds} rounds, median ratio x{self.median:.3f}, {coverage:.1%} interval "
+            f"[{lo}, {hi}], spread x{self.spread[0]:.3f}-x{self.spread[1]:.3f}"
+        )
+
+
+def decide_ratio(ratios, threshold: float, plan: SequentialPlan) -> RatioDecision:
+    """The verdict of Note [Sequential sign test] on the per-round head/base ``ratios`` so far
+    (an even number of them, at most ``plan.max_rounds``)."""
+    ratios = [float(r) for r in ratios]
+    n = len(ratios)
+    if not threshold > 0:
+        raise ValueError(f"threshold={threshold!r} must be > 0")
+    if n < 1 or n > plan.max_rounds or min(ratios) <= 0:
+        raise ValueError(
+            f"{n} ratios {ratios} must be > 0, at least 1 and at most {plan.max_rounds}"
+        )
+    ordered = sorted(ratios)
+    c = plan.need[n] if n % 2 == 0 else n + 1
+    low = ordered[n - c] if c <= n else None  # the c-th largest
+    high = ordered[c - 1] if c <= n else None  # the c-th smallest
+    verdict = "INCONCLUSIVE"
+    if low is not None and low > 1 + threshold:
+        verdict = "REGRESSION"
+    elif high is not None and high < 1 - threshold:
+        verdict = "faster"
+    elif high is not None and high < 1 + threshold:
+        verdict = "ok"
+    return RatioDecision(
+        verdict, n, statistics.median(ratios), low, high, (ordered[0], ordered[-1])
+    )
+
 
 EXACT_QUANTITIES = (
     "collectives",
@@ -105,15 +239,6 @@ class PassTiming:
         rule])."""
         return min(self.head) / min(self.base)
 
-    def says(self, threshold: float) -> str:
-        """ "slower", "faster" or "same": see Note [The gate rule]."""
-        m = self.median_ratio
-        if m > 1 + threshold:
-            return "slower"
-        if m < 1 - threshold:
-            return "faster"
-        return "same"
-
     def to_dict(self) -> dict:
         return {
             "base_s": list(self.base),
@@ -122,60 +247,6 @@ class PassTiming:
             "median_ratio": self.median_ratio,
             "min_ratio": self.min_ratio,
         }
-
-
-def false_alarm_bound(first, second, t: float) -> float:
-    """p(t) of Note [Thresholds from measured noise]: the bound on one variant's false-alarm
-    probability at threshold ``t``, from its A/A first- and second-pass median ratios."""
-    n = len(first)
-    k1 = sum(r > 1 + t for r in first)
-    k2 = sum(r > 1 + t for r in second)
-    return (k1 + 1) * (k2 + 1) / (n + 1) ** 2
-
-
-def noise_threshold(
-    first, second, *, variants: int = 1, alarm_rate: float = 1 / 30, floor: float = 0.02
-) -> tuple[float, bool]:
-    """A variant's threshold from its A/A passes (Note [Thresholds from measured noise]): the
-    smallest t >= ``floor`` with ``variants`` * p(t) <= ``alarm_rate``. Returns (t, reached):
-    ``reached`` False where N passes cannot show that rate and t is the largest deviation."""
-    first, second = [float(r) for r in first], [float(r) for r in second]
-    if not first or len(first) != len(second):
-        raise ValueError(
-            f"first ({len(first)}) and second ({len(second)}) must hold one ratio per A/A run, "
-            f"at least one"
-        )
-    if min(first + second) <= 0:
-        raise ValueError(f"median ratios must be > 0: {first}, {second}")
-    if not floor > 0 or not 0 < alarm_rate < 1 or variants < 1:
-        raise ValueError(
-            f"floor={floor!r} must be > 0, alarm_rate={alarm_rate!r} in (0, 1), "
-            f"variants={variants!r} >= 1"
-        )
-    # p(t) only changes where t crosses a ratio: the candidates are the floor and each ratio.
-    candidates = sorted({floor} | {r - 1 for r in first + second if r - 1 > floor})
-    for t in candidates:
-        if variants * false_alarm_bound(first, second, t) <= alarm_rate:
-            return t, True
-    return candidates[-1], False
-
-
-def timing_verdict(first: PassTiming, second: PassTiming | None, threshold: float) -> str:
-    """``first``/``second``: the two passes' readings (``second`` None when no second pass ran).
-    Returns "ok", "faster" or "REGRESSION"; see Note [The gate rule]."""
-    if not threshold > 0:
-        raise ValueError(f"threshold={threshold!r} must be > 0")
-    said = first.says(threshold)
-    if said == "same":
-        return "ok"
-    if second is None:
-        raise ValueError(
-            f"the first pass says {said} (median ratio {first.median_ratio:.3f}, threshold "
-            f"{threshold}): a second pass is required"
-        )
-    if second.says(threshold) != said:
-        return "ok"
-    return "REGRESSION" if said == "slower" else "faster"
 
 
 def exact_verdict(base: list, head: list) -> str:

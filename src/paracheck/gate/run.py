@@ -22,20 +22,24 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from paracheck.accounting.schedule import SCHEDULE_QUANTITIES
 from paracheck.gate.rule import (
     CUDA_QUANTITIES,
+    DEFAULT_ROUNDS,
+    ERROR_RATE,
     EXACT_QUANTITIES,
     GateRow,
     PassTiming,
+    RatioDecision,
+    decide_ratio,
     exact_verdict,
-    noise_threshold,
-    timing_verdict,
+    sequential_plan,
 )
 
-__all__ = ["GateConfig", "GateError", "calibrate_gate", "read_thresholds", "run_gate"]
+__all__ = ["GateConfig", "GateError", "run_gate"]
 
 # Newest first: Note [One worker per tree].
 _WORKERS = ("paracheck.gate._worker", "paracheck.bench._worker")
@@ -141,12 +145,13 @@ class GateConfig:
     device: str = "cpu"
     world_size: int = 2
     variants: tuple[str, ...] | None = None
-    rounds: int = 6
-    confirm_rounds: int | None = None  # None: 2 * rounds
+    # The budget of Note [Sequential sign test]: the most rounds per variant, rounded up to
+    # even, and the seconds the rounds may take (checked after every second round).
+    rounds: int = DEFAULT_ROUNDS
+    seconds: float = 600.0
+    fresh_every: int = 10  # rounds per set of workers, rounded up to even
+    error_rate: float = ERROR_RATE  # per gate and direction, shared by the variants
     threshold: float = 0.10
-    # Per-variant thresholds measured by calibrate_gate (Note [Thresholds from measured noise]);
-    # a variant without one is judged at ``threshold``.
-    thresholds: dict = field(default_factory=dict)
     steps: int = 8
     warmup: int = 2
     bucket_mb: float = 1.0
@@ -156,21 +161,6 @@ class GateConfig:
     verbose: bool = False
     json_path: str | None = None
     log: object = field(default=sys.stderr)
-
-    def threshold_for(self, variant: str) -> float:
-        return self.thresholds.get(variant, self.threshold)
-
-    def settings(self) -> dict:
-        """What the noise of a pass depends on: a calibration holds only for the same."""
-        return {
-            "device": self.device,
-            "world_size": self.world_size,
-            "timing": self.timing,
-            "rounds": _even(self.rounds),
-            "steps": self.steps,
-            "model": self.model,
-            "bucket_mb": self.bucket_mb,
-        }
 
 
 def _even(n: int) -> int:
@@ -202,38 +192,81 @@ def _say(cfg: GateConfig, text: str) -> None:
     print(text, file=cfg.log, flush=True)
 
 
-def _timing_pass(cfg, sides, variants, exact: dict | None, rounds: int) -> dict[str, PassTiming]:
-    """One interleaved pass of ``rounds`` rounds; returns each variant's readings and fills
-    ``exact`` readings (first and last round) when given."""
+def _read_exact(cfg, sides, variants, exact: dict) -> None:
+    """One reading of every exact quantity per side and variant, appended to ``exact``."""
+    for v in variants:
+        for side in sides:
+            res = side.request({"cmd": "account", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
+            for q in EXACT_QUANTITIES:
+                # A commit older than a quantity does not report it: not compared.
+                if q in res:
+                    exact.setdefault((v, q, side.label), []).append(res[q])
+            if res.get("schedule"):
+                exact.setdefault((v, "schedule", side.label), []).append(res["schedule"])
+
+
+def _round(cfg, sides, variants, r: int, got: dict, cuda: dict) -> None:
+    """Round ``r``: each variant timed on both sides back to back, base first when ``r`` is
+    even; appends the readings to ``got`` and sets the jobs' CUDA peaks in ``cuda``."""
     estimator = "cpu_min" if cfg.timing == "cpu" else "min"
+    order = sides if r % 2 == 0 else sides[::-1]
+    for v in variants:
+        for side in order:
+            res = side.request({"cmd": "time", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
+            got[v][side.label].append(res[estimator])
+            for k, reading in res["cuda_memory"].items():
+                cuda[(v, f"cuda_{k}", side.label)] = reading
+
+
+def _rounds(cfg, trees, own, sides: list, variants, exact: dict):
+    """The rounds of Note [The gate rule] until every variant is decided or the budget ends;
+    ``sides`` (the running workers) is replaced in place when the workers are restarted.
+    Returns each variant's readings, its last decision and the plan."""
+    plan = sequential_plan(_even(cfg.rounds), cfg.error_rate / len(variants))
+    coverage = 1 - 2 * plan.alpha
+    fresh = _even(cfg.fresh_every)
     got: dict[str, dict[str, list[float]]] = {v: {"base": [], "head": []} for v in variants}
-    for r in range(rounds):
-        order = sides if r % 2 == 0 else sides[::-1]
-        for v in variants:
-            for side in order:
-                res = side.request({"cmd": "time", "spec": _spec(v, cfg)}, cfg.timeout)["result"]
-                got[v][side.label].append(res[estimator])
-                if exact is not None and r in (0, rounds - 1):
-                    for k, reading in res["cuda_memory"].items():
-                        exact.setdefault((v, f"cuda_{k}", side.label), []).append(reading)
-        if exact is not None and r in (0, rounds - 1):
-            for v in variants:
-                for side in order:
-                    res = side.request({"cmd": "account", "spec": _spec(v, cfg)}, cfg.timeout)[
-                        "result"
-                    ]
-                    for q in EXACT_QUANTITIES:
-                        # A commit older than a quantity does not report it: not compared.
-                        if q in res:
-                            exact.setdefault((v, q, side.label), []).append(res[q])
-                    if res.get("schedule"):
-                        exact.setdefault((v, "schedule", side.label), []).append(res["schedule"])
-        _say(
-            cfg,
-            f"  round {r + 1}/{rounds}: "
-            + ", ".join(f"{v} {got[v]['head'][-1] / got[v]['base'][-1]:.3f}" for v in variants),
-        )
-    return {v: PassTiming(tuple(g["base"]), tuple(g["head"])) for v, g in got.items()}
+    decided: dict[str, RatioDecision] = {}
+    undecided = list(variants)
+    t0 = time.monotonic()
+    r = 0
+    first_cuda: dict = {}
+    last_cuda: dict = {}
+    while undecided and r < plan.max_rounds:
+        if r and r % fresh == 0:
+            # Fresh processes (Note [Sequential sign test]).
+            for side in sides:
+                side.close()
+            sides[:] = []
+            sides[:] = _start_sides(cfg, trees, own)
+            _warm_up(cfg, sides, undecided)
+        for _ in range(2):
+            _round(cfg, sides, undecided, r, got, first_cuda if r == 0 else last_cuda)
+            if r == 0:
+                _read_exact(cfg, sides, variants, exact)
+            r += 1
+        says = []
+        for v in list(undecided):
+            g = got[v]
+            d = decide_ratio([h / b for b, h in zip(g["base"], g["head"])], cfg.threshold, plan)
+            decided[v] = d
+            says.append(
+                f"{v} x{g['head'][-2] / g['base'][-2]:.3f} x{g['head'][-1] / g['base'][-1]:.3f}"
+            )
+            if d.decided:
+                undecided.remove(v)
+                says[-1] += f" -> {d.verdict} ({d.describe(coverage)})"
+        _say(cfg, f"  rounds {r - 1}-{r}/{plan.max_rounds}: " + ", ".join(says))
+        if undecided and time.monotonic() - t0 > cfg.seconds:
+            _say(cfg, f"  --seconds={cfg.seconds:g} spent after {r} rounds")
+            break
+    # The exact quantities' second reading, by the workers that ran last; the CUDA peaks of
+    # each variant's first and last timed jobs.
+    _read_exact(cfg, sides, variants, exact)
+    for key, reading in first_cuda.items():
+        exact.setdefault(key, []).extend([reading, last_cuda.get(key, reading)])
+    timings = {v: PassTiming(tuple(g["base"]), tuple(g["head"])) for v, g in got.items()}
+    return timings, decided, plan
 
 
 def _warm_up(cfg, sides, variants) -> None:
@@ -396,48 +429,27 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         trees, own = _trees(cfg, shas, tmp)
         sides = _start_sides(cfg, trees, own)
         variants, rows = _choose_variants(cfg, sides)
-        rounds, confirm = _even(cfg.rounds), _even(cfg.confirm_rounds or 2 * cfg.rounds)
         _say(
             cfg,
             f"gate: base {cfg.base} ({shas['base'][:10]}) vs head {cfg.head} ({shas['head'][:10]}), "
             f"{cfg.device}, {cfg.world_size} ranks, {cfg.timing} time, variants {', '.join(variants)}",
         )
-        _say(cfg, "pass 1 (head/base ratio of the fastest step, per round):")
+        _say(cfg, "rounds (head/base ratio of the fastest step, per round):")
         exact: dict = {}
         _warm_up(cfg, sides, variants)
-        first = _timing_pass(cfg, sides, variants, exact, rounds)
-        suspects = [v for v in variants if first[v].says(cfg.threshold_for(v)) != "same"]
-        second: dict[str, PassTiming] = {}
-        if suspects:
-            # Fresh processes for the confirmation (Note [The gate rule]).
-            for side in sides:
-                side.close()
-            sides = []
-            _say(cfg, f"pass 2, fresh workers, re-measuring the suspects {', '.join(suspects)}:")
-            sides = _start_sides(cfg, trees, own)
-            _warm_up(cfg, sides, suspects)
-            second = _timing_pass(cfg, sides, suspects, None, confirm)
+        timings, decisions, plan = _rounds(cfg, trees, own, sides, variants, exact)
+        coverage = 1 - 2 * plan.alpha
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
-            verdict = timing_verdict(first[v], second.get(v), cfg.threshold_for(v))
-            detail = f"pass 1: median ratio x{first[v].median_ratio:.3f}, ratio of minima x{first[v].min_ratio:.3f}"
-            if v in cfg.thresholds:
-                detail = f"threshold {cfg.thresholds[v]:.1%} (measured noise); " + detail
-            if v in second:
-                detail += f"; pass 2: x{second[v].median_ratio:.3f}, x{second[v].min_ratio:.3f}"
-            both = (
-                first[v]
-                if v not in second
-                else PassTiming(first[v].base + second[v].base, first[v].head + second[v].head)
-            )
+            d = decisions[v]
             rows.append(
                 GateRow(
                     v,
                     quantity,
-                    1e3 * statistics.median(both.base),
-                    1e3 * statistics.median(both.head),
-                    verdict,
-                    detail,
+                    1e3 * statistics.median(timings[v].base),
+                    1e3 * statistics.median(timings[v].head),
+                    d.verdict,
+                    d.describe(coverage) + f", ratio of minima x{timings[v].min_ratio:.3f}",
                 )
             )
         order = {v: i for i, v in enumerate(variants)}
@@ -462,14 +474,21 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
             "device": cfg.device,
             "world_size": cfg.world_size,
             "threshold": cfg.threshold,
-            "thresholds": {v: cfg.threshold_for(v) for v in variants},
-            "rounds": rounds,
-            "confirm_rounds": confirm,
+            "max_rounds": plan.max_rounds,
+            "seconds_budget": cfg.seconds,
+            "error_rate": cfg.error_rate,
+            "coverage": coverage,
             "timing": cfg.timing,
             "steps": cfg.steps,
             "model": cfg.model,
-            "first_pass": {v: t.to_dict() for v, t in first.items()},
-            "second_pass": {v: t.to_dict() for v, t in second.items()},
+            "timings": {
+                v: {
+                    **t.to_dict(),
+                    "verdict": decisions[v].verdict,
+                    "interval": [decisions[v].low, decisions[v].high],
+                }
+                for v, t in timings.items()
+            },
             "rows": [r.__dict__ for r in rows],
         }
         return rows, record
@@ -497,88 +516,3 @@ def _schedule_detail(variant: str, quantity: str, exact: dict) -> str:
     lines = [line for line in lines if any(w in line for w in wanted)]
     shown = "; ".join(line.removeprefix(f"{variant}: ") for line in lines[:3])
     return shown + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
-
-
-def calibrate_gate(
-    cfg: GateConfig, n: int, floor: float = 0.02, alarm_rate: float = 1 / 30
-) -> dict:
-    """``n`` A/A gate runs of ``cfg.base`` against itself, each a first pass and a confirming
-    pass, each pass with fresh workers as a gate run has; returns the thresholds record (Note
-    [Thresholds from measured noise]). Raises GateError."""
-    import platform
-
-    if n < 1:
-        raise ValueError(f"n={n} must be >= 1")
-    sha = _git(cfg.repo, "rev-parse", "--verify", f"{cfg.base}^{{commit}}")
-    tmp = tempfile.mkdtemp(prefix="paracheck-gate-")
-    sides: list[_Side] = []
-    ratios: dict[str, tuple[list[float], list[float]]] = {}
-    rounds = (_even(cfg.rounds), _even(cfg.confirm_rounds or 2 * cfg.rounds))
-    try:
-        same = GateConfig(**{**cfg.__dict__, "head": cfg.base})
-        trees, own = _trees(same, {"base": sha, "head": sha}, tmp)
-        for i in range(n):
-            for which, r in enumerate(rounds):
-                sides = _start_sides(same, trees, own)
-                variants, _ = _choose_variants(same, sides)
-                _say(
-                    cfg,
-                    f"A/A run {i + 1}/{n}, pass {which + 1}: {cfg.base} ({sha[:10]}) against itself",
-                )
-                _warm_up(same, sides, variants)
-                for v, t in _timing_pass(same, sides, variants, None, r).items():
-                    ratios.setdefault(v, ([], []))[which].append(t.median_ratio)
-                for side in sides:
-                    side.close()
-                sides = []
-    finally:
-        for side in sides:
-            side.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    record = {
-        "paracheck_gate_thresholds": 2,
-        "commit": sha,
-        "targets": list(cfg.targets),
-        "settings": {**cfg.settings(), "confirm_rounds": rounds[1]},
-        "machine": {"host": platform.node(), "cpus": os.cpu_count()},
-        "runs": n,
-        "floor": floor,
-        "alarm_rate": alarm_rate,
-        "variants": {},
-    }
-    for v, (first, second) in ratios.items():
-        t, reached = noise_threshold(
-            first, second, variants=len(ratios), alarm_rate=alarm_rate, floor=floor
-        )
-        record["variants"][v] = {
-            "first_pass": first,
-            "second_pass": second,
-            "threshold": t,
-            "reached": reached,
-        }
-    return record
-
-
-def read_thresholds(path: str, cfg: GateConfig) -> dict[str, float]:
-    """The per-variant thresholds of a calibration file, checked against ``cfg``'s settings.
-    Raises GateError naming what does not match."""
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise GateError(f"--thresholds={path!r} cannot be read: {exc}") from None
-    if not isinstance(record, dict) or record.get("paracheck_gate_thresholds") != 2:
-        raise GateError(
-            f"--thresholds={path!r} is not a file written by paracheck gate --calibrate"
-        )
-    stored = record.get("settings", {})
-    now = {**cfg.settings(), "confirm_rounds": _even(cfg.confirm_rounds or 2 * cfg.rounds)}
-    differ = [
-        f"{k} {stored.get(k)!r} there, {now[k]!r} here" for k in now if stored.get(k) != now[k]
-    ]
-    if differ:
-        raise GateError(
-            f"--thresholds={path!r} was measured with other settings ({'; '.join(differ)}): "
-            f"noise depends on them; calibrate again with these"
-        )
-    return {v: float(d["threshold"]) for v, d in record["variants"].items()}

@@ -70,7 +70,40 @@ def vendorize(html_dir: str) -> list[str]:
             with open(page, "w", encoding="utf-8") as f:
                 f.write(new)
     shutil.copyfile(os.path.join(_WWW, "LICENSES.txt"), os.path.join(vendor, "LICENSES.txt"))
+    _points_in_thumbnails(html_dir)
     return replaced
+
+
+# asv's grid of thumbnails draws each series as lines only: a benchmark measured at one commit
+# is a line of one point, which flot draws as nothing, an empty box. Points are drawn as well
+# where a series has fewer than two of them.
+_THUMBNAIL_LINES = re.compile(
+    r"(series:\s*\{\s*lines:\s*\{\s*show:\s*true,\s*lineWidth:\s*2\s*\},)"
+)
+_THUMBNAIL_POINTS = "points: {show: data.length < 2, radius: 3, fill: true},"
+
+
+def _points_in_thumbnails(html_dir: str) -> bool:
+    """Make asv's ``summarygrid.js`` draw a lone point; False (and a warning) where its code is
+    not the one this knows (a newer asv), True when patched or already patched."""
+    path = os.path.join(html_dir, "summarygrid.js")
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if _THUMBNAIL_POINTS in text:
+        return True
+    new, n = _THUMBNAIL_LINES.subn(lambda m: m.group(1) + " " + _THUMBNAIL_POINTS, text)
+    if n != 1:
+        print(
+            f"paracheck report: warning: {path} is not the asv 0.6 code paracheck patches; "
+            f"thumbnails of a benchmark measured at one commit stay empty",
+            file=sys.stderr,
+        )
+        return False
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+    return True
 
 
 # -- data ---------------------------------------------------------------------------------------
