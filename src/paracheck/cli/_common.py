@@ -8,13 +8,11 @@ import signal
 import sys
 import threading
 
+from paracheck.errors import UsageError as UsageError  # raised and caught by the subcommands
+
 # Exit statuses of a command ended by a signal: 128 + the signal's number, as a shell reports it.
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-class UsageError(Exception):
-    """A command line that cannot run: printed as ``paracheck: error: <message>``, exit 2."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 
+from paracheck.errors import GateError
 from paracheck.gate.rule import (
     CUDA_QUANTITIES,
     EXACT_QUANTITIES,
@@ -38,10 +39,6 @@ __all__ = ["GateConfig", "GateError", "calibrate_gate", "read_thresholds", "run_
 
 # Newest first: Note [One worker per tree].
 _WORKERS = ("paracheck.gate._worker", "paracheck.bench._worker")
-
-
-class GateError(RuntimeError):
-    """The gate cannot measure: its message says which side and why."""
 
 
 # -- sides --------------------------------------------------------------------------------------
