@@ -64,6 +64,7 @@ __all__ = [
     "BUILTIN_PROPERTIES",
     "resolve_target",
     "with_gather",
+    "targets_help",
     "with_reduce_dtype",
     # read from paracheck.check.loading and paracheck.check.interfaces, where they are defined
     "IMPORT_SECONDS",
@@ -532,3 +533,21 @@ def _resolve(name, kind, finish, batch_start, stub_cuda_timing, loss, clip_norm)
         stub_cuda_timing=stub_cuda_timing,
         notes=notes,
     )
+
+
+def targets_help() -> str:
+    """What ``paracheck check --help`` says a TARGET can be: the built-in names by kind, and the
+    two forms of an import path."""
+    by_kind: dict[str, list[str]] = {}
+    for name, (_, kind) in BUILTIN_TARGETS.items():
+        by_kind.setdefault(kind, []).append(name)
+    width = max(len(k) for k in by_kind)
+    lines = ["TARGET is a built-in name (default: every one), by kind:"]
+    lines += [f"  {k:<{width}}  {', '.join(names)}" for k, names in by_kind.items()]
+    lines += [
+        "or an import path, its kind read from its interface (or given with --kind):",
+        "  package.module:Class   a class or function importable from sys.path or the working",
+        "                         directory",
+        "  path/to/file.py:Name   a class or function in a file, imported by location",
+    ]
+    return "\n".join(lines)

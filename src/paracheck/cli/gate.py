@@ -18,8 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "gate",
-        help="speed and memory tracking: gate",
-        description=paracheck.gate.__doc__.split("\n\n")[0],
+        help="compare two commits' speed and memory; exit 1 on a regression",
+        description=paracheck.gate.__doc__.split("\n\n")[0].replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Rule: exact quantities fail on any increase; a step time fails when, in two "
         "passes of interleaved rounds (the second with fresh processes), the median "
