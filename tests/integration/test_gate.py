@@ -261,16 +261,14 @@ def test_calibrate_needs_a_file_to_write(tmp_path):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
 
 
-@pytest.mark.slow
-def test_calibrate_writes_thresholds_the_gate_then_uses(tmp_path, request):
+@pytest.mark.slow(reason="slow (four worker starts): run with -m slow")
+def test_calibrate_writes_thresholds_the_gate_then_uses(tmp_path):
     """A real calibration of the user package's DDP (one A/A pass, few rounds): the file names
     the variant's measured ratio and threshold, and a gate run with it reports the variant's
     measured threshold."""
     import json
     import shutil
 
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip("slow (four worker starts): run with -m slow")
     repo = tmp_path / "repo"
     shutil.copytree(os.path.join(ROOT, "examples", "gate_user_package"), repo)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
