@@ -17,3 +17,16 @@ if not torch.cuda.is_available():
 def world(paracheck_world):
     """The plugin's session World (6 ranks by default here: the DDP properties cover world sizes 1..6)."""
     return paracheck_world
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``slow`` is skipped, and counted as skipped with its mark's reason, unless
+    ``-m`` selects slow tests (``-m slow``; ``-m "not slow"`` does not)."""
+    selected = (config.getoption("markexpr") or "").replace("not slow", "")
+    if "slow" in selected:
+        return
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            reason = mark.kwargs.get("reason", "slow: run with -m slow")
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -103,15 +103,13 @@ def _run_workflow_gate(repo: str, tmp_path, extra_args: str):
     )
 
 
-@pytest.mark.slow
-def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path, request):
+# Two or more worker starts (torch, two ranks each) and 14 or more rounds: 1-6 min on the shared
+# 2-core machine, beyond the default run's budget.
+@pytest.mark.slow(reason="slow (worker starts and 14 or more rounds): run with -m slow")
+def test_workflow_gate_fails_the_merge_on_a_planted_sleep(tmp_path):
     """Head = base + a 100 ms sleep per step in the user's DDP: exit 1 (or 3 on a machine too
     loaded to tell, never 0) and a JSON verdict naming the step time of mypkg.ddp:MyDDP, measured
     on the two commits' trees; both commits recorded in the repository's git-ignored history."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        # Two or more worker starts (torch, two ranks each) and 14 or more rounds: 1-6 min on
-        # the shared 2-core machine, beyond the default run's budget.
-        pytest.skip("slow (worker starts and 14 or more rounds): run with -m slow")
     if shutil.which("paracheck", path=os.path.dirname(sys.executable)) is None:
         pytest.skip(f"no paracheck script beside {sys.executable} (paracheck is not installed)")
     repo = _user_repo(tmp_path, SLEEP_PATCH)
@@ -186,12 +184,10 @@ def test_gate_target_must_be_an_import_path(tmp_path):
     assert "TARGET='mypkg.ddp'" in proc.stderr
 
 
-@pytest.mark.slow
-def test_gate_target_broken_at_head_cannot_decide(tmp_path, request):
+@pytest.mark.slow(reason="slow (two worker starts): run with -m slow")
+def test_gate_target_broken_at_head_cannot_decide(tmp_path):
     """A TARGET whose module raises on import at head: exit 2, the message names the TARGET and
     the error, and the JSON says ERROR (a merge must not pass because its code does not import)."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip("slow (two worker starts): run with -m slow")
     repo = _user_repo(tmp_path, "\nraise RuntimeError('broken at head')\n")
     out = tmp_path / "gate.json"
     proc = subprocess.run(
@@ -241,15 +237,13 @@ def test_each_tree_runs_its_own_worker_module(tmp_path):
     not os.path.isdir(os.path.join(ROOT, ".git")) or not has_commit(OLD_LAYOUT),
     reason=f"needs the git repository with commit {OLD_LAYOUT}",
 )
-@pytest.mark.slow
-def test_gate_measures_a_base_from_before_the_gate_package(tmp_path, request):
+# A clone and two worker starts, about 17 s on the 2-core machine, for a layout that no
+# longer changes: beyond the default run's budget.
+@pytest.mark.slow(reason="slow (a clone and two worker starts of an old layout): run with -m slow")
+def test_gate_measures_a_base_from_before_the_gate_package(tmp_path):
     """Base: a paracheck commit whose worker is paracheck.bench._worker; head: this working
     tree, whose worker is paracheck.gate._worker. Both sides start and measure flat (the verdict
     itself depends on what changed in between: not asserted)."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        # A clone and two worker starts, about 17 s on the 2-core machine, for a layout that no
-        # longer changes: beyond the default run's budget.
-        pytest.skip("slow (a clone and two worker starts of an old layout): run with -m slow")
     repo, head = paracheck_clone(str(tmp_path))
     out = tmp_path / "gate.json"
     proc = subprocess.run(

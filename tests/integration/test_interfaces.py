@@ -185,6 +185,37 @@ def test_cuda_timing_in_hook_matches_oracle_with_stub(paracheck_check, variants)
     )
 
 
+_TIMED = """
+import torch
+
+from paracheck.fsdp import FSDP
+from paracheck.loop import train_step
+
+
+class TimedFSDP(FSDP):
+    def gather_full_params(self):
+        torch.cuda.synchronize()  # raises on a build without CUDA unless stubbed
+        return super().gather_full_params()
+
+
+def timed_step(model, optimizer, micro_batches):
+    torch.cuda.synchronize()
+    train_step(model, optimizer, micro_batches)
+"""
+
+
+@pytest.mark.parametrize("name,kind", [("TimedFSDP", "fsdp"), ("timed_step", "loop")])
+def test_cuda_timing_stubbed_for_every_kind(paracheck_check, tmp_path, name, kind):
+    """The stub applies to an FSDP and a training loop too (one entry runs every kind's rank
+    program): with CUDA timing calls made no-ops, each equals the single-process oracle."""
+    path = tmp_path / "timed.py"
+    path.write_text(_TIMED)
+    target = resolve_target(f"{path}:{name}", stub_cuda_timing=True)
+    assert target.kind == kind and target.stub_cuda_timing
+    assert target.driver_payload()["stubbed"].endswith(f":run_{kind}")
+    paracheck_check(target, world_sizes=(1, 2), max_examples=3)
+
+
 def test_constructor_read_by_argument_name(variants):
     """The bucket size goes to the argument named for it, by keyword; other defaults are kept."""
     async_flag = resolve_target(f"{variants}:AsyncFlag")

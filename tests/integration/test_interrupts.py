@@ -151,15 +151,13 @@ def test_sigterm_ends_quietly(tmp_path):
     assert err == "paracheck: terminated after 0 of 1 target\n", err
 
 
-@pytest.mark.slow
-def test_ctrl_c_in_selftest_ends_the_ranks(tmp_path, request):
+@pytest.mark.slow(
+    reason="slow: a known bug, not yet understood, fails it about one run in ten (the selftest, "
+    "interrupted as its first check starts, says so and ends its ranks, then dies by "
+    "SIGINT: exit -2, not 130; once by SIGABRT). Run with -m slow"
+)
+def test_ctrl_c_in_selftest_ends_the_ranks(tmp_path):
     """selftest, interrupted in its first check: exit 130, nothing finished, no rank left."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip(
-            "slow: a known bug, not yet understood, fails it about one run in ten (the selftest, "
-            "interrupted as its first check starts, says so and ends its ranks, then dies by "
-            "SIGINT: exit -2, not 130; once by SIGABRT). Run with -m slow"
-        )
     proc = _start(tmp_path, "selftest", "--only", "naive", "--world-sizes", "1")
     _wait_for(proc, lambda out: out.startswith(b"name "), "table header")
     out, err, _ = _stopped(proc, signal.SIGINT, group=True)
@@ -257,26 +255,66 @@ def test_rank_processes_ignore_ctrl_c_from_their_first_instruction(tmp_path):
     assert zygote.returncode == 0 and err == b"", err.decode()
 
 
-def test_signal_dropped_in_a_gc_callback_is_raised_again():
-    """A SIGTERM whose exception is raised inside a gc callback (dropped there by Python) is
-    raised again after it: Note [Signals raised where Python drops exceptions]."""
+def _dropped_in_a_gc_callback() -> None:
+    """Within ``signals_raise``: SIGTERM raised inside a gc callback of one collection (where its
+    exception is dropped), then a wait that only the signal sent again can end."""
     import gc
 
-    from paracheck.cli._common import Terminated, signals_raise
-
-    sent = []
+    armed = []
 
     def callback(phase, info):
-        if phase == "start" and not sent:
-            sent.append(signal.SIGTERM)
+        if phase == "start" and armed:
+            armed.clear()
             signal.raise_signal(signal.SIGTERM)
             sum(range(100))  # bytecodes for the handler to run at, inside the callback
 
+    # Installed under the handler and armed for the one collection below only: a collection the
+    # interpreter starts on its own never raises the signal.
     gc.callbacks.append(callback)
     try:
-        with signals_raise(), pytest.raises(Terminated):
-            gc.collect()
-            time.sleep(5)  # the signal is sent again meanwhile
+        armed.append(True)
+        gc.collect()
+        assert not armed, "the collection did not call the callback"
+        time.sleep(120)  # ended by the signal sent again; the whole wait only when it is lost
     finally:
         gc.callbacks.remove(callback)
-    assert sent
+
+
+def test_signal_dropped_in_a_gc_callback_is_raised_again():
+    """A SIGTERM whose exception is raised inside a gc callback (dropped there by Python) is
+    raised again after it: Note [Signals raised where Python drops exceptions]."""
+    from paracheck.cli._common import Terminated, signals_raise
+
+    with pytest.raises(Terminated), signals_raise():
+        _dropped_in_a_gc_callback()
+
+
+def test_signal_sent_again_into_the_hook_is_raised_again(monkeypatch):
+    """The signal sent again lands in the hook that sends it (the main thread still there, as on
+    a loaded machine): it is sent once more and raised after (Note [Signals raised where Python
+    drops exceptions]). The first sending is made synchronous, so it lands there every time."""
+    import threading
+
+    from paracheck.cli._common import Terminated, signals_raise
+
+    real, timers = threading.Timer, []
+
+    class LandsAtOnce:
+        def __init__(self, interval, function, args=()):
+            self.function, self.args, self.daemon = function, args, False
+
+        def start(self):
+            self.function(*self.args)  # the handler runs here, in the hook
+            sum(range(100))
+
+    def timer(interval, function, args=()):
+        timers.append(interval)
+        cls = LandsAtOnce if len(timers) == 1 else real
+        return cls(interval, function, args)
+
+    monkeypatch.setattr(threading, "Timer", timer)
+    with pytest.raises(Terminated), signals_raise():
+        _dropped_in_a_gc_callback()
+    # Landed in the hook once, then sent again (and again wherever it was dropped again: a gc
+    # callback of Hypothesis's, say).
+    assert len(timers) >= 2, timers

@@ -10,13 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_memory_script_smoke_on_cpu(tmp_path, request):
+# Ten designs, each in fresh gloo ranks: 26 s on the shared 2-core machine.
+@pytest.mark.slow(reason="slow (ten designs, fresh ranks each): run with -m slow")
+def test_memory_script_smoke_on_cpu(tmp_path):
     """Two gloo ranks, every design: the table comes out and every rank holds exactly the optimizer
     state bytes that paracheck.accounting.memory.training_memory predicts (last column 'yes')."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        # Ten designs, each in fresh gloo ranks: 26 s on the shared 2-core machine.
-        pytest.skip("slow (ten designs, fresh ranks each): run with -m slow")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OUT": str(tmp_path)}
     proc = subprocess.run(
         [

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-import paracheck.check.targets as targets
+import paracheck.check.loading as loading
 from paracheck.check.targets import TargetError, load_object
 
 MODULES = {
@@ -43,7 +43,7 @@ def test_an_exit_at_import_is_a_target_error(module, name, said):
 
 
 def test_an_import_that_never_returns_is_a_target_error(module, monkeypatch):
-    monkeypatch.setattr(targets, "IMPORT_SECONDS", 0.5)
+    monkeypatch.setattr(loading, "IMPORT_SECONDS", 0.5)
     with pytest.raises(TargetError, match=r"did not finish importing within 0.5 s"):
         load_object(module("never_returns"))
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL

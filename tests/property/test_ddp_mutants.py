@@ -86,22 +86,18 @@ def test_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_propert
     _kill(world, paracheck_world_sizes, name, record_property)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="slow (its sibling's full check runs by default): run with -m slow")
 @pytest.mark.parametrize("name", sorted(_SLOW_FULL))
-def test_duplicate_ddp_mutant_is_killed(
-    world, paracheck_world_sizes, name, record_property, request
-):
+def test_duplicate_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property):
     """The default check kills the mutant whose bug a sibling's full check already covers."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip("slow (its sibling's full check runs by default): run with -m slow")
     _kill(world, paracheck_world_sizes, name, record_property)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="slow (every shrink step that hangs costs the hang timeout): run with -m slow"
+)
 @pytest.mark.parametrize("name", _HANGING)
-def test_hanging_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property, request):
+def test_hanging_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record_property):
     """The default check kills a hanging mutant as a hang, naming the ranks and the collective."""
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip("slow (every shrink step that hangs costs the hang timeout): run with -m slow")
     report = _kill(world, paracheck_world_sizes, name, record_property)
     assert any(f.kind == "hung" for f in report.failure.error.failures)

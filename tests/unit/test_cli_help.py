@@ -47,3 +47,35 @@ def test_kind_accepts_every_kind():
     kind = next(a for a in commands["check"]._actions if "--kind" in a.option_strings)
     assert list(kind.choices) == list(KINDS)
     assert "fsdp" in kind.choices
+
+
+def test_each_subcommand_has_its_own_one_line_description():
+    """``paracheck --help`` gives each subcommand a distinct line, no RST markup anywhere."""
+    top, commands = _parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    lines = {c.dest: c.help for c in sub._choices_actions}
+    assert len(set(lines.values())) == len(lines), lines
+    assert all("\n" not in line for line in lines.values())
+    texts = [top.format_help(), *(p.format_help() for p in commands.values())]
+    assert not [t for t in texts if "``" in t]
+
+
+def test_version(capsys):
+    """``paracheck --version`` prints the package's version and exits 0."""
+    import paracheck
+    from paracheck.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"paracheck {paracheck.__version__}"
+
+
+def test_check_help_names_every_builtin_and_both_path_forms():
+    """``paracheck check --help`` lists the built-in targets and the two import-path forms."""
+    from paracheck.check.targets import BUILTIN_TARGETS
+
+    text = _parser()[1]["check"].format_help()
+    missing = [n for n in BUILTIN_TARGETS if n not in text]
+    assert not missing, f"built-ins not in check --help: {missing}"
+    assert "file.py:Name" in text and "package.module:Class" in text

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from paracheck.check.kinds import KINDS
+
 __all__ = [
     "VARIANT_ORDER",
     "BASELINES",
@@ -53,8 +55,28 @@ VARIANT_ORDER = (
     "torch-fsdp",
 )
 BASELINES = ("local", "torch-ddp", "torch-zero")
-# The target kinds build_setup drives (a training loop trains its own way).
-DRIVEN_KINDS = frozenset({*BASELINES, "ddp", "sharded", "zero", "zero2", "fsdp"})
+
+
+def _construction(kind: str) -> str | None:
+    """How ``build_setup`` constructs a target of ``kind``, read from its constructor
+    (``paracheck.check.kinds.Kind.constructor``): ``"wrapper"`` (a DDP read by names, its
+    optimizer the benchmark's), ``"optimizer"`` (an optimizer class wrapper behind FlatDDP),
+    ``"wrapper+optimizer"`` (``Class(module, optimizer_cls, ...)``, a ZeRO wrapper), or None
+    (an FSDP wrapper or a training loop trains differently)."""
+    row = KINDS.get(kind)
+    c = None if row is None else row.constructor
+    if c is None:
+        return None
+    if c.by_names:
+        return "wrapper"
+    if c.wraps_optimizer:
+        return "wrapper+optimizer" if c.first[0] == "module" else "optimizer"
+    return None
+
+
+# The target kinds build_setup drives: those it constructs, and FSDP wrappers, trained as their
+# check trains them (a training loop trains its own way).
+DRIVEN_KINDS = frozenset({*BASELINES, "fsdp", *(k for k in KINDS if _construction(k))})
 
 
 def _builtin_targets() -> dict:
@@ -159,7 +181,8 @@ def build_setup(
 
     target = resolve_target(name)
     cls = load_object(target.path)
-    if kind == "ddp":
+    construction = _construction(kind)
+    if construction == "wrapper":
         wrapper = cls(model, bucket_mb) if target.takes_bucket else cls(model)
         opt = _adamw(model.parameters(), fused=fused)
         return Setup(
@@ -170,14 +193,14 @@ def build_setup(
             wrapper,
             getattr(wrapper, "on_train_batch_start", None),
         )
-    if kind == "sharded":
-        # As in paracheck.check.targets: gradients are synchronised by FlatDDP before step().
+    if construction == "optimizer":
+        # As in paracheck.check.ranks.sharded: gradients are synchronised by FlatDDP before step().
         from paracheck.ddp import FlatDDP
 
         wrapper = FlatDDP(model)
         opt = cls(model.parameters(), torch.optim.AdamW, lr=1e-4, **_adamw_options(fused))
         return Setup(name, wrapper, wrapper.finish_gradient_synchronization, opt, wrapper)
-    if kind in ("zero", "zero2"):
+    if construction == "wrapper+optimizer":
         # paracheck.zero.Zero1's interface: a wrapper and an optimizer in one
         # (``Zero1(module, optimizer_cls, bucket_size_mb=..., **defaults)``), reduce-scattering
         # during backward and all-gathering in ``step()``.

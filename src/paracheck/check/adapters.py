@@ -10,37 +10,33 @@ The CS336 handouts ask for functions rather than classes:
   handouts' ``tests/adapters.py``).
 
 ``discover_adapters`` finds which designs a module implements and makes one ``Target`` per
-design; the ranks import the functions by path (``paracheck.check.targets.load_object``, which
-also imports a .py file by location) and call them through ``paracheck.check.ranks._drive``.
+design; the ranks import the functions by path (``paracheck.check.loading.load_object``, which
 
-Note [Not implemented]
-  The handout's stubs are ``raise NotImplementedError``. A function counts as not implemented
-  when its body, docstring aside, is that one statement (read from its source; it is never
-  called: a constructor would need a process group, and an implemented one may issue
-  collectives). A body of ``pass`` is an implementation (a batch-start hook often has nothing to
-  do); so is any body that raises NotImplementedError only on some path. A function whose source
-  cannot be read counts as implemented. A design is checked when its constructor and its
-  after-backward function are implemented; a batch-start function not implemented is left out
-  (the wrapper's ``on_train_batch_start()``, if any, runs instead).
+Which functions a module implements, and the designs they make up, are read by
+``paracheck.check.interfaces`` (Note [Not implemented] there).
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import os
-import textwrap
 from dataclasses import dataclass
 
-from paracheck.check.targets import (
-    Target,
-    TargetError,
+from paracheck.check.interfaces import (
+    ADAPTER_SHARDED_PROPERTIES,
+    DESIGNS,
+    AdapterDesign,
     check_supplied,
+    companion_hooks,
     ddp_construction,
-    import_module,
+    function_status,
+    not_implemented,
 )
+from paracheck.check.kinds import KINDS
+from paracheck.check.loading import TargetError, import_module
+from paracheck.check.targets import Target
 
 __all__ = [
+    "ADAPTER_SHARDED_PROPERTIES",
     "DESIGNS",
     "AdapterDesign",
     "AdapterReport",
@@ -48,76 +44,6 @@ __all__ = [
     "discover_adapters",
     "not_implemented",
 ]
-
-
-@dataclass(frozen=True)
-class AdapterDesign:
-    """One design of the handout: its constructor and hooks (function names) and its kind."""
-
-    title: str
-    constructor: str
-    kind: str  # "ddp" | "sharded"
-    finish: str | None = None
-    batch_start: str | None = None
-
-    @property
-    def functions(self) -> tuple[str, ...]:
-        return tuple(f for f in (self.constructor, self.finish, self.batch_start) if f is not None)
-
-
-DESIGNS: tuple[AdapterDesign, ...] = (
-    AdapterDesign("DDP", "get_ddp", "ddp", "ddp_on_after_backward", "ddp_on_train_batch_start"),
-    AdapterDesign(
-        "individual-parameters DDP",
-        "get_ddp_individual_parameters",
-        "ddp",
-        "ddp_individual_parameters_on_after_backward",
-        "ddp_individual_parameters_on_train_batch_start",
-    ),
-    AdapterDesign(
-        "bucketed DDP",
-        "get_ddp_bucketed",
-        "ddp",
-        "ddp_bucketed_on_after_backward",
-        "ddp_bucketed_on_train_batch_start",
-    ),
-    AdapterDesign("sharded optimizer", "get_sharded_optimizer", "sharded"),
-)
-
-# A student's sharded optimizer is judged on its parameters (what the handout's test checks):
-# its state_dict() is commonly the local shard's, and its communication pattern is its own.
-# memory and balance apply only where it declares its partition (paracheck.check.properties.memory, .balance).
-ADAPTER_SHARDED_PROPERTIES = frozenset({"equivalence", "memory", "balance"})
-
-
-def not_implemented(fn) -> bool:
-    """Whether ``fn``'s body is only ``raise NotImplementedError`` (Note [Not implemented])."""
-    try:
-        source = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError, ValueError):
-        return False
-    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not defs:
-        return False
-    body = [
-        s
-        for s in defs[0].body
-        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-    ]  # docstring, ...
-    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
-        return False
-    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
-    return (isinstance(exc, ast.Name) and exc.id == "NotImplementedError") or (
-        isinstance(exc, ast.Attribute) and exc.attr == "NotImplementedError"
-    )
-
-
-def _status(module, name: str) -> str | None:
-    fn = getattr(module, name, None)
-    if fn is None or not callable(fn):
-        return None
-    return "not implemented" if not_implemented(fn) else "implemented"
 
 
 @dataclass(frozen=True)
@@ -162,7 +88,9 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
             f"--adapters={spec!r} does not import: {type(exc).__name__}: {exc}"
         ) from exc
     known = [f for d in DESIGNS for f in d.functions]
-    functions = tuple((name, st) for name in known if (st := _status(module, name)) is not None)
+    functions = tuple(
+        (name, st) for name in known if (st := function_status(module, name)) is not None
+    )
     if not functions:
         raise TargetError(
             f"--adapters={spec!r} defines none of the CS336 adapter functions "
@@ -187,7 +115,7 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
         except TargetError as exc:
             raise TargetError(f"--adapters={spec!r}: {exc}") from None
         takes_bucket = False
-        if d.kind == "ddp":
+        if KINDS[d.kind].constructor.by_names:  # type: ignore[union-attr]  # a design has one
             try:
                 takes_bucket = ddp_construction(getattr(module, d.constructor)).takes_bucket
             except TargetError as exc:
@@ -205,19 +133,3 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
             )
         )
     return AdapterReport(spec, functions, tuple(targets), tuple(skipped))
-
-
-def companion_hooks(fn, path: str) -> dict:
-    """The hooks of the design whose constructor is ``fn`` (at import path ``path``), from the
-    same module, where implemented: ``{"finish": "module:function", "batch_start": ...}``."""
-    design = next((d for d in DESIGNS if d.constructor == getattr(fn, "__name__", None)), None)
-    if design is None or design.finish is None:
-        return {}
-    where = path.rpartition(":")[0]
-    module = import_module(where)
-    hooks = {}
-    for key in ("finish", "batch_start"):
-        name = getattr(design, key)
-        if name is not None and _status(module, name) == "implemented":
-            hooks[key] = f"{where}:{name}"
-    return hooks

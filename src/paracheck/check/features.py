@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from paracheck.cases import Case, GroupSpec
+from paracheck.errors import FeatureError
 
 __all__ = [
     "CONTRACTS",
@@ -353,15 +354,6 @@ def feature(name: str) -> Feature:
 
 
 # -- choosing what is drawn ----------------------------------------------------------------------
-
-
-class FeatureError(ValueError):
-    """A feature selection that cannot be drawn: names the ``argument``, its ``value`` and the
-    ``rule`` (the command line prints it as ``--features=-nope: ...``)."""
-
-    def __init__(self, argument: str, value, rule: str):
-        super().__init__(f"{argument}={value!r}: {rule}")
-        self.argument, self.value, self.rule = argument, value, rule
 
 
 @dataclass(frozen=True)

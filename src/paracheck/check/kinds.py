@@ -1,21 +1,32 @@
-"""The kinds of target, one row each: which rank program trains a case, which strategy draws the
-cases, which properties judge what the ranks returned (checked by default, or opt-in), and how
-the trajectory is compared. Adding a kind is adding a row here and its rank program under
-``paracheck.check.ranks``.
+"""The kinds of target, one row of behaviour each: which rank program trains a case, which
+strategy draws the cases, which properties judge what the ranks returned (checked by default, or
+opt-in), what the target owns of a training step, how it lays out its optimizer state, what its
+constructor is passed, where the gradients its step is judged on and its master weights are read,
+and how a case is prepared for it. Code outside this table asks the row (``KINDS[kind].owns``),
+never the kind's name. Adding a kind is adding a row here, its rank program under
+``paracheck.check.ranks`` and its properties under ``paracheck.check.properties``.
 
 A property name is one of ``PROPERTY_CHECKS`` (``equivalence`` stands for its family:
 ``initial-state``, ``gradients``, ``parameters``, ``optimizer-state``, ``rank-agreement``,
 ``structure``; see ``paracheck.check.properties``). ``resolve_properties`` turns the names a user
 selects (``paracheck check --properties``, ``Target.properties``) into the set a check runs.
+Every ``"module:function"`` named here is imported only where it is used (a unit test imports
+each one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
+    "GRADIENTS",
     "KINDS",
+    "OPTIMIZER",
+    "PARAMETERS",
+    "STEP",
+    "STUB_RANK_FN",
+    "Constructor",
     "Evidence",
     "Kind",
     "PROPERTY_CHECKS",
@@ -24,14 +35,66 @@ __all__ = [
     "select_properties",
 ]
 
+# What a target owns of one training step (``Kind.owns``), besides the model the case builds:
+GRADIENTS = "gradients"  # synchronising the gradients after backward
+OPTIMIZER = "optimizer"  # the optimizer's step and its state
+PARAMETERS = "parameters"  # the parameters, kept as shards between steps and gathered whole
+STEP = "step"  # the whole step: forward, backward, synchronisation and update (a training loop)
+
+# Every kind's rank program inside ``stubbed_cuda_timing()`` (``--stub-cuda-timing``): it runs the
+# program named by the payload's ``"stubbed"`` key (``Target.driver_payload``).
+STUB_RANK_FN = "paracheck.check.ranks._cuda_stub:run_stubbed"
+
+
+@dataclass(frozen=True)
+class Constructor:
+    """What a kind's rank program passes to a target's constructor, read before any case runs
+    (``paracheck.check.interfaces.check_supplied``): ``first``, positionally; ``by_name``, by
+    keyword where it takes them; with ``by_names``, every argument is read by its name (Note
+    [Readings of a DDP interface]). ``passes`` says it in words, for an error naming an argument
+    paracheck cannot supply."""
+
+    first: tuple[str, ...]
+    passes: str
+    by_name: frozenset[str] = frozenset()
+    by_names: bool = False
+
+    @property
+    def wraps_optimizer(self) -> bool:
+        """``Class(first, optimizer_cls, **kwargs)``: a wrapper of an optimizer class."""
+        return self.first[1:2] == ("optimizer_cls",)
+
 
 @dataclass(frozen=True)
 class Kind:
+    """One kind of target, as every part of a check treats it: the rank program and strategy by
+    ``"module:function"`` path (imported where used), the properties that judge it, and the
+    behaviour the driver and the rank programs read instead of testing the kind's name. Frozen;
+    the rows are ``KINDS``."""
+
     name: str
     rank_fn: str  # "module:function" the World runs on every rank (returns a RankRecord)
     strategy: str  # "module:function" drawing the cases: strategy(world_sizes=..., dtype=...)
     default: tuple[str, ...]  # properties checked unless others are selected, in check order
     opt_in: tuple[str, ...] = ()  # checked only when selected
+    # What the target owns of a step (GRADIENTS, OPTIMIZER, PARAMETERS, STEP); the rank program
+    # does the rest with the case's own optimizer (and, for a sharded optimizer, FlatDDP).
+    owns: frozenset[str] = frozenset()
+    # How the target lays out its optimizer state across ranks: "per-parameter" (each
+    # parameter's state whole on its owner: Note [Balance bound]), "flat" (a shard of the flat
+    # buffers: Note [Flat layout]), or None (not sharded, or not judged).
+    state_layout: str | None = None
+    # What its constructor is passed (None: a training step, called and not constructed).
+    constructor: Constructor | None = None
+    # Where the gradients its step is judged on are read (Note [Comparing an update]):
+    # "param.grad" (the parameters' own, after synchronisation), "NAME()" (a method of the
+    # wrapper, where it has one), or None (not recorded to judge the step on).
+    step_gradients: str | None = None
+    # Where it declares float32 master weights (Note [Master weights]): "NAME()" (a method of the
+    # target), "NAME=" (a keyword its constructor takes), or None.
+    masters: str | None = None
+    # The case as this kind's target runs it (None: as drawn); ``prepare_case(case, target)``.
+    prepare_case: Callable | None = None
     # Properties that apply only to a target that takes a bucket size (Target.takes_bucket).
     bucket_only: frozenset[str] = frozenset()
     # Whether the equivalence comparison reads each rank's optimizer state along the trajectory
@@ -56,10 +119,44 @@ class Kind:
         return self.default + self.opt_in
 
     @property
-    def stubbed_rank_fn(self) -> str:
-        """The same rank program inside ``stubbed_cuda_timing()`` (``--stub-cuda-timing``)."""
-        return f"paracheck.check.ranks._cuda_stub:{self.rank_fn.rpartition(':')[2]}"
+    def syncs_its_groups(self) -> bool:
+        """Whether the target synchronises gradients for its own optimizer's groups only (Note
+        [Gradients outside the groups] in ``paracheck.check.run``)."""
+        return {GRADIENTS, OPTIMIZER} <= self.owns
 
+
+def _with_masters(case, target):
+    """A bfloat16 case with float32 master weights for a target that declares them (Note [Master
+    weights])."""
+    if target.master_weights and case.dtype == "bfloat16" and not case.master_weights:
+        return replace(case, master_weights=True)
+    return case
+
+
+def _prepare_zero(case, target):
+    # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
+    if not case.zero_grad_module:
+        case = replace(case, zero_grad_module=True)
+    return _with_masters(case, target)
+
+
+def _prepare_fsdp(case, target):
+    with_masters = _with_masters(case, target)
+    if with_masters is case:
+        return case
+    # Its float32 shards are the masters of what it computes in (Note [Compute dtype of an FSDP]).
+    from paracheck.check.features import without_all
+    from paracheck.strategies._fsdp import FSDP_COMPUTE_OFF
+
+    return replace(without_all(with_masters, FSDP_COMPUTE_OFF), masters_from_float32=True)
+
+
+_OPTIMIZER_KWARGS = "and the optimizer's hyper-parameters (lr, ...) through **kwargs"
+_ZERO_CONSTRUCTOR = Constructor(
+    ("module", "optimizer_cls"),
+    f"the module and optimizer_cls first, params= and bucket_size_mb=, {_OPTIMIZER_KWARGS}",
+    by_name=frozenset({"params", "bucket_size_mb"}),
+)
 
 _SHARDING_PROPERTIES = ("equivalence", "float64-bound", "state", "memory", "balance", "traffic")
 
@@ -71,14 +168,30 @@ KINDS: dict[str, Kind] = {
         default=("equivalence", "float64-bound", "bucket-structure"),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("world-size-relation", "bucket-size-independence", "repeatability", "reduce-dtype"),
+        owns=frozenset({GRADIENTS}),
+        constructor=Constructor(
+            ("module",),
+            "the module first, a bucket size to an argument named like bucket_size_mb, and rank, "
+            "world_size, process_group (or group) and device by name",
+            by_names=True,
+        ),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
     ),
+    # A sharded optimizer behind paracheck's FlatDDP, which synchronises the gradients first.
     "sharded": Kind(
         "sharded",
         "paracheck.check.ranks.sharded:run_sharded",
         "paracheck.strategies._sharding:sharding_cases",
         default=_SHARDING_PROPERTIES,
         opt_in=("state-consolidated", "repeatability"),
+        owns=frozenset({OPTIMIZER}),
+        state_layout="per-parameter",
+        constructor=Constructor(
+            ("params", "optimizer_cls"), f"params and optimizer_cls first, {_OPTIMIZER_KWARGS}"
+        ),
+        step_gradients="param.grad",
+        masters="master_params()",
+        prepare_case=_with_masters,
         compares_state=True,
         on_target_gradients=True,
     ),
@@ -88,6 +201,12 @@ KINDS: dict[str, Kind] = {
         "paracheck.strategies._sharding:sharding_cases",
         default=_SHARDING_PROPERTIES,
         opt_in=("state-consolidated", "repeatability"),
+        owns=frozenset({GRADIENTS, OPTIMIZER}),
+        state_layout="flat",
+        constructor=_ZERO_CONSTRUCTOR,
+        step_gradients="full_gradients()",
+        masters="master_params()",
+        prepare_case=_prepare_zero,
         compares_state=True,
         on_target_gradients=True,
     ),
@@ -99,9 +218,17 @@ KINDS: dict[str, Kind] = {
         "paracheck.strategies._sharding:sharding_cases",
         default=(*_SHARDING_PROPERTIES, "grads-sharded"),
         opt_in=("state-consolidated", "repeatability"),
+        owns=frozenset({GRADIENTS, OPTIMIZER}),
+        state_layout="flat",
+        constructor=_ZERO_CONSTRUCTOR,
+        step_gradients="full_gradients()",
+        masters="master_params()",
+        prepare_case=_prepare_zero,
         compares_state=True,
         on_target_gradients=True,
     ),
+    # Read whole through a gather method (Note [Reading an FSDP]); its float32 shards are the
+    # masters of a compute dtype its constructor takes (Note [Compute dtype of an FSDP]).
     "fsdp": Kind(
         "fsdp",
         "paracheck.check.ranks.fsdp:run_fsdp",
@@ -117,6 +244,14 @@ KINDS: dict[str, Kind] = {
         ),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("repeatability", "reduce-dtype"),
+        owns=frozenset({GRADIENTS, PARAMETERS}),
+        constructor=Constructor(
+            ("module",),
+            "the module first, and compute_dtype= and prefetch= where it names them",
+            by_name=frozenset({"compute_dtype", "prefetch"}),
+        ),
+        masters="compute_dtype=",
+        prepare_case=_prepare_fsdp,
     ),
     "loop": Kind(
         "loop",
@@ -124,6 +259,8 @@ KINDS: dict[str, Kind] = {
         "paracheck.strategies._loop:loop_cases",
         default=("equivalence",),
         opt_in=("repeatability",),
+        owns=frozenset({STEP}),
+        step_gradients="param.grad",
         derived_bound=False,
         options=("loss", "clip_norm", "autocast", "scaler"),
         on_target_gradients=True,
@@ -172,6 +309,7 @@ def _driver(module: str, fn: str):
 
         return getattr(importlib.import_module(module), fn)(e.case, e.traj, e.ranks, e.kind)
 
+    check.reference = f"{module}:{fn}"  # type: ignore[attr-defined]  # resolved by a unit test
     return check
 
 
@@ -185,7 +323,10 @@ def _reduce_dtype(e: Evidence):
     from paracheck.check.properties.reduce_dtype import check_reduce_dtype
 
     return check_reduce_dtype(
-        e.case, e.ranks, getattr(e.target, "reduce_dtype", None), fsdp=e.kind == "fsdp"
+        e.case,
+        e.ranks,
+        getattr(e.target, "reduce_dtype", None),
+        fsdp=PARAMETERS in KINDS[e.kind].owns,
     )
 
 
@@ -210,6 +351,7 @@ def _rerun(module: str, fn: str):
         run = getattr(importlib.import_module(module), fn)
         return run(e.world, e.target, e.case, e.ranks, timeout=e.timeout)
 
+    check.reference = f"{module}:{fn}"  # type: ignore[attr-defined]  # resolved by a unit test
     return check
 
 

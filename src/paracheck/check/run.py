@@ -9,17 +9,16 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from paracheck.cases import Case
-from paracheck.check.features import without_all
-from paracheck.check.kinds import KINDS, PROPERTY_CHECKS, Evidence, resolve_properties
+from paracheck.check.kinds import KINDS, PARAMETERS, PROPERTY_CHECKS, Evidence, resolve_properties
 from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
+from paracheck.errors import ParacheckError
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
-from paracheck.strategies._fsdp import FSDP_COMPUTE_OFF
 from paracheck.world import World, WorldError
 
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
@@ -75,7 +74,7 @@ class CaseResult:
         return "ok"
 
 
-class CheckFailure(AssertionError):
+class CheckFailure(ParacheckError, AssertionError):
     """A case on which the target does not equal the oracle (raised inside Hypothesis tests)."""
 
     def __init__(self, result: CaseResult, target: Target):
@@ -121,18 +120,16 @@ def run_case(
 ) -> CaseResult:
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
     target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
-    if target.kind in ("zero", "zero2") and not case.zero_grad_module:
-        # A ZeRO wrapper owns the module: its zero_grad() clears every parameter (Case).
-        case = replace(case, zero_grad_module=True)
+    row = KINDS[target.kind]
+    if row.prepare_case is not None:
+        case = row.prepare_case(case, target)
     if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:
         # Adam below float32 only where the step is judged on the target's own gradients (Note
         # [Precision from the seed]).
         case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
-    if target.master_weights and case.dtype == "bfloat16" and not case.master_weights:
-        case = replace(case, master_weights=True)  # Note [Master weights]
-        if target.kind == "fsdp":  # Note [Compute dtype of an FSDP]
-            case = replace(without_all(case, FSDP_COMPUTE_OFF), masters_from_float32=True)
-    if target.reduce_dtype is not None and target.kind != "fsdp":
+    # A wrapper that keeps float32 shards of its parameters reduces in what it computes in: its
+    # declared reduction dtype is judged, never skipped (Note [Declared reduction dtype]).
+    if target.reduce_dtype is not None and PARAMETERS not in row.owns:
         from paracheck.check.properties.reduce_dtype import narrower_than
 
         wider = narrower_than(target.reduce_dtype, case)
@@ -149,7 +146,6 @@ def run_case(
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
-    row = KINDS[target.kind]
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
     # [Comparing master weights]).
     on_gradients = row.on_target_gradients or case.master_weights
@@ -189,7 +185,7 @@ def run_case(
     if check_state is None:
         check_state = row.compares_state and "state" in props
     divs, worst = [], 0.0
-    judged_from = _grouped_from(case) if target.kind in ("zero", "zero2") else None
+    judged_from = _grouped_from(case) if row.syncs_its_groups else None
     if "equivalence" in props or (row.compares_state and "state" in props):
         div, worst = compare(
             traj,
@@ -236,7 +232,8 @@ def run_case(
     if row.compares_state and judged_on_a_partition and case.world_size > 1:
         if not declares_partition(ranks):
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
-            extra["unjudged"] = _unjudged(judged_on_a_partition, stepped=row.name == "sharded")
+            stepped = row.state_layout == "per-parameter"  # Note [State stepped on two ranks]
+            extra["unjudged"] = _unjudged(judged_on_a_partition, stepped=stepped)
     return CaseResult(
         case,
         worst_ratio=worst,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import paracheck
 from paracheck.cli import bench, check, gate, report
 from paracheck.cli._common import UsageError, exit_code, signals_raise
 
@@ -33,11 +34,18 @@ __all__ = ["main"]
 # (``parse_intermixed_args``), as they did when each was a program of its own.
 _OWN_SUBPARSER = ("bench", "memory", "gate", "report")
 
+DESCRIPTION = (
+    "Check data-parallel PyTorch training code (DDP, sharded optimizers, ZeRO, FSDP, training "
+    "loops) against a single-process oracle, and track its speed and memory. "
+    "'paracheck COMMAND --help' describes each command."
+)
+
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The whole command line: the top-level parser and its subparsers by name."""
-    p = argparse.ArgumentParser(prog="paracheck", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command")
+    p = argparse.ArgumentParser(prog="paracheck", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"paracheck {paracheck.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
     check.add_parsers(sub)
     bench.add_parsers(sub)
     gate.add_parser(sub)

@@ -8,13 +8,11 @@ import signal
 import sys
 import threading
 
+from paracheck.errors import UsageError as UsageError  # raised and caught by the subcommands
+
 # Exit statuses of a command ended by a signal: 128 + the signal's number, as a shell reports it.
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-class UsageError(Exception):
-    """A command line that cannot run: printed as ``paracheck: error: <message>``, exit 2."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -45,15 +43,23 @@ def signals_raise():
             if running[0]:  # after the block, the default handlers would end the process
                 os.kill(os.getpid(), signum)
 
+    def again(exc: KeyboardInterrupt) -> None:
+        sent = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        # From another thread, a little later: sent from here, its handler would run here.
+        later = threading.Timer(0.01, send, (sent,))
+        later.daemon = True
+        later.start()
+
     def resend(unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            sent = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
-            # From another thread, a little later: sent from here, its handler would run here.
-            later = threading.Timer(0.01, send, (sent,))
-            later.daemon = True
-            later.start()
-        else:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             hook(unraisable)
+            return
+        try:
+            again(unraisable.exc_value)
+        except KeyboardInterrupt as landed:
+            # The signal sent again landed in this hook, where it would be dropped as well (an
+            # exception in sys.unraisablehook is only printed): send it once more.
+            again(landed)
 
     sys.unraisablehook = resend
     try:
@@ -76,7 +82,9 @@ def signals_raise():
 #   check ran on for 111 s and printed that traceback). While a command runs, a dropped
 #   KeyboardInterrupt (or Terminated) has its signal sent again 10 ms later, from a thread
 #   (sys.unraisablehook): the handler runs anew outside the callback and raises where the
-#   exception propagates; should it land in a callback again, it is sent again.
+#   exception propagates; should it land in a callback again, it is sent again, and so it is
+#   where it lands in the hook itself (a loaded machine can keep the main thread there past the
+#   10 ms).
 
 
 def ignore_signals() -> None:

@@ -384,9 +384,12 @@ def _add_arguments(p: argparse.ArgumentParser, what_default) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``bench`` and ``memory`` to the subcommands ``sub``."""
-    description = __doc__.split("\n\n")[0]
-    for name, what_default, run in (("bench", WHAT, cmd_bench), ("memory", None, cmd_memory)):
-        p = sub.add_parser(name, help=f"speed and memory tracking: {name}", description=description)
+    description = __doc__.split("\n\n")[0].replace("``", "")
+    for name, what_default, run, line in (
+        ("bench", WHAT, cmd_bench, "measure step time, memory and bandwidth: markdown tables"),
+        ("memory", None, cmd_memory, "print each variant's exact memory breakdown and traffic"),
+    ):
+        p = sub.add_parser(name, help=line, description=description)
         _add_arguments(p, what_default)
         p.set_defaults(run=run)
 

@@ -87,8 +87,16 @@ def _check_rank_limit(
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` and ``selftest`` to the subcommands ``sub``."""
     from paracheck.check.kinds import KINDS
+    from paracheck.check.targets import targets_help
 
-    c = sub.add_parser("check", help="check targets against the oracle")
+    c = sub.add_parser(
+        "check",
+        help="check targets against the single-process oracle",
+        description="Check each TARGET against the single-process oracle on generated cases; "
+        "exit 1 when a property fails, 2 on a usage error.",
+        epilog=targets_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument(
         "targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)"
     )

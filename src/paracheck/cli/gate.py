@@ -19,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "gate",
-        help="speed and memory tracking: gate",
-        description=paracheck.gate.__doc__.split("\n\n")[0],
+        help="compare two commits' speed and memory; exit 1 on a regression",
+        description=paracheck.gate.__doc__.split("\n\n")[0].replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Rule: exact quantities fail on any increase; interleaved rounds of head and base go on "
         "until a confidence interval on the median head/base step-time ratio lies wholly above "

@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "report",
-        help="speed and memory tracking: report",
-        description=paracheck.report.__doc__.split("\n\n")[0],
+        help="build the benchmark history pages and plots, to read offline or serve",
+        description=paracheck.report.__doc__.split("\n\n")[0].replace("``", ""),
     )
     p.add_argument(
         "--config",

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from paracheck.accounting.schedule import SCHEDULE_QUANTITIES
+from paracheck.errors import GateError
 from paracheck.gate.rule import (
     CUDA_QUANTITIES,
     DEFAULT_ROUNDS,
@@ -43,10 +44,6 @@ __all__ = ["GateConfig", "GateError", "run_gate"]
 
 # Newest first: Note [One worker per tree].
 _WORKERS = ("paracheck.gate._worker", "paracheck.bench._worker")
-
-
-class GateError(RuntimeError):
-    """The gate cannot measure: its message says which side and why."""
 
 
 # -- sides --------------------------------------------------------------------------------------

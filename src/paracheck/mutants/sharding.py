@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from paracheck.mutants._edit import edited
+from paracheck.mutants._registry import register
 from paracheck.zero.partition import ParamPartition
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer, _param_weight
 from paracheck.zero.zero1 import MasterWeightsZero1, Zero1
@@ -358,8 +359,6 @@ class Zero1GatheredBeforeMastersRounded(MasterWeightsZero1):
         Zero1._all_gather_parameters(self)  # BUG: gathers the chunks before they are updated
         self._round_masters()
 
-
-from paracheck.mutants import register  # noqa: E402  (after the classes: paracheck.mutants imports us)
 
 _M = "paracheck.mutants.sharding"
 register(

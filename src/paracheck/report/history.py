@@ -12,16 +12,14 @@ import re
 import shutil
 import sys
 
+from paracheck.errors import VendorError
+
 __all__ = ["VendorError", "serve", "vendorize"]
 
 _WWW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_www")
 _EXTERNAL = re.compile(
     r'<(script|link)\b[^>]*?\b(src|href)="(https?://[^"]+)"[^>]*>', re.IGNORECASE
 )
-
-
-class VendorError(RuntimeError):
-    """asv's pages reference something from the network that paracheck does not vendor."""
 
 
 def _manifest() -> dict:

@@ -38,6 +38,7 @@ import time
 from datetime import timedelta
 from typing import NoReturn
 
+from paracheck.errors import ParacheckError
 from paracheck.world._rank import (
     _Output,
     _recv,
@@ -53,7 +54,7 @@ DRIVER_KEY = "paracheck/driver"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class Interrupted(RuntimeError):
+class Interrupted(ParacheckError, RuntimeError):
     """Raised in an agent's job by the driver, after the job's timeout (Note [Attached ranks])."""
 
 

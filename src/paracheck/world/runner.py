@@ -43,6 +43,7 @@ from datetime import timedelta
 from multiprocessing.connection import Listener, wait
 from typing import TYPE_CHECKING
 
+from paracheck.errors import ParacheckError
 from paracheck.world._collectives import read_status
 from paracheck.world._rank import _recv, _send, hold_lock, memory_record_path, read_output
 
@@ -94,7 +95,7 @@ class RankFailure:
     status: dict | None = None  # its collective counts (paracheck.world._collectives), where read
 
 
-class WorldError(Exception):
+class WorldError(ParacheckError):
     """A job failed on one or more ranks; ``failures`` holds each rank's view."""
 
     kind = "failed"
@@ -114,7 +115,7 @@ class WorldError(Exception):
         return "\n".join(parts)
 
 
-class WorldStartError(RuntimeError):
+class WorldStartError(ParacheckError, RuntimeError):
     """The World's rank processes did not start (or restart): no case was judged."""
 
 
@@ -229,7 +230,7 @@ def _exceeded(record: dict) -> str:
     )
 
 
-class PeerFailed(RuntimeError):
+class PeerFailed(ParacheckError, RuntimeError):
     """Raised by rank code that stops because another rank failed (the other rank reports its own
     error). The runner lists such ranks after the rank whose own code failed."""
 

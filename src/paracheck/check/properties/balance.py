@@ -13,6 +13,7 @@ sum over buckets of ceil(n_b / W) elements. A target that declares no partition 
 from __future__ import annotations
 
 from paracheck.cases import Case
+from paracheck.check.kinds import KINDS
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties._sharding import CaseFacts, owners_disagree
 from paracheck.check.ranks.record import RankRecord
@@ -26,7 +27,7 @@ def check_balance(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     for k in range(len(traj.steps)):
         d = (
             _zero(k, ranks, facts, case.world_size)
-            if kind in ("zero", "zero2")
+            if KINDS[kind].state_layout == "flat"
             else _sharded(k, ranks, facts, case.world_size)
         )
         if d is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from paracheck.accounting.memory import flat_state_bytes, sharded_state_bytes
 from paracheck.cases import Case
+from paracheck.check.kinds import KINDS
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties._sharding import CaseFacts, owners_disagree
 from paracheck.check.ranks.record import RankRecord
@@ -40,7 +41,7 @@ def check_memory(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diverg
     facts = CaseFacts.of(case)
     for k, oref in enumerate(traj.steps):
         stateful = set(oref.state)
-        d = (_zero if kind in ("zero", "zero2") else _sharded)(k, ranks, facts, stateful)
+        d = (_zero if KINDS[kind].state_layout == "flat" else _sharded)(k, ranks, facts, stateful)
         if d is not None:
             return d
     return None

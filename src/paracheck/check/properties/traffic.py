@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from paracheck.accounting.traffic import StepTraffic, owner_broadcast_traffic, zero1_traffic
 from paracheck.cases import Case
+from paracheck.check.kinds import KINDS
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties._sharding import CaseFacts, declares_partition
 from paracheck.check.ranks.record import RankRecord
@@ -40,7 +41,7 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     if not declares_partition(ranks):
         return None  # Note [Traffic judges a declared design]
     for k in range(len(traj.steps)):
-        if kind in ("zero", "zero2"):
+        if KINDS[kind].state_layout == "flat":
             params, e = facts.params, facts.params[facts.trainable[0]].element_size()
             bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
             layout = flat_layout(

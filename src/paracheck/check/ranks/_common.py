@@ -8,9 +8,9 @@ import torch.distributed as dist
 
 from paracheck.accounting.traffic import record_collectives
 from paracheck.cases import Case, batch_for, forward_context, loss_fn, params_in_groups
+from paracheck.check.loading import load_object
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import Window
-from paracheck.check.targets import load_object
 from paracheck.world import PeerFailed
 
 __all__ = [

@@ -1,7 +1,7 @@
 """CUDA timing and instrumentation as no-ops, for judging a target's logic on a CPU-only machine.
 
-Runs inside the rank processes (``--stub-cuda-timing``; ``Target.stub_cuda_timing`` selects the
-rank programs below). Code under test often times or annotates its communication with
+Runs inside the rank processes (``--stub-cuda-timing``; ``Target.stub_cuda_timing`` runs the
+kind's rank program through ``run_stubbed``). Code under test often times or annotates its communication with
 ``torch.cuda.synchronize()``, ``torch.cuda.nvtx.range(...)``, ``torch.cuda.Event(
 enable_timing=True)`` or ``torch.cuda.current_stream()``; on a build without CUDA each raises
 before the logic runs. ``stubbed_cuda_timing()`` replaces exactly those attributes of
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["stubbed_cuda_timing", "run_ddp", "run_sharded", "run_zero", "STUBBED"]
+__all__ = ["STUBBED", "run_stubbed", "stubbed_cuda_timing"]
 
 
 class _Event:
@@ -122,29 +122,12 @@ def stubbed_cuda_timing():
                 setattr(module, attr, original)
 
 
-def run_ddp(payload: dict):
-    from paracheck.check.ranks import ddp
+def run_stubbed(payload: dict):
+    """The rank program ``payload["stubbed"]`` (``"module:function"``, the target's kind's) run
+    within ``stubbed_cuda_timing()``: one entry for every kind (``Target.rank_fn``)."""
+    import importlib
 
+    module, _, name = payload["stubbed"].partition(":")
+    program = getattr(importlib.import_module(module), name)
     with stubbed_cuda_timing():
-        return ddp.run_ddp(payload)
-
-
-def run_sharded(payload: dict):
-    from paracheck.check.ranks import sharded
-
-    with stubbed_cuda_timing():
-        return sharded.run_sharded(payload)
-
-
-def run_zero(payload: dict):
-    from paracheck.check.ranks import zero
-
-    with stubbed_cuda_timing():
-        return zero.run_zero(payload)
-
-
-def run_zero2(payload: dict):
-    from paracheck.check.ranks import zero
-
-    with stubbed_cuda_timing():
-        return zero.run_zero2(payload)
+        return program(payload)

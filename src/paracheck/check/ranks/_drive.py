@@ -4,7 +4,7 @@ Runs inside the rank processes. The training loops (``paracheck.check.ranks``) n
 ``DDPDriver``, so that one loop serves every way people write the CS336 interface (a class with
 ``finish_gradient_synchronization()``, or the handout's functions ``get_ddp(module)`` and
 ``ddp_on_after_backward(ddp_model, optimizer)``, ...; Note [Readings of a DDP interface] in
-``paracheck.check.targets``). ``payload`` keys read here:
+``paracheck.check.interfaces``). ``payload`` keys read here:
 
 * ``path``: the target's import path (a class, or a function returning the wrapper);
 * ``takes_bucket``: pass ``bucket_size_mb`` (read only where the constructor's signature cannot be);
@@ -22,13 +22,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from paracheck.cases import Case
-from paracheck.check.targets import (
-    Construction,
-    TargetError,
-    ddp_construction,
-    load_object,
-    plausible_hooks,
-)
+from paracheck.check.interfaces import Construction, ddp_construction, plausible_hooks
+from paracheck.check.loading import TargetError, load_object
 
 __all__ = ["DDPDriver", "ddp_driver"]
 

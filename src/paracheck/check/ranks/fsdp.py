@@ -44,6 +44,8 @@ from paracheck.cases import (
     build_scheduler,
     step_scheduler,
 )
+from paracheck.check.interfaces import GATHER_METHODS, takes_keyword
+from paracheck.check.loading import load_object
 from paracheck.check.ranks._common import (
     on_every_rank,
     rank_device,
@@ -53,7 +55,6 @@ from paracheck.check.ranks._common import (
 )
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.record import RankRecord, RankStep
-from paracheck.check.targets import load_object, takes_keyword
 from paracheck.world import set_step
 
 __all__ = [
@@ -66,7 +67,6 @@ __all__ = [
     "run_fsdp",
 ]
 
-GATHER_METHODS = ("gather_full_params", "full_parameters", "gather_params")
 # The waits before a count is believed (Note [Settling a count of live storages]).
 SETTLE_SECONDS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
 

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.cases import Case, add_late_groups, build_case_model, build_optimizer
+from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER
 from paracheck.check.ranks._common import on_every_rank, rank_device, snapshot, target_object
 from paracheck.check.ranks._optimizer import build_zero, state_by_param, state_dict_of
 from paracheck.check.ranks.record import ReloadRecord
@@ -28,7 +29,11 @@ def run_reload(payload: dict) -> ReloadRecord:
         for p, v in zip(model.parameters(), payload["params"]):
             p.copy_(v)
     cls = target_object(payload["path"])
-    if payload["kind"] in ("zero", "zero2"):
+    # A wrapper that owns the gradients and the optimizer wraps the module and synchronises the
+    # gradients itself (ZeRO); a sharded optimizer takes the parameters, its gradients given
+    # synchronised.
+    syncs = {GRADIENTS, OPTIMIZER} <= KINDS[payload["kind"]].owns
+    if syncs:
         params, opt = build_zero(case, model, cls)
         owner = opt.optimizer
     else:
@@ -45,7 +50,7 @@ def run_reload(payload: dict) -> ReloadRecord:
 
     loaded = on_every_rank(load, device, "load_state_dict")
     opt.zero_grad(set_to_none=True)
-    if payload["kind"] in ("zero", "zero2"):
+    if syncs:
         # The gradient goes through the ZeRO wrapper's own synchronisation (identical on all ranks,
         # so the average is the gradient itself).
         for p, g in zip(params, payload["grads"]):
