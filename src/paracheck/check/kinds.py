@@ -153,6 +153,9 @@ class Evidence:
     judged_from: dict | None = None
     # What a property measured besides its verdict, by name (the float64 bound's worst ratio).
     measured: dict = field(default_factory=dict)
+    # Whether balance judges an undeclared sharded design by the state its ranks step (the
+    # contract's ``stepped_balance``: paracheck.check.features).
+    stepped_balance: bool = True
 
 
 def _state(props):
@@ -173,6 +176,12 @@ def _driver(module: str, fn: str):
         return getattr(importlib.import_module(module), fn)(e.case, e.traj, e.ranks, e.kind)
 
     return check
+
+
+def _balance(e: Evidence):
+    from paracheck.check.properties.balance import check_balance
+
+    return check_balance(e.case, e.traj, e.ranks, e.kind, stepped=e.stepped_balance)
 
 
 def _bucket_structure(e: Evidence):
@@ -217,7 +226,7 @@ def _rerun(module: str, fn: str):
 # which also reports the worst relative error), by name; each returns a Divergence or None.
 PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "bucket-structure": _bucket_structure,
-    "balance": _driver("paracheck.check.properties.balance", "check_balance"),
+    "balance": _balance,
     "memory": _driver("paracheck.check.properties.memory", "check_memory"),
     "state": _state(frozenset({"state"})),
     "state-consolidated": _state(frozenset({"state-consolidated"})),

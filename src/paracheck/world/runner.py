@@ -1083,7 +1083,7 @@ class World:
 #     sending its answer: it is waited for (up to ``answer_seconds`` past the World's timeout,
 #     while its process lives).
 #   * A rank busy outside any collective (a long backward at four ranks per core) changes no
-#     collective count, so counts alone called it stuck: a rank that used a CPU (3% of one over
+#     collective count, so counts alone called it stuck: a rank that used a CPU (2% of one over
 #     the last half second or more), or has a thread waiting for a disk when polled, is making
 #     progress too, and a job that progresses waits up to the World's timeout.
 #   Conversely, when no rank still in the job ran, issued a collective or changed state for
@@ -1096,7 +1096,7 @@ class World:
 #   A timeout that neither a deadlock nor a stall proves (a rank still spinning at the World's
 #   timeout) is run once more on fresh rank processes with the World's whole timeout before it
 #   is reported; a pass then is the case's verdict.
-_RUNNING = 0.03  # the share of one CPU above which a rank counts as running
+_RUNNING = 0.02  # the share of one CPU above which a rank counts as running
 
 
 def process_activity(pid: int) -> tuple[int, bool] | None:

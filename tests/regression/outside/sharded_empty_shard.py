@@ -22,7 +22,7 @@ class EmptyShardOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         for p in group["params"]:
             if id(p) not in self._owner:
-                r = min(range(self._ws), key=lambda k: (self._loads[k], k))
+                r = self._choose_owner(p)
                 self._owner[id(p)] = r
                 self._loads[r] += p.numel()
         mine = [p for p in group["params"] if self._owner[id(p)] == self._rank]
@@ -35,13 +35,19 @@ class EmptyShardOptimizer(torch.optim.Optimizer):
         else:
             self._local.add_param_group(sub)
 
-    def _sync_hyperparameters(self):
-        mine = [
+    def _choose_owner(self, p):
+        return min(range(self._ws), key=lambda k: (self._loads[k], k))  # the least loaded
+
+    def _mine(self):
+        """The wrapper's groups holding a parameter of this rank: the local optimizer's groups."""
+        return [
             g
             for g in self.param_groups
             if any(self._owner[id(p)] == self._rank for p in g["params"])
         ]
-        for g, lg in zip(mine, self._local.param_groups):
+
+    def _sync_hyperparameters(self):
+        for g, lg in zip(self._mine(), self._local.param_groups):
             for k, v in g.items():
                 if k != "params":
                     lg[k] = v
@@ -75,6 +81,10 @@ class EmptyShardOptimizer(torch.optim.Optimizer):
                 raise ValueError("this rank owns no parameter: its state must be empty")
             return
         self._local.load_state_dict(state_dict)
+        for g, lg in zip(self._mine(), self._local.param_groups):
+            for k, v in lg.items():
+                if k != "params":
+                    g[k] = v
 
 
 class LosesStateOptimizer(EmptyShardOptimizer):
