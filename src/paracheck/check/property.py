@@ -25,7 +25,8 @@ Note [Hang timeouts]
     hangs cost well under a second, and a stall (no rank of the case runs: Note [Timeout verdicts]
     in ``paracheck.world.runner``) a few seconds; shrinking a hang and labelling the features it
     needs share one budget of ``hang_shrink_seconds`` from the moment it is found, after which the
-    smallest hang found is reported as not fully shrunk (and its labels as incomplete).
+    smallest hang found is reported as not fully shrunk (and its labels as incomplete). A dead
+    rank's shrinking and labelling are bounded by that budget each.
 """
 
 from __future__ import annotations
@@ -491,8 +492,10 @@ def check_target(
 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
         nonlocal first_at
-        # One budget for shrinking and labelling a costly failure (Note [Hang timeouts]).
-        start = hit.found_at if hit.found_at is not None else time.monotonic()
+        # A hang's shrinking and labelling share one budget (Note [Hang timeouts]); a dead rank
+        # costs a fork, and its labelling gets a budget of its own.
+        shared = hit.prop == "hang" and hit.found_at is not None
+        start = hit.found_at if shared else time.monotonic()
         deadline = start + hang_shrink_seconds if hit.prop in costly else None
         needs, complete = (
             checker.needs(hit.prop, hit.result.case, deadline) if labels else (None, True)

@@ -565,6 +565,19 @@ class World:
             and os.path.exists(os.path.join(self._stack_dir, "zygote.ready"))
         )
 
+    def _await_zygote(self) -> None:
+        """Wait for a zygote that is still importing torch: forking from it once it is ready
+        costs the rest of its import, a new process the whole of one (measured under load 20 on
+        two cores: a stalled first case took 67 s to replace its rank that way, 4 s later on)."""
+        deadline = time.monotonic() + self.start_timeout
+        while (
+            self._zygote is not None
+            and self._zygote.poll() is None
+            and not self._zygote_ready()
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+
     def _stop_zygote(self) -> None:
         if self._zygote is not None:
             if self._zygote.poll() is None:
@@ -588,6 +601,7 @@ class World:
             _wait_code(self._procs[r])
             self._conns[r].close()
         t0 = time.monotonic()
+        self._await_zygote()
         try:
             self._spawn(list(ranks), fork=self._zygote_ready())
         except (RuntimeError, OSError):
