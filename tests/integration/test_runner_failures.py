@@ -65,6 +65,39 @@ def segv_on_0(_):
     if dist.get_rank() == 0:
         import ctypes
         ctypes.string_at(0)
+
+class Held:
+    # Pickled (sent to the driver) only once the file `path` exists: the rank's status says
+    # "returned" long before its answer arrives.
+    def __init__(self, path):
+        self.path = path
+    def __reduce__(self):
+        import time
+        while not os.path.exists(self.path):
+            time.sleep(0.01)
+        return (int, (7,))
+
+def answer_when(path):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return Held(path)
+
+def sleep_on_1(_):
+    import time
+    if dist.get_rank() == 1:
+        time.sleep(1e6)
+    dist.all_reduce(torch.ones(3))
+
+def busy_on_1(seconds):
+    # Rank 1 computes outside any collective for `seconds`, its peer waits in an all-reduce.
+    import time
+    if dist.get_rank() == 1:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            pass
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
 """
 
 
@@ -154,13 +187,17 @@ def test_a_collective_given_tensors_of_different_sizes_is_named(small_world, n):
 
 
 def test_python_level_hang_kills_and_restarts(small_world):
-    """A rank stuck outside any collective is killed; the pool restarts and serves the next job."""
+    """A rank stuck outside any collective is killed; the pool restarts and serves the next job.
+    A spinning rank runs, so nothing proves it hung: the job runs once more on fresh ranks before
+    the hang is reported (rank 1 replaced, ranks 0 and 1 for the second run, rank 1 again)."""
     restarts = small_world.restarts
     with pytest.raises(RankHang) as info:
         small_world.run("paracheck_test_jobs:spin_on_1", None, world_size=2)
     assert [f.rank for f in info.value.failures if f.kind == "hung"] == [1]
     assert "spin_on_1" in info.value.failures[0].detail
-    assert small_world.restarts == restarts + 1
+    assert info.value.rerun and not info.value.confirmed
+    assert "run again on fresh ranks" in str(info.value)
+    assert small_world.restarts == restarts + 3
     _healthy(small_world)
 
 
@@ -191,3 +228,72 @@ def test_bad_world_size_is_refused(small_world):
         small_world.run("paracheck_test_jobs:ok", None, world_size=4)
     with pytest.raises(ValueError, match="size=0"):
         World(0)
+
+
+def _finished(world, ranks):
+    """Whether every rank of ``ranks`` says, in its status file, that it finished the last job."""
+    for r in ranks:
+        st = world._status(r)
+        if st is None or st.get("job") != world._job or st["state"] == "running":
+            return False
+    return True
+
+
+def test_answers_sent_before_the_driver_comes_back_are_results_not_a_hang(small_world):
+    """The driver busy past a job's deadline (computing the oracle) finds its ranks' answers in
+    the pipes: the job's results, not a hang (Note [Timeout verdicts])."""
+    ticket = small_world.submit("paracheck_test_jobs:ok", None, world_size=2, timeout=0.5)
+    while not _finished(small_world, [0, 1]):
+        time.sleep(0.01)
+    time.sleep(max(0.0, ticket[3] - time.monotonic()) + 0.1)  # past the deadline
+    assert small_world.collect(ticket) == [(2, 3.0)] * 2
+
+
+def test_a_rank_that_finished_is_waited_for_until_its_answer_arrives(small_world, tmp_path):
+    """A rank whose status says it returned, but whose answer comes after the job's deadline and
+    after the World's timeout, is waited for: its result, not a hang (Note [Timeout verdicts])."""
+    import threading
+
+    go = tmp_path / "go"
+    ticket = small_world.submit(
+        "paracheck_test_jobs:answer_when", str(go), world_size=2, timeout=0.5
+    )
+
+    def release():
+        while not _finished(small_world, [0, 1]):
+            time.sleep(0.01)
+        time.sleep(max(0.0, ticket[3] - time.monotonic()) + small_world.timeout)
+        go.touch()
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    try:
+        assert small_world.collect(ticket) == [7, 7]
+    finally:
+        go.touch()
+        thread.join()
+
+
+def test_a_rank_busy_outside_collectives_past_the_case_timeout_is_not_a_hang(small_world):
+    """A rank that computes (uses a CPU) past its case's timeout, its peer waiting in a
+    collective, is slow, not hung: the job waits up to the World's timeout."""
+    assert small_world.run("paracheck_test_jobs:busy_on_1", 2.0, world_size=2, timeout=0.3) == [
+        2.0,
+        2.0,
+    ]
+
+
+def test_a_stalled_rank_is_reported_before_the_timeout_and_not_run_again(small_world):
+    """A rank that sleeps, its peer waiting for it in a collective: no rank of the job runs, so
+    it is a stall, reported after ``stall_seconds``, not the timeout, and not run again."""
+    small_world.stall_seconds = 1.0
+    try:
+        with pytest.raises(RankHang) as info:
+            small_world.run("paracheck_test_jobs:sleep_on_1", None, world_size=2)
+    finally:
+        del small_world.stall_seconds  # the class's value again
+    hang = info.value
+    assert hang.stalled and not hang.rerun and hang.seconds < small_world.timeout
+    assert "stalled on rank(s) [0, 1]" in str(hang)
+    assert "rank 0 is in its 1st all_reduce" in hang.disagreement
+    _healthy(small_world)

@@ -13,6 +13,12 @@ design trains exactly as the oracle does, and paracheck said otherwise.
   against the owner-broadcast model of traffic, which it does not declare;
 * a sharded optimizer whose ``state_dict()`` is its wrapped optimizer's, kept in an attribute
   of a name paracheck did not look for (``self._wrapped``): its state could not be read;
+* a sharded optimizer that keeps no wrapped optimizer on a rank that owns no parameter (three
+  ranks, two parameters), whose ``state_dict()`` there is the empty shard
+  ``{"state": {}, "param_groups": []}``: "rank 2's state_dict() cannot be read";
+* a sharded optimizer that deals parameters round-robin by count and declares no partition: it
+  passed, although one rank steps the state of every weight matrix (not a false failure, a bug
+  missed: balance is now judged on the state each rank steps);
 * a ZeRO-1 that synchronises the gradients of the parameters its groups hold, on a case that adds
   a group at step 1: the gradient of that group's parameter was judged at step 0, when nothing
   was trained with it (Note [Gradients outside the groups] in ``paracheck.check.run``);
@@ -55,6 +61,7 @@ def _case(name: str) -> Case:
             "sharded",
             False,
         ),
+        ("sharded_empty_shard", "sharded_empty_shard:EmptyShardOptimizer", "sharded", False),
     ],
 )
 def test_outside_design_passes_the_case_that_failed_it(world, case, path, kind, takes_bucket):
@@ -114,3 +121,41 @@ def test_the_default_search_reaches_a_never_used_parameter_across_windows(world,
         features="+unused-always",
     )
     assert report.passed != breaks, report.text()
+
+
+def test_an_empty_shard_on_every_rank_loses_the_state(world):
+    """The empty-shard design whose owners return the empty shard too: the state property fails,
+    naming the parameters whose state is on no rank (an empty shard is valid, losing state is not)."""
+    path = "sharded_empty_shard:LosesStateOptimizer"
+    target = Target(path, f"{OUTSIDE}.{path}", "sharded", False)
+    result = run_case(world, target, _case("sharded_empty_shard"))
+    d = result.divergence
+    assert d is not None and d.what == "state", result.describe()
+    assert "optimizer state for parameters [0, 1] is on no rank" in d.detail
+
+
+@pytest.mark.parametrize(
+    "path, balanced",
+    [
+        ("sharded_round_robin:RoundRobinOptimizer", False),
+        ("sharded_empty_shard:EmptyShardOptimizer", True),
+    ],
+)
+def test_an_undeclared_partition_is_judged_on_the_state_each_rank_steps(world, path, balanced):
+    """Two correct sharded optimizers that declare no partition, on an MLP with biases at two
+    ranks (Note [Balance of the state stepped]): dealt round-robin by count, rank 0 steps every
+    weight's state (384 of 480 bytes, over 480/2 + 128) and fails balance under the full contract,
+    not under CS336's; filled least-loaded first, it passes both."""
+    target = Target(path, f"{OUTSIDE}.{path}", "sharded", False)
+    case = _case("sharded_round_robin")
+    full = run_case(world, target, case)
+    if balanced:
+        assert full.ok, full.describe()
+    else:
+        assert full.failed_properties == ["balance"], full.describe()
+        assert "rank 0 steps the optimizer state of 384 bytes of parameters ([0, 2, 4])" in (
+            full.divergence.detail
+        )
+    cs336 = run_case(world, target, case, stepped_balance=False)
+    assert cs336.ok, cs336.describe()
+    assert cs336.extra["unjudged"].startswith("balance, traffic not judged")

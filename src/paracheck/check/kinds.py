@@ -290,6 +290,9 @@ class Evidence:
     judged_from: dict | None = None
     # What a property measured besides its verdict, by name (the float64 bound's worst ratio).
     measured: dict = field(default_factory=dict)
+    # Whether balance judges an undeclared sharded design by the state its ranks step (the
+    # contract's ``stepped_balance``: paracheck.check.features).
+    stepped_balance: bool = True
 
 
 def _state(props):
@@ -311,6 +314,12 @@ def _driver(module: str, fn: str):
 
     check.reference = f"{module}:{fn}"  # type: ignore[attr-defined]  # resolved by a unit test
     return check
+
+
+def _balance(e: Evidence):
+    from paracheck.check.properties.balance import check_balance
+
+    return check_balance(e.case, e.traj, e.ranks, e.kind, stepped=e.stepped_balance)
 
 
 def _bucket_structure(e: Evidence):
@@ -359,7 +368,7 @@ def _rerun(module: str, fn: str):
 # which also reports the worst relative error), by name; each returns a Divergence or None.
 PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
     "bucket-structure": _bucket_structure,
-    "balance": _driver("paracheck.check.properties.balance", "check_balance"),
+    "balance": _balance,
     "memory": _driver("paracheck.check.properties.memory", "check_memory"),
     "state": _state(frozenset({"state"})),
     "state-consolidated": _state(frozenset({"state-consolidated"})),

@@ -22,8 +22,11 @@ Note [Hang timeouts]
     ``floor`` seconds and at most the World's timeout (``CaseTimeouts``). Before a case of some size
     has passed, it is extrapolated from the other sizes, or is the World's timeout. A deadlock the
     ranks' collective counts prove is reported before any timeout (``paracheck.world``), so most
-    hangs cost well under a second; shrinking a hang is bounded by ``hang_shrink_seconds``, after
-    which the smallest hang found is reported as not fully shrunk.
+    hangs cost well under a second, and a stall (no rank of the case runs: Note [Timeout verdicts]
+    in ``paracheck.world.runner``) a few seconds; shrinking a hang and labelling the features it
+    needs share one budget of ``hang_shrink_seconds`` from the moment it is found, after which the
+    smallest hang found is reported as not fully shrunk (and its labels as incomplete). A dead
+    rank's shrinking and labelling are bounded by that budget each.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from hypothesis.errors import Flaky
 from paracheck.cases import Case
 from paracheck.check.database import CaseDatabase
 from paracheck.check.features import (
+    CONTRACTS,
     FEATURES,
     case_features,
     essential,
@@ -149,6 +153,7 @@ class _Hit:
     notes: list
     shrunk: bool = True  # False: a case run as it is (given, or replayed from the database)
     first: CaseResult | None = None  # the first case found to break it, before shrinking
+    found_at: float | None = None  # time.monotonic() when the search found it
 
 
 class _Found(AssertionError):
@@ -164,9 +169,20 @@ class _Found(AssertionError):
 
 class _Checker:
     def __init__(
-        self, target, world, *, device_fn, timeouts, progress, strategy_settings, key, seed
+        self,
+        target,
+        world,
+        *,
+        device_fn,
+        timeouts,
+        progress,
+        strategy_settings,
+        key,
+        seed,
+        stepped_balance=True,
     ):
         self.target, self.world, self.device_fn = target, world, device_fn
+        self.stepped_balance = stepped_balance  # the contract's (paracheck.check.features)
         self.timeouts, self.progress = timeouts, progress
         self.settings = strategy_settings
         self.key = key
@@ -254,6 +270,7 @@ class _Checker:
                 state["first_at"] - 1,
                 notes,
                 first=state["first"],
+                found_at=state["t"],
             )
         except Flaky:
             if state["prop"] is None:
@@ -276,6 +293,7 @@ class _Checker:
             state["first_at"] - 1,
             notes,
             first=state["first"],
+            found_at=state["t"],
         )
 
     def needs(self, prop: str, case: Case, deadline: float | None) -> tuple[list[str], bool]:
@@ -321,6 +339,7 @@ class _Checker:
             case,
             device=self.device_fn(case) if self.device_fn else None,
             timeout=self.timeouts(case.world_size),
+            stepped_balance=self.stepped_balance,
         )
 
 
@@ -456,6 +475,7 @@ def check_target(
         strategy_settings=cfg,
         key=f"{sequence_name(target.path)}|{target.kind}",
         seed=None if seed == 0 else seed,
+        stepped_balance=CONTRACTS[contract].stepped_balance,
     )
 
     # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
@@ -475,7 +495,11 @@ def check_target(
 
     def finish(hit: _Hit, without_feature: str | None = None) -> None:
         nonlocal first_at, lost
-        deadline = time.monotonic() + hang_shrink_seconds if hit.prop in costly else None
+        # A hang's shrinking and labelling share one budget (Note [Hang timeouts]); a dead rank
+        # costs a fork, and its labelling gets a budget of its own.
+        shared = hit.prop == "hang" and hit.found_at is not None
+        start = hit.found_at if shared else time.monotonic()
+        deadline = start + hang_shrink_seconds if hit.prop in costly else None
         needs, complete = None, True
         if labels:
             try:

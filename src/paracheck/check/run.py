@@ -117,9 +117,12 @@ def run_case(
     device: str | None = None,
     timeout: float | None = None,
     check_state: bool | None = None,
+    stepped_balance: bool = True,
 ) -> CaseResult:
     """Run ``case`` on ``target`` and return how it compares with the oracle (never raises for a
-    target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``)."""
+    target's failure: a raising, hanging or dying rank comes back in ``CaseResult.error``).
+    ``stepped_balance``: the contract judges an undeclared sharded design's balance on the state
+    its ranks step (Note [Balance of the state stepped])."""
     row = KINDS[target.kind]
     if row.prepare_case is not None:
         case = row.prepare_case(case, target)
@@ -209,6 +212,7 @@ def run_case(
         timeout,
         ranks_on=ranks_on,
         judged_from=judged_from,
+        stepped_balance=stepped_balance,
     )
     # Each property is checked on its own (they do not depend on each other's verdicts); one
     # divergence per property. The properties compared with the oracle come first, in name order,
@@ -233,7 +237,9 @@ def run_case(
         if not declares_partition(ranks):
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
             stepped = row.state_layout == "per-parameter"  # Note [State stepped on two ranks]
-            extra["unjudged"] = _unjudged(judged_on_a_partition, stepped=stepped)
+            extra["unjudged"] = _unjudged(
+                judged_on_a_partition, stepped=stepped, balance=stepped and stepped_balance
+            )
     return CaseResult(
         case,
         worst_ratio=worst,
@@ -245,10 +251,11 @@ def run_case(
     )
 
 
-def _unjudged(props: set[str], *, stepped: bool) -> str:
+def _unjudged(props: set[str], *, stepped: bool, balance: bool = False) -> str:
     """The report's note for a target that declares no partition: which of ``props`` were not
-    judged, and (``sharded``, Note [State stepped on two ranks]) how ``memory`` still was."""
-    exact = sorted(props - {"memory"} if stepped else props)
+    judged, and (``sharded``, Note [State stepped on two ranks], Note [Balance of the state
+    stepped]) how ``memory`` and ``balance`` still were."""
+    exact = sorted(props - ({"memory"} if stepped else set()) - ({"balance"} if balance else set()))
     parts = []
     if exact:
         parts.append(
@@ -259,6 +266,11 @@ def _unjudged(props: set[str], *, stepped: bool) -> str:
         parts.append(
             "memory judged only by the state each rank steps: no parameter's state may be "
             "stepped on two ranks" + ("" if exact else " (the target declares no partition)")
+        )
+    if balance and "balance" in props:
+        parts.append(
+            "balance judged on the state each rank steps: at most total/W + largest parameter "
+            "bytes per rank" + ("" if exact else " (the target declares no partition)")
         )
     return "; ".join(parts)
 

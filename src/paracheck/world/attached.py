@@ -287,6 +287,11 @@ class AttachedWorld(World):
     def _respawn(self, ranks: list[int]) -> bool:
         return False
 
+    # No process of the agents' is on this machine to watch, and none can be replaced to run a
+    # late job again (Note [Timeout verdicts] in paracheck.world.runner).
+    stall_seconds = None
+    reruns_timeouts = False
+
     def restart(self) -> None:
         dead = [r for r, p in enumerate(self._procs) if p is not None and p.poll() is not None]
         self._broken = (
@@ -377,7 +382,7 @@ class AttachedWorld(World):
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         return {r: self._ask(r, "stack") or "" for r in ranks}
 
-    def _abandon(self, stuck: list[int]) -> None:
+    def _abandon(self, stuck: list[int]) -> bool:
         """Interrupt the stuck ranks' job: a rank in Python raises at once, one blocked in a
         collective as soon as the collective returns; on NCCL, abort their group, which frees a
         collective no peer will join (Note [Attached ranks])."""
@@ -386,6 +391,7 @@ class AttachedWorld(World):
         if self.backend == "nccl":
             for r in stuck:
                 self._ask(r, "abort", self._job, timeout=10.0)
+        return True
 
     def _unstick(self, stuck: list[int], started: float) -> bool:
         """Wait for the group's timeout to free a rank blocked in a collective that no peer will

@@ -133,12 +133,23 @@ class RankHang(WorldError):
         *,
         disagreement: str = "",
         definite: bool = False,
+        stalled: bool = False,
         seconds: float = 0.0,
     ):
         super().__init__(message, failures)
         self.disagreement = disagreement
         self.definite = definite  # a deadlock by the collective counts, not only a timeout
+        # No rank still in the job ran or issued a collective for ``World.stall_seconds``
+        # (Note [Timeout verdicts]).
+        self.stalled = stalled
+        self.rerun = False  # the verdict of a second run on fresh ranks (Note [Timeout verdicts])
         self.seconds = seconds  # from submission to the verdict
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the ranks' own state proves the hang (a deadlock, or a stall), so that running
+        the job again could not end otherwise (Note [Timeout verdicts])."""
+        return self.definite or self.stalled
 
 
 class RankDied(WorldError):
@@ -369,6 +380,7 @@ class World:
         self.spawn_seconds = 0.0  # how long the last start of single ranks took (0: none yet)
         self.last_outputs: dict[int, str] = {}
         self._submitted_at = 0.0
+        self._rerunning = False  # collect() is running a job again (Note [Timeout verdicts])
         # Forks replacement ranks (Note [Forked ranks]).
         self._zygote: subprocess.Popen[bytes] | None = None
         self._exits: dict[int, RankFailure] = {}  # how the ranks _replace_dead found dead ended
@@ -554,6 +566,19 @@ class World:
             and os.path.exists(os.path.join(self._stack_dir, "zygote.ready"))
         )
 
+    def _await_zygote(self) -> None:
+        """Wait for a zygote that is still importing torch: forking from it once it is ready
+        costs the rest of its import, a new process the whole of one (measured under load 20 on
+        two cores: a stalled first case took 67 s to replace its rank that way, 4 s later on)."""
+        deadline = time.monotonic() + self.start_timeout
+        while (
+            self._zygote is not None
+            and self._zygote.poll() is None
+            and not self._zygote_ready()
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+
     def _stop_zygote(self) -> None:
         if self._zygote is not None:
             if self._zygote.poll() is None:
@@ -577,6 +602,7 @@ class World:
             _wait_code(self._procs[r])
             self._conns[r].close()
         t0 = time.monotonic()
+        self._await_zygote()
         try:
             self._spawn(list(ranks), fork=self._zygote_ready())
         except (RuntimeError, OSError):
@@ -633,6 +659,22 @@ class World:
         self._store = None
 
     restarted_words = "the pool was restarted"  # what a restart() did, for a report
+
+    # See Note [Timeout verdicts]: how long no rank still in a job may run before the job is a
+    # stall (None: never judged so; the ranks' processes must be on this machine), how long a
+    # rank that finished may take to answer past the World's timeout, and whether a timeout that
+    # nothing proves is run again on fresh ranks.
+    stall_seconds: float | None = 3.0
+    answer_seconds = 60.0
+    reruns_timeouts = True
+
+    def _activity(self, rank: int) -> tuple[int, bool] | None:
+        """Rank ``rank``'s process: the CPU time its threads used (ns), and whether one of them
+        waits for a disk now (Note [Timeout verdicts]); None where unknown
+        (not a local gloo rank, or /proc is missing)."""
+        if self.backend != "gloo" or self.stall_seconds is None:
+            return None
+        return process_activity(self._procs[rank].pid)
 
     def restart(self) -> None:
         self._kill()
@@ -730,9 +772,33 @@ class World:
     def collect(self, ticket) -> list:
         """Wait for the job of ``ticket``; raise ``RankError``/``RankHang``/``RankDied``/
         ``RankOverMemory`` on failure. A job over the memory cap on processes that ran earlier jobs
-        is run again on fresh ones first (Note [Rank memory cap]).
+        is run again on fresh ones first (Note [Rank memory cap]); so is a job past its timeout
+        that nothing proves hung, with the World's whole timeout (Note [Timeout verdicts]).
 
         ``self.last_outputs`` then holds what each rank of the job printed (clipped)."""
+        try:
+            return self._collect(ticket)
+        except RankHang as hang:
+            if hang.confirmed or self._rerunning or not self.reruns_timeouts:
+                raise
+            first = hang
+        fn, payload, w, _ = self._submitted
+        if not self._respawn(list(range(w))):
+            self.restart()
+        self._rerunning = True
+        try:
+            return self._collect(self.submit(fn, payload, world_size=w, timeout=self.timeout))
+        except RankHang as again:
+            again.rerun = True
+            again.args = (
+                f"{again.args[0]} (run again on fresh ranks with a limit of {self.timeout:g} s "
+                f"after it first did not finish within {first.seconds:.1f} s)",
+            )
+            raise
+        finally:
+            self._rerunning = False
+
+    def _collect(self, ticket) -> list:
         job, fn, w, deadline = ticket
         if job != self._job:
             raise RuntimeError(
@@ -745,26 +811,8 @@ class World:
         self.last_outputs = {}
         pending = dict(enumerate(self._conns))
         watch = _Watch(self, job, w)
-        while pending:
-            now = time.monotonic()
-            if now >= deadline:
-                # A case past its timeout whose ranks still issue collectives is slow, not hung
-                # (a loaded machine): give it another timeout's worth, up to the World's.
-                if watch.progressed(within=1.0) and now < hard:
-                    deadline = min(hard, now + (deadline - started))
-                    continue
-                break
-            # Poll the ranks' collective counts while some have answered and others not (where a
-            # deadlock shows), and in the last second before the deadline.
-            polling = (
-                (results and any(r < w for r in pending))
-                or deadline - now < 1.5
-                or now >= started + 0.5
-            )
-            ready = wait(
-                list(pending.values()),
-                timeout=min(deadline - now, 0.1 if polling else started + 0.5 - now),
-            )
+
+        def receive(ready) -> None:
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
@@ -785,14 +833,52 @@ class World:
                     failures.append(
                         RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output)
                     )
+
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                # See Note [Timeout verdicts]: answers already sent are read before anything is
+                # judged late (the driver may have been busy past the deadline), a rank that
+                # finished is waited for, and the ranks are judged on what was watched.
+                ready = wait(list(pending.values()), timeout=0)
+                if ready:
+                    receive(ready)
+                    continue
+                running = sorted(r for r in pending if r < w)
+                watch.poll(running)
+                if watch.answering(running) and now < hard + self.answer_seconds:
+                    deadline = now + 0.1
+                    continue
+                if watch.watched_for() < 1.0:
+                    deadline = now + 1.0 - watch.watched_for()
+                    continue
+                # A case past its timeout whose ranks still run or issue collectives is slow, not
+                # hung (a loaded machine): give it another timeout's worth, up to the World's.
+                if watch.progressed(within=1.0) and now < hard:
+                    deadline = min(hard, now + (deadline - started))
+                    continue
+                break
+            # Poll the ranks' collective counts while some have answered and others not (where a
+            # deadlock shows), and in the last second before the deadline.
+            polling = (
+                (results and any(r < w for r in pending))
+                or deadline - now < 1.5
+                or now >= started + 0.5
+            )
+            ready = wait(
+                list(pending.values()),
+                timeout=min(deadline - now, 0.1 if polling else started + 0.5 - now),
+            )
+            receive(ready)
             if any(f.kind in _DEATHS for f in failures):
                 break
             if polling:
-                watch.poll(sorted(r for r in pending if r < w))
-                if not failures and watch.deadlocked(
-                    sorted(results), sorted(r for r in pending if r < w)
+                running = sorted(r for r in pending if r < w)
+                watch.poll(running)
+                if not failures and (
+                    watch.deadlocked(sorted(results), running) or watch.stalled(running)
                 ):
-                    break  # Note [Definite deadlock]
+                    break  # Note [Definite deadlock], Note [Timeout verdicts]
         if any(f.kind in _DEATHS for f in failures):
             dead = [f for f in failures if f.kind in _DEATHS]
             ranks = sorted(f.rank for f in dead)
@@ -857,6 +943,7 @@ class World:
     def _handle_hang(self, fn, w, stuck: list[int], results, failures, watch: _Watch) -> None:
         started = self._submitted_at
         definite = watch.deadlocked(sorted(results), stuck)
+        stalled = not definite and watch.stalled(stuck)
         stacks = self._stacks(stuck)
         statuses = {r: watch.status(r) for r in range(w)}
         seconds = time.monotonic() - started
@@ -888,8 +975,10 @@ class World:
                     _send(self._conns[r], ("reset",))
                 except (BrokenPipeError, OSError):
                     pass
-        self._abandon(stuck)
-        recovered = self._await_stuck(stuck, time.monotonic() + 2.0)
+        # Only a peer that finished or raised can free a stuck rank by dropping its group, or an
+        # interruption of its job.
+        freed = self._abandon(stuck) or bool(results or failures)
+        recovered = freed and self._await_stuck(stuck, time.monotonic() + 2.0)
         recovered = (recovered or self._unstick(stuck, started)) and all(
             p.poll() is None for p in self._procs
         )
@@ -906,6 +995,13 @@ class World:
                 f"{fn} (world size {w}) deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
                 f"{action}"
             )
+        elif stalled:
+            head = (
+                f"{fn} (world size {w}) stalled on rank(s) {stuck} after {seconds:.1f} s: none of "
+                f"them ran or issued a collective for {self.stall_seconds:g} s"
+                + (f"; {disagreement}" if disagreement else "")
+                + f"; {action}"
+            )
         else:
             head = (
                 f"{fn} (world size {w}) did not finish within {seconds:.1f} s on rank(s) {stuck}"
@@ -917,6 +1013,7 @@ class World:
             hung + failures + done,
             disagreement=disagreement,
             definite=definite,
+            stalled=stalled,
             seconds=seconds,
         )
 
@@ -936,13 +1033,17 @@ class World:
         time.sleep(0.02)
         return {r: _read(p) for r, p in paths.items()}
 
+    def _alive(self, rank: int) -> bool:
+        return self._procs[rank].poll() is None
+
     def _status(self, rank: int) -> dict | None:
         """Rank ``rank``'s collective counts (``paracheck.world._collectives``)."""
         return read_status(os.path.join(self._stack_dir, f"rank{rank}.status"))
 
-    def _abandon(self, stuck: list[int]) -> None:
+    def _abandon(self, stuck: list[int]) -> bool:
         """The stuck ranks' job is given up (nothing to do here: their processes are replaced
-        if they do not answer)."""
+        if they do not answer); True where that may let them answer."""
+        return False
 
     def _unstick(self, stuck: list[int], started: float) -> bool:
         """Ranks still stuck 2 s after their peers dropped the group: their collectives fail when
@@ -984,8 +1085,60 @@ class World:
 #   ranks passed tensors of different sizes or dtypes: it cannot complete correctly on any
 #   backend (gloo aborts a rank or waits; NCCL waits for the missing elements). Polled the same
 #   way once a job has run for half a second.
+# Note [Timeout verdicts]
+#   A job is hung when its ranks can no longer finish it, not when a clock says so. Three things
+#   made a correct case read as a hang on a loaded machine, and each is ruled out before a
+#   timeout is judged:
+#   * The driver computes the oracle between ``submit`` and ``collect`` and may itself be
+#     descheduled, so it can reach ``collect`` after the deadline with every answer already in
+#     the pipes (measured: a 1x1 MLP's first case, both ranks idle in their job loop, reported as
+#     a hang when 20 checks shared 32 cores). Answers already sent are read first, and a job is
+#     judged only on at least one second of the driver watching it.
+#   * A rank whose status says it finished (``returned``, ``raised``) is still pickling and
+#     sending its answer: it is waited for (up to ``answer_seconds`` past the World's timeout,
+#     while its process lives).
+#   * A rank busy outside any collective (a long backward at four ranks per core) changes no
+#     collective count, so counts alone called it stuck: a rank that used a CPU (2% of one over
+#     the last half second or more), or has a thread waiting for a disk when polled, is making
+#     progress too, and a job that progresses waits up to the World's timeout.
+#   Conversely, when no rank still in the job ran, issued a collective or changed state for
+#   ``stall_seconds`` (3 s), nothing can end the job: every such rank sleeps or waits for a peer
+#   that does. That is a stall, reported at once like a deadlock (Note [Definite deadlock])
+#   whatever the timeout. An idle rank uses about 0.5% of a CPU (its watchdog thread; measured),
+#   a rank that wants a CPU on two cores shared by 17 runnable processes gets about 12%. Only
+#   local gloo ranks are judged so: an NCCL rank may wait for its GPU without using a CPU, and an
+#   attached rank's process is on another machine.
+#   A timeout that neither a deadlock nor a stall proves (a rank still spinning at the World's
+#   timeout) is run once more on fresh rank processes with the World's whole timeout before it
+#   is reported; a pass then is the case's verdict.
+_RUNNING = 0.02  # the share of one CPU above which a rank counts as running
+
+
+def process_activity(pid: int) -> tuple[int, bool] | None:
+    """The CPU time (ns) the threads of process ``pid`` used, and whether one of them is in an
+    uninterruptible wait (a disk) now; None where /proc cannot say. (Whether one is running is no
+    sign: an idle rank's watchdog thread is seen running about once a second.)"""
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return None
+    ns, busy = 0, False
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/schedstat", "rb") as f:
+                ns += int(f.read().split()[0])
+            with open(f"{base}/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+        busy = busy or state == b"D"
+    return ns, busy
+
+
 class _Watch:
-    """The ranks' collective counts while one job is late (see Note [Definite deadlock])."""
+    """The ranks' collective counts and activity while one job is late (see Note [Definite
+    deadlock], Note [Timeout verdicts])."""
 
     def __init__(self, world: World, job: int, w: int):
         self._world = world
@@ -994,6 +1147,12 @@ class _Watch:
         self._last: dict[int, tuple | None] = {}
         self._changed: dict[int, float] = {}
         self._suspect = 0
+        self._first: float | None = None  # when the driver first polled the ranks
+        # See Note [Timeout verdicts]: (time, rank -> CPU ns) of the last polls, and when a rank
+        # still in the job was last seen running.
+        self._cpu: list[tuple[float, dict[int, int]]] = []
+        self._ran: float | None = None
+        self._blind = False  # a rank's activity could not be read: never a stall
 
     def status(self, rank: int) -> dict | None:
         st = self._world._status(rank)
@@ -1001,16 +1160,62 @@ class _Watch:
 
     def poll(self, ranks: list[int]) -> None:
         now = time.monotonic()
+        if self._first is None:
+            self._first = now
+        cpu: dict[int, int] = {}
         for r in ranks:
             st = self.status(r)
             key = None if st is None else (st["total"], st["inside"], st["state"])
             if self._last.get(r) != key:
                 self._last[r] = key
                 self._changed[r] = now
+            act = self._world._activity(r)
+            if act is None:
+                self._blind = True
+                continue
+            cpu[r] = act[0]
+            if act[1]:
+                self._ran = now
+        # CPU time over the last half second or more: one poll's 0.1 s is too short to tell a
+        # rank that waits for a CPU on a loaded machine from one that waits for nothing.
+        older = [(t, c) for t, c in self._cpu if now - t >= 0.5]
+        if older:
+            t, before = older[-1]
+            if any(c - before.get(r, c) >= _RUNNING * (now - t) * 1e9 for r, c in cpu.items()):
+                self._ran = now
+        self._cpu = [(t, c) for t, c in self._cpu if now - t < 1.0] + [(now, cpu)]
+
+    def watched_for(self) -> float:
+        return 0.0 if self._first is None else time.monotonic() - self._first
 
     def progressed(self, within: float) -> bool:
+        """Whether a rank still in the job issued a collective, changed state or ran (used a CPU)
+        within the last ``within`` seconds."""
         now = time.monotonic()
-        return any(now - t < within for t in self._changed.values())
+        ran = self._ran is not None and now - self._ran < within
+        return ran or any(now - t < within for t in self._changed.values())
+
+    def answering(self, running: list[int]) -> list[int]:
+        """The ranks of ``running`` whose status says they finished the job: their answer is on
+        its way (Note [Timeout verdicts])."""
+        out = []
+        for r in running:
+            st = self.status(r)
+            if st is not None and st["state"] != "running" and self._world._alive(r):
+                out.append(r)
+        return out
+
+    def stalled(self, running: list[int]) -> bool:
+        """Whether no rank of ``running`` (the ranks still in the job, one at least) ran, issued a
+        collective or changed state for the World's ``stall_seconds`` (Note [Timeout verdicts])."""
+        window = self._world.stall_seconds
+        if window is None or self._blind or not running or self._first is None:
+            return False
+        if self.answering(running):
+            return False
+        now = time.monotonic()
+        last = max([self._first, self._ran or 0.0] + [self._changed.get(r, 0.0) for r in running])
+        return now - last >= window
 
     def deadlocked(self, finished: list[int], running: list[int]) -> bool:
         ok = self._past_the_finished(finished, running) or (

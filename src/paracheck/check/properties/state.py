@@ -14,10 +14,13 @@ Note [State dict conventions]
     does on a wrapper that keeps its shard in ``self.state``; several ranks may return the same
     parameter's state if they return it identically). Indices name the wrapper's
     ``param_groups`` (torch's convention), or, failing that, the wrapped optimizer's groups
-    (a wrapper that returns its ``local_optimizer.state_dict()``). The ``state`` property checks
-    the union over ranks; ``state-consolidated`` (opt-in) asks every rank for everything, which is
-    what loading the dict at another world size needs (``paracheck.check.ranks.reload``): a
-    per-rank-shards dict can only be loaded back at the same world size, by the same rank.
+    (a wrapper that returns its ``local_optimizer.state_dict()``). A dict with no parameter's
+    state (``{}``, or an empty ``state`` whatever its ``param_groups``) is an empty shard, valid
+    as it is: a rank that owns no parameter may keep no wrapped optimizer whose groups its dict
+    could name. The ``state`` property checks the union over ranks; ``state-consolidated``
+    (opt-in) asks every rank for everything, which is what loading the dict at another world size
+    needs (``paracheck.check.ranks.reload``): a per-rank-shards dict can only be loaded back at
+    the same world size, by the same rank.
 """
 
 from __future__ import annotations

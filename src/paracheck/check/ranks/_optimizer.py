@@ -192,6 +192,10 @@ def state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict |
     Never raises on a state dict in torch's format."""
     saved = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
     state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if isinstance(state_dict, dict) and _empty_shard(state_dict):
+        # A rank that owns no parameter has no state, and often no wrapped optimizer whose groups
+        # the dict could name (Note [State dict conventions]): nothing to map.
+        return {}, "an empty shard"
     if not isinstance(saved, (list, tuple)) or not isinstance(state, dict):
         return None, (
             f"state_dict() returned {type(state_dict).__name__} without 'state' (dict) and "
@@ -233,6 +237,18 @@ def state_by_param(state_dict: dict, opt, index: dict[int, int]) -> tuple[dict |
                 entry[k] = torch.tensor(float(v))
         out[i] = entry
     return out, how
+
+
+def _empty_shard(state_dict: dict) -> bool:
+    """Whether ``state_dict`` holds no parameter's state: ``{}``, or a ``state`` with no entry
+    (or only empty ones) beside any ``param_groups`` list."""
+    state = state_dict.get("state", {})
+    groups = state_dict.get("param_groups", [])
+    return (
+        isinstance(state, dict)
+        and isinstance(groups, (list, tuple))
+        and not any(st for st in state.values())
+    )
 
 
 def state_dict_of(opt):
