@@ -2,7 +2,8 @@
 against what the design's docstring expects.
 
     python scripts/corpus.py [--max-examples 50] [--world-sizes 1,2,3,4] [--seeds 0,1,2]
-        [--jobs 1] [--limit 300] [--only NAME,...] [--json out.json] [-- extra check options]
+        [--jobs 1] [--limit 300] [--only NAME,...] [--json out.json] [--paracheck-src DIR]
+        [-- extra check options]
     python scripts/corpus.py --manifest     # regenerate corpus/MANIFEST.json from the docstrings
 
 Each design's module docstring opens with ``correct`` or ``bug: <row>: <what>``, where ``<row>``
@@ -24,6 +25,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +40,9 @@ CORPUS = ROOT / "corpus"
 MANIFEST = CORPUS / "MANIFEST.json"
 ALL_ROW = "all features"
 UNLABELLED = "unlabelled"  # a failure whose needed features were not worked out
+# A failure on the check's output: "FAIL target: ...", or a verdict table's "cause 1: FAIL ...",
+# printed the moment it is found.
+_FAIL_LINE = re.compile(r"^(?:cause \d+: )?FAIL ")
 
 
 # -- the designs -------------------------------------------------------------------------------
@@ -183,7 +188,7 @@ def run_design(design: dict, args, seed: int, extra: list[str]) -> dict:
         ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "src"), str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
+            [args.paracheck_src, str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
         )
         t0 = time.monotonic()
         proc = subprocess.Popen(
@@ -200,7 +205,7 @@ def run_design(design: dict, args, seed: int, extra: list[str]) -> dict:
 
         def read():
             for line in proc.stdout:
-                if line.startswith("FAIL ") and not first_fail:
+                if _FAIL_LINE.match(line) and not first_fail:
                     first_fail.append(time.monotonic() - t0)
                 lines.append(line)
 
@@ -315,6 +320,11 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=float, default=300.0, help="seconds per check")
     ap.add_argument("--only", default=None, help="design file stems or targets, comma-separated")
     ap.add_argument("--json", default=None, help="write the summary and every run here")
+    ap.add_argument(
+        "--paracheck-src",
+        default=str(ROOT / "src"),
+        help="the paracheck source tree whose check runs (default: this repository's src)",
+    )
     args = ap.parse_args(argv)
     if args.manifest:
         designs = read_designs()
@@ -324,6 +334,8 @@ def main(argv=None) -> int:
     for name, value, low in (("--jobs", args.jobs, 1), ("--max-examples", args.max_examples, 1)):
         if value < low:
             ap.error(f"{name}={value} must be >= {low}")
+    if not (Path(args.paracheck_src) / "paracheck" / "__init__.py").is_file():
+        ap.error(f"--paracheck-src={args.paracheck_src!r} has no paracheck/__init__.py")
     if args.limit <= 0:
         ap.error(f"--limit={args.limit:g} must be > 0")
     try:
