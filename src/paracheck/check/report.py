@@ -241,7 +241,8 @@ def property_info(name: str, case=None, kind: str | None = None) -> Property:
 # gradient assigned to a float32 parameter): torch raises in paracheck's call of step() or of
 # the comparison, with no frame of the target's, but the mistake is the target's.
 _DTYPE_MISMATCH = re.compile(
-    r"(assigned grad has data of a different type|expected (scalar type|dtype) \w+ but found"
+    r"(assigned grad has data of a different type|assign a gradient with dtype"
+    r"|expected (scalar type|dtype) \w+ but found|expected dtype \w+ for .* but got dtype"
     r"|found dtype \w+ but expected|dtype mismatch|must have the same dtype)",
     re.IGNORECASE,
 )
@@ -657,7 +658,7 @@ class CheckReport:
             counts[row.status] = counts.get(row.status, 0) + 1
         parts = [f"{n} {status}" for status, n in counts.items()]
         causes = len(causes_of(self.failures))
-        head = "PASS" if self.passed else "FAIL"
+        head = "FAIL" if self.failures else ("STOPPED" if self.stopped else "PASS")
         found = (
             ""
             if self.passed

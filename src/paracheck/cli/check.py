@@ -184,7 +184,14 @@ def cmd_check(args) -> int:
     try:
         targets = _resolve_targets(args)
     except TargetError as exc:
-        raise UsageError(str(exc)) from None
+        text = str(exc)
+        if args.kind in ("ddp", "fsdp") and "requires optimizer_cls" in text:
+            # A ZeRO wrapper checked as a DDP: the kind, not the class, is what to change.
+            text = (
+                f"--kind={args.kind} does not fit: {text}; a class constructed with the module and "
+                "optimizer_cls is a ZeRO wrapper (--kind zero or zero2)"
+            )
+        raise UsageError(text) from None
     if args.kind is not None:
         from paracheck.check.interface import kind_mismatch
 
@@ -351,11 +358,15 @@ def cmd_check(args) -> int:
             partial.timeout, partial.rank_memory = args.timeout, args.rank_memory
             if not to_stdout:
                 print(partial.table_text(args.backend, blocks=stream is None), flush=True)
-            reports.append(partial)
             if args.json is not None:
-                _write_json(args.json, reports, args.backend)
+                _write_json(args.json, [*reports, partial], args.backend)
         noun = "target" if len(targets) == 1 else "targets"
-        report_stop(exc, [r.summary() for r in reports], f"of {len(targets)} {noun}")
+        report_stop(
+            exc,
+            [r.summary() for r in reports],
+            f"of {len(targets)} {noun}",
+            None if partial is None else partial.summary(),
+        )
         raise
     finally:
         if world is not None:
