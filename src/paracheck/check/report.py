@@ -880,11 +880,9 @@ def cause_text(
     out.append(f"  case ({how}): {case_line(f.case)}")
     if err is None:
         out.append("  what diverged: " + f.result.describe(f.property).replace("\n", "\n    "))
-    elif f.property != "raised":
-        out.append("  what failed: " + _last_line(f.result.describe(f.property)))
     else:
-        out.append("  traceback of rank " + str(err.failures[0].rank) + ":")
-        out.append("    " + err.failures[0].detail.rstrip().replace("\n", "\n    "))
+        out.append("  what failed:")
+        out.append("    " + f.result.describe(f.property).rstrip().replace("\n", "\n    "))
     if f.result.outputs and err is None:
         for rank, text in sorted(f.result.outputs.items()):
             out.append(f"  rank {rank} printed: " + text.rstrip().replace("\n", "\n    "))
