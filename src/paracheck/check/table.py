@@ -143,6 +143,10 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
         raise
     finally:
         checker.deadline = None
+    for row in rows:  # a row not searched whose saved or given case failed
+        mine = [f for f in search.failures if f.row == row.name]
+        if row.status == "not reached" and mine:
+            row.status, row.failure, row.also = "FAIL", mine[0], mine[1:]
     return search.report(len(checker.cache), rows=rows)
 
 
