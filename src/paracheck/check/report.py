@@ -675,8 +675,9 @@ class CheckReport:
     def summary(self) -> str:
         return self.table_summary() if self.rows else self._summary()
 
-    def table_text(self, backend: str = "gloo", *, blocks: bool = True) -> str:
-        """The verdict table, one line per row, then one block per cause of failure."""
+    def table_text(self, backend: str = "gloo", *, blocks: bool = True, rows: bool = True) -> str:
+        """The verdict table, one line per row (``rows``), then one block per cause of failure
+        (``blocks``)."""
         out = [self.summary()]
         if self.stopped:
             out.append(f"  {self.stopped}")
@@ -684,7 +685,7 @@ class CheckReport:
         causes = causes_of(self.failures)
         number = {id(f): i + 1 for i, group in enumerate(causes) for f in group}
         width = max(len(r.name) for r in self.rows)
-        for row in self.rows:
+        for row in self.rows if rows else ():
             out.append("  " + row.line(width, number))
         if blocks:
             for i, group in enumerate(causes):

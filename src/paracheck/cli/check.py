@@ -348,7 +348,8 @@ def cmd_check(args) -> int:
             reports.append(report)
             failed += not report.passed
             if not to_stdout:
-                text = report.table_text(args.backend, blocks=False) if report.rows else None
+                # Streamed, the blocks and rows are printed already: the verdict line ends them.
+                text = report.table_text(blocks=False, rows=False) if stream else None
                 print(text or report.text(args.backend), flush=True)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (cli._common.Terminated)
         _stop(world, progress)
