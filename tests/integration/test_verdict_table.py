@@ -108,3 +108,20 @@ def test_a_dtype_mistake_of_the_target_is_its_own():
     failure = PropertyFailure("raised", CaseResult(Case(seed=0), error=error))
     assert failure.meaning.startswith("your code raised on rank 1: it gave torch a tensor of")
     assert "dtype of its parameter" in failure.fix
+
+
+def test_headline_says_what_the_detail_says():
+    """A gradient present where the oracle's is None is headlined as such, not as "not
+    averaged"; a numeric difference keeps the property's own headline."""
+    from paracheck.cases import Case
+    from paracheck.check.properties import Divergence
+
+    def meaning(detail):
+        d = Divergence(0, "grad", 0, 0, "w", float("nan"), 1e-9, detail=detail)
+        return PropertyFailure("gradients", CaseResult(Case(seed=0), divergences=[d])).meaning
+
+    assert meaning("expected no gradient, got a tensor").startswith(
+        "a gradient is a tensor where the oracle's is None"
+    )
+    assert meaning("expected a gradient, got None").startswith("a gradient is None where")
+    assert meaning("worst element #0").startswith("gradients not averaged over ranks")

@@ -429,6 +429,17 @@ class PropertyFailure:
         summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
         if self.property == "memory-cap" and summary:
             return f"{summary}: a resource failure, not a wrong result"
+        d = self.result.divergence_of(self.property)
+        if self.property == "gradients" and d is not None and d.what == "grad":
+            # The headline says what the detail says: a gradient present or absent where the
+            # oracle's is not is no averaging mistake.
+            if d.detail.startswith("expected no gradient, got a tensor"):
+                return (
+                    "a gradient is a tensor where the oracle's is None: no rank used the parameter "
+                    "(or it is frozen), so its .grad must stay None"
+                )
+            if d.detail.startswith("expected a gradient, got None"):
+                return "a gradient is None where the oracle's is a tensor: some rank used the parameter"
         return self.info.meaning
 
     @property
