@@ -7,10 +7,11 @@ import types
 
 from paracheck.check.features import optional_features
 from paracheck.check.property import check_target
-from paracheck.check.report import PropertyFailure, causes_of, property_info
+from paracheck.check.report import PropertyFailure, property_info
 from paracheck.check.run import CaseResult
 from paracheck.check.settings import CheckSettings
 from paracheck.check.targets import Target
+from paracheck.check.verdict import causes_of
 
 TWO_BUGS = Target("two-bugs", "tests.integration._report_targets:TwoBugsDDP", "ddp")
 

@@ -38,7 +38,8 @@ from paracheck.check.features import (
 )
 from paracheck.check.interface import unsupported
 from paracheck.check.property import BudgetSpent, _Search
-from paracheck.check.report import CheckReport, RowVerdict, order
+from paracheck.check.report import CheckReport, order
+from paracheck.check.verdict import RowVerdict
 
 __all__ = ["fill_table", "plan_rows"]
 

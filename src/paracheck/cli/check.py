@@ -404,7 +404,7 @@ class _Stream:
         print(text, flush=True)
 
     def failure(self, failure) -> None:
-        from paracheck.check.report import cause_of, cause_text, causes_of
+        from paracheck.check.verdict import cause_of, cause_text, causes_of
 
         self.failures.append(failure)
         groups = causes_of(self.failures)
@@ -425,7 +425,7 @@ class _Stream:
         )
 
     def row(self, row, index: int, total: int) -> None:
-        from paracheck.check.report import causes_of
+        from paracheck.check.verdict import causes_of
 
         groups = causes_of(self.failures)
         number = {id(f): i + 1 for i, g in enumerate(groups) for f in g}
