@@ -126,3 +126,15 @@ def test_headline_says_what_the_detail_says():
     )
     assert meaning("expected a gradient, got None").startswith("a gradient is None where")
     assert meaning("worst element #0").startswith("gradients not averaged over ranks")
+
+
+def test_a_feature_the_interface_cannot_take_is_not_supported():
+    """A sharding target without load_state_dict(): its reload row names the missing method; a
+    torch optimizer has both, and a DDP is never asked for a reload."""
+    from paracheck.check.interface import unsupported
+
+    lacking = Target("lacking", "collections:OrderedDict", "sharded")
+    assert unsupported(lacking, "reload") == "OrderedDict has no state_dict()"
+    assert unsupported(Target("sgd", "torch.optim:SGD", "sharded"), "reload") is None
+    assert unsupported(lacking, "buffer") is None
+    assert unsupported(Target("d", "collections:OrderedDict", "ddp"), "reload") is None
