@@ -138,3 +138,19 @@ def test_a_feature_the_interface_cannot_take_is_not_supported():
     assert unsupported(Target("sgd", "torch.optim:SGD", "sharded"), "reload") is None
     assert unsupported(lacking, "buffer") is None
     assert unsupported(Target("d", "collections:OrderedDict", "ddp"), "reload") is None
+
+
+def test_failure_found_before_the_budget_ran_out_is_reported(world):
+    """A given case that fails, then a budget already spent: the failure is the core row's, every
+    searched row is not reached, and the check fails."""
+    from paracheck.cases import Case
+
+    case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    report = check_target(
+        TWO_BUGS, world, _settings(features=ONLY_BUFFERS, budget=1e-9), explicit=[case]
+    )
+    rows = {r.name: r for r in report.rows}
+    assert not report.passed and [f.property for f in report.failures] == ["gradients"]
+    assert rows["core"].status == "FAIL" and rows["core"].failure.property == "gradients"
+    assert rows["+buffer"].status == "not reached" and "budget" in rows["+buffer"].why
+    assert "cause 1: FAIL two-bugs: gradients:" in report.text()

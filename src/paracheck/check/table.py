@@ -16,8 +16,8 @@ Note [The verdict table]
     interface cannot take is "not supported" (``paracheck.check.interface``).
 
     Every case runs once (the checker caches results), so rows share the cost of the cases they
-    share. The budget (``CheckSettings.budget``) covers the whole table: past it, no new case
-    runs (``BudgetSpent``), a failure being shrunk is reported as found so far, and the rows not
+    share. The budget (``CheckSettings.budget``) covers the whole table: the saved and given
+    cases run first whatever it is, then past it no new case runs (``BudgetSpent``), a failure being shrunk is reported as found so far, and the rows not
     reached say so. A Ctrl-C or SIGTERM ends the table the same way, and the report of what was
     found goes with the exception (``KeyboardInterrupt.report``) for the command to print.
 """
@@ -105,13 +105,11 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
     rows = [row for row, _ in planned]
     on_row = getattr(search, "on_row", None) or (lambda row, i, n: None)
     budget = s.budget if s.budget else None
-    checker.deadline = None if budget is None else search.t0 + budget
     current: list[RowVerdict] = []
     try:
-        try:
-            search.replay(explicit, lambda case: _row_of(case, planned))
-        except BudgetSpent:
-            pass
+        # The saved and given cases run whatever the budget: few, and the likeliest to fail.
+        search.replay(explicit, lambda case: _row_of(case, planned))
+        checker.deadline = None if budget is None else search.t0 + budget
         for i, (row, off) in enumerate(planned):
             if off is None:
                 on_row(row, i, len(rows))
