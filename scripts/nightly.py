@@ -50,6 +50,8 @@ def _one(job: tuple[int, str], args, out_dir: str) -> dict:
         args.world_sizes,
         "--json",
         path,
+        "--budget",
+        "0",  # every row of the verdict table, however long it takes
     ]
     if args.properties:
         cmd += ["--properties", args.properties]

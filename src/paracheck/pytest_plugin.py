@@ -5,6 +5,7 @@ Options:
     --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised;
                                        the default, unless --hypothesis-profile names a profile)
+    --paracheck-max-examples N         generated cases per search (default: the profile's)
     --paracheck-timeout SECONDS        per-case hang timeout (default 20)
     --paracheck-rank-memory GB         cap on each rank's resident memory (default: a share of RAM)
     --paracheck-stub-cuda-timing       CUDA timing/NVTX calls are no-ops in the ranks (CPU-only machines)
@@ -41,113 +42,16 @@ import os
 
 import pytest
 
-_PROFILES = {"ci": 40, "dev": 100, "nightly": 1000}
+from paracheck.check.settings import PROFILES, from_pytest
+
 _SKIPS: dict[str, int] = {"gpu": 0, "world_size": 0}
 
 
 def pytest_addoption(parser):
-    g = parser.getgroup("paracheck")
-    g.addoption(
-        "--paracheck-backend",
-        default="gloo",
-        choices=["gloo", "nccl"],
-        help="backend of the shared runner",
-    )
-    g.addoption(
-        "--paracheck-attach",
-        default=None,
-        metavar="HOST:PORT",
-        help="run the cases on the agents torchrun started (torchrun ... -m paracheck.agent) at "
-        "their MASTER_ADDR:MASTER_PORT; one driver per pool, so no -n (default: ranks here)",
-    )
-    g.addoption(
-        "--paracheck-world-sizes",
-        default=None,
-        help="comma-separated world sizes (default 1,2,3,4)",
-    )
-    g.addoption(
-        "--paracheck-profile",
-        default=None,
-        choices=sorted(_PROFILES),
-        help="Hypothesis settings of paracheck_check: ci (40 derandomised examples, the default "
-        "unless --hypothesis-profile is given), dev (100), nightly (1000)",
-    )
-    g.addoption(
-        "--paracheck-timeout", default=20.0, type=float, help="seconds before a case counts as hung"
-    )
-    g.addoption(
-        "--paracheck-rank-memory",
-        default=None,
-        type=float,
-        metavar="GB",
-        help="cap on each rank's resident memory during a case, in GB (default: an equal share of "
-        "the machine's memory among the ranks and the driver)",
-    )
-    g.addoption(
-        "--paracheck-allow-large-world",
-        action="store_true",
-        help="run gloo world sizes above what this machine runs (4 ranks per core, 256 MiB of half "
-        "its memory per rank: larger worlds are a usage error)",
-    )
-    g.addoption(
-        "--paracheck-stub-cuda-timing",
-        action="store_true",
-        help="make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks (CPU-only machines)",
-    )
-    g.addoption(
-        "--paracheck-properties",
-        default=None,
-        metavar="NAME,...",
-        help="properties paracheck_check checks, each applied to the targets whose kind has it "
-        "(as paracheck check --properties)",
-    )
-    g.addoption(
-        "--paracheck-contract",
-        default=None,
-        choices=["full", "cs336"],
-        help="case features drawn: full (default) or cs336 (what the CS336 interfaces promise)",
-    )
-    g.addoption(
-        "--paracheck-features",
-        default=None,
-        metavar="SPEC",
-        help="comma-separated features, -name (never draw it) or +name (draw it again); give it "
-        "as --paracheck-features=-name",
-    )
-    g.addoption(
-        "--paracheck-precision",
-        default=None,
-        choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
-        help="precision settings paracheck_check draws (as paracheck check --precision; default "
-        "fp64, fp32 for loop targets)",
-    )
-    g.addoption(
-        "--paracheck-loss",
-        default=None,
-        choices=["token-mean", "batch-mean"],
-        help="loop targets: the loss the step minimises (as paracheck check --loss; default: the "
-        "function's paracheck_loss attribute, else token-mean)",
-    )
-    g.addoption(
-        "--paracheck-clip-norm",
-        default=None,
-        type=float,
-        metavar="NORM",
-        help="loop targets: the global gradient norm the step clips to (as paracheck check "
-        "--clip-norm; default: the function's paracheck_clip_norm attribute, else none)",
-    )
-    g.addoption(
-        "--paracheck-database",
-        default=None,
-        metavar="PATH",
-        help="directory of saved failing cases, replayed first (default .paracheck/examples "
-        "under the rootdir)",
-    )
-    g.addoption(
-        "--paracheck-no-database",
-        action="store_true",
-        help="do not save or replay failing cases",
-    )
+    # The options of paracheck check, declared once (Note [One declaration per option]).
+    from paracheck.check.settings import add_pytest_options
+
+    add_pytest_options(parser.getgroup("paracheck"))
 
 
 def pytest_configure(config):
@@ -226,7 +130,10 @@ def _search_settings(config) -> tuple[int, object]:
         max_examples, seed = chosen.max_examples, 0 if chosen.derandomize else None
     else:
         name = profile or "ci"
-        max_examples, seed = _PROFILES[name], 0 if name == "ci" else None
+        max_examples = PROFILES[name]["max_examples"]
+        seed = 0 if PROFILES[name]["derandomize"] else None
+    if config.getoption("--paracheck-max-examples", None) is not None:
+        max_examples = config.getoption("--paracheck-max-examples")
     given = config.getoption("--hypothesis-seed", None)
     if given is not None:
         try:
@@ -474,24 +381,23 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             *_items(pytestconfig.getoption("--paracheck-features")),
             *_items(features),
         ]
-        # Every failing property, each labelled with the features it needs (override with kwargs).
-        kwargs = {
-            "first_failure": False,
-            "labels": True,
-            "seed": seed,
-            "database": _database(pytestconfig),
-            **kwargs,
-        }
-        report = check_target(
-            t,
-            paracheck_world,
+        # One search over the whole contract, every failing property labelled with the features
+        # it needs (keywords override any setting).
+        given = from_pytest(pytestconfig)
+        settings = given.replace(
             world_sizes=tuple(world_sizes or paracheck_world_sizes),
             max_examples=max_examples or paracheck_max_examples,
-            contract=contract or pytestconfig.getoption("--paracheck-contract") or "full",
+            seed=seed,
+            contract=contract or given.contract,
             features=spec or None,
-            precision=precision or pytestconfig.getoption("--paracheck-precision"),
-            **kwargs,
+            precision=precision or given.precision,
+            database=_database(pytestconfig),
+            table=False,
+            budget=None,
+            first_failure=False,
+            labels=True,
         )
+        report = check_target(t, paracheck_world, settings, **kwargs)
         if not report.passed:
             # Every failing property, labelled and shrunk, with its replay command (and the CUDA
             # diagnosis of paracheck.check.diagnose where a rank raised).

@@ -35,8 +35,9 @@ def selftest_rows(
 ):
     """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
     from paracheck.check.kinds import KINDS
-    from paracheck.check.property import PROFILES, check_target
+    from paracheck.check.property import check_target
     from paracheck.check.report import case_line
+    from paracheck.check.settings import PROFILES, CheckSettings
     from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
     from paracheck.mutants import MUTANTS
     from paracheck.world import World
@@ -51,6 +52,21 @@ def selftest_rows(
                 f"choose among the built-in targets (paracheck.check.targets.BUILTIN_TARGETS) "
                 f"and the mutants (paracheck.mutants.MUTANTS)"
             )
+    # One search over the whole contract (no verdict table: the same cases as the figures of
+    # the mutants were measured on), no time budget; a mutant is killed by its first failing
+    # property: the rest of the search is not needed.
+    settings = CheckSettings(
+        world_sizes=tuple(world_sizes),
+        max_examples=n,
+        seed=0,
+        timeout=timeout,
+        dtype=dtype,  # a mutant's own precision replaces it
+        table=False,
+        budget=None,
+        first_failure=True,
+        labels=False,
+        database=None,
+    )
     own = world is None
     world = world or World(max(world_sizes), timeout=timeout)
     try:
@@ -64,19 +80,7 @@ def selftest_rows(
             if only and name not in only:
                 continue
             t0 = time.monotonic()
-            # A mutant is killed by its first failing property: the rest of the search is not needed.
-            report = check_target(
-                target,
-                world,
-                world_sizes=world_sizes,
-                max_examples=n,
-                seed=0,
-                timeout=timeout,
-                dtype=dtype,
-                precision=precision,  # a mutant's own (None: dtype's)
-                first_failure=True,
-                labels=False,
-            )
+            report = check_target(target, world, settings.replace(precision=precision))
             seconds = time.monotonic() - t0
             if role == "target":
                 ok = report.passed

@@ -244,7 +244,7 @@ def test_agent_zero_runs_the_driver_and_every_node_ends_with_its_verdict(tmp_pat
     """``torchrun ... -m paracheck.agent -- check TARGET``: one line, two nodes, one verdict."""
     codes, logs = agent_zero_checks(tmp_path, "flat", "--max-examples", "4")
     assert codes == [0, 0], logs
-    assert "PASS flat: 4 cases, world sizes [1, 2]" in logs[0], logs[0]
+    assert "PASS flat: verdict table of " in logs[0] and "world sizes [1, 2]" in logs[0], logs[0]
     assert "rank 1/2: stopped by the driver" in logs[1], logs[1]
 
 

@@ -97,12 +97,12 @@ def test_broken_external_ddp_fails_with_report(tmp_path):
     """A user DDP that forgets to average exits 1 with the shrunk case, the divergence and a replay command."""
     out = _check(tmp_path, BROKEN, "MyDDP")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "shrunk case:" in out.stdout and '"world_size": 2' in out.stdout
+    assert "case (shrunk): W=2 " in out.stdout and '"world_size": 2' in out.stdout
     assert "grad '" in out.stdout and "allowed" in out.stdout
     replay = [
         line
         for line in out.stdout.splitlines()
-        if line.strip().startswith("paracheck check user_impl:MyDDP")
+        if line.strip().startswith("replay: paracheck check user_impl:MyDDP")
     ]
     assert replay
     # The replay command reproduces exactly that failure.

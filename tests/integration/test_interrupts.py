@@ -120,7 +120,8 @@ def _stopped(proc: subprocess.Popen, sig: int, *, group: bool) -> tuple[str, str
     seconds = time.monotonic() - t0
     out, err = proc.communicate(timeout=60)
     assert _group(proc.pid) == [], "rank processes survived"
-    assert b"Traceback" not in out + err, (out + err).decode()
+    # The failures found are printed (a rank's traceback among them); paracheck's own never is.
+    assert b"Traceback" not in err, (out + err).decode()
     return out.decode(), err.decode(), seconds
 
 
@@ -131,11 +132,15 @@ def test_ctrl_c_reports_finished_targets_and_ends_the_ranks(tmp_path):
         *("check", "naive", "slow_target.py:FailsThenSleeps"),
         *("--world-sizes", "1,2", "--max-examples", "3", "--no-database"),
     )
-    _wait_for(proc, lambda out: b"PASS naive" in out, "verdict of naive")
-    _wait_for(proc, lambda out: (tmp_path / "sleeping").exists(), "slow case")
+    seen = _wait_for(proc, lambda out: b"PASS naive" in out, "verdict of naive")
+    seen += _wait_for(proc, lambda out: (tmp_path / "sleeping").exists(), "slow case")
     out, err, _ = _stopped(proc, signal.SIGINT, group=True)
+    out = seen.decode() + out
     assert proc.returncode == 130, out + err
     assert "paracheck: interrupted after 1 of 2 targets\n  PASS naive: " in err
+    # The failure found in the target it stopped: printed as found, and its verdict after.
+    assert "cause 1: FAIL slow_target.py:FailsThenSleeps: raised: your code raised" in out, out
+    assert "\n  FAIL slow_target.py:FailsThenSleeps: verdict table of " in err, err
 
 
 def test_sigterm_ends_quietly(tmp_path):
@@ -148,7 +153,29 @@ def test_sigterm_ends_quietly(tmp_path):
     _wait_for(proc, lambda out: (tmp_path / "sleeping").exists(), "slow case")
     out, err, _ = _stopped(proc, signal.SIGTERM, group=False)
     assert proc.returncode == 143, out + err
-    assert err == "paracheck: terminated after 0 of 1 target\n", err
+    # Nothing finished; the table reached so far is reported, with nothing found.
+    first, stopped = err.splitlines()
+    assert first == "paracheck: terminated after 0 of 1 target", err
+    assert stopped.startswith("  STOPPED slow_target.py:Sleeps: verdict table of "), err
+
+
+def test_sigterm_after_a_failure_prints_it(tmp_path):
+    """SIGTERM while the search is stuck after a failure: exit 143, and the failure found (its
+    row, its cause and the command that replays it) is printed, never an empty report."""
+    proc = _start(
+        tmp_path,
+        *("check", "slow_target.py:FailsThenSleeps"),
+        *("--world-sizes", "1", "--max-examples", "3", "--no-database", "--timeout", "60"),
+    )
+    seen = _wait_for(proc, lambda out: (tmp_path / "sleeping").exists(), "slow case")
+    out, err, _ = _stopped(proc, signal.SIGTERM, group=False)
+    out = seen.decode() + out
+    assert proc.returncode == 143, out + err
+    assert "cause 1: FAIL slow_target.py:FailsThenSleeps: raised: your code raised on rank 0" in out
+    assert "RuntimeError: planted failure" in out and "--case '" in out, out
+    assert "  core" in out and "FAIL  raised (cause 1)" in out, out
+    assert err.splitlines()[0] == "paracheck: terminated after 0 of 1 target", err
+    assert "  FAIL slow_target.py:FailsThenSleeps: verdict table of " in err, err
 
 
 @pytest.mark.slow(

@@ -206,9 +206,10 @@ def test_cli_prints_only_its_own_lines_and_leaves_no_directory(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     assert all(line.startswith("paracheck:") for line in out.stderr.splitlines()), out.stderr
-    passed, failed = out.stdout.split(f"FAIL {NOISY_WRONG}", 1)
-    assert passed.startswith(f"PASS {NOISY}") and "NOISE" not in passed, out.stdout
-    printed = failed.split("  rank 0 printed:", 1)[1].split("  replay exactly", 1)
+    passed, failed = out.stdout.split(f"paracheck {NOISY_WRONG}: verdict table", 1)
+    assert passed.startswith(f"paracheck {NOISY}: verdict table"), out.stdout
+    assert f"\nPASS {NOISY}: " in passed and "NOISE" not in passed, out.stdout
+    printed = failed.split("  rank 0 printed:", 1)[1].split("  replay:", 1)
     assert "NOISE: a warning from forward" in printed[0], out.stdout
     assert "NOISE" not in printed[1], out.stdout
     assert _leftovers(tmp_path) == []

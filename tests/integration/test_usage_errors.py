@@ -79,6 +79,15 @@ def no_world(monkeypatch):
             "takes (module), not (module, optimizer_cls, ...)",
         ),
         (
+            ["check", "paracheck.ddp:FlatDDP", "--kind", "loop"],
+            "--kind=loop does not fit paracheck.ddp:FlatDDP: FlatDDP is a class",
+        ),
+        (
+            ["check", "paracheck.zero:Zero1", "--kind", "ddp"],
+            "--kind=ddp does not fit: ",
+        ),
+        (["check", "naive", "--budget=-1"], "--budget=-1.0 must be a number of seconds >= 0"),
+        (
             ["check", "naive", "--properties", "state"],
             "--properties='state': --properties state selects none of the properties of naive",
         ),

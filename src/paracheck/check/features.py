@@ -35,6 +35,8 @@ __all__ = [
     "features_off",
     "label",
     "parse_features",
+    "optional_features",
+    "row_off",
     "without",
     "without_all",
 ]
@@ -447,11 +449,7 @@ def features_off(
     for name, drawn in parse_features(features or ()):
         (off.discard if drawn else off.add)(name)
         (wanted.add if drawn else wanted.discard)(name)
-    changed = True
-    while changed:
-        more = {f.name for f in FEATURES if set(f.implies + f.requires) & off} - off
-        off |= more
-        changed = bool(more)
+    off = _closed(off)
     clash = sorted(wanted & off)
     if clash:
         f = _BY_NAME[clash[0]]
@@ -477,3 +475,37 @@ def without_all(case: Case, names) -> Case:
         if f.name in names and f.has(case):
             case = f.remove(case)
     return case
+
+
+def _closed(off) -> set[str]:
+    """``off`` with every feature that implies or requires one of it."""
+    off = set(off)
+    changed = True
+    while changed:
+        more = {f.name for f in FEATURES if set(f.implies + f.requires) & off} - off
+        off |= more
+        changed = bool(more)
+    return off
+
+
+def optional_features() -> tuple[str, ...]:
+    """The features some contract leaves undrawn (``CONTRACTS`` other than ``full``), in table
+    order: the rows of the verdict table beyond its core (Note [The verdict table] in
+    ``paracheck.check.table``)."""
+    names = set().union(*(c.off for c in CONTRACTS.values() if c.name != "full"))
+    return tuple(f.name for f in FEATURES if f.name in _closed(names))
+
+
+def row_off(name: str | None, off) -> tuple[str, ...]:
+    """The features never drawn in the verdict table's row of feature ``name`` (None: the core):
+    those ``off`` turns off and every optional feature but ``name`` and what it implies or
+    requires, closed as ``features_off`` closes them."""
+    keep: set[str] = set()
+    todo = [] if name is None else [name]
+    while todo:
+        n = todo.pop()
+        if n not in keep:
+            keep.add(n)
+            todo += list(_BY_NAME[n].implies + _BY_NAME[n].requires)
+    closed = _closed((set(optional_features()) - keep) | set(off))
+    return tuple(f.name for f in FEATURES if f.name in closed)

@@ -62,6 +62,7 @@ from paracheck.check.report import (
     replay_command,
 )
 from paracheck.check.run import CaseResult, CheckFailure, run_case
+from paracheck.check.settings import PROFILES, CheckSettings
 from paracheck.check.targets import Target, load_object
 from paracheck.strategies._core import nominal_dtype, precision_settings
 from paracheck.world import PoolLost, World
@@ -72,16 +73,11 @@ __all__ = [
     "CaseTimeouts",
     "Progress",
     "check_target",
+    "BudgetSpent",
+    "CheckSettings",
     "replay_command",
     "PROFILES",
 ]
-
-# Hypothesis settings per profile: ci is derandomised (same examples every run).
-PROFILES = {
-    "ci": dict(max_examples=40, derandomize=True),
-    "dev": dict(max_examples=100, derandomize=False),
-    "nightly": dict(max_examples=1000, derandomize=False),
-}
 
 
 class CaseTimeouts:
@@ -156,6 +152,11 @@ class _Hit:
     found_at: float | None = None  # time.monotonic() when the search found it
 
 
+class BudgetSpent(BaseException):
+    """Raised by a case not yet run once the check's time budget is spent: a BaseException, so
+    that Hypothesis ends the search at once rather than shrink it as a failure."""
+
+
 class _Found(AssertionError):
     """Raised inside a Hypothesis search on a case that breaks the searched property."""
 
@@ -192,15 +193,22 @@ class _Checker:
         self.worst_bound: float | None = None  # the float64 bound's worst ratio, where judged
         self.phase = "searching"
         self.last: CaseResult | None = None  # the result run() returned last
+        self.deadline: float | None = None  # past it, a case not run yet raises BudgetSpent
+        self.row = ""  # the verdict table's row being searched, for the progress line
+        self.row_log: list[CaseResult] | None = None  # the results of the row's cases
 
     def run(self, case: Case) -> CaseResult:
         key = case.to_json()
         if key in self.cache:
             self.last = self.cache[key]
+            if self.row_log is not None:
+                self.row_log.append(self.last)
             return self.last
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent()
         self.progress(
-            f"paracheck {self.target.name}: {len(self.cache)} cases, world size {case.world_size}, "
-            f"{self.phase}"
+            f"paracheck {self.target.name}: {self.row}{len(self.cache)} cases, world size "
+            f"{case.world_size}, {self.phase}"
         )
         result = self._fresh(case)
         if result.ok:
@@ -210,6 +218,8 @@ class _Checker:
                 self.worst_bound = max(self.worst_bound or 0.0, result.bound_ratio)
         self.cache[key] = result
         self.last = result
+        if self.row_log is not None:
+            self.row_log.append(result)
         return result
 
     def search(
@@ -276,8 +286,23 @@ class _Checker:
             if state["prop"] is None:
                 raise
             notes.append("the failure did not reproduce on replay (flaky)")
-        except KeyboardInterrupt:
-            raise  # Ctrl-C or SIGTERM: the search stops, whatever it found (paracheck.cli)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C or SIGTERM: the search stops; a failure it found goes with the exception,
+            # to be reported (paracheck.cli).
+            if state["prop"] is not None:
+                exc.hit = _Hit(  # type: ignore[attr-defined]
+                    state["prop"],
+                    state["result"],
+                    False,
+                    state["first_at"] - 1,
+                    ["stopped while shrinking: the smallest failing case found so far"],
+                    first=state["first"],
+                )
+            raise
+        except BudgetSpent:
+            if state["prop"] is None:
+                raise
+            notes.append("the time budget (--budget) ran out while shrinking")
         except BaseException as exc:  # an ExceptionGroup: several origins (should not happen)
             if state["prop"] is None:
                 raise
@@ -368,35 +393,45 @@ def sequence_name(path: str) -> str:
     return path
 
 
+# The keywords of the older form ``check_target(target, world, world_sizes=..., ...)``: one search
+# over the whole contract, stopping at the first failing property, as the selftest runs it.
+_KEYWORD_DEFAULTS = dict(
+    max_examples=40,
+    seed=0,
+    database=None,
+    timeout=None,
+    first_failure=True,
+    labels=False,
+    table=False,
+    budget=None,
+)
+
+
 def check_target(
     target: Target,
     world: World,
+    settings: CheckSettings | None = None,
     *,
-    world_sizes: tuple[int, ...],
-    max_examples: int = 40,
-    seed: int | None = 0,
     strategy=None,
     device_fn=None,
-    database=None,
-    timeout: float | None = None,
     explicit: list[Case] = (),
-    dtype: str | None = None,
-    precision: str | None = None,
-    contract: str = "full",
-    features=None,
-    first_failure: bool = True,
-    search_without: bool = True,
-    labels: bool = False,
-    timeout_floor: float = 5.0,
-    hang_shrink_seconds: float = 10.0,
-    shrink_seconds: float | None = None,
     progress=None,
+    on_failure=None,
+    on_row=None,
+    **keywords,
 ) -> CheckReport:
-    """Check ``target`` on ``max_examples`` generated cases (plus ``explicit`` ones first) and report
-    the properties it breaks, each with its own shrunk case. ``first_failure=False`` goes on after
-    the first failing property to find every one (``paracheck check`` and the ``paracheck_check``
-    fixture do); ``labels=True`` works out the case features each failure needs and, with
-    ``search_without``, searches the cases without them too. See Note [One search per property].
+    """Check ``target`` as ``settings`` say (``paracheck.check.settings.CheckSettings``) and report
+    what it breaks. With ``settings.table`` (the default of the command line), one search per row
+    of the verdict table (Note [The verdict table] in ``paracheck.check.table``); else one search
+    over the whole contract, each failing property shrunk on its own (Note [One search per
+    property]): ``first_failure`` stops at the first, ``labels`` works out the case features each
+    failure needs and, with ``search_without``, searches the cases without them too.
+
+    Without ``settings``, the keywords are settings (``world_sizes`` among them) over the older
+    defaults: one search over the contract, 40 examples, stopping at the first failing property,
+    no labels, no database. ``strategy`` replaces the kind's; ``explicit`` cases run first, as
+    given; ``on_failure(failure)`` is called with each failure the moment it is found, and
+    ``on_row(row, index, rows)`` with each row of the table as it is filled.
 
     ``seed`` makes the run reproducible: 0 is Hypothesis's derandomised sequence (the ci profile,
     the selftest and paracheck's own tests), any other value ``hypothesis.seed(seed)``; None draws
@@ -408,256 +443,314 @@ def check_target(
     (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
     (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
-    sizes = tuple(sorted(set(world_sizes)))
-    if precision is None and dtype is None:
-        # A declared reduction dtype (Note [Declared reduction dtype]) is judged on parameters
-        # no wider than it: float32 parameters for a float32 reduction.
-        dtype = getattr(target, "reduce_dtype", None) or KINDS[target.kind].dtype
-    if precision is None:
-        precision = DTYPE_PRECISIONS.get(dtype)
+    if settings is None:
+        if "world_sizes" not in keywords:
+            raise TypeError("check_target() needs settings, or world_sizes= and other keywords")
+        settings = CheckSettings(**{**_KEYWORD_DEFAULTS, **keywords})
+    elif keywords:
+        settings = settings.replace(**keywords)
+    search = _Search(target, world, settings, strategy, device_fn, progress, on_failure)
+    search.on_row = on_row
+    if settings.table:
+        from paracheck.check.table import fill_table
+
+        return fill_table(search, explicit)
+    return search.whole_contract(explicit)
+
+
+class _Search:
+    """What every search of one check shares: the target's cases, the checker that runs them (and
+    caches their results), the failures found so far and how they are reported."""
+
+    def __init__(self, target, world, settings, strategy, device_fn, progress, on_failure):
+        self.target, self.settings = target, settings
+        self.sizes = sizes = tuple(sorted(set(settings.world_sizes or (1, 2, 3, 4))))
+        dtype, precision = settings.dtype, settings.precision
+        if precision is None and dtype is None:
+            # A declared reduction dtype (Note [Declared reduction dtype]) is judged on parameters
+            # no wider than it: float32 parameters for a float32 reduction.
+            dtype = getattr(target, "reduce_dtype", None) or KINDS[target.kind].dtype
         if precision is None:
-            raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
-    if getattr(target, "autocast", None) is not None:
-        # A loop's own autocast fixes its precision (Note [A loop's own precision]).
-        from paracheck.strategies._loop import loop_precision
+            precision = DTYPE_PRECISIONS.get(dtype)
+            if precision is None:
+                raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
+        if getattr(target, "autocast", None) is not None:
+            # A loop's own autocast fixes its precision (Note [A loop's own precision]).
+            from paracheck.strategies._loop import loop_precision
 
-        precision = loop_precision(precision, target.autocast)
-    dtype = nominal_dtype(precision)
-    off = features_off(contract, features, dtype=dtype)
-    declared = declared_features(target)
-    off = tuple(f for f in off if f not in declared)
-    if database is not None and not isinstance(database, CaseDatabase):
-        database = CaseDatabase(database)
-    checked = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
-    if strategy is None:
-        # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
-        # spread over the sizes, shrinking first toward two ranks, and no overridden draws
-        # (which made duplicate examples). The sharding kinds draw more parameter groups and late
-        # add_param_group calls (paracheck.strategies._sharding).
-        options = {
-            o: getattr(target, o)
-            for o in KINDS[target.kind].options
-            if getattr(target, o, None) is not None
-        }
-        strategy = load_object(KINDS[target.kind].strategy)(
-            world_sizes=sizes, precision=precision, **options
+            precision = loop_precision(precision, target.autocast)
+        self.precision = precision
+        dtype = nominal_dtype(precision)
+        off = features_off(settings.contract, settings.features, dtype=dtype)
+        self.declared = declared = declared_features(target)
+        self.off = off = tuple(f for f in off if f not in declared)
+        database = settings.database
+        if database is not None and not isinstance(database, CaseDatabase):
+            database = CaseDatabase(database)
+        self.database = database
+        self.checked = resolve_properties(
+            target.kind, target.properties, takes_bucket=target.takes_bucket
         )
-    else:
-        # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
-        # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
-        strategy = st.tuples(st.sampled_from(sizes), strategy).map(
-            lambda t: t[1].with_world_size(t[0])
+        if strategy is None:
+            # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
+            # spread over the sizes, shrinking first toward two ranks, and no overridden draws
+            # (which made duplicate examples). The sharding kinds draw more parameter groups and
+            # late add_param_group calls (paracheck.strategies._sharding).
+            options = {
+                o: getattr(target, o)
+                for o in KINDS[target.kind].options
+                if getattr(target, o, None) is not None
+            }
+            strategy = load_object(KINDS[target.kind].strategy)(
+                world_sizes=sizes, precision=precision, **options
+            )
+        else:
+            # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
+            # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
+            strategy = st.tuples(st.sampled_from(sizes), strategy).map(
+                lambda t: t[1].with_world_size(t[0])
+            )
+        self.drawn = strategy  # before the features turned off are removed
+        if off:
+            # Mapped, not filtered: every draw is used, and with nothing off the strategy (and so
+            # every derandomised sequence) is the one it always was.
+            strategy = strategy.map(lambda c: without_all(c, off))
+        self.strategy = strategy
+        timeout = settings.timeout
+        cap = min(timeout, world.timeout) if timeout is not None else world.timeout
+        self.progress = progress or (lambda text: None)
+        self.on_failure = on_failure or (lambda failure: None)
+        # Hypothesis's database stays off: paracheck saves cases, not choices (Note [Saved cases]).
+        cfg = dict(
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            print_blob=False,
+            verbosity=Verbosity.quiet,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         )
-    if off:
-        # Mapped, not filtered: every draw is used, and with nothing off the strategy (and so every
-        # derandomised sequence) is the one it always was.
-        strategy = strategy.map(lambda c: without_all(c, off))
-    cap = min(timeout, world.timeout) if timeout is not None else world.timeout
-    progress = progress or (lambda text: None)
-    # Hypothesis's database stays off: paracheck saves cases, not choices (Note [Saved cases]).
-    cfg = dict(
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-        print_blob=False,
-        verbosity=Verbosity.quiet,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-    )
-    if seed == 0:
-        cfg["derandomize"] = True
-    key = f"{target.path}|{target.kind}"  # the database's key: one target, one folder
-    checker = _Checker(
-        target,
-        world,
-        device_fn=device_fn,
-        timeouts=CaseTimeouts(cap, floor=timeout_floor),
-        progress=progress,
-        strategy_settings=cfg,
-        key=f"{sequence_name(target.path)}|{target.kind}",
-        seed=None if seed == 0 else seed,
-        stepped_balance=CONTRACTS[contract].stepped_balance,
-    )
+        seed = settings.search_seed
+        if seed == 0:
+            cfg["derandomize"] = True
+        self.key = f"{target.path}|{target.kind}"  # the database's key: one target, one folder
+        self.checker = _Checker(
+            target,
+            world,
+            device_fn=device_fn,
+            timeouts=CaseTimeouts(cap, floor=settings.timeout_floor),
+            progress=self.progress,
+            strategy_settings=cfg,
+            key=f"{sequence_name(target.path)}|{target.kind}",
+            seed=None if seed == 0 else seed,
+            stepped_balance=CONTRACTS[settings.contract].stepped_balance,
+        )
+        self.world = world
+        self.lost: PoolLost | None = None  # Note [A lost pool]
+        self.t0 = time.monotonic()
+        self.failures: list[PropertyFailure] = []
+        self.known: set[str] = set()
+        self.first_at: int | None = None
+        self.notes: list[str] = []
+        self.replayed = self.dropped = 0
 
-    # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
-    costly = ("hang", "died", "memory-cap")
-
-    def budget(prop: str):
-        if getattr(world, "lost", None) is not None:
+    def budget(self, prop: str):
+        """The shrinking budget of a failure of ``prop``: hangs and dead ranks cost a timeout or a
+        process start each, so their shrinking is bounded."""
+        if getattr(self.world, "lost", None) is not None:
             return 0.0  # Note [A lost pool]: what was found is what is reported
-        return hang_shrink_seconds if prop in costly else shrink_seconds
+        if prop in _COSTLY:
+            return self.settings.hang_shrink_seconds
+        return self.settings.shrink_seconds
 
-    t0 = time.monotonic()
-    failures: list[PropertyFailure] = []
-    known: set[str] = set()
-    first_at = None
-    notes: list[str] = []
-    lost: PoolLost | None = None
-
-    def finish(hit: _Hit, without_feature: str | None = None) -> None:
-        nonlocal first_at, lost
+    def finish(self, hit: _Hit, without_feature: str | None = None, row: str | None = None):
+        s = self.settings
         # A hang's shrinking and labelling share one budget (Note [Hang timeouts]); a dead rank
         # costs a fork, and its labelling gets a budget of its own.
         shared = hit.prop == "hang" and hit.found_at is not None
-        start = hit.found_at if shared else time.monotonic()
-        deadline = start + hang_shrink_seconds if hit.prop in costly else None
+        start = hit.found_at if shared and hit.found_at is not None else time.monotonic()
+        deadline = start + s.hang_shrink_seconds if hit.prop in _COSTLY else None
         needs, complete = None, True
-        if labels:
+        if s.labels and not s.table:
             try:
-                needs, complete = checker.needs(hit.prop, hit.result.case, deadline)
+                needs, complete = self.checker.needs(hit.prop, hit.result.case, deadline)
             except PoolLost as exc:  # Note [A lost pool]
-                lost = exc
-                checker.phase = "searching"
+                self.lost = exc
+                self.checker.phase = "searching"
         extra = list(hit.notes)
         if not complete:
             extra.append("not every feature was tried: the time budget for hangs ran out")
-        failures.append(
-            PropertyFailure(
-                hit.prop,
-                hit.result,
-                needs,
-                hit.fully_shrunk,
-                hit.found_after,
-                without_feature,
-                extra,
-                shrunk=hit.shrunk,
-                first=hit.first,
-                own=own_fragments(target.path),
-            )
+        failure = PropertyFailure(
+            hit.prop,
+            hit.result,
+            needs,
+            hit.fully_shrunk,
+            hit.found_after,
+            without_feature,
+            extra,
+            shrunk=hit.shrunk,
+            first=hit.first,
+            own=own_fragments(self.target.path),
+            kind=self.target.kind,
+            row=row,
         )
-        known.add(hit.prop)
-        if first_at is None:
-            first_at = hit.found_after + 1
-        if lost is not None:
-            raise lost
+        self.failures.append(failure)
+        self.known.add(hit.prop)
+        if self.first_at is None:
+            self.first_at = hit.found_after + 1
+        self.on_failure(failure)
+        if self.lost is not None:
+            raise self.lost
+        return failure
 
-    def run_as_is(case: Case, note: str) -> CaseResult:
-        result = checker.run(case)
+    def run_as_is(self, case: Case, note: str, row=None) -> CaseResult:
+        result = self.checker.run(case)
         for prop in order(result.failed_properties):
-            if prop not in known:
-                finish(_Hit(prop, result, True, len(checker.cache) - 1, [note], shrunk=False))
+            if prop not in self.known:
+                self.finish(
+                    _Hit(prop, result, True, len(self.checker.cache) - 1, [note], shrunk=False),
+                    row=row(case) if row else None,
+                )
         return result
 
-    replayed = dropped = 0
-    searched_cases = 0
-    try:
-        saved = database.cases(key) if database is not None else []
+    def replay(self, explicit, row=None) -> None:
+        """The saved cases (Note [Saved cases]), then the ``explicit`` ones, each run as it is."""
+        first_failure, database = self.settings.first_failure, self.database
+        saved = database.cases(self.key) if database is not None else []
         kept: dict[str, int] = {}
         for entry in saved:
-            if first_failure and failures:
+            if first_failure and self.failures:
                 break
             if entry.case is None:
                 database.delete(entry)
-                notes.append(f"dropped a saved case that no longer loads: {entry.error}")
+                self.notes.append(f"dropped a saved case that no longer loads: {entry.error}")
                 continue
-            why = _not_drawn(entry.case, sizes, precision, off) or declared_mismatch(
-                entry.case, target
+            why = _not_drawn(entry.case, self.sizes, self.precision, self.off) or declared_mismatch(
+                entry.case, self.target
             )
             if why is not None:
                 kept[why] = kept.get(why, 0) + 1
                 continue
-            result = run_as_is(
+            result = self.run_as_is(
                 entry.case,
                 f"a saved case, replayed from {database.path} before the search (not shrunk again)",
+                row,
             )
-            replayed += 1
+            self.replayed += 1
             if entry.property not in result.failed_properties and (
-                entry.properties is None or entry.properties <= checked
+                entry.properties is None or entry.properties <= self.checked
             ):
                 database.delete(entry)
-                dropped += 1
+                self.dropped += 1
         for why, n in kept.items():
-            notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
-
+            self.notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
         for case in explicit:
-            if first_failure and failures:
+            if first_failure and self.failures:
                 break
-            run_as_is(case, "a given case, not shrunk")
+            self.run_as_is(case, "a given case, not shrunk", row)
 
+    def whole_contract(self, explicit) -> CheckReport:
+        """One search over every case the contract draws (Note [One search per property])."""
+        try:
+            return self._whole_contract(explicit)
+        except PoolLost as exc:  # Note [A lost pool]
+            return self.stopped_by(exc)
+
+    def stopped_by(self, lost: PoolLost) -> CheckReport:
+        """The report of what was found before the attached pool was lost; with nothing found,
+        no verdict for this target (the caller says the pool is lost)."""
+        self.lost = lost
+        if not self.failures:
+            raise lost
+        self.notes.append(f"the check stopped here: {lost}")
+        return self.report(len(self.checker.cache))
+
+    def _whole_contract(self, explicit) -> CheckReport:
+        s, checker = self.settings, self.checker
+        self.replay(explicit)
         # The first search also reports how many cases a passing target ran.
         passes = 0
-        while not (first_failure and failures):
+        while not (s.first_failure and self.failures):
             hit = checker.search(
-                strategy,
-                lambda failed: next((p for p in order(failed) if p not in known), None),
-                max_examples=max_examples,
+                self.strategy,
+                lambda failed: next((p for p in order(failed) if p not in self.known), None),
+                max_examples=s.examples,
                 tag=f"new:{passes}",
-                shrink_budget=budget,
+                shrink_budget=self.budget,
             )
             passes += 1
             if hit is None:
                 break
-            finish(hit)
+            self.finish(hit)
         searched_cases = len(checker.cache)
 
-        if search_without and not first_failure:
+        if s.search_without and s.labels and not s.first_failure:
             tried = set()
-            for f in list(failures):
+            for f in list(self.failures):
                 for name in f.needs or ():
                     if not feature(name).search_without or (f.property, name) in tried:
                         continue
                     tried.add((f.property, name))
                     prop = f.property
-                    masked = strategy.map(lambda c, name=name: without(c, name))
+                    masked = self.strategy.map(lambda c, name=name: without(c, name))
                     hit = checker.search(
                         masked,
                         lambda failed, prop=prop: next(
-                            (p for p in order(failed) if p == prop or p not in known), None
+                            (p for p in order(failed) if p == prop or p not in self.known), None
                         ),
-                        max_examples=max(10, max_examples // 2),
+                        max_examples=max(10, s.examples // 2),
                         tag=f"without:{prop}:{name}",
-                        shrink_budget=budget,
+                        shrink_budget=self.budget,
                     )
                     if hit is not None:
-                        finish(hit, without_feature=name)
+                        self.finish(hit, without_feature=name)
+        return self.report(searched_cases)
 
-    except PoolLost as exc:  # Note [A lost pool]
-        lost = exc
-    if lost is not None:
-        if not failures:
-            raise lost  # nothing judged to report: no verdict for this target
-        searched_cases = len(checker.cache)
-        notes.append(f"the check stopped here: {lost}")
-
-    stored = 0
-    if database is not None:
-        try:
-            for f in failures:
-                database.save(key, f.case, f.property, checked)
-                stored += 1
-        except OSError as exc:
-            notes.append(f"could not save the failing cases in {database.path}: {exc}")
-
-    unjudged = sorted(
-        {r.extra["unjudged"] for r in checker.cache.values() if r.extra.get("unjudged")}
-    )
-    notes += unjudged
-    selected = resolve_properties(target.kind, target.properties, takes_bucket=target.takes_bucket)
-    if selected == {"float64-bound"} and checker.worst_bound is None and not failures:
-        # The one property selected judged nothing: a pass would say nothing.
-        notes.append(
-            "float64-bound judged none of these cases: it judges the MLP and toy cases computed "
-            "below float64 (--precision fp32, bf16, fp16 or mixed) of every kind but loop"
+    def report(self, searched_cases: int, **extra) -> CheckReport:
+        """The report of what was found, the failing cases saved in the database."""
+        failures, database, checker = self.failures, self.database, self.checker
+        notes = self.notes
+        stored = 0
+        if database is not None:
+            try:
+                for f in failures:
+                    database.save(self.key, f.case, f.property, self.checked)
+                    stored += 1
+            except OSError as exc:
+                notes.append(f"could not save the failing cases in {database.path}: {exc}")
+        notes += sorted(
+            {r.extra["unjudged"] for r in checker.cache.values() if r.extra.get("unjudged")}
         )
-    seconds = time.monotonic() - t0
-    if hasattr(progress, "clear"):
-        progress.clear()
-    return CheckReport(
-        target,
-        not failures,
-        first_at if failures else searched_cases,
-        seconds,
-        failures,
-        checker.worst,
-        sizes,
-        notes,
-        cases_run=len(checker.cache),
-        timeout=timeout,
-        database=None if database is None else str(database.path),
-        replayed=replayed,
-        dropped=dropped,
-        saved=stored,
-        worst_bound=checker.worst_bound,
-    )
+        if self.checked == {"float64-bound"} and checker.worst_bound is None and not failures:
+            # The one property selected judged nothing: a pass would say nothing.
+            notes.append(
+                "float64-bound judged none of these cases: it judges the MLP and toy cases "
+                "computed below float64 (--precision fp32, bf16, fp16 or mixed) of every kind "
+                "but loop"
+            )
+        if hasattr(self.progress, "clear"):
+            self.progress.clear()
+        return CheckReport(
+            self.target,
+            not failures,
+            self.first_at if failures else searched_cases,
+            time.monotonic() - self.t0,
+            failures,
+            checker.worst,
+            self.sizes,
+            notes,
+            cases_run=len(checker.cache),
+            timeout=self.settings.timeout,
+            database=None if database is None else str(database.path),
+            replayed=self.replayed,
+            dropped=self.dropped,
+            saved=stored,
+            worst_bound=checker.worst_bound,
+            **extra,
+        )
+
+
+# Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
+_COSTLY = ("hang", "died", "memory-cap")
 
 
 def declared_mismatch(case: Case, target) -> str | None:

@@ -197,12 +197,52 @@ LOOP_PROPERTIES: dict[str, Property] = {
 }
 
 
-def property_info(name: str, case=None) -> Property:
-    """What a failure of ``name`` means and what usually fixes it (a loop case's own words)."""
+# A sharded optimizer's or a ZeRO wrapper's failures in its own terms: its owners, broadcasts and
+# zero_grad(), not a DDP's finish_gradient_synchronization().
+_SHARDED_GRADIENTS = Property(
+    "the gradients step() was given differ from the oracle's average over ranks",
+    "zero_grad() must clear the .grad of every parameter given to the optimizer, on every rank, "
+    "not only those of the parameters this rank owns (a stale gradient adds into the next step's)",
+)
+_ZERO_GRADIENTS = Property(
+    "a gradient after the wrapper's synchronisation differs from the oracle's average over ranks",
+    "the gradient each owner steps must be the sum over ranks divided by the world size "
+    "(reduce-scatter, or reduce to the owner), and zero_grad() must clear every parameter of the "
+    "module, not only this rank's shard",
+)
+_OWNED_PARAMETERS = Property(
+    "parameters after a step differ from the oracle's",
+    "each parameter must be stepped by its owner alone, with its group's hyper-parameters, then "
+    "broadcast from that owner (src: the owner's global rank) to every rank after every step, "
+    "the groups added by add_param_group included",
+)
+KIND_PROPERTIES: dict[str, dict[str, Property]] = {
+    "sharded": {"gradients": _SHARDED_GRADIENTS, "parameters": _OWNED_PARAMETERS},
+    "zero": {"gradients": _ZERO_GRADIENTS, "parameters": _OWNED_PARAMETERS},
+    "zero2": {"gradients": _ZERO_GRADIENTS, "parameters": _OWNED_PARAMETERS},
+}
+
+
+def property_info(name: str, case=None, kind: str | None = None) -> Property:
+    """What a failure of ``name`` means and what usually fixes it (a loop case's own words, a
+    sharding kind's own terms)."""
     if case is not None and getattr(case, "loss", "rank-mean") != "rank-mean":
         if name in LOOP_PROPERTIES:
             return LOOP_PROPERTIES[name]
+    if name in KIND_PROPERTIES.get(kind or "", {}):
+        return KIND_PROPERTIES[kind][name]
     return PROPERTIES.get(name, Property(f"the {name} property does not hold", ""))
+
+
+# A tensor of another dtype than its parameter's, handed to torch by the target (a float64
+# gradient assigned to a float32 parameter): torch raises in paracheck's call of step() or of
+# the comparison, with no frame of the target's, but the mistake is the target's.
+_DTYPE_MISMATCH = re.compile(
+    r"(assigned grad has data of a different type|assign a gradient with dtype"
+    r"|expected (scalar type|dtype) \w+ but found|expected dtype \w+ for .* but got dtype"
+    r"|found dtype \w+ but expected|dtype mismatch|must have the same dtype)",
+    re.IGNORECASE,
+)
 
 
 def order(props) -> list[str]:
@@ -293,6 +333,7 @@ def replay_command(
     """The command that replays exactly ``case`` on ``target`` with the options that change the
     verdict: backend, kind (import paths), the selected properties, the hang timeout, the ranks'
     memory cap."""
+    from paracheck.check.settings import replay_options
     from paracheck.check.targets import BUILTIN_TARGETS
 
     parts = [f"paracheck check {target.name}", f"--backend {backend}"]
@@ -300,13 +341,10 @@ def replay_command(
         parts.append(f"--kind {target.kind}")
     if target.properties is not None:
         parts.append("--properties " + ",".join(sorted(target.properties)))
-    if timeout is not None:
-        parts.append(f"--timeout {timeout:g}")
-    if rank_memory is not None:
-        parts.append(f"--rank-memory {rank_memory:g}")
     options = getattr(target, "cli_options", None)
     extra = options() if callable(options) else ""
-    return " ".join(parts) + extra + f" --case '{case.to_json()}'"
+    carried = replay_options(timeout=timeout, rank_memory=rank_memory)
+    return " ".join(parts) + carried + extra + f" --case '{case.to_json()}'"
 
 
 def case_line(case) -> str:
@@ -352,10 +390,16 @@ class PropertyFailure:
     shrunk: bool = True  # False: a given case, reported as it is
     first: CaseResult | None = None  # the first case found to break it, before shrinking
     own: tuple[str, ...] = ()  # own_fragments of the target's path: where its frames are
+    kind: str | None = None  # the target's kind: its failures in its own terms
+    row: str | None = None  # the verdict table's row it was found in (None: no table)
 
     @property
     def case(self):
         return self.result.case
+
+    @property
+    def info(self) -> Property:
+        return property_info(self.property, self.case, self.kind)
 
     @property
     def meaning(self) -> str:
@@ -365,6 +409,11 @@ class PropertyFailure:
             and self.result.error.failures
         ):
             first = self.result.error.failures[0]
+            if _DTYPE_MISMATCH.search(_last_line(first.detail)):
+                return (
+                    f"your code raised on rank {first.rank}: it gave torch a tensor of another "
+                    "dtype than the parameter's (a gradient, a buffer or a shard)"
+                )
             if target_frame(first.detail, self.own) is None and "Traceback" in first.detail:
                 # No frame of the target's own code: paracheck's harness raised while reading
                 # it, which must not be blamed on the target.
@@ -377,7 +426,35 @@ class PropertyFailure:
         summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
         if self.property == "memory-cap" and summary:
             return f"{summary}: a resource failure, not a wrong result"
-        return property_info(self.property, self.case).meaning
+        d = self.result.divergence_of(self.property)
+        if self.property == "gradients" and d is not None and d.what == "grad":
+            # The headline says what the detail says: a gradient present or absent where the
+            # oracle's is not is no averaging mistake.
+            if d.detail.startswith("expected no gradient, got a tensor"):
+                return (
+                    "a gradient is a tensor where the oracle's is None: no rank used the parameter "
+                    "(or it is frozen), so its .grad must stay None"
+                )
+            if d.detail.startswith("expected a gradient, got None"):
+                return "a gradient is None where the oracle's is a tensor: some rank used the parameter"
+        return self.info.meaning
+
+    @property
+    def fix(self) -> str:
+        """What usually fixes it: the property's hint, or where paracheck's harness raised, how
+        to find out what it called; a dtype mistake of the target, its own fix."""
+        if self.meaning.startswith("paracheck's harness raised"):
+            return (
+                "the last frames say what was called: a call into torch or your package from "
+                "paracheck's rank program is a way of calling the target that it does not support "
+                "(say so in a paracheck issue, with the replay command); replay the case to see it"
+            )
+        if self.property == "raised" and "another dtype than the parameter's" in self.meaning:
+            return (
+                "give every gradient, buffer and shard the dtype of its parameter (cast the "
+                "reduced gradient back: grad.copy_(reduced) rather than grad = reduced)"
+            )
+        return self.info.hint
 
     def labels(self) -> list[str]:
         from paracheck.check.features import label
@@ -431,13 +508,7 @@ class PropertyFailure:
 
             lead = "" if err.disagreement.startswith(OUTSIDE) else "the ranks disagree: "
             out.append(f"  {lead}{err.disagreement}")
-        hint = property_info(self.property, self.case).hint
-        if self.meaning.startswith("paracheck's harness raised"):
-            hint = (
-                "the last frames say what was called: a call into torch or your package from "
-                "paracheck's rank program is a way of calling the target that it does not support "
-                "(say so in a paracheck issue, with the replay command); replay the case to see it"
-            )
+        hint = self.fix
         if hint:
             out.append(f"  fix: {hint}")
         if self.shrunk:
@@ -527,6 +598,9 @@ class CheckReport:
     # The largest ratio of a gradient's difference from the float64 gradient to its bound over
     # the cases the float64-bound property judged (None: none judged).
     worst_bound: float | None = None
+    # The verdict table (Note [The verdict table] in paracheck.check.table); empty: no table.
+    rows: list = field(default_factory=list)  # of paracheck.check.verdict.RowVerdict
+    stopped: str | None = None  # why the check ended before its end (a signal), or None
 
     @property
     def failure(self) -> CaseResult | None:
@@ -550,7 +624,7 @@ class CheckReport:
             out.append(f"saved {self.saved} failing case{s} in {self.database}")
         return "; ".join(out)
 
-    def summary(self) -> str:
+    def _summary(self) -> str:
         extra = self.saved_cases()
         extra = f"; {extra}" if extra else ""
         bound = (
@@ -575,6 +649,8 @@ class CheckReport:
         )
 
     def text(self, backend: str = "gloo") -> str:
+        if self.rows:
+            return self.table_text(backend)
         out = [self.summary()]
         out += [f"  note: {n}" for n in self.notes]
         for f in self.failures:
@@ -583,8 +659,63 @@ class CheckReport:
             )
         return "\n".join(out)
 
+    def table_summary(self) -> str:
+        """The verdict table's first line: how many rows fail, pass and were not run."""
+        from paracheck.check.verdict import causes_of
+
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        parts = [f"{n} {status}" for status, n in counts.items()]
+        causes = len(causes_of(self.failures))
+        head = "FAIL" if self.failures else ("STOPPED" if self.stopped else "PASS")
+        found = (
+            ""
+            if self.passed
+            else f"; {causes} cause{'s' if causes != 1 else ''} of failure, the first found after "
+            f"{self.examples} case(s)"
+        )
+        extra = self.saved_cases()
+        return (
+            f"{head} {self.target.name}: verdict table of {len(self.rows)} rows ({', '.join(parts)})"
+            f"{found}; {self.cases_run} cases, world sizes {list(self.world_sizes)}, "
+            f"{self.seconds:.1f} s" + (f"; {extra}" if extra else "")
+        )
+
+    def summary(self) -> str:
+        return self.table_summary() if self.rows else self._summary()
+
+    def table_text(self, backend: str = "gloo", *, blocks: bool = True, rows: bool = True) -> str:
+        """The verdict table, one line per row (``rows``), then one block per cause of failure
+        (``blocks``)."""
+        from paracheck.check.verdict import cause_text, causes_of
+
+        out = [self.summary()]
+        if self.stopped:
+            out.append(f"  {self.stopped}")
+        out += [f"  note: {n}" for n in self.notes]
+        causes = causes_of(self.failures)
+        number = {id(f): i + 1 for i, group in enumerate(causes) for f in group}
+        width = max(len(r.name) for r in self.rows)
+        for row in self.rows if rows else ():
+            out.append("  " + row.line(width, number))
+        if blocks:
+            for i, group in enumerate(causes):
+                out.append(
+                    cause_text(
+                        group,
+                        i + 1,
+                        self.target,
+                        backend,
+                        timeout=self.timeout,
+                        rank_memory=self.rank_memory,
+                    )
+                )
+        return "\n".join(out)
+
     def to_dict(self, backend: str = "gloo") -> dict:
         return {
+            "rows": [r.to_dict() for r in self.rows],
             "target": self.target.name,
             "path": self.target.path,
             "kind": self.target.kind,

@@ -97,11 +97,14 @@ def ignore_signals() -> None:
             pass
 
 
-def report_stop(exc: KeyboardInterrupt, done: list[str], what: str) -> None:
+def report_stop(
+    exc: KeyboardInterrupt, done: list[str], what: str, stopped: str | None = None
+) -> None:
     """``paracheck: interrupted after N <what>`` (``terminated`` for SIGTERM) on stderr, then the
-    verdict lines ``done`` of what finished, indented; ``exit_code`` says nothing more."""
+    verdict lines ``done`` of what finished and ``stopped``, that of the one it stopped, indented;
+    ``exit_code`` says nothing more."""
     print(f"paracheck: {_how(exc)} after {len(done)} {what}", file=sys.stderr)
-    for line in done:
+    for line in done + ([stopped] if stopped else []):
         print(f"  {line}", file=sys.stderr)
     sys.stderr.flush()
     exc.reported = True  # type: ignore[attr-defined]

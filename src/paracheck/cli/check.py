@@ -57,12 +57,6 @@ def _positive(name: str, value, kind=int):
     return value
 
 
-_ALLOW_LARGE_WORLD_HELP = (
-    "run gloo world sizes above what this machine runs (4 ranks per core, 256 MiB of half its "
-    "memory per rank: larger worlds are refused before any rank starts)"
-)
-
-
 def _check_rank_limit(
     args, option: str, value: str, sizes: tuple[int, ...], pool: dict | None = None
 ) -> None:
@@ -87,6 +81,7 @@ def _check_rank_limit(
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``check`` and ``selftest`` to the subcommands ``sub``."""
     from paracheck.check.kinds import KINDS
+    from paracheck.check.settings import CHECK, SELFTEST, add_arguments
     from paracheck.check.targets import targets_help
 
     c = sub.add_parser(
@@ -100,228 +95,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)"
     )
-    c.add_argument(
-        "--world-sizes", default=None, help="comma-separated world sizes (default 1,2,3,4 on gloo)"
-    )
-    c.add_argument("--allow-large-world", action="store_true", help=_ALLOW_LARGE_WORLD_HELP)
-    c.add_argument(
-        "--max-examples",
-        type=int,
-        default=None,
-        help="generated cases per target (default: profile)",
-    )
-    c.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the cases' sequence: 0 is Hypothesis's derandomised one (that of the selftest and "
-        "the pytest plugin's ci profile), any other N hypothesis.seed(N) (default 0)",
-    )
-    c.add_argument("--random", action="store_true", help="do not derandomise Hypothesis")
-    c.add_argument(
-        "--backend",
-        default=None,
-        choices=["gloo", "nccl"],
-        help="gloo: CPU ranks; nccl: one CUDA device per rank (default gloo; with --attach, the "
-        "agents')",
-    )
-    c.add_argument(
-        "--attach",
-        default=None,
-        metavar="HOST:PORT",
-        help="run the cases on the agents that torchrun started (torchrun ... -m paracheck.agent) "
-        "instead of on ranks of this machine: HOST:PORT is their MASTER_ADDR:MASTER_PORT; world "
-        "sizes up to the agents' number are drawn, and closing stops the agents (default: none)",
-    )
-    c.add_argument(
-        "--attach-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="with --attach: how long to wait for the torchrun job and its agents before giving "
-        "up (exit 2) (default %(default)s)",
-    )
-    c.add_argument(
-        "--timeout",
-        type=float,
-        default=20.0,
-        help="longest a case may run before it counts as hung; cases are cut earlier, at 10x the "
-        "slowest passing case of their world size, at least 5 s (default %(default)s)",
-    )
-    c.add_argument(
-        "--rank-memory",
-        type=float,
-        default=None,
-        metavar="GB",
-        help="cap on each rank's resident memory during a case, in GB (2**30 bytes); a rank over "
-        "it is stopped and its case reported as a resource failure (default: an equal share of "
-        "the machine's memory among the ranks and this process, at least 1 GB)",
-    )
-    c.add_argument(
-        "--kind",
-        choices=list(KINDS),
-        default=None,
-        help="interface of an import-path target (default: read from its constructor and "
-        "methods); loop: a whole training step, train_step(model, optimizer, micro_batches)",
-    )
-    c.add_argument(
-        "--loss",
-        choices=["token-mean", "batch-mean"],
-        default=None,
-        help="loop targets: the loss the step minimises, the global token mean or the mean of "
-        "the micro-batches' means (default: the function's paracheck_loss attribute, else "
-        "token-mean)",
-    )
-    c.add_argument(
-        "--clip-norm",
-        type=float,
-        default=None,
-        metavar="NORM",
-        help="loop targets: the global gradient norm the step clips to with clip_grad_norm_ "
-        "(default: the function's paracheck_clip_norm attribute, else no clipping)",
-    )
-    c.add_argument(
-        "--reduce-dtype",
-        choices=["float64", "float32", "bfloat16"],
-        default=None,
-        help="DDP targets: the dtype the target reduces its gradients in, checked on every "
-        "all-reduce (default: the class's paracheck_reduce_dtype attribute, else not checked); "
-        "cases whose parameters are wider are skipped",
-    )
-    c.add_argument(
-        "--adapters",
-        default=None,
-        metavar="PATH_OR_MODULE",
-        help="a CS336 adapters.py (file or module): check each design it implements (get_ddp, "
-        "get_ddp_individual_parameters, get_ddp_bucketed, get_sharded_optimizer; default: none)",
-    )
-    c.add_argument(
-        "--finish",
-        default=None,
-        metavar="NAME",
-        help="DDP after-backward hook: a method name, or module:function called as f(ddp_model, optimizer) "
-        "(default finish_gradient_synchronization)",
-    )
-    c.add_argument(
-        "--gather",
-        default=None,
-        metavar="NAME",
-        help="FSDP targets: how to read every parameter whole, a method name or module:function "
-        "called as f(wrapper), returning a list in module.parameters() order or a dict by name "
-        "(default: gather_full_params, full_parameters or gather_params; implies --kind fsdp)",
-    )
-    c.add_argument(
-        "--batch-start",
-        default=None,
-        metavar="NAME",
-        help="DDP batch-start hook, named as --finish (default on_train_batch_start, if present)",
-    )
-    c.add_argument(
-        "--stub-cuda-timing",
-        action="store_true",
-        help="on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks",
-    )
-    c.add_argument(
-        "--profile",
-        choices=["ci", "dev", "nightly"],
-        default="ci",
-        help="40 derandomised / 100 / 1000 examples per target (default %(default)s)",
-    )
-    c.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float64", "float32"],
-        help="parameters' dtype: float64 (the default; float32 for loop targets) or float32; the "
-        "same as --precision fp64/fp32",
-    )
-    c.add_argument(
-        "--precision",
-        default=None,
-        choices=["fp64", "fp32", "bf16", "fp16", "mixed"],
-        help="the precision settings drawn: fp64 (the default; fp32 for loop targets), fp32, bf16 "
-        "(bfloat16 autocast over float32 parameters, or bfloat16 parameters; a loop: bfloat16 "
-        "parameters), fp16 (float16 autocast, with or without a GradScaler) or mixed (all of "
-        "them); the oracle applies the same casts",
-    )
-    c.add_argument(
-        "--case",
-        default=None,
-        help="replay exactly this case (JSON from a failure report; default: draw cases)",
-    )
-    c.add_argument(
-        "--properties",
-        default=None,
-        help="comma-separated properties to check, each applied to the targets whose kind has it: "
-        "sharding targets equivalence,float64-bound,state,state-consolidated,memory,balance,"
-        "traffic (default: every one but the opt-in state-consolidated); DDP targets "
-        "equivalence,float64-bound,bucket-structure (the default) and the opt-in "
-        "world-size-relation and bucket-size-independence (the bucket ones for targets that take "
-        "a bucket size); every kind the opt-in repeatability; float64-bound judges the cases "
-        "below float64 of every kind but loop. +NAME adds NAME to the defaults: --properties "
-        "+repeatability",
-    )
-    c.add_argument(
-        "--contract",
-        choices=["full", "cs336"],
-        default="full",
-        help="what the cases draw: full (every feature) or cs336 (what the CS336 interfaces "
-        "promise; the README's table says feature by feature) (default %(default)s)",
-    )
-    c.add_argument(
-        "--features",
-        default=None,
-        metavar="SPEC",
-        help="comma-separated case features, each -name (never draw it) or +name (draw it again "
-        "after --contract turned it off), e.g. --features -unused-some-ranks (default: none, "
-        "every feature --contract draws)",
-    )
-    c.add_argument(
-        "--database",
-        default=".paracheck/examples",
-        help="directory of the failing cases: saved after each check, replayed first by the next "
-        "check of the same target and dropped once they pass (default %(default)s)",
-    )
-    c.add_argument("--no-database", action="store_true", help="do not save or replay failing cases")
-    c.add_argument(
-        "--first-failure",
-        action="store_true",
-        help="stop at the first failing property (default: report every failing property)",
-    )
-    c.add_argument(
-        "--json",
-        default=None,
-        metavar="PATH",
-        help="write the verdict as JSON to PATH ('-': stdout, instead of the text report; default: "
-        "none)",
-    )
+    add_arguments(c, CHECK, choices={"kind": list(KINDS)})
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
-    s.add_argument(
-        "--profile",
-        choices=["ci", "dev", "nightly"],
-        default="ci",
-        help="40 derandomised / 100 / 1000 examples per check (default %(default)s)",
-    )
+    add_arguments(s, SELFTEST)
     s.add_argument(
         "--only",
         nargs="*",
         default=None,
         help="restrict to these mutant/target names (default: all)",
-    )
-    s.add_argument(
-        "--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default %(default)s)"
-    )
-    s.add_argument("--allow-large-world", action="store_true", help=_ALLOW_LARGE_WORLD_HELP)
-    s.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        help="hang timeout per case, seconds (default %(default)s)",
-    )
-    s.add_argument(
-        "--backend", default="gloo", choices=["gloo", "nccl"], help="default %(default)s"
-    )
-    s.add_argument(
-        "--dtype", default="float64", choices=["float64", "float32"], help="default %(default)s"
     )
     s.add_argument(
         "--table",
@@ -359,7 +140,7 @@ def _attached_pool(args) -> dict:
             f"--rank-memory={args.rank_memory!r} does not apply with --attach: torchrun owns the "
             "agents, and one stopped for its memory would end the whole job"
         )
-    _positive("--attach-timeout", args.attach_timeout)
+    _positive("--attach-timeout", args.attach_timeout, float)
     try:
         pool = pool_of(args.attach, args.attach_timeout)
     except (ValueError, RuntimeError) as exc:  # not HOST:PORT; no agents there
@@ -403,9 +184,9 @@ def _make_world(
 
 
 def cmd_check(args) -> int:
-    from paracheck.check.property import PROFILES, check_target
+    from paracheck.check.property import check_target
+    from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
-    from paracheck.world import PoolLost
 
     refuse_lockstep(args.attach)
     pool = _attached_pool(args) if args.attach is not None else None
@@ -413,7 +194,21 @@ def cmd_check(args) -> int:
     try:
         targets = _resolve_targets(args)
     except TargetError as exc:
-        raise UsageError(str(exc)) from None
+        text = str(exc)
+        if args.kind in ("ddp", "fsdp") and "requires optimizer_cls" in text:
+            # A ZeRO wrapper checked as a DDP: the kind, not the class, is what to change.
+            text = (
+                f"--kind={args.kind} does not fit: {text}; a class constructed with the module and "
+                "optimizer_cls is a ZeRO wrapper (--kind zero or zero2)"
+            )
+        raise UsageError(text) from None
+    if args.kind is not None:
+        from paracheck.check.interface import kind_mismatch
+
+        for t in targets:
+            why = kind_mismatch(t)
+            if why is not None:
+                raise UsageError(f"--kind={args.kind} does not fit {t.name}: {why}")
     if not targets:  # --adapters whose every design is a stub (listed above)
         raise UsageError(
             f"--adapters={args.adapters!r}: no design is implemented (every adapter function "
@@ -436,8 +231,12 @@ def cmd_check(args) -> int:
     if args.case:
         from paracheck.cases import Case
 
+        text = args.case
+        if not text.lstrip().startswith("{") and os.path.isfile(text):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
         try:
-            case = Case.from_json(args.case)
+            case = Case.from_json(text)
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"--case is not a valid case: {type(exc).__name__}: {exc}") from None
         sizes = (case.world_size,)
@@ -454,16 +253,14 @@ def cmd_check(args) -> int:
         _check_rank_limit(args, "--world-sizes", args.world_sizes or default, sizes, pool)
     _positive("--timeout", args.timeout)
     _positive("--rank-memory", args.rank_memory)
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget >= 0):
+        raise UsageError(f"--budget={args.budget} must be a number of seconds >= 0 (0: no limit)")
     if args.clip_norm is not None and not (math.isfinite(args.clip_norm) and args.clip_norm > 0):
         raise UsageError(f"--clip-norm={args.clip_norm} must be a finite number > 0")
     if args.json not in (None, "-"):
         _writable("--json", args.json)
-    max_examples = (
-        args.max_examples
-        if args.max_examples is not None
-        else PROFILES[args.profile]["max_examples"]
-    )
-    _positive("--max-examples", max_examples)
+    settings = from_namespace(args)
+    _positive("--max-examples", settings.examples)
     from paracheck.check.features import FeatureError, features_off
     from paracheck.check.property import DTYPE_PRECISIONS
     from paracheck.strategies._core import nominal_dtype
@@ -519,13 +316,19 @@ def cmd_check(args) -> int:
             "paracheck: warning: --contract/--features are ignored with --case (it runs as given)",
             file=sys.stderr,
         )
-    database = None if args.no_database or case is not None else args.database
+    settings = settings.replace(
+        world_sizes=sizes,
+        precision=explicit,
+        dtype=None,
+        database=None if case is not None else settings.example_database,
+        budget=settings.budget or None,
+    )
+    from paracheck.world import PoolLost
+
     failed = 0
     reports: list = []
     to_stdout = args.json == "-"
-    # The replay commands carry --timeout only where it is not the default.
-    replay_timeout = None if args.timeout == 20.0 else args.timeout
-    world = progress = None
+    world = progress = stream = None
     lost: str | None = None  # Note [A lost pool]
     unchecked: list = []
     try:
@@ -543,32 +346,29 @@ def cmd_check(args) -> int:
                     from paracheck.check.report import case_report
                     from paracheck.check.run import run_case
 
+                    stream = None
                     report = case_report(
                         target,
                         run_case(world, target, case, timeout=args.timeout),
-                        timeout=replay_timeout,
+                        timeout=args.timeout,
                         rank_memory=args.rank_memory,
                     )
                 else:
                     from paracheck.check.property import Progress
 
                     progress = Progress()
+                    stream = (
+                        None if to_stdout else _Stream(target, args.backend, settings, progress)
+                    )
                     report = check_target(
                         target,
                         world,
-                        world_sizes=sizes,
-                        max_examples=max_examples,
-                        seed=None if args.random else args.seed,
-                        timeout=args.timeout,
-                        database=database,
-                        precision=explicit,
-                        contract=args.contract,
-                        features=args.features,
-                        first_failure=args.first_failure,
-                        labels=True,
+                        settings,
                         progress=progress,
+                        on_failure=stream.failure if stream else None,
+                        on_row=stream.row if stream else None,
                     )
-                    report.timeout = replay_timeout
+                    report.timeout = args.timeout
                     report.rank_memory = args.rank_memory
             except PoolLost as exc:  # nothing found on this target before the agents were lost
                 lost, unchecked = str(exc), targets[i:]
@@ -576,14 +376,29 @@ def cmd_check(args) -> int:
             reports.append(report)
             failed += not report.passed
             if not to_stdout:
-                print(report.text(args.backend), flush=True)
+                # Streamed, the blocks and rows are printed already: the verdict line ends them.
+                text = report.table_text(blocks=False, rows=False) if stream else None
+                print(text or report.text(args.backend), flush=True)
             if getattr(world, "lost", None) is not None:  # Note [A lost pool]
                 lost, unchecked = world.lost, targets[i + 1 :]
                 break
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (cli._common.Terminated)
         _stop(world, progress)
+        partial = getattr(exc, "report", None)
+        if partial is not None:
+            # What the stopped check found: every failure, with the rows it reached.
+            partial.timeout, partial.rank_memory = args.timeout, args.rank_memory
+            if not to_stdout:
+                print(partial.table_text(args.backend, blocks=stream is None), flush=True)
+            if args.json is not None:
+                _write_json(args.json, [*reports, partial], args.backend)
         noun = "target" if len(targets) == 1 else "targets"
-        report_stop(exc, [r.summary() for r in reports], f"of {len(targets)} {noun}")
+        report_stop(
+            exc,
+            [r.summary() for r in reports],
+            f"of {len(targets)} {noun}",
+            None if partial is None else partial.summary(),
+        )
         raise
     finally:
         if world is not None:
@@ -595,6 +410,68 @@ def cmd_check(args) -> int:
         print(f"paracheck: {lost}" + (f" (not checked: {names})" if names else ""), file=sys.stderr)
         return 1 if failed else 2
     return 1 if failed else 0
+
+
+class _Stream:
+    """Prints a check's verdict table as it fills: each new cause of failure the moment it is
+    found (a block), each row as it ends (a line)."""
+
+    def __init__(self, target, backend: str, settings, progress):
+        self.target, self.backend, self.settings, self.progress = (
+            target,
+            backend,
+            settings,
+            progress,
+        )
+        self.failures: list = []
+        self.started = False
+
+    def _print(self, text: str) -> None:
+        self.progress.clear()
+        if not self.started:
+            budget = self.settings.budget
+            print(
+                f"paracheck {self.target.name}: verdict table"
+                + (f", budget {budget:g} s" if budget else ""),
+                flush=True,
+            )
+            self.started = True
+        print(text, flush=True)
+
+    def failure(self, failure) -> None:
+        from paracheck.check.verdict import cause_of, cause_text, causes_of
+
+        self.failures.append(failure)
+        groups = causes_of(self.failures)
+        n = next(i for i, g in enumerate(groups) if cause_of(failure) == cause_of(g[0])) + 1
+        if len(groups[n - 1]) > 1:
+            where = f" in row {failure.row}" if failure.row else ""
+            self._print(f"  {failure.property}{where}: cause {n} again")
+            return
+        self._print(
+            cause_text(
+                [failure],
+                n,
+                self.target,
+                self.backend,
+                timeout=self.settings.timeout,
+                rank_memory=self.settings.rank_memory,
+            )
+        )
+
+    def row(self, row, index: int, total: int) -> None:
+        from paracheck.check.verdict import causes_of
+
+        groups = causes_of(self.failures)
+        number = {id(f): i + 1 for i, g in enumerate(groups) for f in g}
+        width = max(len("+" + n) for n in _row_names())
+        self._print(f"  [{index + 1}/{total}] " + row.line(width, number))
+
+
+def _row_names():
+    from paracheck.check.features import optional_features
+
+    return ("core", "all features", *optional_features())
 
 
 def _write_json(path: str, reports, backend: str) -> None:

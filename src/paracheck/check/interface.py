@@ -1,0 +1,74 @@
+"""What a target's interface offers, read from its class before any case runs: whether it fits
+the kind it is checked as (``kind_mismatch``) and which optional case features it cannot be
+asked for (``unsupported``), each with the method it lacks."""
+
+from __future__ import annotations
+
+import inspect
+
+__all__ = ["kind_mismatch", "unsupported"]
+
+_SHARDING = ("sharded", "zero", "zero2")
+
+
+def _object(target):
+    from paracheck.check.targets import TargetError, load_object
+
+    try:
+        return load_object(target.path)
+    except TargetError:
+        return None
+
+
+def _is_subclass(obj, module: str, name: str) -> bool:
+    import importlib
+
+    try:
+        base = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return inspect.isclass(obj) and issubclass(obj, base)
+
+
+def kind_mismatch(target) -> str | None:
+    """Why ``target``'s class cannot be a target of its kind (None: it can, or it is not a class
+    paracheck can read): a DDP or FSDP kind given an optimizer, a sharded optimizer given a
+    module, a ZeRO wrapper without ``step()``, a loop given a class."""
+    obj = _object(target)
+    if obj is None or not inspect.isclass(obj):
+        return None  # a function (a loop, get_ddp) or nothing readable: the ranks will say
+    kind = target.kind
+    is_module = _is_subclass(obj, "torch.nn", "Module")
+    is_optimizer = _is_subclass(obj, "torch.optim", "Optimizer")
+    name = obj.__name__
+    if kind in ("ddp", "fsdp") and is_optimizer:
+        return (
+            f"{name} is a torch.optim.Optimizer, not a module wrapper: a {kind} target wraps a "
+            "module (Class(module, ...)); check a sharded optimizer with --kind sharded"
+        )
+    if kind in ("ddp", "fsdp") and not is_module and not callable(getattr(obj, "forward", None)):
+        return f"{name} has no forward(): a {kind} target wraps a module and runs its forward"
+    if kind == "sharded" and is_module:
+        return (
+            f"{name} is a torch.nn.Module, not an optimizer: a sharded target is an optimizer "
+            "(Class(params, optimizer_cls, **kwargs)); check a module wrapper with --kind ddp"
+        )
+    if kind in _SHARDING and not callable(getattr(obj, "step", None)):
+        return f"{name} has no step(): a {kind} target steps the optimizer it shards"
+    if kind == "loop":
+        return f"{name} is a class: a loop target is a function train_step(model, optimizer, ...)"
+    return None
+
+
+def unsupported(target, feature: str) -> str | None:
+    """Why ``target`` cannot be asked for the optional case ``feature`` (None: it can): the method
+    its interface lacks."""
+    if feature != "reload" or target.kind not in _SHARDING:
+        return None
+    obj = _object(target)
+    if obj is None:
+        return None
+    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+    if missing:
+        return f"{obj.__name__} has no {missing[0]}()"
+    return None
