@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # defined where they are raised; imported from there on first use
     from paracheck.check.run import CheckFailure
     from paracheck.world._agent import Interrupted
+    from paracheck.world.attached import PoolLost
     from paracheck.world.runner import (
         PeerFailed,
         RankDied,
@@ -50,6 +51,7 @@ __all__ = [
     "RankOverMemory",
     "PeerFailed",
     "Interrupted",
+    "PoolLost",
 ]
 
 
@@ -105,6 +107,7 @@ _ELSEWHERE = {
     "RankOverMemory": "paracheck.world.runner",
     "PeerFailed": "paracheck.world.runner",
     "Interrupted": "paracheck.world._agent",
+    "PoolLost": "paracheck.world.attached",
 }
 
 

@@ -76,7 +76,9 @@ def attached(tmp_path_factory):
     port = _free_port()
     nodes = torchrun_nodes(port, log_dir, "--backend", "gloo", "--wait", "120")
     try:
-        world = AttachedWorld(f"127.0.0.1:{port}", timeout=20.0)
+        # Four agents importing torch on a busy 2-core machine can take over the default 30 s
+        # to register: wait as long as they wait for a driver.
+        world = AttachedWorld(f"127.0.0.1:{port}", timeout=20.0, start_timeout=120.0)
     except BaseException:
         for n in nodes:
             n.kill()

@@ -5,9 +5,9 @@ block."""
 
 import types
 
+from paracheck.check.failure import PropertyFailure, property_info
 from paracheck.check.features import optional_features
 from paracheck.check.property import check_target
-from paracheck.check.report import PropertyFailure, property_info
 from paracheck.check.run import CaseResult
 from paracheck.check.settings import CheckSettings
 from paracheck.check.targets import Target

@@ -36,7 +36,7 @@ def test_zero2_memory_is_zero1_less_the_gradients_it_does_not_keep(world):
     of the buckets it is reducing: the one launched last and the one being filled, at most two
     of the largest, so its peak before the step is at most ZeRO-1's - 4 (P' - P'/W) + 4 x 2 x
     16384 (measured: 124928 above ZeRO-1's less the gradients). Construction differs by what
-    ``zero_construction_bytes`` derives with the batch allocated after it."""
+    ``zero_construction_bytes`` derives, the batch allocated before it."""
     from paracheck.zero.partition import flat_layout
 
     numels, e = _numels(), 4
@@ -57,12 +57,14 @@ def test_zero2_memory_is_zero1_less_the_gradients_it_does_not_keep(world):
     assert one.peak_step_bytes - two.peak_step_bytes == kept
     without_grads = one.peak_before_step_bytes - kept
     assert two.peak_before_step_bytes - without_grads == 124928 <= 4 * 2 * largest < kept
-    batch = 2 * BATCH * LM.context_length * 8  # inputs and targets, int64, after the constructor
+    # Inputs and targets, int64, allocated before the constructor (the schedule's watch tracks
+    # them from the start), so they lie under the constructor's whole peak.
+    batch = 2 * BATCH * LM.context_length * 8
     init = {}
     for d in ("zero1", "zero2"):
-        most, held = zero_construction_bytes(d, numels, e, W, bucket_numel=bucket_numel)
-        init[d] = max(most, held + batch)
-    assert one.peak_init_bytes - two.peak_init_bytes == init["zero1"] - init["zero2"] == 197984
+        most, _held = zero_construction_bytes(d, numels, e, W, bucket_numel=bucket_numel)
+        init[d] = most + batch
+    assert one.peak_init_bytes - two.peak_init_bytes == init["zero1"] - init["zero2"] == 197952
     assert (one.param_bytes, one.optimizer_state_bytes, one.collectives_by_kind) == (
         two.param_bytes,
         two.optimizer_state_bytes,
@@ -111,9 +113,12 @@ def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_mem
     ],
 )
 def test_builtin_wrappers_leave_nothing_behind(world, variant):
-    """A job of a built-in wrapper ends holding no tensor (its hooks hold it weakly)."""
+    """A job of a built-in wrapper ends holding no tensor it did not start with (its hooks hold
+    it weakly). The session's World is shared with other test files, whose jobs may leave
+    tensors of their own in the ranks (a job that keeps one on purpose): the start is what this
+    job found."""
     t = _time(world, variant)
-    assert (t.start_bytes, t.left_bytes) == (0, 0), variant
+    assert t.left_bytes == t.start_bytes, (variant, t.start_bytes, t.left_bytes)
 
 
 def test_release_counts_the_tensors_still_referenced():

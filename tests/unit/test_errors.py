@@ -29,6 +29,7 @@ BEFORE = {
     "RankOverMemory": ("paracheck.world.runner", Exception),
     "PeerFailed": ("paracheck.world", RuntimeError),
     "Interrupted": ("paracheck.world._agent", RuntimeError),
+    "PoolLost": ("paracheck.world.attached", RuntimeError),
 }
 
 

@@ -4,13 +4,13 @@ the failure does not need."""
 
 from types import SimpleNamespace
 
-import paracheck.check.property as prop_mod
+import paracheck.check.search as prop_mod
 
 
 def _checker(outcomes):
     runs = iter(outcomes)
 
-    def fake_run_case(world, target, case, *, device=None, timeout=None):
+    def fake_run_case(world, target, case, *, device=None, timeout=None, **options):
         return SimpleNamespace(failed_properties={"gradients"} if next(runs) else set())
 
     checker = prop_mod._Checker(

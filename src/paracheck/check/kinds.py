@@ -319,7 +319,9 @@ def _driver(module: str, fn: str):
 def _balance(e: Evidence):
     from paracheck.check.properties.balance import check_balance
 
-    return check_balance(e.case, e.traj, e.ranks, e.kind, stepped=e.stepped_balance)
+    return check_balance(
+        e.case, e.traj, e.ranks, KINDS[e.kind].state_layout, stepped=e.stepped_balance
+    )
 
 
 def _bucket_structure(e: Evidence):

@@ -37,8 +37,8 @@ from paracheck.check.features import (
     without_all,
 )
 from paracheck.check.interface import unsupported
-from paracheck.check.property import BudgetSpent, _Search
 from paracheck.check.report import CheckReport, order
+from paracheck.check.search import BudgetSpent, _Search
 from paracheck.check.verdict import RowVerdict
 from paracheck.world import PoolLost
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from paracheck.check.report import (
+from paracheck.check.failure import (
     PROPERTIES,
     PropertyFailure,
     _diagnosis,

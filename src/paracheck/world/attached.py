@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 from multiprocessing.connection import Listener
 
+from paracheck.errors import ParacheckError
 from paracheck.world._agent import DRIVER_KEY, POOL_KEY, agent_key
 from paracheck.world._rank import _recv, _send
 from paracheck.world.runner import RankFailure, World, hellos
@@ -79,7 +80,7 @@ def _facing(host: str, port: int) -> str:
 #   one line saying the torchrun job must be started again, and checks no further target.
 
 
-class PoolLost(RuntimeError):
+class PoolLost(ParacheckError, RuntimeError):
     """The attached agents cannot run another job: an agent is gone, or one stayed stuck in a job
     that no timeout or abort freed. Not a ``WorldError``: no case failed for it (Note [A lost
     pool])."""

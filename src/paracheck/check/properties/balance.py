@@ -30,7 +30,6 @@ Note [Balance of the state stepped]
 from __future__ import annotations
 
 from paracheck.cases import Case
-from paracheck.check.kinds import KINDS
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.properties._sharding import CaseFacts, owners_disagree
 from paracheck.check.ranks.record import RankRecord
@@ -39,16 +38,17 @@ __all__ = ["check_balance"]
 
 
 def check_balance(
-    case: Case, traj, ranks: list[RankRecord], kind: str, *, stepped: bool = True
+    case: Case, traj, ranks: list[RankRecord], state_layout: str, *, stepped: bool = True
 ) -> Divergence | None:
-    """The first step at which the declared partition breaks its bound or coverage, or (an
+    """``state_layout``: the kind's (``paracheck.check.kinds.Kind.state_layout``). The first step
+    at which the declared partition breaks its bound or coverage, or (an
     undeclared ``sharded`` target, with ``stepped``) the state a rank steps breaks the bound of
     Note [Balance of the state stepped]; None if neither."""
     facts = CaseFacts.of(case)
     for k in range(len(traj.steps)):
         d = (
             _zero(k, ranks, facts, case.world_size)
-            if KINDS[kind].state_layout == "flat"
+            if state_layout == "flat"
             else _sharded(k, ranks, facts, case.world_size, stepped)
         )
         if d is not None:

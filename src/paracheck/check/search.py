@@ -1,0 +1,704 @@
+"""The search machinery of a check (``paracheck.check.property.check_target``): the hang timeout
+of each case, the progress line, one Hypothesis search for a property (``_Checker``) and what
+every search of one check shares (``_Search``). The notes that govern it are in
+``paracheck.check.property``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
+
+from paracheck.cases import Case
+from paracheck.check.database import CaseDatabase
+from paracheck.check.features import (
+    CONTRACTS,
+    FEATURES,
+    case_features,
+    essential,
+    feature,
+    features_off,
+    without,
+    without_all,
+)
+from paracheck.check.kinds import KINDS, resolve_properties
+from paracheck.check.report import (
+    CheckReport,
+    PropertyFailure,
+    order,
+    own_fragments,
+)
+from paracheck.check.run import CaseResult, CheckFailure, run_case
+from paracheck.check.targets import load_object
+from paracheck.strategies._core import nominal_dtype, precision_settings
+from paracheck.world import PoolLost
+
+__all__ = [
+    "BudgetSpent",
+    "CaseTimeouts",
+    "DTYPE_PRECISIONS",
+    "Progress",
+    "declared_features",
+    "declared_mismatch",
+    "sequence_name",
+]
+
+
+class CaseTimeouts:
+    """The hang timeout of the next case of each world size; see Note [Hang timeouts]."""
+
+    def __init__(self, cap: float, *, floor: float = 5.0, factor: float = 10.0):
+        self.cap, self.floor, self.factor = cap, floor, factor
+        self.slowest: dict[int, float] = {}
+
+    def observe(self, world_size: int, seconds: float) -> None:
+        self.slowest[world_size] = max(seconds, self.slowest.get(world_size, 0.0))
+
+    def __call__(self, world_size: int) -> float:
+        if world_size in self.slowest:
+            t = self.factor * self.slowest[world_size]
+        elif self.slowest:
+            # Ranks share the cores: a larger world is slower in proportion; twice that for safety.
+            t = 2 * self.factor * max(s * max(1.0, world_size / w) for w, s in self.slowest.items())
+        else:
+            return self.cap
+        return min(self.cap, max(self.floor, t))
+
+
+class Progress:
+    """One rewritten status line on a terminal (stderr), after the first few seconds; silent when
+    the stream is not a TTY."""
+
+    def __init__(self, stream=None, *, after: float = 3.0):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.after = after
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.t0 < self.after or now - self._last < 0.2:
+            return
+        self._last = now
+        self.stream.write("\r\x1b[K" + text[:150])
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+# Note [Sequences follow the source]
+#   Hypothesis derives a derandomised sequence (seed 0: the selftest, the ci profile, paracheck's
+#   own tests) from a hash of the test function's source, name and signature, plus the digest
+#   added to it (the target and the search, ``_hypothesis_internal_add_digest``). The test function
+#   here is ``_Checker.search``'s inner ``test``: editing its text, even reformatting it, changes
+#   every derandomised sequence of every target, and with it which cases the selftest's figures
+#   were measured on. Work that needs to see the search goes around it (as the first failure is
+#   caught around ``wanted``); a deliberate change of ``test`` is a change of every sequence, to be
+#   measured again.
+
+
+@dataclass
+class _Hit:
+    prop: str
+    result: CaseResult
+    fully_shrunk: bool
+    found_after: int
+    notes: list
+    shrunk: bool = True  # False: a case run as it is (given, or replayed from the database)
+    first: CaseResult | None = None  # the first case found to break it, before shrinking
+    found_at: float | None = None  # time.monotonic() when the search found it
+
+
+class BudgetSpent(BaseException):
+    """Raised by a case not yet run once the check's time budget is spent: a BaseException, so
+    that Hypothesis ends the search at once rather than shrink it as a failure."""
+
+
+class _Found(AssertionError):
+    """Raised inside a Hypothesis search on a case that breaks the searched property."""
+
+    def __init__(self, prop: str, result: CaseResult):
+        super().__init__(
+            f"{prop}: {result.describe(prop).splitlines()[0] if result.describe(prop) else ''}"
+        )
+        self.prop = prop
+        self.result = result
+
+
+class _Checker:
+    def __init__(
+        self,
+        target,
+        world,
+        *,
+        device_fn,
+        timeouts,
+        progress,
+        strategy_settings,
+        key,
+        seed,
+        stepped_balance=True,
+    ):
+        self.target, self.world, self.device_fn = target, world, device_fn
+        self.stepped_balance = stepped_balance  # the contract's (paracheck.check.features)
+        self.timeouts, self.progress = timeouts, progress
+        self.settings = strategy_settings
+        self.key = key
+        self.seed = seed  # hypothesis.seed() of every search; None: the settings decide
+        self.cache: dict[str, CaseResult] = {}
+        self.worst = 0.0
+        self.worst_bound: float | None = None  # the float64 bound's worst ratio, where judged
+        self.phase = "searching"
+        self.last: CaseResult | None = None  # the result run() returned last
+        self.deadline: float | None = None  # past it, a case not run yet raises BudgetSpent
+        self.row = ""  # the verdict table's row being searched, for the progress line
+        self.row_log: list[CaseResult] | None = None  # the results of the row's cases
+
+    def run(self, case: Case) -> CaseResult:
+        key = case.to_json()
+        if key in self.cache:
+            self.last = self.cache[key]
+            if self.row_log is not None:
+                self.row_log.append(self.last)
+            return self.last
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent()
+        self.progress(
+            f"paracheck {self.target.name}: {self.row}{len(self.cache)} cases, world size "
+            f"{case.world_size}, {self.phase}"
+        )
+        result = self._fresh(case)
+        if result.ok:
+            self.timeouts.observe(case.world_size, result.seconds)
+            self.worst = max(self.worst, result.worst_ratio)
+            if result.bound_ratio is not None:
+                self.worst_bound = max(self.worst_bound or 0.0, result.bound_ratio)
+        self.cache[key] = result
+        self.last = result
+        if self.row_log is not None:
+            self.row_log.append(result)
+        return result
+
+    def search(
+        self, strategy, wanted, *, max_examples: int, tag: str, shrink_budget
+    ) -> _Hit | None:
+        """Search ``strategy`` for a case on which ``wanted(failed_properties)`` names a property,
+        then shrink it for that property (Note [One search per property])."""
+        state = {"prop": None, "result": None, "n": 0, "first_at": 0, "t": 0.0, "skipped": 0}
+        # The first result that breaks a property (Note [Two margins] in ``paracheck.selftest``),
+        # caught around ``wanted``: ``test``'s source must not change, since Hypothesis's
+        # derandomised sequence is a hash of it (Note [Sequences follow the source]).
+        state["first"] = None
+        searched = wanted
+
+        def wanted(failed):
+            prop = searched(failed)
+            if prop is not None and state["first"] is None:
+                state["first"] = self.last
+            return prop
+
+        def test(case):
+            state["n"] += 1
+            if state["prop"] is not None:
+                budget = shrink_budget(state["prop"])
+                if (
+                    budget is not None
+                    and time.monotonic() - state["t"] > budget
+                    and case.to_json() not in self.cache
+                ):
+                    state["skipped"] += 1
+                    return  # out of shrinking budget: uncached candidates count as passing
+            result = self.run(case)
+            failed = result.failed_properties
+            if state["prop"] is None:
+                prop = wanted(failed)
+                if prop is None:
+                    return
+                state.update(prop=prop, result=result, first_at=state["n"], t=time.monotonic())
+                self.phase = f"shrinking {prop}"
+            elif state["prop"] not in failed:
+                return
+            state["result"] = result
+            raise _Found(state["prop"], result)
+
+        cfg = dict(self.settings, max_examples=max_examples)
+        prop = settings(**cfg)(given(strategy)(test))
+        prop.hypothesis.inner_test._hypothesis_internal_add_digest = f"{self.key}|{tag}".encode()
+        if self.seed is not None:
+            prop = hypothesis_seed(self.seed)(prop)
+        notes = []
+        try:
+            prop()
+        except _Found as exc:
+            return _Hit(
+                exc.prop,
+                exc.result,
+                state["skipped"] == 0,
+                state["first_at"] - 1,
+                notes,
+                first=state["first"],
+                found_at=state["t"],
+            )
+        except Flaky:
+            if state["prop"] is None:
+                raise
+            notes.append("the failure did not reproduce on replay (flaky)")
+        except KeyboardInterrupt as exc:
+            # Ctrl-C or SIGTERM: the search stops; a failure it found goes with the exception,
+            # to be reported (paracheck.cli).
+            if state["prop"] is not None:
+                exc.hit = _Hit(  # type: ignore[attr-defined]
+                    state["prop"],
+                    state["result"],
+                    False,
+                    state["first_at"] - 1,
+                    ["stopped while shrinking: the smallest failing case found so far"],
+                    first=state["first"],
+                )
+            raise
+        except BudgetSpent:
+            if state["prop"] is None:
+                raise
+            notes.append("the time budget (--budget) ran out while shrinking")
+        except BaseException as exc:  # an ExceptionGroup: several origins (should not happen)
+            if state["prop"] is None:
+                raise
+            notes.append(f"Hypothesis ended the search with {type(exc).__name__}")
+        finally:
+            self.phase = "searching"
+        if state["prop"] is None:
+            return None
+        return _Hit(
+            state["prop"],
+            state["result"],
+            False,
+            state["first_at"] - 1,
+            notes,
+            first=state["first"],
+            found_at=state["t"],
+        )
+
+    def needs(self, prop: str, case: Case, deadline: float | None) -> tuple[list[str], bool]:
+        """The features of ``case`` without which it no longer breaks ``prop`` (and whether every
+        feature was tried before ``deadline``)."""
+        self.phase = f"labelling {prop}"
+        out, complete = [], True
+        declared = declared_features(self.target)
+        for f in FEATURES:
+            if not f.has(case) or f.name in declared:
+                continue
+            try:
+                simpler = without(case, f.name)
+            except (ValueError, KeyError, IndexError):
+                continue  # no valid case without it
+            if simpler == case:
+                continue
+            if (
+                deadline is not None
+                and time.monotonic() > deadline
+                and simpler.to_json() not in self.cache
+            ):
+                complete = False
+                break
+            if prop not in self.run(simpler).failed_properties and self._passes_again(
+                prop, simpler
+            ):
+                out.append(f.name)
+        self.phase = "searching"
+        return essential(out), complete
+
+    def _passes_again(self, prop: str, case: Case, times: int = 2) -> bool:
+        """Whether ``case``, which passed ``prop`` once, passes it ``times`` more on fresh runs: a
+        race (an all-reduce not waited for) can land in time on one run, and a feature would be
+        reported as needed when it is not."""
+        return not any(prop in self._fresh(case).failed_properties for _ in range(times))
+
+    def _fresh(self, case: Case) -> CaseResult:
+        """``case`` run on the ranks, not from the cache."""
+        return run_case(
+            self.world,
+            self.target,
+            case,
+            device=self.device_fn(case) if self.device_fn else None,
+            timeout=self.timeouts(case.world_size),
+            stepped_balance=self.stepped_balance,
+        )
+
+
+def declared_features(target) -> frozenset[str]:
+    """The case features that are ``target``'s declarations, not draws: a loop's clip and its own
+    autocast and loss scaling (Note [A loop's own precision]). Every case has them; none is turned
+    off, labelled as needed, or searched without (a case without one is not the target's)."""
+    out = set()
+    if "clip_norm" in KINDS[target.kind].options and getattr(target, "clip_norm", None):
+        out.add("clip")
+    if getattr(target, "autocast", None) is not None:
+        out |= {"low-precision", "autocast"}
+        if getattr(target, "scaler", False):
+            out.add("loss-scaling")
+    return frozenset(out)
+
+
+def sequence_name(path: str) -> str:
+    """The part of a target's import path that picks its derandomised sequence: the path itself
+    for ``package.module:Name``, the file's base name for a target given as a file. Its directory
+    would make the sequence depend on where the checkout lives, and a user's machine and their CI
+    would then draw different cases from the same command."""
+    module, sep, name = path.rpartition(":")
+    if sep and module.endswith(".py"):
+        return f"{os.path.basename(module)}:{name}"
+    return path
+
+
+# The keywords of the older form ``check_target(target, world, world_sizes=..., ...)``: one search
+# over the whole contract, stopping at the first failing property, as the selftest runs it.
+class _Search:
+    """What every search of one check shares: the target's cases, the checker that runs them (and
+    caches their results), the failures found so far and how they are reported."""
+
+    def __init__(self, target, world, settings, strategy, device_fn, progress, on_failure):
+        self.target, self.settings = target, settings
+        self.sizes = sizes = tuple(sorted(set(settings.world_sizes or (1, 2, 3, 4))))
+        dtype, precision = settings.dtype, settings.precision
+        if precision is None and dtype is None:
+            # A declared reduction dtype (Note [Declared reduction dtype]) is judged on parameters
+            # no wider than it: float32 parameters for a float32 reduction.
+            dtype = getattr(target, "reduce_dtype", None) or KINDS[target.kind].dtype
+        if precision is None:
+            precision = DTYPE_PRECISIONS.get(dtype)
+            if precision is None:
+                raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
+        if getattr(target, "autocast", None) is not None:
+            # A loop's own autocast fixes its precision (Note [A loop's own precision]).
+            from paracheck.strategies._loop import loop_precision
+
+            precision = loop_precision(precision, target.autocast)
+        self.precision = precision
+        dtype = nominal_dtype(precision)
+        off = features_off(settings.contract, settings.features, dtype=dtype)
+        self.declared = declared = declared_features(target)
+        self.off = off = tuple(f for f in off if f not in declared)
+        database = settings.database
+        if database is not None and not isinstance(database, CaseDatabase):
+            database = CaseDatabase(database)
+        self.database = database
+        self.checked = resolve_properties(
+            target.kind, target.properties, takes_bucket=target.takes_bucket
+        )
+        if strategy is None:
+            # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
+            # spread over the sizes, shrinking first toward two ranks, and no overridden draws
+            # (which made duplicate examples). The sharding kinds draw more parameter groups and
+            # late add_param_group calls (paracheck.strategies._sharding).
+            options = {
+                o: getattr(target, o)
+                for o in KINDS[target.kind].options
+                if getattr(target, o, None) is not None
+            }
+            strategy = load_object(KINDS[target.kind].strategy)(
+                world_sizes=sizes, precision=precision, **options
+            )
+        else:
+            # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
+            # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
+            strategy = st.tuples(st.sampled_from(sizes), strategy).map(
+                lambda t: t[1].with_world_size(t[0])
+            )
+        self.drawn = strategy  # before the features turned off are removed
+        if off:
+            # Mapped, not filtered: every draw is used, and with nothing off the strategy (and so
+            # every derandomised sequence) is the one it always was.
+            strategy = strategy.map(lambda c: without_all(c, off))
+        self.strategy = strategy
+        timeout = settings.timeout
+        cap = min(timeout, world.timeout) if timeout is not None else world.timeout
+        self.progress = progress or (lambda text: None)
+        self.on_failure = on_failure or (lambda failure: None)
+        # Hypothesis's database stays off: paracheck saves cases, not choices (Note [Saved cases]).
+        cfg = dict(
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            print_blob=False,
+            verbosity=Verbosity.quiet,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+        )
+        seed = settings.search_seed
+        if seed == 0:
+            cfg["derandomize"] = True
+        self.key = f"{target.path}|{target.kind}"  # the database's key: one target, one folder
+        self.checker = _Checker(
+            target,
+            world,
+            device_fn=device_fn,
+            timeouts=CaseTimeouts(cap, floor=settings.timeout_floor),
+            progress=self.progress,
+            strategy_settings=cfg,
+            key=f"{sequence_name(target.path)}|{target.kind}",
+            seed=None if seed == 0 else seed,
+            stepped_balance=CONTRACTS[settings.contract].stepped_balance,
+        )
+        self.world = world
+        self.lost: PoolLost | None = None  # Note [A lost pool]
+        self.t0 = time.monotonic()
+        self.failures: list[PropertyFailure] = []
+        self.known: set[str] = set()
+        self.first_at: int | None = None
+        self.notes: list[str] = []
+        self.replayed = self.dropped = 0
+
+    def budget(self, prop: str):
+        """The shrinking budget of a failure of ``prop``: hangs and dead ranks cost a timeout or a
+        process start each, so their shrinking is bounded."""
+        if getattr(self.world, "lost", None) is not None:
+            return 0.0  # Note [A lost pool]: what was found is what is reported
+        if prop in _COSTLY:
+            return self.settings.hang_shrink_seconds
+        return self.settings.shrink_seconds
+
+    def finish(self, hit: _Hit, without_feature: str | None = None, row: str | None = None):
+        s = self.settings
+        # A hang's shrinking and labelling share one budget (Note [Hang timeouts]); a dead rank
+        # costs a fork, and its labelling gets a budget of its own.
+        shared = hit.prop == "hang" and hit.found_at is not None
+        start = hit.found_at if shared and hit.found_at is not None else time.monotonic()
+        deadline = start + s.hang_shrink_seconds if hit.prop in _COSTLY else None
+        needs, complete = None, True
+        if s.labels and not s.table:
+            try:
+                needs, complete = self.checker.needs(hit.prop, hit.result.case, deadline)
+            except PoolLost as exc:  # Note [A lost pool]
+                self.lost = exc
+                self.checker.phase = "searching"
+        extra = list(hit.notes)
+        if not complete:
+            extra.append("not every feature was tried: the time budget for hangs ran out")
+        failure = PropertyFailure(
+            hit.prop,
+            hit.result,
+            needs,
+            hit.fully_shrunk,
+            hit.found_after,
+            without_feature,
+            extra,
+            shrunk=hit.shrunk,
+            first=hit.first,
+            own=own_fragments(self.target.path),
+            kind=self.target.kind,
+            row=row,
+        )
+        self.failures.append(failure)
+        self.known.add(hit.prop)
+        if self.first_at is None:
+            self.first_at = hit.found_after + 1
+        self.on_failure(failure)
+        if self.lost is not None:
+            raise self.lost
+        return failure
+
+    def run_as_is(self, case: Case, note: str, row=None) -> CaseResult:
+        result = self.checker.run(case)
+        for prop in order(result.failed_properties):
+            if prop not in self.known:
+                self.finish(
+                    _Hit(prop, result, True, len(self.checker.cache) - 1, [note], shrunk=False),
+                    row=row(case) if row else None,
+                )
+        return result
+
+    def replay(self, explicit, row=None) -> None:
+        """The saved cases (Note [Saved cases]), then the ``explicit`` ones, each run as it is."""
+        first_failure, database = self.settings.first_failure, self.database
+        saved = database.cases(self.key) if database is not None else []
+        kept: dict[str, int] = {}
+        for entry in saved:
+            if first_failure and self.failures:
+                break
+            if entry.case is None:
+                database.delete(entry)
+                self.notes.append(f"dropped a saved case that no longer loads: {entry.error}")
+                continue
+            why = _not_drawn(entry.case, self.sizes, self.precision, self.off) or declared_mismatch(
+                entry.case, self.target
+            )
+            if why is not None:
+                kept[why] = kept.get(why, 0) + 1
+                continue
+            result = self.run_as_is(
+                entry.case,
+                f"a saved case, replayed from {database.path} before the search (not shrunk again)",
+                row,
+            )
+            self.replayed += 1
+            if entry.property not in result.failed_properties and (
+                entry.properties is None or entry.properties <= self.checked
+            ):
+                database.delete(entry)
+                self.dropped += 1
+        for why, n in kept.items():
+            self.notes.append(f"{n} saved case{'s' if n > 1 else ''} kept, not replayed: {why}")
+        for case in explicit:
+            if first_failure and self.failures:
+                break
+            self.run_as_is(case, "a given case, not shrunk", row)
+
+    def whole_contract(self, explicit) -> CheckReport:
+        """One search over every case the contract draws (Note [One search per property])."""
+        try:
+            return self._whole_contract(explicit)
+        except PoolLost as exc:  # Note [A lost pool]
+            return self.stopped_by(exc)
+
+    def stopped_by(self, lost: PoolLost) -> CheckReport:
+        """The report of what was found before the attached pool was lost; with nothing found,
+        no verdict for this target (the caller says the pool is lost)."""
+        self.lost = lost
+        if not self.failures:
+            raise lost
+        self.notes.append(f"the check stopped here: {lost}")
+        return self.report(len(self.checker.cache))
+
+    def _whole_contract(self, explicit) -> CheckReport:
+        s, checker = self.settings, self.checker
+        self.replay(explicit)
+        # The first search also reports how many cases a passing target ran.
+        passes = 0
+        while not (s.first_failure and self.failures):
+            hit = checker.search(
+                self.strategy,
+                lambda failed: next((p for p in order(failed) if p not in self.known), None),
+                max_examples=s.examples,
+                tag=f"new:{passes}",
+                shrink_budget=self.budget,
+            )
+            passes += 1
+            if hit is None:
+                break
+            self.finish(hit)
+        searched_cases = len(checker.cache)
+
+        if s.search_without and s.labels and not s.first_failure:
+            tried = set()
+            for f in list(self.failures):
+                for name in f.needs or ():
+                    if not feature(name).search_without or (f.property, name) in tried:
+                        continue
+                    tried.add((f.property, name))
+                    prop = f.property
+                    masked = self.strategy.map(lambda c, name=name: without(c, name))
+                    hit = checker.search(
+                        masked,
+                        lambda failed, prop=prop: next(
+                            (p for p in order(failed) if p == prop or p not in self.known), None
+                        ),
+                        max_examples=max(10, s.examples // 2),
+                        tag=f"without:{prop}:{name}",
+                        shrink_budget=self.budget,
+                    )
+                    if hit is not None:
+                        self.finish(hit, without_feature=name)
+        return self.report(searched_cases)
+
+    def report(self, searched_cases: int, **extra) -> CheckReport:
+        """The report of what was found, the failing cases saved in the database."""
+        failures, database, checker = self.failures, self.database, self.checker
+        notes = self.notes
+        stored = 0
+        if database is not None:
+            try:
+                for f in failures:
+                    database.save(self.key, f.case, f.property, self.checked)
+                    stored += 1
+            except OSError as exc:
+                notes.append(f"could not save the failing cases in {database.path}: {exc}")
+        notes += sorted(
+            {r.extra["unjudged"] for r in checker.cache.values() if r.extra.get("unjudged")}
+        )
+        if self.checked == {"float64-bound"} and checker.worst_bound is None and not failures:
+            # The one property selected judged nothing: a pass would say nothing.
+            notes.append(
+                "float64-bound judged none of these cases: it judges the MLP and toy cases "
+                "computed below float64 (--precision fp32, bf16, fp16 or mixed) of every kind "
+                "but loop"
+            )
+        if hasattr(self.progress, "clear"):
+            self.progress.clear()
+        return CheckReport(
+            self.target,
+            not failures,
+            self.first_at if failures else searched_cases,
+            time.monotonic() - self.t0,
+            failures,
+            checker.worst,
+            self.sizes,
+            notes,
+            cases_run=len(checker.cache),
+            timeout=self.settings.timeout,
+            database=None if database is None else str(database.path),
+            replayed=self.replayed,
+            dropped=self.dropped,
+            saved=stored,
+            worst_bound=checker.worst_bound,
+            **extra,
+        )
+
+
+# Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
+_COSTLY = ("hang", "died", "memory-cap")
+
+
+def declared_mismatch(case: Case, target) -> str | None:
+    """Why ``case`` is not one of ``target``'s cases by what the target declares of itself (a
+    loop's loss and clip norm: ``Kind.options``), or None. A case saved under another declaration
+    (the loss declared after a first run) is not the target's: replayed, it fails a correct one."""
+    options = KINDS[target.kind].options
+    if "loss" in options:
+        want = getattr(target, "loss", None) or "token-mean"
+        if case.loss != want:
+            return f"its loss is {case.loss!r}, the target declares {want!r}"
+    if "clip_norm" in options:
+        want = getattr(target, "clip_norm", None)
+        if case.clip_norm != want:
+            return f"its clip norm is {case.clip_norm}, the target declares {want}"
+    return None
+
+
+def _not_drawn(case: Case, sizes, precision: str, off) -> str | None:
+    """Why this check would not draw ``case`` (None: it would)."""
+    if case.world_size not in sizes:
+        return f"world size {case.world_size} is not among {list(sizes)}"
+    setting = (case.dtype, case.autocast, case.loss_scale)
+    if setting not in precision_settings(precision):
+        return f"precision {_setting_text(setting)} is not drawn at --precision {precision}"
+    turned_off = sorted(case_features(case) & set(off), key=list(off).index)
+    if turned_off:
+        return f"{turned_off[0]} is not drawn"
+    return None
+
+
+def _setting_text(setting) -> str:
+    dtype, autocast, scale = setting
+    return (
+        dtype
+        + (f" under {autocast} autocast" if autocast else "")
+        + (f" with loss scale {scale:g}" if scale else "")
+    )
+
+
+# The precision a --dtype stands for.
+DTYPE_PRECISIONS = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}
+
+__all__ += ["CheckFailure"]
