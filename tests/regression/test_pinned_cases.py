@@ -10,6 +10,7 @@ import os
 import pytest
 
 from paracheck.cases import Case
+from paracheck.check.report import case_report
 from paracheck.check.run import run_case
 from paracheck.check.targets import resolve_target
 
@@ -109,8 +110,12 @@ def test_the_clip_case_still_fails_a_local_norm(world, target):
     assert "gradients" in result.failed_properties, result.describe()
 
 
-def test_zero1_declares_two_dtypes_unsupported(world):
-    """The built-in ZeRO-1 keeps one flat buffer of one dtype: a case with a float32 layer is
-    skipped with its declared reason, never reported as the target raising."""
-    result = run_case(world, resolve_target("zero1"), _pinned("float32_layer_zero1_state"))
+@pytest.mark.parametrize("target", ["zero1", "torch-zero"])
+def test_a_one_dtype_builtin_skips_two_dtypes(world, target):
+    """The built-in ZeRO-1 (one flat buffer) and torch's ZeroRedundancyOptimizer take one dtype:
+    a case with a float32 layer is skipped with their declared reason, never reported as the
+    target raising; a given case says so (``case_report``)."""
+    result = run_case(world, resolve_target(target), _pinned("float32_layer_zero1_state"))
     assert result.ok and "float32_layer" in result.extra.get("skipped", ""), result.describe()
+    notes = case_report(resolve_target(target), result).notes
+    assert notes and notes[0].startswith("not supported"), notes
