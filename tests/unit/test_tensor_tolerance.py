@@ -4,7 +4,13 @@ dtypes] in ``paracheck.oracle.tolerance``, without processes."""
 from __future__ import annotations
 
 from paracheck.cases import Case
-from paracheck.oracle.tolerance import tensor_tolerance, tolerance_for
+from paracheck.oracle.tolerance import (
+    UNIT_ROUNDOFF,
+    gamma,
+    step0_grad_rtol,
+    tensor_tolerance,
+    tolerance_for,
+)
 from paracheck.workloads import MLPSpec
 
 _MIXED = ["float32", "float32", "float64", "float64"]
@@ -57,3 +63,24 @@ def test_ranks_off_the_cpu_compare_mixed_models_at_the_coarsest_dtype_from_step_
             assert got == tolerance_for("float32")
     one = tensor_tolerance(_case(), 0, "float64", ["float64"] * 4, same_operations=False)
     assert one == tolerance_for("float64")
+
+
+def test_a_clip_across_two_dtypes_carries_the_coarser_rounding():
+    """Note [Clipping across dtypes]: a float64 gradient clipped with float32 ones is judged at
+    step 0 by float32's norm rounding and rank-sum difference (2 gamma_{N+4} + 2 gamma_{2n+2} at
+    2**-24), in one dtype by the unchanged single-dtype bound; after step 0 at float32's tolerance
+    even where the rank sum cannot differ (two ranks, one backward)."""
+    case = _case(clip_norm=0.01)
+    n, big = 3, 26
+    u32, u64 = UNIT_ROUNDOFF["float32"], UNIT_ROUNDOFF["float64"]
+    own = 2 * gamma(2 * n + 2, u64)
+    assert step0_grad_rtol(case, "float64", big) == own + 2 * gamma(big + 4, u64)
+    assert step0_grad_rtol(case, "float64", big, "float32") == (
+        own + 2 * gamma(big + 4, u32) + 2 * gamma(2 * n + 2, u32)
+    )
+    assert step0_grad_rtol(case, "float32", big, "float32") == step0_grad_rtol(case, "float32", big)
+    two = _case(clip_norm=0.01, world_size=2, batch_sizes=(1, 1))
+    assert tensor_tolerance(two, 1, "float64", _MIXED) == tolerance_for("float32")
+    assert tensor_tolerance(_case(world_size=2, batch_sizes=(1, 1)), 1, "float64", _MIXED) == (
+        tolerance_for("float64")
+    )

@@ -220,7 +220,10 @@ def case_report(
         failures,
         result.worst_ratio,
         (result.case.world_size,),
-        [],
+        # A case the target declares out of its interface is not run: say so, never a bare pass.
+        [f"not supported, not run: {result.extra['skipped']}"]
+        if (result.extra or {}).get("skipped")
+        else [],
         cases_run=1,
         timeout=timeout,
         rank_memory=rank_memory,

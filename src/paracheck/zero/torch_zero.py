@@ -26,6 +26,12 @@ class TorchZero(ZeroRedundancyOptimizer):
     Collectives every rank must call: ``step()`` and ``consolidate_state_dict()``.
     """
 
+    # torch refuses parameters of two dense types ("only supports using the same dense type for
+    # all parameters"): the check skips such a case with this note.
+    unsupported_case_features = {
+        "float32_layer": "torch's ZeroRedundancyOptimizer needs one dtype for all parameters"
+    }
+
     def __init__(
         self, params, optimizer_cls: type[torch.optim.Optimizer], *, process_group=None, **kwargs
     ):

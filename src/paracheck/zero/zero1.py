@@ -127,6 +127,12 @@ class Zero1:
     ``full_gradients()``. World size 1 runs the same code with the collectives replaced by copies.
     """
 
+    # One flat buffer of one dtype: a model with parameters of two dtypes is refused (the
+    # constructor raises), and the check skips such a case with this note.
+    unsupported_case_features = {
+        "float32_layer": "Zero1 keeps one flat buffer, so all trainable parameters share one dtype"
+    }
+
     def __init__(
         self,
         module: nn.Module,

@@ -19,6 +19,7 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import (
+    UNIT_ROUNDOFF,
     master_rtol,
     rounding_bracket,
     state_tolerance,
@@ -271,7 +272,7 @@ def compare(
                         i,
                         got,
                         ref,
-                        step0_grad_rtol(traj.case, dtypes[i], n_elements)
+                        step0_grad_rtol(traj.case, dtypes[i], n_elements, _coarsest(dtypes))
                         if t == 0 and bound
                         else tensor_tolerance(
                             traj.case, t, dtypes[i], dtypes, same_operations=same_operations
@@ -407,18 +408,40 @@ def grad_rtol(traj, k: int, i: int, *, anchored: bool, bound: bool, same_operati
     t = 0 if anchored else k
     if t == 0 and bound:
         n_elements = sum(p.numel() for p in traj.initial_params)
-        return step0_grad_rtol(traj.case, dtypes[i], n_elements)
+        return step0_grad_rtol(traj.case, dtypes[i], n_elements, _coarsest(dtypes))
     return tensor_tolerance(traj.case, t, dtypes[i], dtypes, same_operations=same_operations).grads
+
+
+def _coarsest(dtypes: list[str]) -> str:
+    """The dtype of ``dtypes`` with the largest unit roundoff: the one a clip's norm over all of
+    them is rounded at (Note [Clipping across dtypes])."""
+    return max(dtypes, key=UNIT_ROUNDOFF.__getitem__)
 
 
 def state_rtol_of(traj, k: int, i: int, base: float, **where) -> float:
     """The tolerance of parameter ``i``'s optimizer state after step ``k`` (Note [Terms of an
-    update]): the state's own (``base``), or, where larger, what the gradients it sums may carry:
-    a momentum buffer or moment is a combination of the gradients of steps 0..k with coefficients
-    at most 1 (twice the gradient's relative error for a squared one), so it differs from the
-    oracle's by at most 2 (k + 1) times the gradients' tolerance. That matters below float32,
-    where every step is anchored and its gradients judged by the derived bound (bfloat16 at world
-    size 4: about 8e-2 a step); elsewhere the state's own tolerance stands."""
+    update]): the state's own, or, where larger, what the gradients it sums may carry: a momentum
+    buffer or moment is a combination of the gradients of steps 0..k with coefficients at most 1
+    (twice the gradient's relative error for a squared one), so it differs from the oracle's by
+    at most 2 (k + 1) times the gradients' tolerance. That matters below float32, where every
+    step is anchored and its gradients judged by the derived bound (bfloat16 at world size 4:
+    about 8e-2 a step); elsewhere the state's own tolerance stands.
+
+    The state's own is the case's (``base``: ``state_tolerance``) or, where larger, that of the
+    parameter's dtype: the state is computed in the parameter's dtype from its gradients, so a
+    float32 layer's state in a float64 model carries float32 rounding from step 0, as its
+    gradients and parameters do (Note [Parameters of two dtypes]). Where the step's gradients are
+    judged by the derived bound, that is the bound above (2 (k + 1) times theirs, at the
+    parameter's unit roundoff); elsewhere the dtype's tolerance at this step
+    (``tensor_tolerance``), the smaller of the two where both apply."""
+    dtypes = [str(p.dtype).removeprefix("torch.") for p in traj.initial_params]
+    t = 0 if where.get("anchored") else k
+    own = tensor_tolerance(
+        traj.case, t, dtypes[i], dtypes, same_operations=where.get("same_operations", True)
+    ).state
+    if t == 0 and where.get("bound"):
+        own = min(own, 2 * (k + 1) * grad_rtol(traj, k, i, **where))
+    base = max(base, own)
     if not where.get("anchored"):
         return base
     return max(base, 2 * (k + 1) * grad_rtol(traj, k, i, **where))

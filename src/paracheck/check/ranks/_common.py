@@ -17,6 +17,7 @@ __all__ = [
     "CLIP_SKIPPED",
     "LOSS_SCALE_SKIPPED",
     "clip_gradients",
+    "declared_unsupported",
     "on_every_rank",
     "rank_device",
     "snapshot",
@@ -33,6 +34,19 @@ def target_object(path: str):
     if path not in _CLASS_CACHE:
         _CLASS_CACHE[path] = load_object(path)
     return _CLASS_CACHE[path]
+
+
+def declared_unsupported(cls, case: Case, path: str) -> str | None:
+    """Why ``case`` is skipped for the target ``cls`` at ``path``, or None: the first feature of
+    the case that the class declares unsupported (``unsupported_case_features``: the name of a
+    field of the case or of its model -> why), present where that field is set (True, or a model
+    field's value other than None: ``float32_layer`` 0 is a layer)."""
+    declared = getattr(cls, "unsupported_case_features", None) or {}
+    for field, why in declared.items():
+        value = getattr(case, field, getattr(case.model, field, None))
+        if value is not None and value is not False:
+            return f"{path} declares {field}={value!r} unsupported: {why}"
+    return None
 
 
 def rank_device(case_device: str | None):

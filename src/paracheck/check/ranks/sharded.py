@@ -36,6 +36,7 @@ from paracheck.cases import (
 )
 from paracheck.check.ranks._common import (
     clip_gradients,
+    declared_unsupported,
     on_every_rank,
     rank_device,
     snapshot,
@@ -89,11 +90,14 @@ def run_sharded(payload: dict) -> RankRecord:
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
+    cls = target_object(payload["path"])
+    unsupported = declared_unsupported(cls, case, payload["path"])
+    if unsupported:
+        return RankRecord.skip(unsupported)
     model = build_case_model(case, rank, device=device)
     ddp = DDPDriver.of(FlatDDP(model))
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
-    cls = target_object(payload["path"])
     opt = on_every_rank(
         lambda: build_optimizer(case, params, optimizer_cls=cls),
         device,

@@ -31,6 +31,7 @@ from paracheck.check.ranks._common import (
     CLIP_SKIPPED,
     LOSS_SCALE_SKIPPED,
     clip_gradients,
+    declared_unsupported,
     on_every_rank,
     rank_device,
     snapshot,
@@ -84,6 +85,9 @@ def run_zero(payload: dict, *, watch: bool = False) -> RankRecord:
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
+    unsupported = declared_unsupported(target_object(payload["path"]), case, payload["path"])
+    if unsupported:
+        return RankRecord.skip(unsupported)
     model = build_case_model(case, rank, device=device)
     params, zero = on_every_rank(
         lambda: build_zero(case, model, target_object(payload["path"])),
