@@ -97,7 +97,7 @@ def test_broken_external_ddp_fails_with_report(tmp_path):
     """A user DDP that forgets to average exits 1 with the shrunk case, the divergence and a replay command."""
     out = _check(tmp_path, BROKEN, "MyDDP")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "case (shrunk): W=2 " in out.stdout and '"world_size": 2' in out.stdout
+    assert "case (shrunk): W=2 " in out.stdout
     assert "grad '" in out.stdout and "allowed" in out.stdout
     replay = [
         line
@@ -105,9 +105,11 @@ def test_broken_external_ddp_fails_with_report(tmp_path):
         if line.strip().startswith("replay: paracheck check user_impl:MyDDP")
     ]
     assert replay
-    # The replay command reproduces exactly that failure.
-    case_json = replay[0].split("--case ", 1)[1].strip().strip("'")
-    again = _check(tmp_path, BROKEN, "MyDDP", "--case", case_json)
+    # The replay command reproduces exactly that failure, from the case's file.
+    case_file = replay[0].split("--case ", 1)[1].strip()
+    assert case_file.startswith(".paracheck/cases/") and (tmp_path / case_file).is_file()
+    assert '"world_size": 2' in (tmp_path / case_file).read_text()
+    again = _check(tmp_path, BROKEN, "MyDDP", "--case", case_file)
     assert again.returncode == 1 and "grad '" in again.stdout
 
 

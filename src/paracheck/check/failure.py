@@ -6,6 +6,8 @@ check's report."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -20,6 +22,7 @@ __all__ = [
     "own_fragments",
     "property_info",
     "replay_command",
+    "saved_case_path",
     "target_frame",
 ]
 
@@ -321,6 +324,27 @@ def _diagnosis(traceback_text: str) -> str | None:
 # -- the report objects -------------------------------------------------------------------------
 
 
+# Where a failure's case is written for its replay command, relative to the working directory
+# (beside the example database, ``.paracheck/examples``).
+CASES_DIR = os.path.join(".paracheck", "cases")
+
+
+def saved_case_path(case) -> str | None:
+    """``case`` written as JSON to ``CASES_DIR/<digest>.json`` (the same case, the same file);
+    None where it cannot be written (the replay command then carries the JSON itself)."""
+    text = case.to_json()
+    path = os.path.join(CASES_DIR, hashlib.sha1(text.encode()).hexdigest()[:12] + ".json")
+    try:
+        if not os.path.exists(path):
+            os.makedirs(CASES_DIR, exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write(text + "\n")
+            os.replace(path + ".tmp", path)
+    except OSError:
+        return None
+    return path
+
+
 def replay_command(
     target,
     case,
@@ -328,6 +352,7 @@ def replay_command(
     *,
     timeout: float | None = None,
     rank_memory: float | None = None,
+    case_file: str | None = None,
 ) -> str:
     """The command that replays exactly ``case`` on ``target`` with the options that change the
     verdict: backend, kind (import paths), the selected properties, the hang timeout, the ranks'
@@ -343,7 +368,8 @@ def replay_command(
     options = getattr(target, "cli_options", None)
     extra = options() if callable(options) else ""
     carried = replay_options(timeout=timeout, rank_memory=rank_memory)
-    return " ".join(parts) + carried + extra + f" --case '{case.to_json()}'"
+    given = case_file if case_file is not None else f"'{case.to_json()}'"
+    return " ".join(parts) + carried + extra + f" --case {given}"
 
 
 def case_line(case) -> str:

@@ -14,6 +14,7 @@ from paracheck.check.failure import (
     _last_line,
     case_line,
     replay_command,
+    saved_case_path,
     target_frame,
 )
 
@@ -108,7 +109,8 @@ def cause_text(
 ) -> str:
     """One block of the verdict table's failures of one cause: the headline and fix of its most
     specific property, the others it breaks, its shrunk case in one line, what diverged and the
-    command that replays it (the case whole is in the JSON report)."""
+    command that replays it from the case's file (``saved_case_path``; the case whole is in the
+    JSON report too)."""
     f = group[0]
     rows = list(dict.fromkeys(g.row for g in group if g.row))
     out = [f"cause {number}: {f.header(target.name)}"]
@@ -150,6 +152,13 @@ def cause_text(
             out.append(f"  rank {rank} printed: " + text.rstrip().replace("\n", "\n    "))
     out.append(
         "  replay: "
-        + replay_command(target, f.case, backend, timeout=timeout, rank_memory=rank_memory)
+        + replay_command(
+            target,
+            f.case,
+            backend,
+            timeout=timeout,
+            rank_memory=rank_memory,
+            case_file=saved_case_path(f.case),
+        )
     )
     return "\n".join(out)
