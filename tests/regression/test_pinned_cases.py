@@ -1,4 +1,4 @@
-"""Pinned cases: one bug per test, literal input (the README's "pin a found case" workflow).
+"""Pinned cases: one bug per test, literal input (the guide's "pin a found case" workflow, docs/guide.md).
 
 A failure report prints the shrunk case as JSON; paste it here with the target that failed and
 assert what must hold. These run first and fast, and keep a fixed bug fixed.

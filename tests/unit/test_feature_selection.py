@@ -19,7 +19,7 @@ from paracheck.check.features import (
 )
 from paracheck.strategies import cases, sharding_cases
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 _SETTINGS = settings(
     max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
@@ -88,10 +88,10 @@ def test_an_unknown_contract_and_low_precision_off_in_float32_are_refused():
 
 
 def test_readme_table_says_what_each_contract_draws():
-    """The README's feature table has one row per feature, and its cs336 column is
+    """The guide's feature table has one row per feature, and its cs336 column is
     ``CONTRACTS["cs336"]``."""
     rows = {}
-    for line in README.read_text().splitlines():
+    for line in GUIDE.read_text().splitlines():
         m = re.match(r"\| `([^`]+)` \|.*\| (yes|no|n/a) \|$", line)
         if m:
             rows[m.group(1)] = m.group(2)

@@ -378,7 +378,7 @@ CONTRACTS: dict[str, Contract] = {
     # finish_gradient_synchronization() called after loss.backward() and before optimizer.step(),
     # once per step, and ShardedOptimizer(params, optimizer_cls, **kwargs) with step(closure) and
     # add_param_group() during training, over modules like its toy models (frozen and tied
-    # parameters, one dtype, no buffers). What it does not say is not drawn; the README's table
+    # parameters, one dtype, no buffers). What it does not say is not drawn; docs/guide.md's table
     # gives the reason for each feature.
     "cs336": Contract(
         "cs336",

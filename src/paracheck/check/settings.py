@@ -322,7 +322,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "contract",
         "what the cases draw: full (every feature) or cs336 (what the CS336 interfaces promise; "
-        "the README's table says feature by feature) (default %(default)s)",
+        "docs/guide.md's table says feature by feature) (default %(default)s)",
         choices=("full", "cs336"),
         defaults={PYTEST: None},
     ),

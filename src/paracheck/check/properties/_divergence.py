@@ -29,7 +29,12 @@ class Divergence:
 
     def describe(self) -> str:
         where = "after construction" if self.step < 0 else f"at step {self.step}"
-        tensor = f" {self.name!r} (parameter #{self.index})" if self.name is not None else ""
+        if self.name is None:
+            tensor = ""
+        elif self.index is None:  # a buffer: not a parameter
+            tensor = f" {self.name!r}"
+        else:
+            tensor = f" {self.name!r} (parameter #{self.index})"
         return (
             f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
             f"{self.max_abs_diff:.3e}, largest allowed {self.tolerance:.3e}. {self.detail}"
