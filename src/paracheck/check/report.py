@@ -168,6 +168,7 @@ class CheckReport:
                         backend,
                         timeout=self.timeout,
                         rank_memory=self.rank_memory,
+                        case_files=self.database is not None,
                     )
                 )
         return "\n".join(out)

@@ -106,11 +106,13 @@ def cause_text(
     *,
     timeout: float | None = None,
     rank_memory: float | None = None,
+    case_files: bool = True,
 ) -> str:
     """One block of the verdict table's failures of one cause: the headline and fix of its most
     specific property, the others it breaks, its shrunk case in one line, what diverged and the
-    command that replays it from the case's file (``saved_case_path``; the case whole is in the
-    JSON report too)."""
+    command that replays it from the case's file (``saved_case_path``, beside the example database:
+    with ``case_files`` False, as with no database, the command carries the case's JSON; the case
+    whole is in the JSON report too)."""
     f = group[0]
     rows = list(dict.fromkeys(g.row for g in group if g.row))
     out = [f"cause {number}: {f.header(target.name)}"]
@@ -158,7 +160,7 @@ def cause_text(
             backend,
             timeout=timeout,
             rank_memory=rank_memory,
-            case_file=saved_case_path(f.case),
+            case_file=saved_case_path(f.case) if case_files else None,
         )
     )
     return "\n".join(out)

@@ -456,6 +456,7 @@ class _Stream:
                 self.backend,
                 timeout=self.settings.timeout,
                 rank_memory=self.settings.rank_memory,
+                case_files=self.settings.example_database is not None,
             )
         )
 
