@@ -61,8 +61,9 @@ def _construction(kind: str) -> str | None:
     """How ``build_setup`` constructs a target of ``kind``, read from its constructor
     (``paracheck.check.kinds.Kind.constructor``): ``"wrapper"`` (a DDP read by names, its
     optimizer the benchmark's), ``"optimizer"`` (an optimizer class wrapper behind FlatDDP),
-    ``"wrapper+optimizer"`` (``Class(module, optimizer_cls, ...)``, a ZeRO wrapper), or None
-    (an FSDP wrapper or a training loop trains differently)."""
+    ``"wrapper+optimizer"`` (``Class(module, optimizer_cls, ...)``, a ZeRO wrapper),
+    ``"sharding wrapper"`` (``Class(module)`` read by position, an FSDP wrapper whose parameters
+    the benchmark's optimizer steps), or None (a training loop trains its own way)."""
     row = KINDS.get(kind)
     c = None if row is None else row.constructor
     if c is None:
@@ -71,12 +72,11 @@ def _construction(kind: str) -> str | None:
         return "wrapper"
     if c.wraps_optimizer:
         return "wrapper+optimizer" if c.first[0] == "module" else "optimizer"
-    return None
+    return "sharding wrapper" if c.first == ("module",) else None
 
 
-# The target kinds build_setup drives: those it constructs, and FSDP wrappers, trained as their
-# check trains them (a training loop trains its own way).
-DRIVEN_KINDS = frozenset({*BASELINES, "fsdp", *(k for k in KINDS if _construction(k))})
+# The target kinds build_setup drives: those it constructs.
+DRIVEN_KINDS = frozenset({*BASELINES, *(k for k in KINDS if _construction(k))})
 
 
 def _builtin_targets() -> dict:
@@ -220,7 +220,7 @@ def build_setup(
             zero,
             getattr(zero, "on_train_batch_start", None),
         )
-    if kind == "fsdp":
+    if construction == "sharding wrapper":
         # As paracheck.check.ranks.fsdp trains the kind: the wrapper shards the module, the
         # optimizer steps the wrapper's parameters (its shards and replicated parameters).
         wrapper = cls(model)
