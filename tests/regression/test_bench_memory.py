@@ -82,16 +82,28 @@ def test_zero2_waiting_at_the_end_of_backward_peaks_above_zero1(world):
     assert late > one > _account(world, "zero2").peak_before_step_bytes
 
 
+@pytest.fixture(scope="module")
+def own_world():
+    """Two ranks of this module's own: the session's World is shared with other test files,
+    whose jobs may keep tensors in the ranks (a job that holds one on purpose), and a job here
+    must start from nothing."""
+    from paracheck.world import World
+
+    with World(W, timeout=60.0) as world:
+        yield world
+
+
 def _time(world, variant, world_size=W):
     spec = StepSpec(variant, LM, world_size=world_size, batch=BATCH, steps=1, warmup=0)
     return time_step(world, spec, count=True)
 
 
 @pytest.mark.slow
-def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_memory(world):
+def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_memory(own_world):
     """LeakyFlatDDP's hooks close over it: after its job its module (parameters and last
     gradients, 2 x 4 x 106944 bytes, and the rotary tables) is still held; the next job starts
     with exactly those bytes held and leaves no more. ZeRO-1, ZeRO-2 and FSDP leave nothing."""
+    world = own_world
     try:
         leaky = _time(world, "paracheck.bench._planted:LeakyFlatDDP")
         after = _time(world, "zero1")
@@ -112,13 +124,11 @@ def test_a_leaked_wrapper_is_counted_as_left_behind_and_not_as_the_next_jobs_mem
         pytest.param("fsdp", marks=pytest.mark.slow),
     ],
 )
-def test_builtin_wrappers_leave_nothing_behind(world, variant):
-    """A job of a built-in wrapper ends holding no tensor it did not start with (its hooks hold
-    it weakly). The session's World is shared with other test files, whose jobs may leave
-    tensors of their own in the ranks (a job that keeps one on purpose): the start is what this
-    job found."""
-    t = _time(world, variant)
-    assert t.left_bytes == t.start_bytes, (variant, t.start_bytes, t.left_bytes)
+def test_builtin_wrappers_leave_nothing_behind(own_world, variant):
+    """A job of a built-in wrapper starts from nothing and ends holding no tensor (its hooks hold
+    it weakly)."""
+    t = _time(own_world, variant)
+    assert (t.start_bytes, t.left_bytes) == (0, 0), variant
 
 
 def test_release_counts_the_tensors_still_referenced():
