@@ -1,13 +1,15 @@
 """Why did the overlapped and bucketed DDPs lose against torch DDP on 2 GPUs between 9e54654 and
 273d727? Interleaved rounds of one xl step loop per variant, each variant toggling one suspect:
 
-* ``-old``: the 9e54654 sources of the variant (copied in ``experiments/ddp_9e54654``);
+* ``-old``: the 9e54654 sources of the variant, read from ``--old-tree`` (``git archive 9e54654
+  src | tar -x -C .trees/9e54654``);
 * ``+counter``: the rank's collective counter installed and active, as in a ``World`` rank:
-  ``DIAG_COUNTER=273d727`` the one that rewrote its status file on every collective and
-  ``Work.wait`` (copied in ``experiments/collectives_273d727.py``), else today's;
+  with ``--old-counter TREE`` the one of that tree (273d727's rewrote its status file on every
+  collective and ``Work.wait``), else today's;
 * ``-prehook``: today's variant with its round-boundary tensor hooks removed.
 
-PYTHONPATH=src:. python experiments/diag_overlap_regression.py --size xl --rounds 3
+PYTHONPATH=src python experiments/diag_overlap_regression.py --size xl --rounds 3 \
+    --old-tree .trees/9e54654 --old-counter .trees/273d727
 """
 
 import argparse
@@ -42,7 +44,35 @@ VARIANTS = (
 )
 
 
-def build(name, model, rank, fused):
+def _load(name: str, path: str, rewrite=lambda text: text):
+    """The module at ``path`` under ``name``, its source passed through ``rewrite`` first."""
+    import types
+
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    with open(path) as f:
+        exec(compile(rewrite(f.read()), path, "exec"), module.__dict__)
+    return module
+
+
+def _old_ddp(tree: str) -> dict:
+    """The DDP sources of ``tree`` (an archived commit) as modules of a package of their own,
+    their ``paracheck.ddp`` imports pointed at it."""
+    if "ddp_old" not in sys.modules:
+        import types
+
+        sys.modules["ddp_old"] = types.ModuleType("ddp_old")
+        for name in ("_common", "plan", "overlapped", "bucketed"):
+            _load(
+                f"ddp_old.{name}",
+                os.path.join(tree, "src/paracheck/ddp", f"{name}.py"),
+                lambda text: text.replace("from paracheck.ddp.", "from ddp_old."),
+            )
+    return {n: sys.modules[f"ddp_old.{n}"] for n in ("overlapped", "bucketed")}
+
+
+def build(name, model, rank, fused, old_tree):
     from paracheck.ddp import BucketedDDP, OverlappedDDP
 
     base = name.split("+")[0]
@@ -69,9 +99,12 @@ def build(name, model, rank, fused):
         z = Zero1(model, torch.optim.AdamW, bucket_size_mb=25.0, lr=1e-4, fused=fused)
         return z, z.finish_gradient_synchronization, z
     if base.endswith("-old"):
-        from experiments.ddp_9e54654 import bucketed, overlapped
-
-        cls = bucketed.BucketedDDP if base.startswith("bucketed") else overlapped.OverlappedDDP
+        old = _old_ddp(old_tree)
+        cls = (
+            old["bucketed"].BucketedDDP
+            if base.startswith("bucketed")
+            else old["overlapped"].OverlappedDDP
+        )
     else:
         cls = BucketedDDP if base.startswith("bucketed") else OverlappedDDP
     ddp = cls(model, 25.0) if cls.__name__ == "BucketedDDP" else cls(model)
@@ -92,8 +125,10 @@ def rank_main(rank, world, args, port, tmp):
     sync = (lambda: None) if cpu else torch.cuda.synchronize
     from paracheck.workloads import LMSpec, TransformerLM
 
-    if os.environ.get("DIAG_COUNTER") == "273d727":  # the counter that wrote on every call
-        from experiments import collectives_273d727 as _collectives
+    if args.old_counter:  # another commit's counter (273d727's wrote on every call)
+        _collectives = _load(
+            "collectives_old", os.path.join(args.old_counter, "src/paracheck/world/_collectives.py")
+        )
     else:
         from paracheck.world import _collectives
 
@@ -130,7 +165,7 @@ def rank_main(rank, world, args, port, tmp):
                         context_length=16,
                     )
                 )
-            wrapper, finish, opt = build(name, model, rank, not cpu)
+            wrapper, finish, opt = build(name, model, rank, not cpu, args.old_tree)
             if "+counter" in name:
                 counter.begin(job=name)
             step_ms = []
@@ -178,6 +213,8 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--old-tree", default=".trees/9e54654", help="the -old variants' commit")
+    p.add_argument("--old-counter", default=None, help="a commit's tree whose counter to use")
     args = p.parse_args()
     world = 2 if args.cpu else torch.cuda.device_count()
     tmp = tempfile.mkdtemp()
