@@ -474,7 +474,7 @@ class _Search:
         # A hang's shrinking and labelling share one budget (Note [Hang timeouts]); a dead rank
         # costs a fork, and its labelling gets a budget of its own.
         shared = hit.prop == "hang" and hit.found_at is not None
-        start = hit.found_at if shared and hit.found_at is not None else time.monotonic()
+        start = hit.found_at if shared else time.monotonic()
         deadline = start + s.hang_shrink_seconds if hit.prop in _COSTLY else None
         needs, complete = None, True
         if s.labels and not s.table:
@@ -560,16 +560,17 @@ class _Search:
         try:
             return self._whole_contract(explicit)
         except PoolLost as exc:  # Note [A lost pool]
-            return self.stopped_by(exc)
+            self.stopped_by(exc)
+            return self.report(len(self.checker.cache))
 
-    def stopped_by(self, lost: PoolLost) -> CheckReport:
-        """The report of what was found before the attached pool was lost; with nothing found,
-        no verdict for this target (the caller says the pool is lost)."""
+    def stopped_by(self, lost: PoolLost) -> None:
+        """The attached pool was lost: what was found is reported, with a note; with nothing
+        found, ``lost`` is raised again (no verdict for this target: the caller says the pool is
+        lost)."""
         self.lost = lost
         if not self.failures:
             raise lost
         self.notes.append(f"the check stopped here: {lost}")
-        return self.report(len(self.checker.cache))
 
     def _whole_contract(self, explicit) -> CheckReport:
         s, checker = self.settings, self.checker

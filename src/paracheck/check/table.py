@@ -128,10 +128,7 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
         for row in rows:
             if row.status == "not reached" and not row.why:
                 row.why = "the attached pool was lost"
-        if not search.failures:
-            raise
-        search.lost = lost
-        search.notes.append(f"the check stopped here: {lost}")
+        search.stopped_by(lost)
     except KeyboardInterrupt as exc:
         how = "terminated (SIGTERM)" if type(exc).__name__ == "Terminated" else "interrupted"
         if current:
