@@ -2,6 +2,7 @@
 this host, --nnodes 2 --node-rank 0/1, two agents each, gloo) and one driver here, through
 torchrun's own rendezvous store."""
 
+import contextlib
 import os
 import re
 import signal
@@ -36,6 +37,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _dead_port():
+    """A port at which nothing answers, for as long as the block runs: bound, never listened on,
+    so a connection is refused and no other process (another test's World) can take it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def torchrun_nodes(
@@ -279,10 +289,11 @@ def test_an_agent_that_dies_ends_the_check_with_its_verdict_and_one_line(tmp_pat
 def test_attach_to_a_dead_address_is_refused_within_its_timeout(capsys, no_world):
     from paracheck.cli import main
 
-    port = _free_port()
-    t0 = time.monotonic()
-    assert main(["check", "naive", "--attach", f"127.0.0.1:{port}", "--attach-timeout", "2"]) == 2
-    assert time.monotonic() - t0 < 60.0
+    with _dead_port() as port:
+        t0 = time.monotonic()
+        code = main(["check", "naive", "--attach", f"127.0.0.1:{port}", "--attach-timeout", "2"])
+        assert code == 2
+        assert time.monotonic() - t0 < 60.0
     err = capsys.readouterr().err
     assert f"--attach='127.0.0.1:{port}': no torchrun job answers there within 2 s" in err, err
     assert f"--master-port {port} -m paracheck.agent" in err, err
@@ -310,8 +321,9 @@ def test_a_signal_ends_a_driver_still_connecting(monkeypatch, no_world, signum, 
     monkeypatch.setattr(attached, "_listening", watched)
     threading.Thread(target=send, daemon=True).start()
     t0 = time.monotonic()
-    address = f"127.0.0.1:{_free_port()}"
-    assert main(["check", "naive", "--attach", address, "--attach-timeout", "120"]) == code
+    with _dead_port() as port:
+        address = f"127.0.0.1:{port}"
+        assert main(["check", "naive", "--attach", address, "--attach-timeout", "120"]) == code
     assert time.monotonic() - t0 < 60.0
 
 
