@@ -240,7 +240,7 @@ class AttachedWorld(World):
         t0 = time.monotonic()
         store, host, port = self._attach
         authkey = os.urandom(16)
-        listener = Listener((_facing(host, port), 0), authkey=authkey)
+        listener = Listener((_facing(host, port), 0), authkey=authkey, backlog=64)
         claim = json.dumps(
             {
                 "address": f"{listener.address[0]}:{listener.address[1]}",

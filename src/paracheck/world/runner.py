@@ -388,9 +388,9 @@ class World:
         try:
             self._start()
         except BaseException:
+            self._stop_zygote()
             self._cleanup()
             raise
-        self._start_zygote()  # after the ranks: its imports overlap the first jobs, not the start
 
     @property
     def rank_memory(self) -> float:
@@ -414,8 +414,12 @@ class World:
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
         )
         self._procs, self._conns = [None] * self.size, [None] * self.size
+        # A gloo pool is forked whole by the zygote, which imports torch once (Note [Forked ranks]).
+        if self.backend == "gloo":
+            self._start_zygote()
+            self._await_zygote()
         try:
-            self._spawn(list(range(self.size)))
+            self._spawn(list(range(self.size)), fork=self._zygote_ready())
         except BaseException:
             self._kill()
             raise
@@ -433,7 +437,10 @@ class World:
         zygote = self._zygote
         assert not fork or zygote is not None  # fork is only asked for when _zygote_ready()
         authkey = os.urandom(16)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        # A backlog for every rank: forked ranks connect within milliseconds of each other, and
+        # with multiprocessing's default of 1 a connection the full queue dropped left its rank
+        # waiting for the handshake while the driver saw nothing to accept.
+        listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=len(ranks) + 1)
         env = self._env(authkey)
         for rank in ranks:
             device = self.devices[rank] if self.devices else ""
@@ -543,10 +550,13 @@ class World:
     # Note [Forked ranks]
     #   A rank that dies, or hangs where its peers cannot free it, is replaced by a new process,
     #   and a new process spends seconds importing torch (5-8 s on a loaded 2-core machine: the
-    #   whole cost of such a case, and shrinking one runs several). After the first replacement
-    #   the World starts a zygote: a process that has imported torch once and forks a new rank
-    #   on request (tens of milliseconds). Its children are not the driver's, so ``_Forked``
-    #   stands in for ``subprocess.Popen`` and the zygote writes their exit status to a file.
+    #   whole cost of such a case, and shrinking one runs several). So a gloo World starts a
+    #   zygote: a process that has imported torch once and forks a new rank on request (tens of
+    #   milliseconds). The pool itself is forked from it too: six ranks that each imported torch
+    #   took 7.6 s to start on two idle cores, forked 3.7 s, and every World a test suite or a
+    #   command starts pays that. Its children are not the driver's, so ``_Forked`` stands in for
+    #   ``subprocess.Popen`` and the zygote writes their exit status to a file. The listener the
+    #   ranks connect to has a backlog for all of them: forked ranks connect at once.
     def _start_zygote(self) -> None:
         # CPU only: a process forked after torch is imported must not be used with CUDA devices
         # by a parent that might have touched them; NCCL worlds start new processes.
