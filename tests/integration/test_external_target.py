@@ -76,7 +76,7 @@ def _check(tmp_path, source: str, target: str, *extra: str) -> subprocess.Comple
         "check",
         f"user_impl:{target}",
         "--world-sizes",
-        "1,2,3",
+        "1,2",
         "--max-examples",
         "15",
         "--timeout",
@@ -206,8 +206,11 @@ def paracheck(world, monkeypatch, tmp_path, capsys):
 
 
 def test_adapters_example_passes_design_by_design(paracheck):
-    """--adapters on the example lists every adapter function and passes each design (exit 0)."""
-    code, stdout, stderr = paracheck("--adapters", os.path.abspath(EXAMPLE_ADAPTERS))
+    """--adapters on the example lists every adapter function and passes each design (exit 0),
+    under the contract of the interface it implements (each built-in it returns is checked under
+    the full one by its own property test; its own design by the test below)."""
+    example = os.path.abspath(EXAMPLE_ADAPTERS)
+    code, stdout, stderr = paracheck("--adapters", example, "--contract", "cs336")
     assert code == 0, stdout + stderr
     for fn in (
         "get_ddp",
@@ -221,10 +224,19 @@ def test_adapters_example_passes_design_by_design(paracheck):
     assert stdout.count("\nPASS ") == 4, stdout
 
 
+def test_adapters_example_design_of_its_own_passes_the_full_contract(paracheck):
+    """The example's own DDP, the one class in it that is not a built-in, passes every row."""
+    plain = f"{os.path.abspath(EXAMPLE_ADAPTERS)}:PlainDDP"
+    code, stdout, stderr = paracheck(plain, "--finish", "all_reduce_grads")
+    assert code == 0, stdout + stderr
+    assert "not drawn: --contract" not in stdout, stdout
+
+
 def test_adapters_not_implemented_are_listed_not_failed(paracheck, tmp_path):
     """Handout stubs raising NotImplementedError are listed as not implemented; the rest passes (exit 0)."""
     (tmp_path / "adapters.py").write_text(NOT_IMPLEMENTED_ADAPTERS)
-    code, stdout, stderr = paracheck("--adapters", "adapters.py")
+    # The listing is under test, not the design (a built-in): the CS336 contract's one row.
+    code, stdout, stderr = paracheck("--adapters", "adapters.py", "--contract", "cs336")
     assert code == 0, stdout + stderr
     lines = [line.split(None, 1) for line in stdout.splitlines()]
     for fn in ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "get_sharded_optimizer"):
@@ -251,7 +263,9 @@ def test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed(paracheck, tmp_path)
     assert code == 1, stdout + stderr
     assert "your code calls a CUDA-only API (torch.cuda.synchronize at user_impl.py:" in stdout
     assert "pass --stub-cuda-timing or run with --backend nccl" in stdout
-    code, stdout, stderr = paracheck("user_impl.py:TimedDDP", "--stub-cuda-timing")
+    # With the stubs it runs: the core row shows that (the rest of the table is the DDP's own).
+    stubbed = ("--stub-cuda-timing", "--contract", "cs336")
+    code, stdout, stderr = paracheck("user_impl.py:TimedDDP", *stubbed)
     assert code == 0, stdout + stderr
 
 
@@ -264,7 +278,8 @@ def test_renamed_hook_is_named_by_the_error_and_accepted_by_finish(paracheck, tm
         "has no finish_gradient_synchronization(); it has sync_gradients(): pass --finish sync_gradients"
         in stderr
     )
-    code, stdout, stderr = paracheck("user_impl.py:MyDDP", "--finish", "sync_gradients")
+    named = ("--finish", "sync_gradients", "--contract", "cs336")  # the core row: it is called
+    code, stdout, stderr = paracheck("user_impl.py:MyDDP", *named)
     assert code == 0, stdout + stderr
     code, _, stderr = paracheck("user_impl.py:MyDDP", "--finish", "no_such_method")
     assert code == 2 and "--finish='no_such_method'" in stderr
