@@ -165,6 +165,7 @@ class _Watchdog(threading.Thread):
         # the driver found it dead in the next job with a record naming the previous one (read as
         # a death, not the cap: seen once in a full test run on two busy cores).
         self.guard = threading.Lock()
+        self._stopping = threading.Lock()  # held by the one thread that stops the process
         counter.on_step = self.at_step
 
     def run(self) -> None:
@@ -189,6 +190,10 @@ class _Watchdog(threading.Thread):
                 self._stop(rss, self.counter.step)
 
     def _stop(self, rss: int, step: int | None) -> None:
+        # One writer: the main thread (at_step) and this one can find the cap passed at the same
+        # moment, and two writers of the one temporary file could leave a record that does not
+        # parse, read by the driver as a plain SIGKILL. The second waits here for the kill.
+        self._stopping.acquire()
         record = {"job": self.counter.job, "rss": rss, "cap": self.cap, "step": step}
         path = memory_record_path(self.stack_dir, self.rank)
         with open(path + ".tmp", "w") as f:
