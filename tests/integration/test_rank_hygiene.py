@@ -161,7 +161,7 @@ import sys, time
 from paracheck.world import RankDied, World
 
 w = World(2, timeout=10)
-while not w._zygote_ready():
+while not w._zygote.ready():
     time.sleep(0.05)
 try:  # rank 1 dies and is replaced by a rank the zygote forks
     w.run("tests.integration._hygiene_jobs:exit_on", 1, world_size=2)

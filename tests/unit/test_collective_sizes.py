@@ -1,7 +1,7 @@
 """The runner's reading of the ranks' collective statuses: a collective given tensors of
-different sizes (Note [Definite deadlock] in ``paracheck.world.runner``)."""
+different sizes (Note [Definite deadlock] in ``paracheck.world._watch``)."""
 
-from paracheck.world.runner import describe_death, describe_disagreement, sizes_differ
+from paracheck.world._watch import describe_death, describe_disagreement, sizes_differ
 
 
 def status(state="running", inside="all_reduce", sized=("all_reduce", 2, 5, 4, "float32")):

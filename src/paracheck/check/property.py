@@ -23,7 +23,7 @@ Note [Hang timeouts]
     has passed, it is extrapolated from the other sizes, or is the World's timeout. A deadlock the
     ranks' collective counts prove is reported before any timeout (``paracheck.world``), so most
     hangs cost well under a second, and a stall (no rank of the case runs: Note [Timeout verdicts]
-    in ``paracheck.world.runner``) a few seconds; shrinking a hang and labelling the features it
+    in ``paracheck.world._collect``) a few seconds; shrinking a hang and labelling the features it
     needs share one budget of ``hang_shrink_seconds`` from the moment it is found, after which the
     smallest hang found is reported as not fully shrunk (and its labels as incomplete). A dead
     rank's shrinking and labelling are bounded by that budget each.

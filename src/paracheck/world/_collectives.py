@@ -7,7 +7,7 @@ updates this rank's status: which collective it is inside (if any), how many of 
 and how many went to the default group. The status is one small JSON record rewritten in place
 (``os.pwrite`` at offset 0, padded to a fixed size) in ``<stack_dir>/rank<r>.status``; the driver
 reads it while a job is late, to tell a deadlock from a slow case (Note [Definite deadlock] in
-``paracheck.world.runner``) and to say in a hang report what the ranks disagree on. When the
+``paracheck.world._watch``) and to say in a hang report what the ranks disagree on. When the
 record is written is Note [Counting costs the step nothing].
 
 Note [Counting costs the step nothing]
@@ -195,7 +195,7 @@ _INSTALLED: CollectiveCounter | None = None  # this rank's counter, once install
 def set_step(step: int) -> None:
     """Say that this rank's job has reached training step ``step``: a rank that exceeds its memory
     cap is reported at the step in which it did (Note [Rank memory cap] in
-    ``paracheck.world.runner``). Does nothing outside a ``World``'s rank."""
+    ``paracheck.world._memory``). Does nothing outside a ``World``'s rank."""
     if _INSTALLED is not None:
         if _INSTALLED.on_step is not None:
             _INSTALLED.on_step(step)

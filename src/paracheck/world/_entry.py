@@ -11,7 +11,7 @@ if __name__ == "__main__":
     # Ctrl-C on a terminal reaches every process of the foreground group, the ranks included:
     # the driver alone handles it (it reports what finished and ends the ranks), so a rank
     # ignores it rather than print a KeyboardInterrupt of its own. The driver starts this process
-    # with SIGINT blocked (runner._sigint_blocked), so that none arrives before this line; set
+    # with SIGINT blocked (_processes._sigint_blocked), so that none arrives before this line; set
     # first, before torch is imported, and inherited by the zygote's forks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):

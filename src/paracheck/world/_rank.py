@@ -8,13 +8,14 @@ if its rank is below the world size, and answers ``(job_id, "ok", result, output
 ``(job_id, "error", text, output)``, where ``output`` is what the job printed (Note [Captured
 output]). ``("reset",)`` drops the process group without an answer: a rank that finished a job
 whose peers are stuck in a collective closes its connections, so their collective fails at once
-(Note [Definite deadlock] in ``paracheck.world.runner``).
+(Note [Definite deadlock] in ``paracheck.world._watch``).
 
 While a job runs, the rank's collectives are counted into ``<stack_dir>/rank<r>.status``
 (``paracheck.world._collectives``). Its stdout/stderr go to ``<stack_dir>/rank<r>.out`` for the
 whole life of the process (Note [Captured output]). A watchdog thread stops the rank when its
-driver is gone (Note [Cleaning up] in ``paracheck.world.runner``) and when its job's resident
-memory exceeds the cap the job was sent with (Note [Rank memory cap] in the runner).
+driver is gone (Note [Cleaning up] in ``paracheck.world._processes``) and when its job's
+resident memory exceeds the cap the job was sent with (Note [Rank memory cap] in
+``paracheck.world._memory``).
 """
 
 from __future__ import annotations
@@ -303,7 +304,8 @@ def rank_main(
 
 def zygote_main(stack_dir: str) -> None:
     """A process that imports what a rank needs once, then forks a rank per line read from stdin
-    (Note [Forked ranks] in ``paracheck.world.runner``): ``json [rank_main args..., authkey]``.
+    (Note [Forked ranks] in ``paracheck.world._processes``): ``json [rank_main args...,
+    authkey]``.
     The exit status of each child goes to ``<stack_dir>/exit.<pid>`` (the driver is not its parent).
     The end of stdin means the driver is gone (it kills the zygote when it closes the World)."""
     import select

@@ -20,8 +20,10 @@ from multiprocessing.connection import Listener
 
 from paracheck.errors import ParacheckError
 from paracheck.world._agent import DRIVER_KEY, POOL_KEY, agent_key
+from paracheck.world._failures import RankFailure
+from paracheck.world._processes import hellos
 from paracheck.world._rank import _recv, _send
-from paracheck.world.runner import RankFailure, World, hellos
+from paracheck.world.runner import World
 
 __all__ = ["AttachedWorld", "PoolLost", "parse_address", "pool_of"]
 
@@ -282,14 +284,11 @@ class AttachedWorld(World):
             listener.close()
         self.start_seconds = self.spawn_seconds = time.monotonic() - t0
 
-    def _start_zygote(self) -> None:
-        pass  # nothing is started from here
-
     def _respawn(self, ranks: list[int]) -> bool:
         return False
 
     # No process of the agents' is on this machine to watch, and none can be replaced to run a
-    # late job again (Note [Timeout verdicts] in paracheck.world.runner).
+    # late job again (Note [Timeout verdicts] in paracheck.world._collect).
     stall_seconds = None
     reruns_timeouts = False
 

@@ -1,0 +1,362 @@
+"""Collecting one job: its ranks' answers, and its verdict where some do not come as results.
+
+A rank that raised -> ``RankError``; a rank that died or stopped itself over its memory cap ->
+``RankDied``/``RankOverMemory``, once the dead ranks are replaced; a job whose ranks deadlocked
+(Note [Definite deadlock]), stalled, or did not finish within its timeout -> ``RankHang``, once
+the stuck ranks are freed or replaced (Note [Timeout verdicts]). ``World.collect`` calls
+``collect``; what the driver reads of a rank comes through the World's methods (``_status``,
+``_output``, ``_stacks``, ``_abandon``, ``_unstick``, ...), which an ``AttachedWorld`` answers
+from its agents.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, NoReturn
+
+from paracheck.world._failures import (
+    _DEATHS,
+    RankDied,
+    RankError,
+    RankFailure,
+    RankHang,
+    RankOverMemory,
+    WorldError,
+    _collective_of,
+    _collective_of_tb,
+    _order_failures,
+)
+from paracheck.world._memory import _exceeded
+from paracheck.world._rank import _recv, _send
+from paracheck.world._watch import _Watch, describe_death, describe_disagreement
+
+if TYPE_CHECKING:
+    from paracheck.world.runner import World
+
+# Note [Timeout verdicts]
+#   A job is hung when its ranks can no longer finish it, not when a clock says so. Three things
+#   made a correct case read as a hang on a loaded machine, and each is ruled out before a
+#   timeout is judged:
+#   * The driver computes the oracle between ``submit`` and ``collect`` and may itself be
+#     descheduled, so it can reach ``collect`` after the deadline with every answer already in
+#     the pipes (measured: a 1x1 MLP's first case, both ranks idle in their job loop, reported as
+#     a hang when 20 checks shared 32 cores). Answers already sent are read first, and a job is
+#     judged only on at least one second of the driver watching it.
+#   * A rank whose status says it finished (``returned``, ``raised``) is still pickling and
+#     sending its answer: it is waited for (up to ``answer_seconds`` past the World's timeout,
+#     while its process lives).
+#   * A rank busy outside any collective (a long backward at four ranks per core) changes no
+#     collective count, so counts alone called it stuck: a rank that used a CPU (2% of one over
+#     the last half second or more), or has a thread waiting for a disk when polled, is making
+#     progress too, and a job that progresses waits up to the World's timeout.
+#   Conversely, when no rank still in the job ran, issued a collective or changed state for
+#   ``stall_seconds`` (3 s), nothing can end the job: every such rank sleeps or waits for a peer
+#   that does. That is a stall, reported at once like a deadlock (Note [Definite deadlock])
+#   whatever the timeout. An idle rank uses about 0.5% of a CPU (its watchdog thread; measured),
+#   a rank that wants a CPU on two cores shared by 17 runnable processes gets about 12%. Only
+#   local gloo ranks are judged so: an NCCL rank may wait for its GPU without using a CPU, and an
+#   attached rank's process is on another machine.
+#   A timeout that neither a deadlock nor a stall proves (a rank still spinning at the World's
+#   timeout) is run once more on fresh rank processes with the World's whole timeout before it
+#   is reported; a pass then is the case's verdict.
+
+
+def collect(world: World, ticket) -> list:
+    """``World.collect``: the results of the job of ``ticket``, in rank order, or its failure
+    raised. A job past its timeout that nothing proves hung is run again on fresh ranks with the
+    World's whole timeout before it is reported (Note [Timeout verdicts])."""
+    try:
+        return _Collection(world, ticket).run()
+    except RankHang as hang:
+        if hang.confirmed or world._rerunning or not world.reruns_timeouts:
+            raise
+        first = hang
+    fn, payload, w, _ = world._submitted
+    if not world._respawn(list(range(w))):
+        world.restart()
+    world._rerunning = True
+    try:
+        again_ticket = world.submit(fn, payload, world_size=w, timeout=world.timeout)
+        return _Collection(world, again_ticket).run()
+    except RankHang as again:
+        again.rerun = True
+        again.args = (
+            f"{again.args[0]} (run again on fresh ranks with a limit of {world.timeout:g} s "
+            f"after it first did not finish within {first.seconds:.1f} s)",
+        )
+        raise
+    finally:
+        world._rerunning = False
+
+
+class _Collection:
+    """The answers to one job as they come in, and the job's verdict once they stop coming."""
+
+    def __init__(self, world: World, ticket):
+        job, fn, w, deadline = ticket
+        if job != world._job:
+            raise RuntimeError(
+                f"ticket for job {job} is stale (job {world._job} was submitted since)"
+            )
+        self.world = world
+        self.job, self.fn, self.w = job, fn, w
+        self.deadline = deadline  # moved on while a late job is judged (Note [Timeout verdicts])
+        self.started = world._submitted_at
+        # A late case that still makes progress waits up to this.
+        self.hard = self.started + world.timeout
+        self.results: dict[int, object] = {}
+        self.failures: list[RankFailure] = []
+        world.last_outputs = {}
+        self.pending = dict(enumerate(world._conns))
+        self.watch = _Watch(world, job, w)
+
+    def run(self) -> list:
+        """The job's results in rank order; raise its failure."""
+        self._wait()
+        dead = [f for f in self.failures if f.kind in _DEATHS]
+        if dead:
+            return self._after_deaths(dead)
+        stuck = self._running()
+        if stuck:
+            self._hang(stuck)
+        w, fn = self.w, self.fn
+        if self.failures:
+            # Ranks that finished still hold the old group: re-create it everywhere.
+            self.world._generation += 1
+            raise RankError(
+                f"{len(self.failures)} rank(s) raised during {fn} (world size {w})",
+                _order_failures(self.failures),
+            )
+        missing = [r for r in range(w) if r not in self.results]
+        if missing:
+            # Every rank of the job answered, raised, died or hung above; this says so if not.
+            raise RankError(
+                f"rank(s) {missing} gave no result for {fn} (world size {w}) and no failure: "
+                f"paracheck's runner lost their answer",
+                [RankFailure(r, "raised", "no answer recorded for this job") for r in missing],
+            )
+        return [self.results[r] for r in range(w)]
+
+    def _running(self) -> list[int]:
+        """The ranks of the job that have not answered."""
+        return sorted(r for r in self.pending if r < self.w)
+
+    # -- waiting ----------------------------------------------------------------------------
+    def _wait(self) -> None:
+        """Read answers until every rank answered, a rank died, the ranks deadlocked or stalled,
+        or the job is judged late."""
+        while self.pending:
+            now = time.monotonic()
+            if now >= self.deadline:
+                if self._judged_late(now):
+                    break
+                continue
+            # Poll the ranks' collective counts while some have answered and others not (where a
+            # deadlock shows), and in the last second before the deadline.
+            polling = (
+                (self.results and any(r < self.w for r in self.pending))
+                or self.deadline - now < 1.5
+                or now >= self.started + 0.5
+            )
+            ready = wait(
+                list(self.pending.values()),
+                timeout=min(self.deadline - now, 0.1 if polling else self.started + 0.5 - now),
+            )
+            self._receive(ready)
+            if any(f.kind in _DEATHS for f in self.failures):
+                break
+            if polling:
+                running = self._running()
+                self.watch.poll(running)
+                if not self.failures and (
+                    self.watch.deadlocked(sorted(self.results), running)
+                    or self.watch.stalled(running)
+                ):
+                    break  # Note [Definite deadlock], Note [Timeout verdicts]
+
+    def _judged_late(self, now: float) -> bool:
+        """Past the deadline: True where the job is judged now; False where it is waited for
+        longer (the deadline moved on). See Note [Timeout verdicts]: answers already sent are
+        read before anything is judged late (the driver may have been busy past the deadline), a
+        rank that finished is waited for, and the ranks are judged on what was watched."""
+        watch = self.watch
+        ready = wait(list(self.pending.values()), timeout=0)
+        if ready:
+            self._receive(ready)
+            return False
+        running = self._running()
+        watch.poll(running)
+        if watch.answering(running) and now < self.hard + self.world.answer_seconds:
+            self.deadline = now + 0.1
+            return False
+        if watch.watched_for() < 1.0:
+            self.deadline = now + 1.0 - watch.watched_for()
+            return False
+        # A case past its timeout whose ranks still run or issue collectives is slow, not hung
+        # (a loaded machine): give it another timeout's worth, up to the World's.
+        if watch.progressed(within=1.0) and now < self.hard:
+            self.deadline = min(self.hard, now + (self.deadline - self.started))
+            return False
+        return True
+
+    def _receive(self, ready) -> None:
+        """Read the answers on the connections ``ready``; a connection that ended is a death."""
+        world = self.world
+        for conn in ready:
+            rank = world._conns.index(conn)
+            try:
+                msg = _recv(conn)
+            except (EOFError, OSError):
+                self.failures.append(world._death(rank, self.job))
+                del self.pending[rank]
+                continue
+            if msg[0] != self.job:
+                continue  # a late answer to an earlier, abandoned job
+            del self.pending[rank]
+            output = msg[3] if len(msg) > 3 else ""
+            if output:
+                world.last_outputs[rank] = output
+            if msg[1] == "ok":
+                self.results[rank] = msg[2]
+            elif msg[1] == "error":
+                self.failures.append(
+                    RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output)
+                )
+
+    # -- deaths -----------------------------------------------------------------------------
+    def _after_deaths(self, dead: list[RankFailure]) -> list:
+        """Ranks ended during the job (``dead``): replace them, then raise ``RankOverMemory`` or
+        ``RankDied``; or, where a rank went over its memory cap on a process that served earlier
+        jobs, run the job again with every rank of it fresh and return that (Note [Rank memory
+        cap])."""
+        world, w = self.world, self.w
+        ranks = sorted(f.rank for f in dead)
+        # Read before the dead ranks are replaced (a new process truncates its status).
+        mismatch = describe_death({r: self.watch.status(r) for r in range(w)}, ranks)
+        rerun = any(f.kind == "memory" for f in dead) and not world._fresh
+        stale = tuple(r for r in range(w) if r not in ranks) if rerun else ()
+        # Replacing only the dead ranks costs one process start instead of the pool's; ranks
+        # found dead meanwhile are added to ``ranks``.
+        known = set(ranks)
+        replaced = world._replace_dead(ranks, self.pending, also=stale)
+        dead += [
+            world._exits.pop(r, RankFailure(r, "died", "died")) for r in ranks if r not in known
+        ]
+        if replaced:
+            action = f"rank(s) {sorted(set(ranks) | set(stale))} were restarted"
+        else:
+            world.restart()
+            action = world.restarted_words
+        if rerun:
+            fn, payload, w, timeout = world._submitted
+            return world.collect(world.submit(fn, payload, world_size=w, timeout=timeout))
+        raise self._death_error(dead, mismatch, action)
+
+    def _death_error(self, dead: list[RankFailure], mismatch: str, action: str) -> WorldError:
+        """The failure of a job whose ranks ``dead`` ended: the first over its memory cap, else
+        every death, with what their last collective's tensors say (``mismatch``)."""
+        w, fn = self.w, self.fn
+        over = [f for f in dead if f.kind == "memory"]  # in the order they were found
+        dead.sort(key=lambda f: (f.kind != "memory", f.rank))
+        if over:
+            summary = f"rank {over[0].rank} {_exceeded(over[0].status or {})}"
+            return RankOverMemory(
+                f"{summary} during {fn} (world size {w}); {action}", dead, summary=summary
+            )
+        died = RankDied(
+            f"{len(dead)} rank(s) died during {fn} (world size {w}): "
+            + ", ".join(f"rank {f.rank} {f.detail}" for f in dead)
+            + (f" ({mismatch})" if mismatch else "")
+            + f"; {action}",
+            dead,
+        )
+        died.disagreement = mismatch
+        return died
+
+    # -- hangs ------------------------------------------------------------------------------
+    def _hang(self, stuck: list[int]) -> NoReturn:
+        """Ranks ``stuck`` did not answer: a deadlock, a stall or a timeout (Note [Definite
+        deadlock], Note [Timeout verdicts]). Record their stacks and statuses, free or replace
+        them, and raise ``RankHang``."""
+        world, w = self.world, self.w
+        definite = self.watch.deadlocked(sorted(self.results), stuck)
+        stalled = not definite and self.watch.stalled(stuck)
+        stacks = world._stacks(stuck)
+        statuses = {r: self.watch.status(r) for r in range(w)}
+        seconds = time.monotonic() - self.started
+        hung = []
+        for r in stuck:
+            stack = stacks.get(r) or "(no stack)"
+            output = world._output(r)
+            hung.append(
+                RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r))
+            )
+        done = [
+            RankFailure(
+                r,
+                "finished",
+                "returned normally",
+                None,
+                world.last_outputs.get(r, ""),
+                statuses.get(r),
+            )
+            for r in sorted(self.results)
+        ]
+        disagreement = describe_disagreement(statuses, stuck, sorted(self.results))
+        action = self._recover(stuck)
+        what = f"{self.fn} (world size {w})"
+        if definite:
+            head = (
+                f"{what} deadlocked on rank(s) {stuck} after {seconds:.1f} s: {disagreement}; "
+                f"{action}"
+            )
+        elif stalled:
+            head = (
+                f"{what} stalled on rank(s) {stuck} after {seconds:.1f} s: none of "
+                f"them ran or issued a collective for {world.stall_seconds:g} s"
+                + (f"; {disagreement}" if disagreement else "")
+                + f"; {action}"
+            )
+        else:
+            head = (
+                f"{what} did not finish within {seconds:.1f} s on rank(s) {stuck}"
+                + (f": {disagreement}" if disagreement else "")
+                + f"; {action}"
+            )
+        raise RankHang(
+            head,
+            hung + self.failures + done,
+            disagreement=disagreement,
+            definite=definite,
+            stalled=stalled,
+            seconds=seconds,
+        )
+
+    def _recover(self, stuck: list[int]) -> str:
+        """Free the stuck ranks, or replace them, or restart the pool; say which."""
+        world = self.world
+        # Recovery, fastest first: ranks that finished drop their process group, which closes
+        # their connections, so a peer stuck in a collective with them fails out of it at once
+        # (measured on gloo: 1 s after the peer's destroy_process_group, against the group's
+        # timeout).
+        for r in range(world.size):
+            if r not in stuck and world._procs[r].poll() is None:
+                try:
+                    _send(world._conns[r], ("reset",))
+                except (BrokenPipeError, OSError):
+                    pass
+        # Only a peer that finished or raised can free a stuck rank by dropping its group, or an
+        # interruption of its job.
+        freed = world._abandon(stuck) or bool(self.results or self.failures)
+        recovered = freed and world._await_stuck(stuck, time.monotonic() + 2.0)
+        recovered = (recovered or world._unstick(stuck, self.started)) and all(
+            p.poll() is None for p in world._procs
+        )
+        if recovered:
+            world._generation += 1
+            return "ranks recovered"
+        if world._respawn(stuck):
+            return f"rank(s) {stuck} were killed and restarted"
+        world.restart()
+        return world.restarted_words
