@@ -245,8 +245,8 @@ _ROWS = (
         "gradients' dtype or wider",
         holds="in the cases below float64 (MLP and toy workloads), every synchronised gradient is "
         "within a bound derived from the case's precision of the exact float64 gradient at the "
-        "same parameters (`check/properties/float64_bound.py`, Note [A bound against the float64 "
-        "gradient])",
+        "same parameters (`check/properties/float64_bound.py`, "
+        "Note [A bound against the float64 gradient])",
         catches="float32 gradients summed in bfloat16, no divide",
         oracle="the float64 one",
         check=_FLOAT64_BOUND,
