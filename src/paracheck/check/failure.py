@@ -1,5 +1,6 @@
-"""What one failure says, as people and CI read it: one table of properties (``PROPERTIES``: what
-each means, and what usually fixes it), a failure of one property (``PropertyFailure``: the
+"""What one failure says, as people and CI read it: the table of properties (``PROPERTIES``,
+declared in ``paracheck.check.properties.catalog``: what each means, and what usually fixes it),
+a failure of one property (``PropertyFailure``: the
 features of its shrunk case it needs, the case, what diverged, a command that replays it), and
 the helpers that read a rank's traceback. ``paracheck.check.report`` assembles them into a
 check's report."""
@@ -11,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from paracheck.check.properties.catalog import PROPERTIES, Property, Words
 from paracheck.check.run import CaseResult
 
 __all__ = [
@@ -27,213 +29,16 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Property:
-    meaning: str  # what a failure of it means, in a phrase: the first line of a report
-    hint: str  # what usually fixes it
-
-
-# The properties a check reports, in the order a case that breaks several reports them. The keys
-# are ``Divergence.property`` (``paracheck.check.properties.property_of``) and, for rank failures,
-# "hang", "raised", "died" and "memory-cap".
-PROPERTIES: dict[str, Property] = {
-    "raised": Property(
-        "your code raised on a rank",
-        "the exception is raised in the target's code (its frame is shown first); replay the case "
-        "to debug it in one process per rank",
-    ),
-    "died": Property(
-        "a rank process died",
-        "look for os._exit, a crash in an extension (the signal is shown), memory exhaustion, or "
-        "(gloo::EnforceNotMet) a collective whose tensor differs in size between ranks",
-    ),
-    "memory-cap": Property(
-        "a rank exceeded its memory cap: a resource failure, not a wrong result",
-        "the rank's resident memory passed the cap (--rank-memory GB; by default an equal share of "
-        "the machine's memory) within this case, on a fresh process: look for tensors kept across "
-        "steps (a list appended every step, a loss history that holds the autograd graph); raise "
-        "the cap if the case really needs the memory",
-    ),
-    "hang": Property(
-        "the ranks hang: they did not all finish (they disagree on the collectives they issue, or one "
-        "never returns)",
-        "every rank must issue the same collectives in the same order, with the same sizes and "
-        "the same source rank (a partition computed the same way on every rank); decide what to "
-        "communicate "
-        "from what every rank knows (all-reduce a presence flag), never from one rank's local state "
-        "(such as its gradient being None)",
-    ),
-    "structure": Property(
-        "a rank recorded a different number of steps or parameters than the oracle",
-        "the target must train every parameter of the module it wraps, for every step",
-    ),
-    "initial-state": Property(
-        "ranks do not start from rank 0's parameters and buffers",
-        "broadcast every parameter and every buffer from rank 0 in the constructor",
-    ),
-    "gradients": Property(
-        "gradients not averaged over ranks: a synchronised .grad differs from the oracle's average",
-        "after finish_gradient_synchronization(), every trainable parameter's .grad must be the "
-        "sum over ranks divided by the world size, on every rank (None where no rank had one)",
-    ),
-    "float64-bound": Property(
-        "a synchronised gradient is further from the exact (float64) gradient than rounding in "
-        "the case's precision can move it",
-        "the gradient must be the average over ranks of the local gradients the case's program "
-        "computes: compute the forward and backward in the precision asked, and reduce in the "
-        "gradients' dtype or wider",
-    ),
-    "bucket-structure": Property(
-        "the all-reduce calls do not respect bucket_size_mb",
-        "pack gradients into buckets of at most bucket_size_mb * 2**20 bytes (a larger "
-        "parameter alone), reduce each gradient exactly once, and do not split buckets "
-        "further than the cap requires",
-    ),
-    "parameters": Property(
-        "parameters after a step differ from the oracle's",
-        "the update is wrong although the gradients were right: check the optimizer's groups "
-        "and hyper-parameters, and (sharded) the broadcast of updated parameters from their owner",
-    ),
-    "master-weights": Property(
-        "a float32 master weight differs from the oracle's: the update was not applied to a "
-        "float32 copy of the parameter",
-        "keep a float32 master of every bfloat16 parameter the optimizer steps, step the masters "
-        "on the gradients cast to float32, then copy each master into its parameter; "
-        "master_params() returns them, one per parameter of param_groups",
-    ),
-    "optimizer-state": Property(
-        "optimizer state differs from the oracle's",
-        "the state every rank's state_dict() returns (its own shard, or every shard "
-        "consolidated) must equal the oracle's, keyed as a single-process optimizer keys it; "
-        "ranks returning the same parameter's state must agree",
-    ),
-    "state-consolidated": Property(
-        "the consolidated optimizer state differs from the oracle's",
-        "consolidate every rank's shard into state_dict(), on every rank",
-    ),
-    "rank-agreement": Property(
-        "ranks disagree: their parameters after a step are not bitwise identical",
-        "every rank must apply the same update to the same values (reduce, then update; "
-        "broadcast from one owner)",
-    ),
-    "memory": Property(
-        "a rank holds other optimizer-state bytes than its declared partition implies, or "
-        "(no partition declared) two ranks step the same parameter's state",
-        "each rank must hold and step optimizer state for the parameters it owns, and only those",
-    ),
-    "balance": Property(
-        "the partition breaks its balance bound or does not own every parameter exactly once",
-        "partition the trainable parameters by size (frozen ones weigh nothing), every one "
-        "owned by exactly one rank",
-    ),
-    "traffic": Property(
-        "a step's collectives differ from the analytic communication model",
-        "communicate only trainable parameters, once per step, with the collectives the "
-        "design calls for",
-    ),
-    "grads-sharded": Property(
-        "a ZeRO-2 rank keeps more gradient than its shard after the synchronisation",
-        "after finish_gradient_synchronization(), keep only this rank's reduce-scattered piece of "
-        "each gradient: free (set to None, or resize to 0) the full-size gradients and buffers",
-    ),
-    "params-sharded": Property(
-        "an FSDP rank holds whole parameters where it should hold only its shards",
-        "between the layers' gathers, keep each parameter as this rank's shard only: free the "
-        "gathered tensor after the layer's forward and backward, and keep no view of it",
-    ),
-    "reduced-once": Property(
-        "a gradient was communicated more than once per synchronised backward, or inside no_sync()",
-        "reduce each parameter's gradient once per synchronised backward (sum a tied weight's "
-        "uses locally first) and keep gradients local inside no_sync()",
-    ),
-    "freed": Property(
-        "whole parameters gathered during a step are still held after its backward",
-        "free every gathered parameter after its layer's forward and again after its backward "
-        "(drop every reference, or resize its storage to zero)",
-    ),
-    "gathered-layers": Property(
-        "more modules' parameters were gathered at once than the prefetch depth allows",
-        "gather at most prefetch modules ahead of the running one, and free each module's "
-        "parameters after use (Note [Gathered layers and the prefetch depth])",
-    ),
-    "gather-dtype": Property(
-        "parameters were all-gathered in another dtype than the compute dtype",
-        "cast each shard to the compute dtype before its all-gather, not the gathered "
-        "parameter after it (Note [Gathering in the compute dtype])",
-    ),
-    "reduce-dtype": Property(
-        "gradients were communicated in another dtype than the one the target declares",
-        "cast the gradients to the declared dtype before the all-reduce (not after it), and "
-        "reduce every gradient in it (Note [Declared reduction dtype])",
-    ),
-    "world-size-relation": Property(
-        "W ranks fed equal batches do not train like one rank fed all of them",
-        "average the summed gradients over the world size, and reduce every trainable "
-        "parameter's gradient",
-    ),
-    "bucket-size-independence": Property(
-        "the result depends on bucket_size_mb",
-        "every bucket, the last partly filled one included, must be reduced and copied back "
-        "whatever the cap",
-    ),
-    "repeatability": Property(
-        "two runs of the same case differ bitwise: the result cannot be reproduced",
-        "reduce in an order fixed by the ranks and buckets, not by when contributions arrive; "
-        "wait for every communication before reading its buffer; avoid atomics and "
-        "nondeterministic kernels (torch.use_deterministic_algorithms)",
-    ),
-}
-
-
-# A training loop's step is judged whole (the ``loop`` kind): its gradients are what it hands
-# ``optimizer.step()``, the declared loss's gradient over every rank's micro-batches.
-LOOP_PROPERTIES: dict[str, Property] = {
-    "gradients": Property(
-        "the gradients optimizer.step() was given differ from the declared loss's gradient over "
-        "every rank's micro-batches",
-        "normalise the loss as declared (--loss token-mean: each micro-batch's summed loss over "
-        "the valid tokens of the whole step on every rank, then sum the gradients over ranks; "
-        "batch-mean: the mean over ranks and micro-batches), synchronise before clipping, "
-        "unscale before clipping",
-    ),
-}
-
-
-# A sharded optimizer's or a ZeRO wrapper's failures in its own terms: its owners, broadcasts and
-# zero_grad(), not a DDP's finish_gradient_synchronization().
-_SHARDED_GRADIENTS = Property(
-    "the gradients step() was given differ from the oracle's average over ranks",
-    "zero_grad() must clear the .grad of every parameter given to the optimizer, on every rank, "
-    "not only those of the parameters this rank owns (a stale gradient adds into the next step's)",
-)
-_ZERO_GRADIENTS = Property(
-    "a gradient after the wrapper's synchronisation differs from the oracle's average over ranks",
-    "the gradient each owner steps must be the sum over ranks divided by the world size "
-    "(reduce-scatter, or reduce to the owner), and zero_grad() must clear every parameter of the "
-    "module, not only this rank's shard",
-)
-_OWNED_PARAMETERS = Property(
-    "parameters after a step differ from the oracle's",
-    "each parameter must be stepped by its owner alone, with its group's hyper-parameters, then "
-    "broadcast from that owner (src: the owner's global rank) to every rank after every step, "
-    "the groups added by add_param_group included",
-)
-KIND_PROPERTIES: dict[str, dict[str, Property]] = {
-    "sharded": {"gradients": _SHARDED_GRADIENTS, "parameters": _OWNED_PARAMETERS},
-    "zero": {"gradients": _ZERO_GRADIENTS, "parameters": _OWNED_PARAMETERS},
-    "zero2": {"gradients": _ZERO_GRADIENTS, "parameters": _OWNED_PARAMETERS},
-}
-
-
-def property_info(name: str, case=None, kind: str | None = None) -> Property:
+def property_info(name: str, case=None, kind: str | None = None) -> Words | Property:
     """What a failure of ``name`` means and what usually fixes it (a loop case's own words, a
     sharding kind's own terms)."""
+    row = PROPERTIES.get(name)
+    if row is None:
+        return Words(f"the {name} property does not hold", "")
     if case is not None and getattr(case, "loss", "rank-mean") != "rank-mean":
-        if name in LOOP_PROPERTIES:
-            return LOOP_PROPERTIES[name]
-    if name in KIND_PROPERTIES.get(kind or "", {}):
-        return KIND_PROPERTIES[kind][name]
-    return PROPERTIES.get(name, Property(f"the {name} property does not hold", ""))
+        if row.for_loops is not None:
+            return row.for_loops
+    return row.for_kinds.get(kind or "", row)
 
 
 # A tensor of another dtype than its parameter's, handed to torch by the target (a float64
@@ -423,7 +228,7 @@ class PropertyFailure:
         return self.result.case
 
     @property
-    def info(self) -> Property:
+    def info(self) -> Words | Property:
         return property_info(self.property, self.case, self.kind)
 
     @property

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import inspect
 
+from paracheck.check.kinds import KINDS, OPTIMIZER
+
 __all__ = ["kind_mismatch", "unsupported"]
 
-_SHARDING = ("sharded", "zero", "zero2")
+
+def _steps_optimizer(kind: str) -> bool:
+    """Whether a ``kind`` target owns the optimizer's step (a sharded optimizer, a ZeRO wrapper)."""
+    return kind in KINDS and OPTIMIZER in KINDS[kind].owns
 
 
 def _object(target):
@@ -53,7 +58,7 @@ def kind_mismatch(target) -> str | None:
             f"{name} is a torch.nn.Module, not an optimizer: a sharded target is an optimizer "
             "(Class(params, optimizer_cls, **kwargs)); check a module wrapper with --kind ddp"
         )
-    if kind in _SHARDING and not callable(getattr(obj, "step", None)):
+    if _steps_optimizer(kind) and not callable(getattr(obj, "step", None)):
         return f"{name} has no step(): a {kind} target steps the optimizer it shards"
     if kind == "loop":
         return f"{name} is a class: a loop target is a function train_step(model, optimizer, ...)"
@@ -63,7 +68,7 @@ def kind_mismatch(target) -> str | None:
 def unsupported(target, feature: str) -> str | None:
     """Why ``target`` cannot be asked for the optional case ``feature`` (None: it can): the method
     its interface lacks."""
-    if feature != "reload" or target.kind not in _SHARDING:
+    if feature != "reload" or not _steps_optimizer(target.kind):
         return None
     obj = _object(target)
     if obj is None:

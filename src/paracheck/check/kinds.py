@@ -6,18 +6,22 @@ and how a case is prepared for it. Code outside this table asks the row (``KINDS
 never the kind's name. Adding a kind is adding a row here, its rank program under
 ``paracheck.check.ranks`` and its properties under ``paracheck.check.properties``.
 
-A property name is one of ``PROPERTY_CHECKS`` (``equivalence`` stands for its family:
-``initial-state``, ``gradients``, ``parameters``, ``optimizer-state``, ``rank-agreement``,
-``structure``; see ``paracheck.check.properties``). ``resolve_properties`` turns the names a user
-selects (``paracheck check --properties``, ``Target.properties``) into the set a check runs.
-Every ``"module:function"`` named here is imported only where it is used (a unit test imports
-each one).
+A property a row names is a name ``--properties`` selects, declared with what it means, its
+check and its documents' words in ``paracheck.check.properties.catalog`` (``equivalence`` stands
+for its family: ``initial-state``, ``gradients``, ``parameters``, ``master-weights``,
+``rank-agreement``, ``structure``). ``resolve_properties`` turns the names a user selects
+(``paracheck check --properties``, ``Target.properties``) into the set a check runs; the
+``--properties`` help (``properties_help``) and the guide's table of properties
+(``property_table``) are written from the rows. Every ``"module:function"`` named here is
+imported only where it is used (a unit test imports each one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+
+from paracheck.check.properties.catalog import PROPERTIES, checks
 
 __all__ = [
     "GRADIENTS",
@@ -31,6 +35,8 @@ __all__ = [
     "Kind",
     "PROPERTY_CHECKS",
     "default_properties",
+    "properties_help",
+    "property_table",
     "resolve_properties",
     "select_properties",
 ]
@@ -123,6 +129,11 @@ class Kind:
         """Whether the target synchronises gradients for its own optimizer's groups only (Note
         [Gradients outside the groups] in ``paracheck.check.run``)."""
         return {GRADIENTS, OPTIMIZER} <= self.owns
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether the target keeps its parameters as shards between steps (an FSDP)."""
+        return PARAMETERS in self.owns
 
 
 def _with_masters(case, target):
@@ -294,105 +305,14 @@ class Evidence:
     # contract's ``stepped_balance``: paracheck.check.features).
     stepped_balance: bool = True
 
-
-def _state(props):
-    def check(e: Evidence):
-        from paracheck.check.properties.state import check_state
-
-        # Ranks on GPUs (nccl) run other kernels than the oracle (paracheck.oracle.tolerance).
-        same = getattr(e.world, "backend", "gloo") != "nccl"
-        return check_state(e.case, e.traj, e.ranks, props, same_operations=same)
-
-    return check
+    @property
+    def row(self) -> Kind:
+        return KINDS[self.kind]
 
 
-def _driver(module: str, fn: str):
-    def check(e: Evidence):
-        import importlib
-
-        return getattr(importlib.import_module(module), fn)(e.case, e.traj, e.ranks, e.kind)
-
-    check.reference = f"{module}:{fn}"  # type: ignore[attr-defined]  # resolved by a unit test
-    return check
-
-
-def _balance(e: Evidence):
-    from paracheck.check.properties.balance import check_balance
-
-    return check_balance(
-        e.case, e.traj, e.ranks, KINDS[e.kind].state_layout, stepped=e.stepped_balance
-    )
-
-
-def _bucket_structure(e: Evidence):
-    from paracheck.check.properties.bucket_structure import check_bucket_structure
-
-    return check_bucket_structure(e.case, e.ranks)
-
-
-def _reduce_dtype(e: Evidence):
-    from paracheck.check.properties.reduce_dtype import check_reduce_dtype
-
-    return check_reduce_dtype(
-        e.case,
-        e.ranks,
-        getattr(e.target, "reduce_dtype", None),
-        fsdp=PARAMETERS in KINDS[e.kind].owns,
-    )
-
-
-def _float64_bound(e: Evidence):
-    from paracheck.check.properties.float64_bound import check_float64_bound
-
-    return check_float64_bound(
-        e.case,
-        e.traj,
-        e.ranks,
-        e.kind,
-        device_type=e.ranks_on.partition(":")[0],
-        judged_from=e.judged_from,
-        measured=e.measured,
-    )
-
-
-def _rerun(module: str, fn: str):
-    def check(e: Evidence):
-        import importlib
-
-        run = getattr(importlib.import_module(module), fn)
-        return run(e.world, e.target, e.case, e.ranks, timeout=e.timeout)
-
-    check.reference = f"{module}:{fn}"  # type: ignore[attr-defined]  # resolved by a unit test
-    return check
-
-
-# Every property but "equivalence" (compared by paracheck.check.properties.equivalence.compare,
+# Every selected name but "equivalence" (compared by paracheck.check.properties.equivalence.compare,
 # which also reports the worst relative error), by name; each returns a Divergence or None.
-PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = {
-    "bucket-structure": _bucket_structure,
-    "balance": _balance,
-    "memory": _driver("paracheck.check.properties.memory", "check_memory"),
-    "state": _state(frozenset({"state"})),
-    "state-consolidated": _state(frozenset({"state-consolidated"})),
-    "traffic": _driver("paracheck.check.properties.traffic", "check_traffic"),
-    "reduced-once": _driver("paracheck.check.properties.reduced_once", "check_reduced_once"),
-    "freed": _driver("paracheck.check.properties.freed", "check_freed"),
-    "grads-sharded": _driver("paracheck.check.properties.placement", "check_grads_sharded"),
-    "params-sharded": _driver("paracheck.check.properties.placement", "check_params_sharded"),
-    "gathered-layers": _driver(
-        "paracheck.check.properties.gathered_layers", "check_gathered_layers"
-    ),
-    "gather-dtype": _driver("paracheck.check.properties.gather_dtype", "check_gather_dtype"),
-    "world-size-relation": _rerun(
-        "paracheck.check.properties.world_size_relation", "check_world_size_relation"
-    ),
-    "bucket-size-independence": _rerun(
-        "paracheck.check.properties.bucket_size_independence", "check_bucket_size_independence"
-    ),
-    "reduce-dtype": _reduce_dtype,
-    "float64-bound": _float64_bound,
-    "repeatability": _rerun("paracheck.check.properties.repeatability", "check_repeatability"),
-}
+PROPERTY_CHECKS: dict[str, Callable[[Evidence], object]] = checks()
 
 
 def default_properties(kind: str, takes_bucket: bool = False) -> frozenset[str]:
@@ -487,3 +407,62 @@ def select_properties(targets, names, *, refuse_none: bool = True) -> tuple[list
     if unused and used:
         warnings.append(f"--properties {', '.join(unused)}: no target given has them")
     return out, warnings
+
+
+# -- the properties in words: the --properties help and the documents' table ------------------
+
+
+def properties_help() -> str:
+    """The help of ``--properties``: each kind's properties, from its row."""
+    groups: dict[tuple, list[str]] = {}
+    for row in KINDS.values():
+        groups.setdefault((row.default, row.opt_in, row.bucket_only), []).append(row.name)
+
+    def names(props, bucket_only) -> str:
+        return ",".join(p + ("*" if p in bucket_only else "") for p in props)
+
+    kinds = []
+    for (default, opt_in, bucket_only), rows in groups.items():
+        text = f"{'/'.join(rows)}: {names(default, bucket_only)}"
+        kinds.append(text + (f" [{names(opt_in, bucket_only)}]" if opt_in else ""))
+    return (
+        "comma-separated properties to check, each applied to the targets whose kind has it (in "
+        "brackets: checked only when selected; *: only for a target that takes a bucket size): "
+        + "; ".join(kinds)
+        + ". +NAME adds NAME to the defaults: --properties +repeatability"
+    )
+
+
+def _kinds_checking(name: str) -> str:
+    """Which kinds check the selected ``name``, by default and on request, in words."""
+
+    def listed(rows) -> str:
+        if len(rows) == len(KINDS):
+            return "every kind"
+        return ", ".join(
+            r.name + (" taking a bucket size" if name in r.bucket_only else "") for r in rows
+        )
+
+    default = [r for r in KINDS.values() if name in r.default]
+    opt_in = [r for r in KINDS.values() if name in r.opt_in]
+    parts = [listed(default)] if default else []
+    return "; ".join(parts + ([f"on request: {listed(opt_in)}"] if opt_in else []))
+
+
+def property_table() -> str:
+    """The documents' table of properties (``docs/guide.md``), one row per property a failure
+    reports, from ``PROPERTIES`` and the kinds' rows (``tests/unit/test_property_table.py``
+    compares it with the guide's)."""
+    lines = [
+        "| property | checked (`--properties` name: kinds) | what must hold | needs the oracle "
+        "| catches (example mutant) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for p in PROPERTIES.values():
+        if p.selector is None:
+            checked = "every case"
+        else:
+            via = "" if p.selector == p.name else f"`{p.selector}`: "
+            checked = via + _kinds_checking(p.selector)
+        lines.append(f"| {p.name} | {checked} | {p.holds} | {p.oracle} | {p.catches} |")
+    return "\n".join(lines) + "\n"

@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from paracheck.check.kinds import properties_help
+
 __all__ = [
     "CheckSettings",
     "OPTIONS",
@@ -309,14 +311,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "properties",
-        "comma-separated properties to check, each applied to the targets whose kind has it: "
-        "sharding targets equivalence,float64-bound,state,state-consolidated,memory,balance,"
-        "traffic (default: every one but the opt-in state-consolidated); DDP targets "
-        "equivalence,float64-bound,bucket-structure (the default) and the opt-in "
-        "world-size-relation and bucket-size-independence (the bucket ones for targets that take "
-        "a bucket size); every kind the opt-in repeatability; float64-bound judges the cases "
-        "below float64 of every kind but loop. +NAME adds NAME to the defaults: --properties "
-        "+repeatability",
+        properties_help(),
         metavar="NAME,...",
     ),
     Option(

@@ -86,7 +86,7 @@ __all__ = [
 class Target:
     name: str
     path: str  # "package.module:Class" or "/abs/file.py:function"
-    kind: str  # "ddp" | "sharded" | "zero" | "zero2" | "fsdp" | "loop"
+    kind: str  # a kind of paracheck.check.kinds.KINDS
     takes_bucket: bool = False
     # Which properties a check runs (None: the kind's defaults; paracheck.check.kinds).
     properties: frozenset[str] | None = None

@@ -11,7 +11,7 @@ __all__ = ["Mutant", "MUTANTS", "register"]
 class Mutant:
     name: str
     path: str  # "package.module:Class", checked like a user target
-    kind: str  # "ddp" | "sharded" | "zero" | "loop"
+    kind: str  # a kind of paracheck.check.kinds.KINDS
     bug: str  # one sentence: what is wrong
     expect: str = "diverge"  # "diverge" | "hang" | "raise": how the check should catch it
     # The properties that kill it (None: the kind's default): a bug in a reading of the interface
