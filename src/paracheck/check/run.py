@@ -249,7 +249,7 @@ def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
     wider = narrower_than(target.reduce_dtype, case)
     if wider is None:
         return None
-    # Note [Declared reduction dtype]: a compressed reduction
+    # A compressed reduction (Note [Declared reduction dtype]).
     return CaseResult(
         case,
         extra={
