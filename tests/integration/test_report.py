@@ -208,7 +208,7 @@ def test_harness_error_without_a_target_frame_is_not_blamed_on_the_target():
         "Traceback (most recent call last):\n"
         '  File "/x/site-packages/paracheck/check/ranks/fsdp.py", line 154, in run_fsdp\n'
         "    optimizer = build_optimizer(case, params)\n"
-        '  File "/x/site-packages/paracheck/cases.py", line 574, in param_groups\n'
+        '  File "/x/site-packages/paracheck/cases/_optimizer.py", line 574, in param_groups\n'
         "    d = {'params': [params[i] for i in idx]}\n"
         "IndexError: list index out of range\n"
     )

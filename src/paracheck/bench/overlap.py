@@ -63,14 +63,14 @@ def rank_overlap(payload: dict) -> dict:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from paracheck.bench.step import (
-        StepSpec,
+    from paracheck.bench._step_rank import (
         _batch,
         _build_model,
         _configure,
         _device,
         _train_step,
     )
+    from paracheck.bench._step_spec import StepSpec
     from paracheck.bench.variants import build_setup
 
     if dist.get_backend() != "nccl":

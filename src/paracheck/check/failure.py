@@ -66,7 +66,7 @@ _HARNESS = (
     "/paracheck/check/",
     "/paracheck/world/",
     "/paracheck/oracle/",
-    "/paracheck/cases.py",
+    "/paracheck/cases/",
     "/paracheck/workloads/",
     "/paracheck/accounting/",
 )

@@ -34,16 +34,14 @@ from __future__ import annotations
 from paracheck.cases import Case
 from paracheck.check.report import CheckReport, PropertyFailure, replay_command
 from paracheck.check.search import (
-    DTYPE_PRECISIONS,
     BudgetSpent,
     CaseTimeouts,
     Progress,
-    _Search,
     declared_features,
-    declared_mismatch,
     sequence_name,
 )
 from paracheck.check.settings import PROFILES, CheckSettings
+from paracheck.check.shared_search import DTYPE_PRECISIONS, _Search, declared_mismatch
 from paracheck.check.table import fill_table
 from paracheck.check.targets import Target
 from paracheck.world import World

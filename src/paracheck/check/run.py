@@ -124,27 +124,10 @@ def run_case(
     ``stepped_balance``: the contract judges an undeclared sharded design's balance on the state
     its ranks step (Note [Balance of the state stepped])."""
     row = KINDS[target.kind]
-    if row.prepare_case is not None:
-        case = row.prepare_case(case, target)
-    if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:
-        # Adam below float32 only where the step is judged on the target's own gradients (Note
-        # [Precision from the seed]).
-        case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
-    # A wrapper that keeps float32 shards of its parameters reduces in what it computes in: its
-    # declared reduction dtype is judged, never skipped (Note [Declared reduction dtype]).
-    if target.reduce_dtype is not None and PARAMETERS not in row.owns:
-        from paracheck.check.properties.reduce_dtype import narrower_than
-
-        wider = narrower_than(target.reduce_dtype, case)
-        if wider is not None:  # Note [Declared reduction dtype]: a compressed reduction
-            return CaseResult(
-                case,
-                extra={
-                    "skipped": f"the declared reduction dtype {target.reduce_dtype} is narrower "
-                    f"than the parameters' {wider}: a compressed reduction rounds the mean "
-                    "itself, which is not judged"
-                },
-            )
+    case = _prepared(case, target)
+    skipped = _compressed_reduction(case, target)
+    if skipped is not None:
+        return skipped
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
@@ -160,12 +143,7 @@ def run_case(
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
-        return CaseResult(
-            case,
-            error=exc,
-            seconds=time.monotonic() - t0,
-            outputs={f.rank: f.output for f in exc.failures if f.output},
-        )
+        return _raised(case, exc, t0)
     seconds = time.monotonic() - t0
     outputs = dict(getattr(world, "last_outputs", {}))
     if ranks[0].skipped is not None:  # a case the target declares out of its interface
@@ -222,12 +200,7 @@ def run_case(
         try:
             div = PROPERTY_CHECKS[prop](evidence)
         except WorldError as exc:
-            return CaseResult(
-                case,
-                error=exc,
-                seconds=time.monotonic() - t0,
-                outputs={f.rank: f.output for f in exc.failures if f.output},
-            )
+            return _raised(case, exc, t0)
         if div is not None and all(d.property != div.property for d in divs):
             divs.append(div)
     extra = ranks[0].notes()
@@ -248,6 +221,52 @@ def run_case(
         divergences=divs,
         seconds=seconds,
         outputs=outputs,
+    )
+
+
+def _prepared(case: Case, target: Target) -> Case:
+    """``case`` as ``target``'s kind runs it (``Kind.prepare_case``), with SGD for Adam below
+    float32 where the step is not judged on the target's own gradients."""
+    row = KINDS[target.kind]
+    if row.prepare_case is not None:
+        case = row.prepare_case(case, target)
+    if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:
+        # Adam below float32 only where the step is judged on the target's own gradients (Note
+        # [Precision from the seed]).
+        case = replace(case, optimizer=replace(case.optimizer, name="sgd"))
+    return case
+
+
+def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
+    """The skipped result of a case whose parameters are wider than the target's declared
+    reduction dtype (a compressed reduction), or None."""
+    # A wrapper that keeps float32 shards of its parameters reduces in what it computes in: its
+    # declared reduction dtype is judged, never skipped (Note [Declared reduction dtype]).
+    if target.reduce_dtype is None or PARAMETERS in KINDS[target.kind].owns:
+        return None
+    from paracheck.check.properties.reduce_dtype import narrower_than
+
+    wider = narrower_than(target.reduce_dtype, case)
+    if wider is None:
+        return None
+    # A compressed reduction (Note [Declared reduction dtype]).
+    return CaseResult(
+        case,
+        extra={
+            "skipped": f"the declared reduction dtype {target.reduce_dtype} is narrower "
+            f"than the parameters' {wider}: a compressed reduction rounds the mean "
+            "itself, which is not judged"
+        },
+    )
+
+
+def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
+    """The result of a case whose ranks raised, hung or died (started at ``t0``)."""
+    return CaseResult(
+        case,
+        error=exc,
+        seconds=time.monotonic() - t0,
+        outputs={f.rank: f.output for f in exc.failures if f.output},
     )
 
 

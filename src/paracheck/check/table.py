@@ -38,7 +38,8 @@ from paracheck.check.features import (
 )
 from paracheck.check.interface import unsupported
 from paracheck.check.report import CheckReport, order
-from paracheck.check.search import BudgetSpent, _Search
+from paracheck.check.search import BudgetSpent
+from paracheck.check.shared_search import _Search
 from paracheck.check.verdict import RowVerdict
 from paracheck.world import PoolLost
 

@@ -15,7 +15,6 @@ __all__ = ["add_parser", "cmd_gate"]
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``gate`` to the subcommands ``sub``."""
     import paracheck.gate
-    from paracheck.gate.rule import DEFAULT_ROUNDS
 
     p = sub.add_parser(
         "gate",
@@ -50,6 +49,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="gloo on CPU or NCCL on GPUs (default cpu)",
     )
     p.add_argument("--world-size", type=int, default=2, help="ranks per job (default 2)")
+    _add_budget_arguments(p)
+    _add_output_arguments(p)
+    p.set_defaults(run=cmd_gate)
+
+
+def _add_budget_arguments(p: argparse.ArgumentParser) -> None:
+    """What is measured and how long the rounds may go on: variants, rounds, the thresholds."""
+    from paracheck.gate.rule import DEFAULT_ROUNDS
+
     p.add_argument(
         "--variants",
         default=None,
@@ -95,6 +103,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="what an INCONCLUSIVE verdict does: exit 3 (default), exit 1 as a FAIL, or exit 0 as "
         "a PASS",
     )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the readings go, and how one job is run and timed."""
     p.add_argument(
         "--history",
         default=None,
@@ -136,7 +148,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="show every exact quantity, not only changed ones (default off)",
     )
-    p.set_defaults(run=cmd_gate)
 
 
 def _write_json(path: str | None, record: dict) -> None:
@@ -155,61 +166,41 @@ def _verdict(rows) -> str:
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
-def cmd_gate(args) -> int:
-    """``paracheck gate``: 0 PASS, 1 FAIL (table on stdout), 2 when the gate cannot measure, 3
-    INCONCLUSIVE (unless ``--inconclusive`` maps it to 0 or 1)."""
-    from paracheck.gate import (
-        DEFAULT_ROUNDS,
-        ERROR_RATE,
-        GateConfig,
-        GateError,
-        format_rows,
-        run_gate,
-    )
-    from paracheck.gate.rule import sequential_plan
-
+def _usage_error(args, error_rate: float) -> str | None:
+    """What is wrong with the options (the message after ``paracheck gate: ``), or None."""
     for name in ("world_size", "rounds", "steps", "fresh_every"):
         if getattr(args, name) < 1:
-            print(
-                f"paracheck gate: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1",
-                file=sys.stderr,
-            )
-            return 2
+            return f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1"
     if not args.threshold > 0:
-        print(f"paracheck gate: --threshold={args.threshold} must be > 0", file=sys.stderr)
-        return 2
+        return f"--threshold={args.threshold} must be > 0"
     if not args.seconds > 0:
-        print(f"paracheck gate: --seconds={args.seconds} must be > 0", file=sys.stderr)
-        return 2
-    error_rate = ERROR_RATE if args.error_rate is None else args.error_rate
+        return f"--seconds={args.seconds} must be > 0"
     if not 0 < error_rate < 0.5:
-        print(f"paracheck gate: --error-rate={error_rate} must be in (0, 0.5)", file=sys.stderr)
-        return 2
+        return f"--error-rate={error_rate} must be in (0, 0.5)"
     if args.bucket_mb is not None and not args.bucket_mb > 0:
-        print(f"paracheck gate: --bucket-mb={args.bucket_mb} must be > 0", file=sys.stderr)
-        return 2
+        return f"--bucket-mb={args.bucket_mb} must be > 0"
     if args.device != "cuda":
         from paracheck.check.limits import world_size_error
 
         error = world_size_error("--world-size", str(args.world_size), (args.world_size,), None)
         if error is not None:
-            print(f"paracheck gate: {error}", file=sys.stderr)
-            return 2
+            return error
     for t in args.targets:
         mod, _, attr = t.partition(":")
         if not mod or not attr:
-            print(
-                f"paracheck gate: TARGET={t!r} must be an import path package.module:Class",
-                file=sys.stderr,
-            )
-            return 2
+            return f"TARGET={t!r} must be an import path package.module:Class"
     if args.targets and args.variants:
-        print(
-            f"paracheck gate: --variants={args.variants!r} names built-in variants; with TARGETs "
-            f"({' '.join(args.targets)}) the TARGETs are what is measured",
-            file=sys.stderr,
+        return (
+            f"--variants={args.variants!r} names built-in variants; with TARGETs "
+            f"({' '.join(args.targets)}) the TARGETs are what is measured"
         )
-        return 2
+    return None
+
+
+def _config(args, error_rate: float):
+    """The ``GateConfig`` of the options, with the device's defaults."""
+    from paracheck.gate import GateConfig
+
     cuda = args.device == "cuda"
     cfg = GateConfig(
         repo=os.path.abspath(args.repo),
@@ -234,6 +225,27 @@ def cmd_gate(args) -> int:
         verbose=args.verbose,
         json_path=args.json_path,
     )
+    return cfg
+
+
+def cmd_gate(args) -> int:
+    """``paracheck gate``: 0 PASS, 1 FAIL (table on stdout), 2 when the gate cannot measure, 3
+    INCONCLUSIVE (unless ``--inconclusive`` maps it to 0 or 1)."""
+    from paracheck.gate import (
+        DEFAULT_ROUNDS,
+        ERROR_RATE,
+        GateError,
+        format_rows,
+        run_gate,
+    )
+    from paracheck.gate.rule import sequential_plan
+
+    error_rate = ERROR_RATE if args.error_rate is None else args.error_rate
+    error = _usage_error(args, error_rate)
+    if error is not None:
+        print(f"paracheck gate: {error}", file=sys.stderr)
+        return 2
+    cfg = _config(args, error_rate)
     if sequential_plan(cfg.rounds + cfg.rounds % 2, error_rate).first_look is None:
         print(
             f"paracheck gate: warning: --rounds={args.rounds} cannot decide a step time at "

@@ -5,11 +5,8 @@ kernels (``@triton.jit``) -> launchers (plan, checks, allocation) -> ``RMSNormFu
 ``paracheck.oracle.rmsnorm.rms_norm_reference``; ``RMSNORM_TOLERANCES``
 (``paracheck.oracle.tolerance``) says how close these kernels are to it.
 
-Note [interpreter mode]: triton decides between compiling and interpreting a kernel when
-``triton.jit`` runs, reading ``TRITON_INTERPRET`` at that moment. The kernels here are therefore
-plain functions wrapped in ``_LazyJit``, which calls ``triton.jit`` at the first launch (and again
-if the mode changed), so importing this module fixes nothing and ``import paracheck.kernels``
-works without triton installed; a missing triton is reported at the first launch.
+The kernels and their lazy jit are ``paracheck.kernels._rmsnorm_kernels`` (Note [interpreter
+mode]); the plan is ``paracheck.kernels._rmsnorm_plan``.
 
 Note [tiles and programs]: the forward runs one program per tile of ``ROWS`` rows, the whole
 (power-of-two padded) row in registers. The backward is persistent: a few programs per SM each
@@ -32,15 +29,32 @@ Launches: Note [dependent launch] (the gaps between the three kernels on sm_90+)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import os
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
+# The kernels' and the plan's names are also reached here (mutants, benchmark scripts and
+# experiments read ``rmsnorm._KERNELS``, ``rmsnorm._plan``, ``rmsnorm._gpu_plan``).
+from paracheck.kernels._rmsnorm_kernels import (  # noqa: F401
+    _KERNELS,
+    RMSNormKernels,
+    _interpreting,
+    _LazyJit,
+    _require_triton,
+    gdc_wait,
+    lazy_jit,
+    tl,
+    triton,
+    triton_available,
+)
+from paracheck.kernels._rmsnorm_plan import (
+    _gpu_plan,  # noqa: F401
+    _Plan,
+    _plan,
+    _sm_count,
+)
 from paracheck.oracle.tolerance import (
     RMSNORM_INTERPRETER_TOLERANCES,
     RMSNORM_TOLERANCES,
@@ -48,22 +62,6 @@ from paracheck.oracle.tolerance import (
     rms_norm_tolerance,
     rounding_depth,
 )
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    gdc_wait = gdc_launch_dependents = None
-
-    class tl:  # noqa: N801 - stands in for triton.language so kernel annotations evaluate
-        constexpr = None
-else:
-    try:  # Note [dependent launch]; triton >= 3.3
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    except ImportError:  # pragma: no cover - older triton: plain launches
-        gdc_wait = gdc_launch_dependents = None
-
 
 __all__ = [
     "MAX_WIDTH",
@@ -84,372 +82,13 @@ MAX_WIDTH = 65536
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def triton_available() -> bool:
-    """Whether triton can be imported (kernels can run at all)."""
-    return triton is not None
-
-
-def _interpreting() -> bool:
-    # Same source of truth as triton.jit itself (Note [interpreter mode]).
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _require_triton() -> None:
-    if triton is None:
-        raise RuntimeError(
-            "paracheck.kernels needs triton: pip install 'paracheck[triton]' (or triton>=3.0)"
-        )
-
-
-class _LazyJit:
-    """A kernel function that is ``triton.jit``-decorated at its first launch."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self._by_mode: dict[bool, object] = {}
-        functools.update_wrapper(self, fn)
-
-    def __getitem__(self, grid):
-        return self.jitted()[grid]
-
-    def jitted(self):
-        """The ``triton.jit`` function for the current mode (Note [interpreter mode])."""
-        _require_triton()
-        mode = _interpreting()
-        jitted = self._by_mode.get(mode)
-        if jitted is None:
-            jitted = self._by_mode[mode] = triton.jit(self.fn)
-        return jitted
-
-
-def lazy_jit(fn) -> _LazyJit:
-    """Decorator: ``triton.jit`` deferred to the first launch (Note [interpreter mode])."""
-    return _LazyJit(fn)
-
-
-# --------------------------------------------------------------------------------------------
-# Layer 1: kernels. All arithmetic in float32 whatever the storage dtype.
-
-
-@lazy_jit
-def _rms_norm_fwd_kernel(
-    X,
-    W,
-    Y,
-    RSTD,
-    stride_x,
-    stride_y,
-    n_rows,
-    n_cols,
-    eps,
-    BLOCK_D: tl.constexpr,
-    ROWS: tl.constexpr,
-    X_EVICT: tl.constexpr,
-    Y_EVICT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_ok = rows < n_rows
-    col_ok = cols < n_cols
-    ok = row_ok[:, None] & col_ok[None, :]
-    rows64 = rows.to(tl.int64)
-    # Cache hints (Note [cache hints]): keep x for the backward, let y go first.
-    x = tl.load(
-        X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0, eviction_policy=X_EVICT
-    ).to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true width.
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(
-        Y + rows64[:, None] * stride_y + cols[None, :],
-        y.to(Y.dtype.element_ty),
-        mask=ok,
-        eviction_policy=Y_EVICT,
-    )
-
-
-@lazy_jit
-def _rms_norm_bwd_kernel(
-    X,
-    W,
-    DY,
-    RSTD,
-    DX,
-    DW_PARTIAL,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    n_rows,
-    n_cols,
-    BLOCK_D: tl.constexpr,
-    ROWS: tl.constexpr,
-    LOAD_EVICT: tl.constexpr,
-    PDL: tl.constexpr,
-    REVERSE: tl.constexpr,
-):
-    # dx = rstd * (w*dy - xhat * mean(xhat * w*dy)),  dweight = sum over rows of dy * xhat,
-    # with xhat = x * rstd recomputed from the saved per-row rstd (no second reduction of x^2).
-    # The loop is software-pipelined by hand: the next tile's loads are issued before this
-    # tile's arithmetic, so each program keeps two tiles of x and dy in flight.
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < n_cols
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    ok = row_ok[:, None] & col_ok[None, :]
-    if REVERSE:  # Note [reverse walk]
-        rows = n_rows - 1 - rows
-    rows64 = rows.to(tl.int64)
-    x = tl.load(
-        X + rows64[:, None] * stride_x + cols[None, :],
-        mask=ok,
-        other=0.0,
-        eviction_policy=LOAD_EVICT,
-    )
-    dy = tl.load(
-        DY + rows64[:, None] * stride_dy + cols[None, :],
-        mask=ok,
-        other=0.0,
-        eviction_policy=LOAD_EVICT,
-    )
-    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-    for start in range(pid * ROWS, n_rows, step):
-        nrows = start + step + tl.arange(0, ROWS)
-        nrow_ok = nrows < n_rows
-        nok = nrow_ok[:, None] & col_ok[None, :]
-        if REVERSE:
-            nrows = n_rows - 1 - nrows
-        nrows64 = nrows.to(tl.int64)
-        x_next = tl.load(
-            X + nrows64[:, None] * stride_x + cols[None, :],
-            mask=nok,
-            other=0.0,
-            eviction_policy=LOAD_EVICT,
-        )
-        dy_next = tl.load(
-            DY + nrows64[:, None] * stride_dy + cols[None, :],
-            mask=nok,
-            other=0.0,
-            eviction_policy=LOAD_EVICT,
-        )
-        rstd_next = tl.load(RSTD + nrows, mask=nrow_ok, other=0.0)
-        rows = start + tl.arange(0, ROWS)
-        ok = (rows < n_rows)[:, None] & col_ok[None, :]
-        if REVERSE:
-            rows = n_rows - 1 - rows
-        rows64 = rows.to(tl.int64)
-        xf = x.to(tl.float32)
-        dyf = dy.to(tl.float32)
-        xhat = xf * rstd[:, None]
-        wdy = dyf * w[None, :]
-        c = tl.sum(xhat * wdy, axis=1) / n_cols
-        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
-        tl.store(
-            DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=ok
-        )
-        dw_acc += dyf * xhat
-        x = x_next
-        dy = dy_next
-        rstd = rstd_next
-    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-
-
-@lazy_jit
-def _rms_norm_dw_kernel(
-    PARTIAL,
-    DW,
-    n_partials,
-    n_cols,
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:  # Note [dependent launch]
-        gdc_wait()
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < n_cols
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, n_partials, BLOCK_P):
-        ps = p0 + tl.arange(0, BLOCK_P)
-        ok = (ps < n_partials)[:, None] & col_ok[None, :]
-        acc += tl.load(PARTIAL + ps[:, None] * n_cols + cols[None, :], mask=ok, other=0.0)
-    tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
-
-
-@dataclass(frozen=True)
-class RMSNormKernels:
-    """The three kernels a launch uses; mutants swap one of them for a broken variant."""
-
-    forward: _LazyJit
-    backward: _LazyJit
-    reduce_dweight: _LazyJit
-
-
-_KERNELS = RMSNormKernels(_rms_norm_fwd_kernel, _rms_norm_bwd_kernel, _rms_norm_dw_kernel)
-
+# Layer 1, the kernels, is ``paracheck.kernels._rmsnorm_kernels``.
 
 # --------------------------------------------------------------------------------------------
 # Layer 2: launchers. A pure plan, then checks, allocation and launches.
 
 
-@dataclass(frozen=True)
-class _Plan:
-    block_d: int
-    fwd_rows: int
-    fwd_warps: int
-    bwd_rows: int
-    bwd_warps: int
-    bwd_programs: int
-    red_block_p: int
-    red_block_n: int
-    bwd_reverse: bool = False  # Note [reverse walk]
-    x_evict: str = ""  # eviction policies, Note [cache hints]
-    y_evict: str = ""
-    bwd_load_evict: str = ""
-
-
-def _pow2_at_most(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def _clamp(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, v))
-
-
-def _gpu_plan(
-    n_rows: int,
-    n_cols: int,
-    *,
-    n_sms: int,
-    fwd_rows: int,
-    fwd_warps: int,
-    bwd_rows: int,
-    bwd_warps: int,
-    bwd_per_sm: int,
-    **hints: str,
-) -> _Plan:
-    """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
-    block_d = triton.next_power_of_2(n_cols)
-    n_tiles = -(-n_rows // bwd_rows)
-    waves = -(-n_tiles // (bwd_per_sm * n_sms))
-    programs = -(-n_tiles // waves)
-    # One pass over the partials when they fit: BLOCK_P x BLOCK_N = 4096 values per program.
-    red_block_p = min(triton.next_power_of_2(programs), 1024)
-    red_block_n = _clamp(4096 // red_block_p, 1, block_d)
-    return _Plan(
-        block_d,
-        fwd_rows,
-        fwd_warps,
-        bwd_rows,
-        bwd_warps,
-        programs,
-        red_block_p,
-        red_block_n,
-        **hints,
-    )
-
-
-# Note [reverse walk]: the backward may walk the rows last to first. The forward wrote y and read
-# x first to last, so the rows it touched last are the likeliest to still be in the L2 when the
-# backward starts; in training, the dy a preceding backward kernel wrote last is too. Which order
-# is faster is measured per width (``experiments/rmsnorm_experiments.py --what reverse``); the
-# results do not depend on it except through the order of the dweight partial sums.
-
-_REVERSE_MAX_BLOCK = 4096  # Note [reverse walk]: the widest (padded) rows walked last to first
-
-# Tensors up to this size (per tensor) are treated as L2-resident between forward and backward.
-_L2_RESIDENT_BYTES = 32 * 2**20
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4) -> _Plan:
-    """Block sizes, warps, program counts and cache hints (Note [tiles and programs]); pure."""
-    block_d = triton.next_power_of_2(n_cols)
-    rows_cap = triton.next_power_of_2(n_rows)
-    if interpreted:
-        # ~32k elements per tile: numpy does the work, per-program overhead is amortised.
-        rows = min(_pow2_at_most(32768 // block_d), rows_cap)
-        programs = min(-(-n_rows // rows), 2)
-        # The GPU's row order for this width (below), so CI runs both orders' code.
-        return _Plan(
-            block_d,
-            rows,
-            1,
-            rows,
-            1,
-            programs,
-            triton.next_power_of_2(programs),
-            block_d,
-            bwd_reverse=block_d <= _REVERSE_MAX_BLOCK,
-        )
-    # GPU, chosen from a sweep on an H200 (float32, triton 3.6; scripts/bench_rmsnorm.py
-    # --sweep): tiles of >= 4096 elements, so narrow rows come several to a program.
-    # Forward: 32 values per thread. Backward: 16-32 per thread for each of x, dy and their
-    # prefetched successors; 2 programs per SM up to d = 4096, 1 beyond (registers).
-    rows = min(max(1, 4096 // block_d), 64, rows_cap)
-    fwd_warps = _clamp(rows * block_d // 1024, 4, 32)
-    bwd_rows = rows
-    if block_d == 1024 and elem_bytes == 2:
-        # 2-byte elements, same tiles: half the bytes per thread, so twice the forward's warps
-        # and half the backward's (4096x1024 bf16, 9 reps: 20.4 -> 17.7 us fwd+bwd).
-        fwd_warps, bwd_warps, per_sm = 2 * fwd_warps, 4, 2
-    elif block_d <= 1024:
-        bwd_warps, per_sm = 8, 2
-    elif block_d == 2048:
-        # Tiles of 4 rows, one program per SM: more bytes in flight per SM (4096x2048: 2.79
-        # against 2.72 TB/s fwd+bwd for 2-row tiles at 2 per SM, 7 interleaved rounds;
-        # 16384x1600 equal, 3.21).
-        bwd_rows, bwd_warps, per_sm = min(4, rows_cap), 16, 1
-    elif block_d == 4096:
-        bwd_warps, per_sm = 4, 2
-    else:
-        bwd_warps, per_sm = _clamp(block_d // 512, 16, 32), 1
-    # Note [cache hints]: x is read by the forward and again by the backward. When the
-    # tensors fit in L2 (~60 MB on an H200) it pays to keep x there (evict_last) and to let y
-    # and the backward's last-use loads go first; beyond that only evict_last on x helped.
-    small = n_rows * n_cols * elem_bytes <= _L2_RESIDENT_BYTES
-    hints = dict(
-        x_evict="evict_last",
-        y_evict="evict_first" if small else "",
-        bwd_load_evict="evict_first" if small else "",
-    )
-    # The reverse walk (Note [reverse walk]) measured faster up to d = 4096 (4096x4096 3.04 ->
-    # 3.12 TB/s, 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved
-    # rounds), slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
-    plan = _gpu_plan(
-        n_rows,
-        n_cols,
-        n_sms=n_sms,
-        fwd_rows=rows,
-        fwd_warps=fwd_warps,
-        bwd_rows=bwd_rows,
-        bwd_warps=bwd_warps,
-        bwd_per_sm=per_sm,
-        **hints,
-    )
-    return dataclasses.replace(plan, bwd_reverse=block_d <= _REVERSE_MAX_BLOCK)
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+# The plan (pure) is ``paracheck.kernels._rmsnorm_plan``; checks, allocation and launches follow.
 
 
 # Test hook: when set, outputs are allocated full of NaN instead of uninitialised, so an

@@ -19,7 +19,8 @@ from paracheck.mutants._edit import edited
 from paracheck.mutants._registry import register
 from paracheck.zero.partition import ParamPartition
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer, _param_weight
-from paracheck.zero.zero1 import MasterWeightsZero1, Zero1
+from paracheck.zero.zero1 import Zero1
+from paracheck.zero.zero1_master import MasterWeightsZero1
 from paracheck.zero.zero2 import Zero2
 
 __all__ = [

@@ -293,16 +293,7 @@ def train(
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
-    # What the optimizer steps: the parameters, or their float32 masters (Note [Master weights]).
-    masters = None
-    if case.master_weights:
-        start = params
-        if case.masters_from_float32:  # Note [Compute dtype of an FSDP]
-            start = list(build_case_model(case, rank=0, masters=True).parameters())
-        masters = [
-            s.detach().to(torch.float32).requires_grad_(p.requires_grad)
-            for s, p in zip(start, params)
-        ]
+    masters = _masters(case, params)
     stepped = params if masters is None else masters
     optimizer = build_optimizer(case, stepped)
     scheduler = build_scheduler(case, optimizer)
@@ -331,28 +322,7 @@ def train(
             grads, ls = _local_grads(case, model, params, step, rank, scaler, on)
             per_rank.append(grads)
             losses.append(ls)
-        synced, absum = [], []
-        for i, p in enumerate(params):
-            local = [g[i] for g in per_rank]
-            if all(g is None for g in local):
-                synced.append(held[i])
-                absum.append(None if held[i] is None else torch.zeros_like(p))
-                continue
-            total = torch.zeros_like(p)
-            mag = torch.zeros_like(p)
-            for g in local:
-                if g is not None:
-                    total += g
-                    mag += g.abs()
-            if case.loss != "token-mean":  # Note [Loss semantics]: token-mean sums over ranks
-                total /= W
-            h = held[i]
-            if h is not None:
-                # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
-                total += h
-                mag += W * h.abs()
-            synced.append(total)
-            absum.append(mag)
+        synced, absum = _synchronise(case, params, per_rank, held)
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         skipped = False
@@ -372,12 +342,7 @@ def train(
                 a * inv if id(p) in inside and a is not None else a for p, a in zip(params, absum)
             ]
         if case.clip_norm is not None:
-            inside = {id(p) for p in params_in_groups(case, params, step)}
-            clip_global_norm(
-                [g for p, g in zip(params, synced) if g is not None and id(p) in inside],
-                case.clip_norm,
-                scales=[a for p, a in zip(params, absum) if a is not None and id(p) in inside],
-            )
+            _clip(case.clip_norm, case, params, synced, absum, step)
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         own = None
@@ -422,3 +387,57 @@ def train(
         steps=records,
         on_target_gradients=target_gradients and anchors is not None,
     )
+
+
+def _masters(case: Case, params: list) -> list | None:
+    """What the optimizer steps instead of the parameters: their float32 masters (Note [Master
+    weights]), or None to step the parameters."""
+    if not case.master_weights:
+        return None
+    start = params
+    if case.masters_from_float32:  # Note [Compute dtype of an FSDP]
+        start = list(build_case_model(case, rank=0, masters=True).parameters())
+    return [
+        s.detach().to(torch.float32).requires_grad_(p.requires_grad) for s, p in zip(start, params)
+    ]
+
+
+def _clip(max_norm: float, case: Case, params: list, synced: list, absum: list, step: int) -> None:
+    """Clip to ``max_norm``, in place, the global norm of the gradients of the parameters the
+    optimizer holds at ``step`` (Note [Clipping the global norm]), their bounds scaled alike."""
+    inside = {id(p) for p in params_in_groups(case, params, step)}
+    clip_global_norm(
+        [g for p, g in zip(params, synced) if g is not None and id(p) in inside],
+        max_norm,
+        scales=[a for p, a in zip(params, absum) if a is not None and id(p) in inside],
+    )
+
+
+def _synchronise(case: Case, params: list, per_rank: list, held: list) -> tuple[list, list]:
+    """Each parameter's synchronised gradient from the ranks' local ones and the gradient it
+    held, and the sum of magnitudes that bounds its rounding (None where it has none)."""
+    W = case.world_size
+    synced: list = []
+    absum: list = []
+    for i, p in enumerate(params):
+        local = [g[i] for g in per_rank]
+        if all(g is None for g in local):
+            synced.append(held[i])
+            absum.append(None if held[i] is None else torch.zeros_like(p))
+            continue
+        total = torch.zeros_like(p)
+        mag = torch.zeros_like(p)
+        for g in local:
+            if g is not None:
+                total += g
+                mag += g.abs()
+        if case.loss != "token-mean":  # Note [Loss semantics]: token-mean sums over ranks
+            total /= W
+        h = held[i]
+        if h is not None:
+            # Every rank holds h and sums it into its local gradient: W * |h| bounds that sum.
+            total += h
+            mag += W * h.abs()
+        synced.append(total)
+        absum.append(mag)
+    return synced, absum

@@ -204,66 +204,83 @@ def plot_all(data: dict, out: str) -> list[str]:
     os.makedirs(out, exist_ok=True)
     written = []
     if data["allreduce"]:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, w in sorted({(a, b) for a, b, _, _ in data["allreduce"]}):
-            pts = sorted((mb, bw) for a, b, mb, bw in data["allreduce"] if (a, b) == (label, w))
-            ax.plot(
-                [p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks"
-            )
-        ax.set(
-            xscale="log",
-            xlabel="message size (MB, 2^20 bytes)",
-            ylabel="bus bandwidth (GB/s, higher is better)",
-            title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time\n"
-            + _sources(a for a, *_ in data["allreduce"]),
-        )
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "allreduce_busbw.png"), dpi=110)
-        plt.close(fig)
-        written.append("allreduce_busbw.png")
+        written += _plot_allreduce(plt, data["allreduce"], out)
     if data["bucket"]:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        fits = []
-        for label in sorted({a for a, _, _ in data["bucket"]}):
-            pts = sorted((mb, t) for a, mb, t in data["bucket"] if a == label)
-            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)[0]
-            fit = _bucket_fit(pts)
-            if fit is None:
-                continue
-            fits.append((label, pts, fit))
-            lo, hi = pts[0][0], pts[-1][0]
-            grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
-            best = fit.best_mb
-            ax.plot(
-                grid,
-                [fit.predict(x) for x in grid],
-                linestyle="--",
-                color=line.get_color(),
-                label="model c + b/w + oS/b"
-                + (f", best {best:.3g} MB" if best is not None else ", no interior best"),
-            )
-            if best is not None and lo <= best <= hi:
-                ax.plot([best], [fit.predict(best)], marker="*", ms=12, color=line.get_color())
-        ax.set(
-            xscale="log",
-            xlabel="bucket size (MB)",
-            ylabel="step time (ms, median; lower is better)",
-            title="step time against bucket size\n" + _sources(a for a, *_ in data["bucket"]),
+        written += _plot_buckets(plt, data["bucket"], out)
+    written += _plot_memory(plt, data["memory"], out)
+    _write_index(out, written)
+    return written
+
+
+def _plot_allreduce(plt, allreduce: list, out: str) -> list[str]:
+    """All-reduce bus bandwidth against message size."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, w in sorted({(a, b) for a, b, _, _ in allreduce}):
+        pts = sorted((mb, bw) for a, b, mb, bw in allreduce if (a, b) == (label, w))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}, {w} ranks")
+    ax.set(
+        xscale="log",
+        xlabel="message size (MB, 2^20 bytes)",
+        ylabel="bus bandwidth (GB/s, higher is better)",
+        title="all-reduce bus bandwidth, 2(W-1)/W x bytes / time\n"
+        + _sources(a for a, *_ in allreduce),
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "allreduce_busbw.png"), dpi=110)
+    plt.close(fig)
+    return ["allreduce_busbw.png"]
+
+
+def _plot_buckets(plt, bucket: list, out: str) -> list[str]:
+    """Step time against bucket size, with the fitted model (Note [Bucket-size model])."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fits = []
+    for label in sorted({a for a, _, _ in bucket}):
+        pts = sorted((mb, t) for a, mb, t in bucket if a == label)
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)[0]
+        fit = _bucket_fit(pts)
+        if fit is None:
+            continue
+        fits.append((label, pts, fit))
+        lo, hi = pts[0][0], pts[-1][0]
+        grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+        best = fit.best_mb
+        ax.plot(
+            grid,
+            [fit.predict(x) for x in grid],
+            linestyle="--",
+            color=line.get_color(),
+            label="model c + b/w + oS/b"
+            + (f", best {best:.3g} MB" if best is not None else ", no interior best"),
         )
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "bucket_sweep.png"), dpi=110)
-        plt.close(fig)
-        written.append("bucket_sweep.png")
-        if fits:
-            with open(os.path.join(out, "bucket_model.md"), "w") as f:
-                f.write(bucket_model_table(fits))
-            written.append("bucket_model.md")
+        if best is not None and lo <= best <= hi:
+            ax.plot([best], [fit.predict(best)], marker="*", ms=12, color=line.get_color())
+    ax.set(
+        xscale="log",
+        xlabel="bucket size (MB)",
+        ylabel="step time (ms, median; lower is better)",
+        title="step time against bucket size\n" + _sources(a for a, *_ in bucket),
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bucket_sweep.png"), dpi=110)
+    plt.close(fig)
+    written = ["bucket_sweep.png"]
+    if fits:
+        with open(os.path.join(out, "bucket_model.md"), "w") as f:
+            f.write(bucket_model_table(fits))
+        written.append("bucket_model.md")
+    return written
+
+
+def _plot_memory(plt, memory: list, out: str) -> list[str]:
+    """One memory breakdown per model, per variant."""
+    written = []
     groups = {}
-    for label, variant, entry in data["memory"]:
+    for label, variant, entry in memory:
         groups.setdefault(label, {})[variant] = entry
     for i, (label, by_variant) in enumerate(sorted(groups.items())):
         names = list(by_variant)
@@ -313,6 +330,11 @@ def plot_all(data: dict, out: str) -> list[str]:
         fig.savefig(os.path.join(out, fname), dpi=110)
         plt.close(fig)
         written.append(fname)
+    return written
+
+
+def _write_index(out: str, written: list[str]) -> None:
+    """The page that shows every plot and table written."""
     with open(os.path.join(out, "index.html"), "w") as f:
         f.write(
             "<!doctype html><meta charset='utf-8'><title>paracheck plots</title>"
@@ -329,4 +351,3 @@ def plot_all(data: dict, out: str) -> list[str]:
             f.write(
                 "<p>No measurements found: run <code>asv run</code> or <code>paracheck bench --json</code>.</p>"
             )
-    return written

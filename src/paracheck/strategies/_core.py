@@ -285,14 +285,7 @@ def cases(
     if precision is not None:
         _check_precision(precision)
         dtype = nominal_dtype(precision)
-    if world_sizes is not None:
-        sizes = communicating_first(world_sizes)
-        if not sizes or any(not isinstance(v, int) or v < 1 for v in sizes):
-            raise ValueError(
-                f"world_sizes={world_sizes!r} must be a non-empty collection of ints >= 1"
-            )
-    else:
-        _check_bounds("world_size", min_world_size, max_world_size)
+    sizes = _checked_world_sizes(world_sizes, min_world_size, max_world_size)
     _check_bounds("steps", 1, max_steps)
     _check_bounds("accumulation", 1, max_accumulation)
     if dtype not in DTYPES:
@@ -345,10 +338,46 @@ def cases(
         case = replace(case, finish_once=True, accumulation=max(2, acc))
     if double_backward and draw(st.integers(0, 2)) == 2:
         case = replace(case, double_backward=True)
+    return _from_the_seed(
+        case,
+        spec=spec,
+        bucket=bucket,
+        trainable_bytes=sum(trainable),
+        max_accumulation=max_accumulation,
+        clipping=clipping,
+        precision=precision,
+    )
+
+
+def _checked_world_sizes(world_sizes, min_world_size: int, max_world_size: int):
+    """``world_sizes`` in drawing order (Note [Worlds that communicate first]), checked; or the
+    range's bounds checked and None."""
+    if world_sizes is None:
+        _check_bounds("world_size", min_world_size, max_world_size)
+        return None
+    sizes = communicating_first(world_sizes)
+    if not sizes or any(not isinstance(v, int) or v < 1 for v in sizes):
+        raise ValueError(f"world_sizes={world_sizes!r} must be a non-empty collection of ints >= 1")
+    return sizes
+
+
+def _from_the_seed(
+    case: Case,
+    *,
+    spec,
+    bucket,
+    trainable_bytes: int,
+    max_accumulation: int,
+    clipping: bool,
+    precision,
+) -> Case:
+    """What ``cases()`` derives from a drawn case's seed rather than draws: the never-used
+    parameter's windows, the data-dependent branch, the clip and the precision. ``spec`` and
+    ``bucket`` are the drawn model and bucket cap."""
     if getattr(spec, "unused", "none") == "always" and case.seed % 2 == 0 and bucket is not None:
         # See Note [A never-used parameter across windows].
         case = replace(
-            case, steps=max(2, case.steps), bucket_size_mb=max(bucket, sum(trainable) / 2**20)
+            case, steps=max(2, case.steps), bucket_size_mb=max(bucket, trainable_bytes / 2**20)
         )
     if getattr(spec, "unused", "none") == "data":
         # From the seed, not a draw of its own: see the note.

@@ -206,17 +206,7 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     import torch
 
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device = None
-    if backend == "nccl":
-        n = torch.cuda.device_count()
-        if env["local_rank"] >= n:
-            raise SystemExit(
-                f"paracheck.agent: --backend nccl: local rank {env['local_rank']} has no CUDA "
-                f"device ({n} present on {socket.gethostname()}); start at most {n} per node"
-            )
-        device = f"cuda:{env['local_rank']}"
+    backend, device = _backend_and_device(backend, env["local_rank"])
     address = f"{env['host']}:{env['port']}"
     stack_dir = tempfile.mkdtemp(prefix=f"paracheck-agent{rank}-")
     # The terminal torchrun gave this process, kept for its own messages and the driver it may
@@ -273,21 +263,7 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     if rank == 0:
         store.set(POOL_KEY, json.dumps({"size": size, "backend": backend}))
     say(f"{backend}, waiting for a driver (paracheck check TARGET --attach {address})")
-    deadline = time.monotonic() + wait
-    claim = None
-    while claim is None:
-        if driver is not None and driver.poll() is not None:
-            # Said to the other agents too, which would otherwise wait until --wait.
-            store.compare_set(DRIVER_KEY, "", json.dumps({"exit": driver.returncode or 1}))
-        left = deadline - time.monotonic()
-        if left <= 0:
-            say(f"no driver attached within {wait:g} s (--wait)")
-            _leave(stack_dir, 1)
-        try:
-            store.wait([DRIVER_KEY], timedelta(seconds=min(1.0 if driver else 10.0, left)))
-        except (RuntimeError, dist.DistStoreError):  # not yet
-            continue
-        claim = json.loads(store.get(DRIVER_KEY))
+    claim = _wait_for_a_driver(store, driver, wait, stack_dir, say)
     if "exit" in claim:
         say(f"the driver that agent 0 started exited ({claim['exit']}) before attaching")
         _leave(stack_dir, driver.wait() if driver is not None else claim["exit"])
@@ -320,6 +296,47 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     )
     say("stopped by the driver" if stopped else "the driver's connection ended without a stop")
     _leave(stack_dir, driver.wait() if driver is not None else 0 if stopped else 1)
+
+
+def _backend_and_device(backend: str | None, local_rank: int) -> tuple[str, str | None]:
+    """The backend (None: NCCL where CUDA is, else gloo) and this agent's device (NCCL: the GPU
+    of its local rank; gloo: None)."""
+    import torch
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend != "nccl":
+        return backend, None
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise SystemExit(
+            f"paracheck.agent: --backend nccl: local rank {local_rank} has no CUDA "
+            f"device ({n} present on {socket.gethostname()}); start at most {n} per node"
+        )
+    return backend, f"cuda:{local_rank}"
+
+
+def _wait_for_a_driver(store, driver, wait: float, stack_dir: str, say) -> dict:
+    """The driver's claim on the pool, read from ``store`` (``{"exit": code}`` where the driver
+    agent 0 started exited first); leaves after ``wait`` seconds without one."""
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + wait
+    claim = None
+    while claim is None:
+        if driver is not None and driver.poll() is not None:
+            # Said to the other agents too, which would otherwise wait until --wait.
+            store.compare_set(DRIVER_KEY, "", json.dumps({"exit": driver.returncode or 1}))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            say(f"no driver attached within {wait:g} s (--wait)")
+            _leave(stack_dir, 1)
+        try:
+            store.wait([DRIVER_KEY], timedelta(seconds=min(1.0 if driver else 10.0, left)))
+        except (RuntimeError, dist.DistStoreError):  # not yet
+            continue
+        claim = json.loads(store.get(DRIVER_KEY))
+    return claim
 
 
 def _leave(stack_dir: str, code: int) -> NoReturn:

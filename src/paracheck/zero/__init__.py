@@ -13,7 +13,8 @@ from paracheck.zero.partition import (
     partition_by_size,
 )
 from paracheck.zero.sharded import MasterWeightsShardedOptimizer, ShardedOptimizer
-from paracheck.zero.zero1 import MasterWeightsZero1, Zero1, Zero1Optimizer
+from paracheck.zero.zero1 import Zero1, Zero1Optimizer
+from paracheck.zero.zero1_master import MasterWeightsZero1
 from paracheck.zero.zero2 import Zero2
 
 __all__ = [

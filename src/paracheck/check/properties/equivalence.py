@@ -205,56 +205,9 @@ def compare(
             ratio,
         )
 
-    for r, rec in enumerate(ranks):
-        if len(rec.steps) != len(traj.steps) or len(rec.initial_params) != len(traj.initial_params):
-            return Divergence(
-                -1,
-                "structure",
-                r,
-                None,
-                None,
-                float("inf"),
-                0.0,
-                f"rank returned {len(rec.steps)} steps / {len(rec.initial_params)} parameters, "
-                f"expected {len(traj.steps)} / {len(traj.initial_params)}",
-            ), worst
-        for i, (got, ref) in enumerate(zip(rec.initial_params, traj.initial_params)):
-            if got.shape != ref.shape:
-                return Divergence(
-                    -1,
-                    "structure",
-                    r,
-                    i,
-                    names[i],
-                    float("inf"),
-                    0.0,
-                    f"rank returned parameter {names[i]} of shape {tuple(got.shape)}; the "
-                    f"module's is {tuple(ref.shape)} (a wrapper holding shards is read whole "
-                    "by the fsdp kind: --kind fsdp, --gather NAME)",
-                ), worst
-            if not torch.equal(got.double(), ref.double()):
-                return Divergence(
-                    -1,
-                    "param",
-                    r,
-                    i,
-                    names[i],
-                    (got.double() - ref.double()).abs().max().item(),
-                    0.0,
-                    "initial parameters must equal rank 0's exactly (missing broadcast?)",
-                ), worst
-        for j, (got, ref) in enumerate(zip(rec.initial_buffers, traj.initial_buffers)):
-            if not torch.equal(got.double(), ref.double()):
-                return Divergence(
-                    -1,
-                    "buffer",
-                    r,
-                    None,
-                    f"buffer #{j}",
-                    (got.double() - ref.double()).abs().max().item(),
-                    0.0,
-                    "buffers must be broadcast from rank 0",
-                ), worst
+    d = _initial_divergence(traj, ranks, names)
+    if d:
+        return d, worst
     for k, oref in enumerate(traj.steps):
         t = 0 if anchored else k  # the step whose tolerances apply
         for r, rec in enumerate(ranks):
@@ -281,22 +234,9 @@ def compare(
                     )
                     if d:
                         return d, worst
-            before = traj.steps[k - 1].params if k else traj.initial_params
-            # Where the oracle's step was applied to the gradients rank 0 recorded, from rank 0's
-            # parameters, the update is judged alone (Note [Comparing an update]).
-            on_update = traj.on_target_gradients and ranks[0].steps[k].grads is not None
-            start = ranks[0].steps[k - 1].params if k else traj.initial_params
-            for i, (got, ref) in enumerate(zip(step.params, oref.params)):
-                rtol = tensor_tolerance(
-                    traj.case, t, dtypes[i], dtypes, same_operations=same_operations
-                ).params
-                terms = update_terms(ref, before[i])  # Note [Terms of an update]
-                if on_update and update_rtol(k, dtypes[i]) < rtol:
-                    rtol = update_rtol(k, dtypes[i])
-                    terms = update_terms(ref, before[i], start[i], _scale_of(oref, i))
-                d = check(k, "param", r, i, got, ref, rtol, terms)
-                if d:
-                    return d, worst
+            d = _compare_params(k, t, r, step, oref, traj, ranks, dtypes, same_operations, check)
+            if d:
+                return d, worst
             d = _compare_masters(k, r, step, oref, traj, ranks, check)
             if d:
                 return d, worst
@@ -313,22 +253,108 @@ def compare(
                 )
                 if d:
                     return d, worst
-        # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).
-        base = ranks[0].steps[k].params
-        for r in range(1, len(ranks)):
-            for i, (a, b) in enumerate(zip(base, ranks[r].steps[k].params)):
-                if not torch.equal(a, b):
-                    return Divergence(
-                        k,
-                        "rank-agreement",
-                        r,
-                        i,
-                        names[i],
-                        (a.double() - b.double()).abs().max().item(),
-                        0.0,
-                        "ranks must hold bitwise identical parameters after each step",
-                    ), worst
+        d = _rank_disagreement(k, ranks, names)
+        if d:
+            return d, worst
     return None, worst
+
+
+def _initial_divergence(traj: Trajectory, ranks: list[RankRecord], names: list[str]):
+    """The first rank whose steps or parameters do not have the oracle's structure, or whose
+    initial parameters or buffers are not exactly the oracle's (or None)."""
+    for r, rec in enumerate(ranks):
+        if len(rec.steps) != len(traj.steps) or len(rec.initial_params) != len(traj.initial_params):
+            return Divergence(
+                -1,
+                "structure",
+                r,
+                None,
+                None,
+                float("inf"),
+                0.0,
+                f"rank returned {len(rec.steps)} steps / {len(rec.initial_params)} parameters, "
+                f"expected {len(traj.steps)} / {len(traj.initial_params)}",
+            )
+        for i, (got, ref) in enumerate(zip(rec.initial_params, traj.initial_params)):
+            if got.shape != ref.shape:
+                return Divergence(
+                    -1,
+                    "structure",
+                    r,
+                    i,
+                    names[i],
+                    float("inf"),
+                    0.0,
+                    f"rank returned parameter {names[i]} of shape {tuple(got.shape)}; the "
+                    f"module's is {tuple(ref.shape)} (a wrapper holding shards is read whole "
+                    "by the fsdp kind: --kind fsdp, --gather NAME)",
+                )
+            if not torch.equal(got.double(), ref.double()):
+                return Divergence(
+                    -1,
+                    "param",
+                    r,
+                    i,
+                    names[i],
+                    (got.double() - ref.double()).abs().max().item(),
+                    0.0,
+                    "initial parameters must equal rank 0's exactly (missing broadcast?)",
+                )
+        for j, (got, ref) in enumerate(zip(rec.initial_buffers, traj.initial_buffers)):
+            if not torch.equal(got.double(), ref.double()):
+                return Divergence(
+                    -1,
+                    "buffer",
+                    r,
+                    None,
+                    f"buffer #{j}",
+                    (got.double() - ref.double()).abs().max().item(),
+                    0.0,
+                    "buffers must be broadcast from rank 0",
+                )
+    return None
+
+
+def _compare_params(k, t, r, step, oref, traj, ranks, dtypes, same_operations, check):
+    """Rank ``r``'s parameters after step ``k`` against the oracle's, at step ``t``'s tolerances
+    (or Note [Comparing an update]'s bound, where the oracle stepped rank 0's gradients)."""
+    before = traj.steps[k - 1].params if k else traj.initial_params
+    # Where the oracle's step was applied to the gradients rank 0 recorded, from rank 0's
+    # parameters, the update is judged alone (Note [Comparing an update]).
+    on_update = traj.on_target_gradients and ranks[0].steps[k].grads is not None
+    start = ranks[0].steps[k - 1].params if k else traj.initial_params
+    for i, (got, ref) in enumerate(zip(step.params, oref.params)):
+        rtol = tensor_tolerance(
+            traj.case, t, dtypes[i], dtypes, same_operations=same_operations
+        ).params
+        terms = update_terms(ref, before[i])  # Note [Terms of an update]
+        if on_update and update_rtol(k, dtypes[i]) < rtol:
+            rtol = update_rtol(k, dtypes[i])
+            terms = update_terms(ref, before[i], start[i], _scale_of(oref, i))
+        d = check(k, "param", r, i, got, ref, rtol, terms)
+        if d:
+            return d
+    return None
+
+
+def _rank_disagreement(k: int, ranks: list[RankRecord], names: list[str]):
+    """The first rank whose parameters after step ``k`` are not bitwise rank 0's (or None)."""
+    # Ranks must agree bit-for-bit on parameters after every step (they apply the same update).
+    base = ranks[0].steps[k].params
+    for r in range(1, len(ranks)):
+        for i, (a, b) in enumerate(zip(base, ranks[r].steps[k].params)):
+            if not torch.equal(a, b):
+                return Divergence(
+                    k,
+                    "rank-agreement",
+                    r,
+                    i,
+                    names[i],
+                    (a.double() - b.double()).abs().max().item(),
+                    0.0,
+                    "ranks must hold bitwise identical parameters after each step",
+                )
+    return None
 
 
 def _compare_masters(k, r, step, oref, traj, ranks, check):
