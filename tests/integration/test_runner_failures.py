@@ -44,6 +44,15 @@ def sizes_differ_on_1(n):
     t = torch.ones(n + (dist.get_rank() == 1))
     dist.all_reduce(t)
 
+def kinds_differ_on_1(_):
+    # rank 0 broadcasts where rank 1 all-reduces a tensor of the same size and dtype: the first
+    # collective of each, never matched, and neither rank raises (gloo waits in both).
+    if dist.get_rank() == 0:
+        dist.broadcast(torch.ones(4, dtype=torch.float64), src=0)
+    else:
+        dist.all_reduce(torch.ones(4, dtype=torch.float64))
+
+
 def spin_on_1(_):
     if dist.get_rank() == 1:
         while True:
@@ -183,6 +192,21 @@ def test_a_collective_given_tensors_of_different_sizes_is_named(small_world, n):
     assert f" {n + 1} float32 elements" in err.disagreement
     if isinstance(err, RankHang):
         assert err.definite
+    _healthy(small_world)
+
+
+def test_ranks_inside_collectives_of_different_kinds_are_a_definite_deadlock(small_world):
+    """A broadcast on rank 0 where rank 1 is in an all_reduce, each its first collective: reported
+    at once as a deadlock, not after the stall window (Note [Definite deadlock])."""
+    with pytest.raises(RankHang) as info:
+        small_world.run("paracheck_test_jobs:kinds_differ_on_1", None, world_size=2)
+    hang = info.value
+    assert hang.definite, hang.report()
+    assert hang.disagreement == (
+        "rank 0 is in its 1st broadcast of 4 float64 elements from rank 0; "
+        "rank 1 is in its 1st all_reduce of 4 float64 elements"
+    )
+    assert not hang.stalled, hang.report()  # found by the counts, not by the stall window
     _healthy(small_world)
 
 

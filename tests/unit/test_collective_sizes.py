@@ -1,7 +1,12 @@
 """The runner's reading of the ranks' collective statuses: a collective given tensors of
 different sizes (Note [Definite deadlock] in ``paracheck.world._watch``)."""
 
-from paracheck.world._watch import describe_death, describe_disagreement, sizes_differ
+from paracheck.world._watch import (
+    describe_death,
+    describe_disagreement,
+    kinds_differ,
+    sizes_differ,
+)
 
 
 def status(state="running", inside="all_reduce", sized=("all_reduce", 2, 5, 4, "float32")):
@@ -33,6 +38,23 @@ def test_sizes_differ_only_for_the_same_collective():
     # No sized collective recorded (all_gather, a subgroup, no tensor): nothing is claimed.
     assert not sizes_differ([a, status(sized=None)], inside=False)
     assert not sizes_differ([a, None], inside=False)
+
+
+def test_kinds_differ_only_inside_the_same_count_of_default_group_collectives():
+    """Ranks inside their n-th default-group collective, a broadcast on one and an all_reduce on
+    another: no correct program does that (Note [Definite deadlock])."""
+    a = status()
+    b = status(inside="broadcast", sized=("broadcast", 1, 5, 1, "float64"))
+    assert kinds_differ([a, b])
+    assert not kinds_differ([a, status()])  # the same collective: sizes_differ's to judge
+    # Another count: a rank behind the other, which the counts alone do not prove stuck.
+    assert not kinds_differ(
+        [a, status(inside="broadcast", sized=("broadcast", 1, 6, 1, "float64"))]
+    )
+    # A rank outside it, or without a sized record (a subgroup, all_gather): nothing is claimed.
+    assert not kinds_differ([a, status(inside=None, sized=("broadcast", 1, 5, 1, "float64"))])
+    assert not kinds_differ([a, status(sized=None)]) and not kinds_differ([a, None])
+    assert not kinds_differ([b])
 
 
 def test_the_sentences_name_each_ranks_size():

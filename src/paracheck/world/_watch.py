@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 #   collective on the default group (its n-th, of one kind) and that collective is one whose
 #   tensor must be the same on every rank (``SIZED``: all_reduce, broadcast, reduce) but the
 #   ranks passed tensors of different sizes or dtypes: it cannot complete correctly on any
-#   backend (gloo aborts a rank or waits; NCCL waits for the missing elements). Polled the same
-#   way once a job has run for half a second.
+#   backend (gloo aborts a rank or waits; NCCL waits for the missing elements). So does a job
+#   whose running ranks are all inside their n-th collective on the default group, each its last
+#   ``SIZED`` one, and those are not of one kind (a broadcast on one rank, an all_reduce on
+#   another): the n-th collective of a correct program is the same on every rank. Without this,
+#   such a job was a stall at best (3 s of no progress; measured 4 s a case with the rank's
+#   recovery), and on NCCL or attached ranks, which are never judged stalled, a timeout run twice.
+#   Polled the same way once a job has run for half a second.
 _RUNNING = 0.02  # the share of one CPU above which a rank counts as running
 
 
@@ -134,10 +139,14 @@ class _Watch:
         return now - last >= window
 
     def deadlocked(self, finished: list[int], running: list[int]) -> bool:
-        ok = self._past_the_finished(finished, running) or (
-            bool(running)
-            and sizes_differ([self.status(r) for r in finished + running], inside=False)
-            and all(_inside_sized(self.status(r)) for r in running)
+        ok = (
+            self._past_the_finished(finished, running)
+            or (
+                bool(running)
+                and sizes_differ([self.status(r) for r in finished + running], inside=False)
+                and all(_inside_sized(self.status(r)) for r in running)
+            )
+            or kinds_differ([self.status(r) for r in running])
         )
         self._suspect = self._suspect + 1 if ok else 0
         return self._suspect >= 2
@@ -177,6 +186,16 @@ def sizes_differ(statuses: list[dict | None], *, inside: bool = True) -> bool:
     if len({tuple(x[:3]) for x in sized}) > 1:
         return False
     return len({tuple(x[3:5]) for x in sized}) > 1
+
+
+def kinds_differ(statuses: list[dict | None]) -> bool:
+    """Every status is inside its last ``SIZED`` collective on the default group, all at the same
+    count of default-group collectives, and those are not all of one kind (Note [Definite
+    deadlock]): a broadcast on one rank where another is in an all_reduce."""
+    if len(statuses) < 2 or not all(_inside_sized(st) for st in statuses):
+        return False
+    sized = [st["sized"] for st in statuses]  # type: ignore[index]
+    return len({x[2] for x in sized}) == 1 and len({x[0] for x in sized}) > 1
 
 
 def _size_words(st: dict) -> str:
