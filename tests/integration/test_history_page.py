@@ -25,6 +25,9 @@ needs_git = pytest.mark.skipif(
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium (Debian: apt-get install chromium)"
 )
+# The module's fixtures run asv for real (about 25 s each on two cores): its tests stay on one
+# xdist worker (--dist loadgroup), which builds each fixture once.
+pytestmark = pytest.mark.xdist_group("history_page")
 
 
 def _asv(args, cwd, home):
