@@ -9,7 +9,9 @@ Note [Device syncs counted on the CPU]
       ``float(t)``), ``aten.nonzero``, ``aten.masked_select``, ``aten.equal`` and
       ``aten.is_nonzero`` of one (their output's size or value depends on the data);
     * ``Tensor.tolist()``, ``.numpy()`` and ``.cpu()`` of a device tensor (device to host), and
-      ``aten.copy_`` between a host and a device tensor without ``non_blocking``;
+      ``aten.copy_`` between a host and a device tensor without ``non_blocking`` (not the copy
+      of ``t[index] = number``, whose number torch makes a device scalar on a GPU, and not what a
+      backend copies inside a collective's ``wait``);
     * ``torch.tensor(data, device=...)`` / ``torch.as_tensor(data, device=...)`` from host data:
       a host-to-device copy that is not ``non_blocking`` makes torch synchronise the stream
       (``cudaMemcpyAsync`` then ``cudaStreamSynchronize`` from pageable memory, which
@@ -167,6 +169,9 @@ class ScheduleWatch:
         for t in device_tensors:
             self.mark_device(t)
         self._inside = 0  # a Python-level sync is being counted: its operators are not
+        # Inside ``t[index] = number``: on a GPU torch makes the number a device scalar, so the
+        # CPU's copy of a host scalar into the device tensor is no host-to-device copy.
+        self._scalar_setitem = 0
         self._recording = False
         self._nodes: list = []
         self._handles: list = []
@@ -227,6 +232,7 @@ class ScheduleWatch:
                 and len(inputs) >= 2
                 and device_in[0] != device_in[1]
                 and not kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+                and not (self._scalar_setitem and device_in[0] and inputs[1].dim() == 0)
             ):
                 self._event("sync", "to_host" if device_in[1] else "to_device", _where())
         if self._cuda or self._inside:
@@ -269,9 +275,28 @@ class ScheduleWatch:
         def wait(*args, **kwargs):
             if watch._recording:
                 watch._event("wait", "work.wait", _where())
-            return original(*args, **kwargs)
+            # What a backend does inside the wait (gloo's reduce-scatter copies its result into
+            # the output there) is the collective's, not a sync of the step.
+            watch._inside += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                watch._inside -= 1
 
         return wait
+
+    def _counted_setitem(self, original):
+        watch = self
+
+        def setitem(t, index, value):
+            scalar = isinstance(value, (bool, int, float, complex))
+            watch._scalar_setitem += scalar
+            try:
+                return original(t, index, value)
+            finally:
+                watch._scalar_setitem -= scalar
+
+        return setitem
 
     # -- gradient bytes ----------------------------------------------------------------------------
     def _grad_produced(self, nbytes: int, nelems: int):
@@ -306,6 +331,10 @@ class ScheduleWatch:
             for f, name in originals.items():
                 self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
                 setattr(owner, name, _python_level(self, f, self._python_sync))
+        self._saved.append(
+            (torch.Tensor, "__setitem__", torch.Tensor.__dict__.get("__setitem__", _MISSING))
+        )
+        torch.Tensor.__setitem__ = self._counted_setitem(torch.Tensor.__setitem__)
         if self._cuda:
             self._saved.append((torch.Tensor, "to", torch.Tensor.__dict__.get("to", _MISSING)))
             torch.Tensor.to = _python_level(self, torch.Tensor.to, self._python_sync)

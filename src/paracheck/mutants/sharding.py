@@ -243,11 +243,11 @@ class NoShardUndeclared(NoShard):
 class Zero1NoAverage(Zero1):
     """The reduce-scattered gradient chunks are sums over ranks, never divided by the world size."""
 
-    _settle = edited(
-        Zero1._settle,
+    _average = edited(
+        Zero1._average,
         (
-            "chunk = self._reduced_chunk(b).div_(self.world_size)",
-            "chunk = self._reduced_chunk(b)  # BUG: no .div_(self.world_size): a sum over ranks",
+            "torch._foreach_div_(chunks, self.world_size)",
+            "pass  # BUG: no division by self.world_size: the chunks stay sums over ranks",
         ),
     )
 

@@ -39,6 +39,14 @@ Note [Zero1 gradient accumulation]
     round's first hook to ``finish_gradient_synchronization()``, and only when accumulating. Within
     ``no_sync()`` the hooks do nothing and ``p.grad`` accumulates locally, as in DDP.
 
+Note [Zero1 presence flags]
+    Which parameters had a gradient on some rank is one all-reduce of one flag per parameter,
+    built when the round is finished (a hook writing its flag into a device tensor would launch
+    two kernels per parameter). Reading the sums back is a device sync: the host stops queueing
+    work until every reduce-scatter before it has run. A rank that had every gradient of the round
+    knows every sum is >= 1 without reading it, so only a rank that lacked one waits (as in
+    ``BucketedDDP``'s Note [Presence flags in the bucket]).
+
 Note [Zero1 in-place reduce-scatter]
     Rank r's reduced chunk of bucket b is not a buffer of its own: it is the view
     ``grad_flat[b].narrow(0, r * s, s)`` (s = the bucket's shard size), and the reduce-scatter
@@ -309,8 +317,6 @@ class Zero1:
         # write (Note [Zero1 gradient accumulation]; None when the chunk was fresh).
         self._started = [False] * len(self.layout.buckets)
         self._saved = [None] * len(self.layout.buckets)
-        ref = self.trainable[0]
-        self._present = torch.zeros(len(self.trainable), dtype=ref.dtype, device=ref.device)
 
     def _grad_ready(self, i: int, p) -> None:
         if self._sync_enabled:
@@ -328,7 +334,6 @@ class Zero1:
         self._flat(b)[off : off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None
         self._fired[i] = True
-        self._present[i] = 1
         self._pending[b] -= 1
 
     def _start_bucket(self, b: int) -> None:
@@ -373,22 +378,67 @@ class Zero1:
                 self._take_grad(i, p)
         for b in range(self._next, len(self.layout.buckets)):
             self._launch(b)
-        if self.world_size > 1:
-            dist.all_reduce(self._present, group=self.process_group)
-        for b, handle in self._inflight:
-            self._settle(b, handle)
-        for i, flag in enumerate(self._present.tolist()):
-            if flag:
-                self._has_grad[i] = True
+        self._reduce_presence()
+        self._settle_all()
         self._attach_piece_grads()
         self._reset_round()
+
+    def _reduce_presence(self) -> None:
+        """Which parameters some rank had a gradient for (Note [Gradients that exist on some ranks
+        only]): one all-reduce of one flag per parameter, read back (a device sync) only where
+        this rank lacked one. Where it had every gradient every count is >= 1 and the host does
+        not wait (Note [Zero1 presence flags])."""
+        absent = [i for i, fired in enumerate(self._fired) if not fired]
+        flags = None
+        if self.world_size > 1 or absent:
+            ref = self.trainable[0]
+            flags = torch.ones(len(self.trainable), dtype=ref.dtype, device=ref.device)
+            for i in absent:
+                flags[i] = 0
+        if self.world_size > 1:
+            dist.all_reduce(flags, group=self.process_group)
+        if absent:
+            for i, count in enumerate(flags.tolist()):
+                if count:
+                    self._has_grad[i] = True
+        else:
+            self._has_grad = [True] * len(self.trainable)
+
+    def _settle_all(self) -> None:
+        """Settle every bucket of the round: one multi-tensor divide by W for the buckets with
+        nothing kept aside and nothing to copy (the common case), ``_settle`` for the others."""
+        plain = [
+            (b, h)
+            for b, h in self._inflight
+            if self._saved[b] is None and self._reduced_chunk(b) is self._grad_shard[b]
+        ]
+        if len(plain) < 2:
+            plain = []
+        for b, handle in plain:
+            if handle is not None:
+                handle.wait()
+        if plain:
+            self._average([self._grad_shard[b] for b, _ in plain])
+        done = {b for b, _ in plain}
+        for b, handle in self._inflight:
+            if b not in done:
+                self._settle(b, handle)
+        for b in done:
+            self._release(b)
+
+    def _average(self, chunks: list[torch.Tensor]) -> None:
+        """Divide reduced sums by W in place: one multi-tensor launch, the same on every path so
+        that every path rounds alike (on CUDA ``div_`` by a scalar multiplies by the reciprocal;
+        the multi-tensor divide divides)."""
+        torch._foreach_div_(chunks, self.world_size)
 
     def _settle(self, b: int, handle) -> None:
         """Wait for bucket b's reduce-scatter; its shard becomes the new sum / W, plus what the
         step's earlier synchronisations left (Note [Zero1 gradient accumulation])."""
         if handle is not None:
             handle.wait()
-        chunk = self._reduced_chunk(b).div_(self.world_size)
+        chunk = self._reduced_chunk(b)
+        self._average([chunk])
         if self._saved[b] is not None:
             chunk.add_(self._saved[b])
         if chunk is not self._grad_shard[b]:
