@@ -27,8 +27,117 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 
+class _Launcher:
+    """One daemon thread that makes the calls it is given, in order (experiment)."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.q = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        import threading
+
+        stream = None
+        while True:
+            item = self.q.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            fn, args, kwargs, out, k, s = item
+            try:
+                if s is not stream:
+                    torch.cuda.set_device(s.device)
+                    torch.cuda.set_stream(s)
+                    stream = s
+                out[k] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001
+                out[k] = e
+
+    def drain(self):
+        import threading
+
+        e = threading.Event()
+        self.q.put(e)
+        e.wait()
+
+
+_LAUNCHER = None
+
+
+def _variant_classes():
+    from paracheck.ddp import BucketedDDP
+
+    class ThreadBucketed(BucketedDDP):
+        def _reduce(self, k):
+            global _LAUNCHER
+            if _LAUNCHER is None:
+                _LAUNCHER = _Launcher()
+            _LAUNCHER.q.put(
+                (
+                    dist.all_reduce,
+                    (self._bucket_buffers[k],),
+                    {"group": self.process_group, "async_op": True},
+                    self._works,
+                    k,
+                    torch.cuda.current_stream(),
+                )
+            )
+            return None
+
+        def _settle(self):
+            _LAUNCHER.drain()
+            for w in self._works:
+                if isinstance(w, BaseException):
+                    raise w
+            super()._settle()
+
+    class DirectBucketed(BucketedDDP):
+        def _reduce(self, k):
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            opts.asyncOp = True
+            group = self.process_group or dist.distributed_c10d._get_default_group()
+            return group.allreduce([self._bucket_buffers[k]], opts)
+
+    def _direct_all_reduce(tensor, group):
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        opts.asyncOp = True
+        return (group or dist.distributed_c10d._get_default_group()).allreduce([tensor], opts)
+
+    class ThreadDirectBucketed(ThreadBucketed):
+        def _reduce(self, k):
+            global _LAUNCHER
+            if _LAUNCHER is None:
+                _LAUNCHER = _Launcher()
+            _LAUNCHER.q.put(
+                (
+                    _direct_all_reduce,
+                    (self._bucket_buffers[k], self.process_group),
+                    {},
+                    self._works,
+                    k,
+                    torch.cuda.current_stream(),
+                )
+            )
+
+    return ThreadBucketed, DirectBucketed, ThreadDirectBucketed
+
+
 def build(name, model, rank, bucket_mb):
     from paracheck.ddp import BucketedDDP, OverlappedDDP
+
+    if "@" in name:
+        name, bucket_mb = name.split("@")[0], float(name.split("@")[1])
+    if name in ("bucketed-thread", "bucketed-direct", "bucketed-td"):
+        thread_cls, direct_cls, td_cls = _variant_classes()
+        cls = {"bucketed-thread": thread_cls, "bucketed-direct": direct_cls}.get(name, td_cls)
+        ddp = cls(model, bucket_mb)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        return ddp, ddp.finish_gradient_synchronization, opt
 
     if name == "local":
         return model, (lambda: None), torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -59,7 +168,9 @@ def build(name, model, rank, bucket_mb):
 def rank_main(rank, world, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     from paracheck.workloads import LMSpec, TransformerLM
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -102,7 +213,9 @@ def rank_main(rank, world, args, port):
                 syncs = [str(w.message)[:80] for w in caught if "synchroniz" in str(w.message)]
                 torch.cuda.synchronize()
                 if rank == 0:
-                    print(f"[{name}] device syncs in one step: {len(syncs)} {syncs[:3]}", flush=True)
+                    print(
+                        f"[{name}] device syncs in one step: {len(syncs)} {syncs[:3]}", flush=True
+                    )
                 if name in profile and rank == 0:
                     prof = cProfile.Profile()
                     prof.enable()
@@ -132,13 +245,18 @@ def rank_main(rank, world, args, port):
             del wrapper, finish, opt, model, step
             torch.cuda.empty_cache()
     if rank == 0:
-        print(f"\n{args.size}, W={world}, {args.bucket_mb} MB buckets; ms, medians of {args.steps} "
-              "steps, slowest rank; host: forward | backward() | finish | opt.step | wait for GPU")
+        print(
+            f"\n{args.size}, W={world}, {args.bucket_mb} MB buckets; ms, medians of {args.steps} "
+            "steps, slowest rank; host: forward | backward() | finish | opt.step | wait for GPU"
+        )
         base = rows.get("torch-ddp")
         for n in names:
             for k, v in enumerate(rows[n]):
                 ratio = f" x{v[0] / base[k][0]:.3f}" if base else ""
-                print(f"{n:12s} r{k} step {v[0]:7.1f}{ratio}  host " + " | ".join(f"{z:6.1f}" for z in v[1:]))
+                print(
+                    f"{n:12s} r{k} step {v[0]:7.1f}{ratio}  host "
+                    + " | ".join(f"{z:6.1f}" for z in v[1:])
+                )
     dist.destroy_process_group()
 
 
@@ -155,8 +273,66 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(torch.cuda.device_count(), args, port), nprocs=torch.cuda.device_count())
+    mp.spawn(
+        rank_main, args=(torch.cuda.device_count(), args, port), nprocs=torch.cuda.device_count()
+    )
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not os.environ.get("VERIFY"):
     main()
+
+
+def _verify_rank(rank, world, port):
+    """Each built-in with launches on the launcher thread against launches in the hooks, on NCCL:
+    gradients and parameters after three steps, bit for bit."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    from paracheck.ddp import BucketedDDP, OverlappedDDP, _launch
+    from paracheck.workloads import LMSpec, TransformerLM
+    from paracheck.zero import Zero1, Zero2
+
+    spec = LMSpec.size("small")
+
+    def train(kind, enabled):
+        _launch.ENABLED = enabled
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = TransformerLM(spec)
+        if kind in ("zero1", "zero2"):
+            w = (Zero1 if kind == "zero1" else Zero2)(model, torch.optim.AdamW, bucket_size_mb=25.0, lr=1e-3)
+            opt = w
+        else:
+            w = BucketedDDP(model, 25.0) if kind == "bucketed" else OverlappedDDP(model)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        assert (w._off_thread is True) or kind == "overlapped", (kind, w._off_thread)
+        out = []
+        for step in range(3):
+            torch.manual_seed(10 * step + rank)
+            x = torch.randint(spec.vocab_size, (4, 256), device="cuda")
+            w(x).float().logsumexp(-1).mean().backward()
+            w.finish_gradient_synchronization()
+            if kind in ("zero1", "zero2"):
+                out = [g for g in w.full_gradients() if g is not None]
+            else:
+                out = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if kind == "overlapped":
+            assert w._off_thread is enabled, (kind, w._off_thread)
+        return out + [p.detach().clone() for p in model.parameters()]
+
+    for kind in ("bucketed", "overlapped", "zero1", "zero2"):
+        a, b = train(kind, False), train(kind, True)
+        same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        worst = max(((x - y).abs().max().item() for x, y in zip(a, b)), default=0.0)
+        if rank == 0:
+            print(f"verify {kind}: launcher thread == hooks bit for bit: {same} (max |diff| {worst:.3g})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__" and os.environ.get("VERIFY"):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_verify_rank, args=(torch.cuda.device_count(), port), nprocs=torch.cuda.device_count())

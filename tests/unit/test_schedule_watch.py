@@ -98,3 +98,45 @@ def test_events_in_backward_carry_the_gradient_bytes_produced_before_them():
     assert sync.phase == "backward" and 4 * 2 <= sync.grad_bytes < s.grad_bytes
     assert s.grad_bytes == 4 * sum(p.numel() for p in model.parameters())
     assert torch.Tensor.tolist is original_tolist and rec.observer is None
+
+
+def test_a_number_set_into_a_device_tensor_is_not_a_sync_but_a_host_tensor_is():
+    """``t[i] = 0`` of a device tensor is no host-to-device copy (on a GPU torch makes the number
+    a device scalar); copying a host tensor into it still is one."""
+    model = torch.nn.Linear(2, 2)
+
+    def flags():
+        f = torch.ones(3, device=model.weight.device)
+        f[1] = 0
+        f[2] = True
+        f[0:1] = torch.tensor([0.0], device="cpu")
+
+    rec, watch = _watched(model)
+    with rec, watch:
+        watch.start()
+        flags()
+        watch.stop()
+    assert _syncs(watch) == [("to_device", "flags")]
+
+
+def test_what_a_backend_copies_inside_a_work_wait_is_not_a_sync():
+    """A copy from a host tensor into a device tensor made inside ``Work.wait`` (gloo's
+    reduce-scatter fills its output there) is the collective's; the wait is counted as a wait."""
+    from paracheck.accounting._schedule_watch import _work_class
+
+    work = _work_class()
+    model = torch.nn.Linear(2, 2)
+    host = torch.zeros(2, 2)
+    saved = work.wait
+    try:
+        work.wait = lambda self, *a, **k: model.weight.data.copy_(host) is not None
+        rec, watch = _watched(model)
+        with rec, watch:
+            watch.start()
+            work.wait(None)
+            model.weight.data.copy_(host)  # outside a wait: a sync
+            watch.stop()
+    finally:
+        work.wait = saved
+    assert [e.kind for e in watch.events if e.what == "wait"] == ["work.wait"]
+    assert _syncs(watch) == [("to_device", "test_what_a_backend_copies_inside_a_work_wait_is_not_a_sync")]

@@ -27,7 +27,8 @@ Note [Presence flags in the bucket]
     the flags back, so the common case never blocks the host on communication.
 
 Communication runs asynchronously (``async_op=True``): on NCCL on the process group's own stream,
-with ``wait()`` making the compute stream wait; on gloo on its worker threads. Launch order
+with ``wait()`` making the compute stream wait, and launched from a thread of its own (Note
+[Launching off the autograd thread] in ``paracheck.ddp._launch``); on gloo on its worker threads. Launch order
 follows Note [Launch in plan order], Note [Hooks under no_sync] and Note [Several backward passes
 in one window] in ``paracheck.ddp.overlapped``: here a round launches every *bucket* once and is
 settled when its backward ends, before a later backward adds into the buffers it reduced (the
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import DDPBase, RoundsMixin, check_bucket_size_mb
+from paracheck.ddp._launch import launcher_for, uses_launcher
 from paracheck.ddp.plan import plan_buckets
 
 __all__ = ["BucketedDDP"]
@@ -100,6 +102,10 @@ class BucketedDDP(RoundsMixin, DDPBase):
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
+        # Note [Launching off the autograd thread]
+        self._off_thread = self.world_size > 1 and any(
+            uses_launcher(b, process_group) for b in self._bucket_buffers[:1]
+        )
         self._reset_window()
         ref = weakref.ref(self)
         self._hooks = [
@@ -157,6 +163,11 @@ class BucketedDDP(RoundsMixin, DDPBase):
     def _reduce(self, k: int):
         if self.world_size == 1:
             return None
+        launcher = launcher_for(self._off_thread)
+        if launcher is not None:  # a handle whose wait() waits for the launch, then the work
+            return launcher.submit(
+                dist.all_reduce, self._bucket_buffers[k], group=self.process_group, async_op=True
+            )
         return dist.all_reduce(self._bucket_buffers[k], group=self.process_group, async_op=True)
 
     def _launch_rest(self) -> None:

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import DDPBase, RoundsMixin
+from paracheck.ddp._launch import launcher_for, uses_launcher
 
 __all__ = ["OverlappedDDP"]
 
@@ -85,6 +86,7 @@ class OverlappedDDP(RoundsMixin, DDPBase):
     def __init__(self, module: nn.Module, *, process_group=None):
         super().__init__(module, process_group=process_group)
         self._order = self.trainable[::-1]
+        self._off_thread: bool | None = None
         self._reset_window()
         ref = weakref.ref(self)
         self._hooks = [
@@ -103,6 +105,11 @@ class OverlappedDDP(RoundsMixin, DDPBase):
     def _all_reduce(self, t: torch.Tensor):
         if self.world_size == 1:
             return None
+        if self._off_thread is None:  # decided at the first launch: Note [Launching off the
+            self._off_thread = uses_launcher(t, self.process_group)  # autograd thread]
+        launcher = launcher_for(self._off_thread)
+        if launcher is not None:
+            return launcher.submit(dist.all_reduce, t, group=self.process_group, async_op=True)
         return dist.all_reduce(t, group=self.process_group, async_op=True)
 
     def _grad_ready(self, k: int) -> None:
@@ -128,7 +135,14 @@ class OverlappedDDP(RoundsMixin, DDPBase):
         rank, after every gradient: same order everywhere)."""
         while self._next < len(self._order):
             self._launch(self._next)
-        self._flags = torch.tensor(self._present, dtype=torch.float32, device=self._order[0].device)
+        # Built on the device, not copied from the host (a copy from pageable memory is a device
+        # sync): ones, and a zero for each unit without a local gradient (rare).
+        self._flags = torch.ones(
+            len(self._order), dtype=torch.float32, device=self._order[0].device
+        )
+        for k, present in enumerate(self._present):
+            if not present:
+                self._flags[k] = 0
         self._works.append(self._all_reduce(self._flags))
 
     def _average(self, p: torch.Tensor) -> None:

@@ -74,6 +74,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import check_bucket_size_mb
+from paracheck.ddp._launch import drain, launcher_for, uses_launcher
 from paracheck.zero._zero1_optimizer import Zero1Optimizer
 from paracheck.zero.partition import FlatLayout, flat_layout
 from paracheck.zero.sharded import (
@@ -98,6 +99,13 @@ def _hook(ref: weakref.ref, i: int, p: torch.Tensor) -> None:
     zero = ref()
     if zero is not None:
         zero._grad_ready(i, p)
+
+
+def _drain_launches(ref: weakref.ref) -> None:
+    zero = ref()
+    if zero is not None:
+        zero._drain_queued = False
+        drain()
 
 
 class Zero1:
@@ -183,6 +191,9 @@ class Zero1:
         )
         self._broadcast_module()
         self._build_buffers()
+        # Reduce-scatters launched from the hooks: Note [Launching off the autograd thread].
+        self._off_thread = self.world_size > 1 and uses_launcher(ref, process_group)
+        self._drain_queued = False
         self._sync_enabled = True
         self._reset_round()
         self._fresh = [True] * len(self.layout.buckets)
@@ -320,6 +331,13 @@ class Zero1:
 
     def _grad_ready(self, i: int, p) -> None:
         if self._sync_enabled:
+            if self._off_thread and not self._drain_queued:
+                # Note [Launching off the autograd thread]: backward returns with every launch
+                # it queued made.
+                self._drain_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    functools.partial(_drain_launches, weakref.ref(self))
+                )
             self._take_grad(i, p)
             self._launch_ready()
 
@@ -359,9 +377,14 @@ class Zero1:
         # One rank: the chunk is the whole buffer, already holding the "sum".
         handle = None
         if self.world_size > 1:
-            handle = _reduce_scatter_tensor(
-                self._reduced_chunk(b), self._flat(b), group=self.process_group, async_op=True
-            )
+            chunk, flat, group = self._reduced_chunk(b), self._flat(b), self.process_group
+            launcher = launcher_for(self._off_thread)
+            if launcher is None:
+                handle = _reduce_scatter_tensor(chunk, flat, group=group, async_op=True)
+            else:  # a handle whose wait() waits for the launch, then the work
+                handle = launcher.submit(
+                    _reduce_scatter_tensor, chunk, flat, group=group, async_op=True
+                )
         self._fresh[b] = False
         self._inflight.append((b, handle))
         self._next = b + 1
@@ -388,6 +411,8 @@ class Zero1:
         only]): one all-reduce of one flag per parameter, read back (a device sync) only where
         this rank lacked one. Where it had every gradient every count is >= 1 and the host does
         not wait (Note [Zero1 presence flags])."""
+        if self._off_thread:  # the reduce-scatters first, on every rank (Note [Launching off
+            drain()  # the autograd thread])
         absent = [i for i, fired in enumerate(self._fired) if not fired]
         flags = None
         if self.world_size > 1 or absent:
@@ -414,7 +439,7 @@ class Zero1:
         ]
         if len(plain) < 2:
             plain = []
-        for b, handle in plain:
+        for _, handle in plain:
             if handle is not None:
                 handle.wait()
         if plain:
