@@ -242,7 +242,7 @@ def rank_main(rank, world, args, port):
             t = torch.tensor([wall, *med], device="cuda")
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             rows[name].append(t.tolist())
-            del wrapper, finish, opt, model, step
+            wrapper = finish = opt = model = step = None  # freed before the next variant
             torch.cuda.empty_cache()
     if rank == 0:
         print(
