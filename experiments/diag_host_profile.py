@@ -287,7 +287,9 @@ def _verify_rank(rank, world, port):
     gradients and parameters after three steps, bit for bit."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     from paracheck.ddp import BucketedDDP, OverlappedDDP, _launch
     from paracheck.workloads import LMSpec, TransformerLM
     from paracheck.zero import Zero1, Zero2
@@ -300,7 +302,9 @@ def _verify_rank(rank, world, port):
         with torch.device("cuda"):
             model = TransformerLM(spec)
         if kind in ("zero1", "zero2"):
-            w = (Zero1 if kind == "zero1" else Zero2)(model, torch.optim.AdamW, bucket_size_mb=25.0, lr=1e-3)
+            w = (Zero1 if kind == "zero1" else Zero2)(
+                model, torch.optim.AdamW, bucket_size_mb=25.0, lr=1e-3
+            )
             opt = w
         else:
             w = BucketedDDP(model, 25.0) if kind == "bucketed" else OverlappedDDP(model)
@@ -327,7 +331,10 @@ def _verify_rank(rank, world, port):
         same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
         worst = max(((x - y).abs().max().item() for x, y in zip(a, b)), default=0.0)
         if rank == 0:
-            print(f"verify {kind}: launcher thread == hooks bit for bit: {same} (max |diff| {worst:.3g})", flush=True)
+            print(
+                f"verify {kind}: launcher thread == hooks bit for bit: {same} (max |diff| {worst:.3g})",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -139,4 +139,6 @@ def test_what_a_backend_copies_inside_a_work_wait_is_not_a_sync():
     finally:
         work.wait = saved
     assert [e.kind for e in watch.events if e.what == "wait"] == ["work.wait"]
-    assert _syncs(watch) == [("to_device", "test_what_a_backend_copies_inside_a_work_wait_is_not_a_sync")]
+    assert _syncs(watch) == [
+        ("to_device", "test_what_a_backend_copies_inside_a_work_wait_is_not_a_sync")
+    ]
