@@ -309,7 +309,7 @@ def _verify_rank(rank, world, port):
         else:
             w = BucketedDDP(model, 25.0) if kind == "bucketed" else OverlappedDDP(model)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        assert (w._off_thread is True) or kind == "overlapped", (kind, w._off_thread)
+        assert kind == "overlapped" or w._off_thread is enabled, (kind, w._off_thread)
         out = []
         for step in range(3):
             torch.manual_seed(10 * step + rank)
