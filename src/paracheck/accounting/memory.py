@@ -218,10 +218,10 @@ def zero_construction_bytes(
     Bucket by bucket (``flat_layout``): the padded parameter buffer is allocated while the
     bucket's original parameters still exist, re-pointing them frees the originals, then the
     gradient buffer is allocated: the padded bucket (``zero1``) or this rank's shard of it
-    (``zero2``). Last, one presence flag per parameter. So ``zero1`` only grows (its gradient
-    buffer alone covers the originals), while ``zero2`` holds the most just after the last
-    bucket's parameter buffer is allocated, when that bucket's originals are larger than its
-    shard and the flags."""
+    (``zero2``). (The presence flags are made by each synchronisation, not here: Note [Zero1
+    presence flags].) So ``zero1`` only grows (its gradient buffer alone covers the originals),
+    while ``zero2`` holds the most just after the last bucket's parameter buffer is allocated,
+    when that bucket's originals are larger than its shard."""
     from paracheck.zero.partition import flat_layout
 
     if design not in ("zero1", "zero2"):
@@ -235,5 +235,4 @@ def zero_construction_bytes(
         held -= sum(layout.numels[i] for i in bucket.params) * e  # the originals freed
         held += bucket.padded * e // (world_size if design == "zero2" else 1)
         most = max(most, held)
-    held += len(layout.numels) * e  # the presence flags
-    return max(most, held), held
+    return most, held

@@ -64,6 +64,11 @@ class Pending:
         self._value = None
         self._error: BaseException | None = None
 
+    @property
+    def launched(self) -> bool:
+        """Whether the call has been made (it may have raised)."""
+        return self._done
+
     def work(self):
         if not self._done:
             self._launcher.wait_for(self)

@@ -57,6 +57,11 @@ def _hook(ref: weakref.ref, i: int, param: torch.Tensor) -> None:
         ddp._grad_ready(i)
 
 
+def _into_slot(p: torch.Tensor, view: torch.Tensor, g: torch.Tensor) -> None:
+    view.copy_(g)
+    p.grad = view
+
+
 class BucketedDDP(RoundsMixin, DDPBase):
     """Equal to the oracle (see NaiveDDP) for any ``bucket_size_mb``; gradients are views into
     flat bucket buffers and each bucket is reduced by one async all-reduce overlapped with backward.
@@ -102,7 +107,7 @@ class BucketedDDP(RoundsMixin, DDPBase):
             for i, off in zip(b.params, b.offsets):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
-        # Note [Launching off the autograd thread]
+        # Launches may go to a thread of their own: Note [Launching off the autograd thread].
         self._off_thread = self.world_size > 1 and any(
             uses_launcher(b, process_group) for b in self._bucket_buffers[:1]
         )
@@ -122,25 +127,34 @@ class BucketedDDP(RoundsMixin, DDPBase):
         ]  # positions without a local gradient
         self._next = 0  # the first bucket not launched yet
 
-    def _adopt(self, i: int) -> bool:
+    def _adopt(self, i: int, launcher=None) -> bool:
         """Put parameter i's local gradient in its slot (zeros if it has none) and make ``.grad``
-        the slot's view (Note [Gradients as bucket views]); return whether it had one."""
+        the slot's view (Note [Gradients as bucket views]); return whether it had one. With a
+        ``launcher`` the copy is made by the launcher thread, before the bucket's launch that it
+        queues later (Note [Launching off the autograd thread])."""
         p, view = self.trainable[i], self._views[i]
         g = p.grad
         if g is None:
             view.zero_()
             return False
         if g is not view and not (g.data_ptr() == view.data_ptr() and g.shape == view.shape):
-            view.copy_(g)
-            p.grad = view
+            if launcher is None:
+                view.copy_(g)
+                p.grad = view
+            else:
+                launcher.submit(_into_slot, p, view, g)
         return True
 
     # -- launching -----------------------------------------------------------------------------
     def _grad_ready(self, i: int) -> None:
-        self._adopt(i)  # into the bucket even under no_sync(): later micro-steps add in place
         if not self._sync_enabled:
+            # Into the bucket even under no_sync(), here: later micro-steps add in place.
+            self._adopt(i)
             return  # Note [Hooks under no_sync]
         self._open_round()
+        # A round's copies may go to the launcher thread: the round ends by waiting for every
+        # launch, so every copy is made by the time backward returns.
+        self._adopt(i, launcher_for(self._off_thread))
         if self._ready[i]:
             return  # counted in this round already
         self._ready[i] = True

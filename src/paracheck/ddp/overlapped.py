@@ -105,8 +105,9 @@ class OverlappedDDP(RoundsMixin, DDPBase):
     def _all_reduce(self, t: torch.Tensor):
         if self.world_size == 1:
             return None
-        if self._off_thread is None:  # decided at the first launch: Note [Launching off the
-            self._off_thread = uses_launcher(t, self.process_group)  # autograd thread]
+        if self._off_thread is None:
+            # Decided at the first launch: Note [Launching off the autograd thread].
+            self._off_thread = uses_launcher(t, self.process_group)
         launcher = launcher_for(self._off_thread)
         if launcher is not None:
             return launcher.submit(dist.all_reduce, t, group=self.process_group, async_op=True)

@@ -3,12 +3,17 @@
 No torch, no processes: the plan is a value, property-tested on its own
 (``tests/unit/test_bucket_plan.py``); ``paracheck.ddp.bucketed`` only consumes it.
 
-The rule (torch DDP's, without its special 1 MB first bucket): walk the trainable parameters in
-*reverse* registration order, the order in which backward usually produces their gradients, and
-fill buckets greedily. A bucket is closed when the next parameter would take it above the cap, or
-has another ``key`` (dtype/device: one flat buffer holds one dtype on one device). A parameter
-larger than the cap therefore ends up alone in its own bucket; it is never split nor dropped.
-``bucket_size_mb=None`` means no cap: one bucket per key.
+The rule: walk the trainable parameters in *reverse* registration order, the order in which
+backward usually produces their gradients, and fill buckets greedily. A bucket is closed when the
+next parameter would take it above the cap, or has another ``key`` (dtype/device: one flat buffer
+holds one dtype on one device). A parameter larger than the cap therefore ends up alone in its own
+bucket; it is never split nor dropped. ``bucket_size_mb=None`` means no cap: one bucket per key.
+
+The cap is a maximum ("each bucket holding at most bucket_size_mb of parameters"). torch DDP's
+``bucket_cap_mb`` is not: its reducer closes a bucket once it has *reached* the cap, so a bucket
+may exceed it by its last parameter (and its first bucket is capped at 1 MB). For the CS336 xl LM
+at 25 MB this plan makes 243 buckets and torch DDP 146: a benchmark at the same cap compares 243
+launches against 146.
 """
 
 from __future__ import annotations

@@ -236,8 +236,8 @@ class PresenceFromHooksDDP(BucketedDDP):
     ``zero_grad(set_to_none=False)`` is reduced but flagged absent, and dropped (None) where no
     rank used the parameter in that last backward."""
 
-    def _adopt(self, i: int) -> bool:
-        has = super()._adopt(i)
+    def _adopt(self, i: int, launcher=None) -> bool:
+        has = super()._adopt(i, launcher)
         return has and self._ready[i]  # BUG: "present" = "my hook fired", not "I have a gradient"
 
 

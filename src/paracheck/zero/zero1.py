@@ -332,8 +332,8 @@ class Zero1:
     def _grad_ready(self, i: int, p) -> None:
         if self._sync_enabled:
             if self._off_thread and not self._drain_queued:
-                # Note [Launching off the autograd thread]: backward returns with every launch
-                # it queued made.
+                # Backward returns with every launch it queued made (Note [Launching off the
+                # autograd thread]).
                 self._drain_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(
                     functools.partial(_drain_launches, weakref.ref(self))
@@ -411,8 +411,9 @@ class Zero1:
         only]): one all-reduce of one flag per parameter, read back (a device sync) only where
         this rank lacked one. Where it had every gradient every count is >= 1 and the host does
         not wait (Note [Zero1 presence flags])."""
-        if self._off_thread:  # the reduce-scatters first, on every rank (Note [Launching off
-            drain()  # the autograd thread])
+        if self._off_thread:
+            # The reduce-scatters first, on every rank: Note [Launching off the autograd thread].
+            drain()
         absent = [i for i, fired in enumerate(self._fired) if not fired]
         flags = None
         if self.world_size > 1 or absent:

@@ -18,7 +18,11 @@ Note [Zero2 gradient lifetime]
     bucket being filled and the parameter gradient autograd has just produced (with buckets
     filled in launch order, the reverse registration order backward usually follows; a bucket
     whose parameters come out of order is held whole from its first write to its launch). On
-    NCCL the wait makes the compute stream wait, not the host. The reduce-scatter still runs in place, into rank r's
+    NCCL the wait makes the compute stream wait, not the host. Where the reduce-scatters are
+    launched by the launcher thread (Note [Launching off the autograd thread]), a bucket whose
+    launch the thread has not made yet is not waited for: up to ``QUEUED`` more buckets stay whole
+    until it has (the hook would otherwise wait for the thread, launch by launch), so the bound
+    above grows by at most ``QUEUED`` buckets there. The reduce-scatter still runs in place, into rank r's
     chunk of that buffer; the chunk, divided by W, is then copied into the shard, or added to it
     where the shard already holds this step's earlier synchronisations (accumulation without
     ``no_sync()``): ``new / W + kept``, the same operations as ``Zero1``'s, so the two agree bit
@@ -55,6 +59,8 @@ class Zero2(Zero1):
     #: Reduce-scatters left running once a bucket is launched (Note [Zero2 gradient lifetime]):
     #: the older ones are waited for and their full buffers freed.
     IN_FLIGHT = 1
+    #: More buckets allowed whole while the launcher thread has not made their launch yet.
+    QUEUED = 3
 
     def _gradient_buffers(self, padded: int, kw: dict):
         s = padded // self.world_size
@@ -81,5 +87,9 @@ class Zero2(Zero1):
 
     def _launch(self, b: int) -> None:
         super()._launch(b)
+        limit = self.IN_FLIGHT + (self.QUEUED if self._off_thread else 0)
         while len(self._inflight) > self.IN_FLIGHT:
+            handle = self._inflight[0][1]
+            if len(self._inflight) <= limit and not getattr(handle, "launched", True):
+                break  # its launch is still queued: settled by a later launch or the finish
             self._settle(*self._inflight.pop(0))
