@@ -64,7 +64,9 @@ def test_zero2_memory_is_zero1_less_the_gradients_it_does_not_keep(world):
     for d in ("zero1", "zero2"):
         most, _held = zero_construction_bytes(d, numels, e, W, bucket_numel=bucket_numel)
         init[d] = most + batch
-    assert one.peak_init_bytes - two.peak_init_bytes == init["zero1"] - init["zero2"] == 197888  # no presence flags at construction
+    assert (
+        one.peak_init_bytes - two.peak_init_bytes == init["zero1"] - init["zero2"] == 197888
+    )  # no presence flags at construction
     assert (one.param_bytes, one.optimizer_state_bytes, one.collectives_by_kind) == (
         two.param_bytes,
         two.optimizer_state_bytes,
