@@ -159,3 +159,41 @@ def test_an_undeclared_partition_is_judged_on_the_state_each_rank_steps(world, p
     cs336 = run_case(world, target, case, stepped_balance=False)
     assert cs336.ok, cs336.describe()
     assert cs336.extra["unjudged"].startswith("balance, traffic not judged")
+
+
+@pytest.mark.parametrize(
+    "path, balanced",
+    [
+        ("sharded_round_robin:RoundRobinOptimizer", False),
+        ("sharded_empty_shard:EmptyShardOptimizer", True),
+    ],
+)
+def test_the_core_row_first_runs_a_case_built_for_a_partition_by_count(world, path, balanced):
+    """The sharded kind's core row runs a case built to break a partition by count before its
+    search (Note [A partition by count]): the round-robin deal fails balance there, on the first
+    case run, where the one case drawn at seed 1 does not break it; its twin filled by size
+    passes. Every optional feature is off, so the core row is the whole table."""
+    from paracheck.check.features import optional_features
+    from paracheck.check.property import check_target
+
+    target = Target(path, f"{OUTSIDE}.{path}", "sharded", False)
+    report = check_target(
+        target,
+        world,
+        world_sizes=(1, 2),
+        max_examples=1,
+        seed=1,
+        table=True,
+        first_failure=True,
+        features=",".join(f"-{f}" for f in optional_features()),
+    )
+    core = report.rows[0]
+    assert core.name == "core", report.text()
+    if balanced:
+        assert report.passed and core.status == "PASS", report.text()
+        return
+    assert core.status == "FAIL" and core.failure.property == "balance", report.text()
+    assert core.failure.found_after == 0 and not core.failure.shrunk, report.text()
+    assert "rank 0 steps the optimizer state of 1608 bytes of parameters ([0, 2, 4, 6, 8])" in (
+        core.failure.result.divergence.detail
+    )

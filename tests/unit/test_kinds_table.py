@@ -22,11 +22,14 @@ def _resolve(reference: str):
 
 @pytest.mark.parametrize("name", list(KINDS))
 def test_every_name_in_a_row_resolves(name):
-    """A row's rank program and strategy import; its properties are checked by something."""
+    """A row's rank program, strategy and first cases import; its properties are checked by
+    something."""
     row = KINDS[name]
     assert isinstance(row, Kind) and row.name == name
     _resolve(row.rank_fn)
     _resolve(row.strategy)
+    if row.first_cases is not None:
+        _resolve(row.first_cases)
     unknown = [p for p in row.properties if p != "equivalence" and p not in PROPERTY_CHECKS]
     assert not unknown, f"{name}: properties without a check: {unknown}"
     assert set(row.bucket_only) <= set(row.properties)

@@ -119,6 +119,10 @@ class Kind:
     # update]).
     on_target_gradients: bool = False
     dtype: str = "float64"  # the parameters' dtype where none is chosen
+    # "module:function" of the cases its verdict table runs first, in the core row, as they are
+    # (Note [A partition by count]): function(world_sizes=..., precision=...) -> ((why, Case),
+    # ...), only those of the sizes drawn; None: none.
+    first_cases: str | None = None
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -205,6 +209,7 @@ KINDS: dict[str, Kind] = {
         prepare_case=_with_masters,
         compares_state=True,
         on_target_gradients=True,
+        first_cases="paracheck.strategies._sharding:count_partition_cases",
     ),
     "zero": Kind(
         "zero",

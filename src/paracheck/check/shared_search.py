@@ -70,6 +70,7 @@ class _Search:
         self.checked = resolve_properties(
             target.kind, target.properties, takes_bucket=target.takes_bucket
         )
+        own_cases = strategy is None
         if strategy is None:
             # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
             # spread over the sizes, shrinking first toward two ranks, and no overridden draws
@@ -95,6 +96,17 @@ class _Search:
             # every derandomised sequence) is the one it always was.
             strategy = strategy.map(lambda c: without_all(c, off))
         self.strategy = strategy
+        # The cases the core row runs first (Note [A partition by count]), with the kind's own
+        # cases only, and only those this check would draw.
+        self.first_cases: list[tuple[str, Case]] = []
+        first = KINDS[target.kind].first_cases
+        if own_cases and first is not None:
+            self.first_cases = [
+                (why, case)
+                for why, case in load_object(first)(world_sizes=sizes, precision=precision)
+                if _not_drawn(case, sizes, precision, off) is None
+                and declared_mismatch(case, target) is None
+            ]
         timeout = settings.timeout
         cap = min(timeout, world.timeout) if timeout is not None else world.timeout
         self.progress = progress or (lambda text: None)

@@ -13,7 +13,10 @@ Note [The verdict table]
     cases break only properties found earlier fails "as above". A feature row draws only cases
     that have its feature (a filter: a kind that never draws it makes the row "not drawn"); a
     feature turned off by the contract or ``--features`` is "not drawn", one the target's
-    interface cannot take is "not supported" (``paracheck.check.interface``).
+    interface cannot take is "not supported" (``paracheck.check.interface``). A kind may name
+    cases its core row runs first, as they are, before its search (``Kind.first_cases``: Note [A
+    partition by count] in ``paracheck.strategies._sharding``): a bug the search rarely draws,
+    found in the first case.
 
     Every case runs once (the checker caches results), so rows share the cost of the cases they
     share. The budget (``CheckSettings.budget``) covers the whole table: the saved and given
@@ -196,16 +199,26 @@ def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int) -
     checker.row = f"row {row.name} ({index + 1}/{total}), "
     checker.row_log = log = []
     t0 = time.monotonic()
-    found = before = len(search.failures)
+    before = len(search.failures)
     spent = False
     try:
-        hit = checker.search(
-            strategy,
-            lambda failed: next((p for p in order(failed) if p not in search.known), None),
-            max_examples=examples,
-            tag="new:0" if row.name == ALL else f"row:{row.name}",
-            shrink_budget=search.budget,
-        )
+        hit = None
+        if row.name == "core":
+            for why, case in search.first_cases:
+                search.run_as_is(
+                    without_all(case, off),
+                    f"{why}, run first in this row as it is (not shrunk)",
+                    lambda _: row.name,
+                )
+                before = len(search.failures)  # what it found is this row's, as a saved case's
+        if not (s.first_failure and search.failures):
+            hit = checker.search(
+                strategy,
+                lambda failed: next((p for p in order(failed) if p not in search.known), None),
+                max_examples=examples,
+                tag="new:0" if row.name == ALL else f"row:{row.name}",
+                shrink_budget=search.budget,
+            )
     except (Unsatisfiable, _NeverDrawn):
         row.status = "not drawn"
         row.why = f"the {search.target.kind} kind does not draw it (none of {_TRIES} cases had it)"
@@ -219,7 +232,6 @@ def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int) -
         row.seconds = time.monotonic() - t0
     if hit is not None:
         row.failure = search.finish(hit, row=row.name)
-        found += 1
     # Failures of saved or given cases of this row, then the properties found in earlier rows
     # that this row's cases broke as well.
     mine = [f for f in search.failures[:before] if f.row == row.name]
