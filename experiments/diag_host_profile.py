@@ -154,11 +154,13 @@ def build(name, model, rank, bucket_mb):
         else:
             opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, fused=True)
         return ddp, (lambda: None), opt
-    if name in ("zero1", "zero2"):
+    if name in ("zero1", "zero2", "zero1-nocoal"):
         from paracheck.zero import Zero1, Zero2
 
-        cls = Zero1 if name == "zero1" else Zero2
+        cls = Zero2 if name == "zero2" else Zero1
         z = cls(model, torch.optim.AdamW, bucket_size_mb=bucket_mb, lr=1e-4, fused=True)
+        if name == "zero1-nocoal":  # one all-gather launch per bucket
+            z._coalesce_gathers = False
         return z, z.finish_gradient_synchronization, z
     ddp = BucketedDDP(model, bucket_mb) if name == "bucketed" else OverlappedDDP(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
