@@ -154,3 +154,32 @@ def test_failure_found_before_the_budget_ran_out_is_reported(world):
     assert rows["core"].status == "FAIL" and rows["core"].failure.property == "gradients"
     assert rows["+buffer"].status == "not reached" and "budget" in rows["+buffer"].why
     assert "cause 1: FAIL two-bugs: gradients:" in report.text()
+
+
+def _hang(frame_line: int, counts: str):
+    from paracheck.cases import Case
+    from paracheck.world import RankFailure
+    from paracheck.world._failures import RankHang
+
+    def dump(rank):
+        return (
+            "Thread 0x00007f (most recent call first):\n"
+            '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+            '  File "/x/src/paracheck/world/_rank.py", line 90 in _watch\n'
+            "\n"
+            "Current thread 0x00007e (most recent call first):\n"
+            '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2978 in broadcast\n'
+            f'  File "/home/u/mypkg/shard.py", line {frame_line + rank} in step\n'
+            '  File "/x/src/paracheck/check/ranks/_drive.py", line 40 in run_steps\n'
+        )
+
+    hung = [RankFailure(r, "hung", dump(r)) for r in (0, 1)]
+    err = RankHang("hung", hung, disagreement=f"ranks in their {counts} broadcast")
+    return PropertyFailure("hang", CaseResult(Case(seed=0), error=err), own=("/home/u/mypkg/",))
+
+
+def test_two_hangs_in_different_waits_are_two_causes_one_wait_in_two_cases_is_one():
+    """A hang's cause is where the hung ranks wait in the target's own code: the same waits in a
+    later case (other counts) are the same cause, waits elsewhere another."""
+    first, again, other = _hang(10, "3rd"), _hang(10, "7th"), _hang(50, "3rd")
+    assert causes_of([first, again, other]) == [[first, again], [other]]

@@ -89,6 +89,35 @@ def own_fragments(target_path: str) -> tuple[str, ...]:
     return out + (("/" + "/".join(parts[:-1]) + "/",) if len(parts) > 1 else ())
 
 
+def _is_own(path: str, own: tuple[str, ...]) -> bool:
+    """Whether a frame's file is the target's own code (``target_frame``'s rule)."""
+    path = path.replace("\\", "/")
+    return "/paracheck/mutants/" in path or not (
+        any(s in path for s in _HARNESS)
+        or (any(s in path for s in _LIBRARY) and not any(s in path for s in own))
+    )
+
+
+# A frame of a faulthandler dump: most recent call first, "line N in f" (no comma).
+_DUMP_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)\s*$')
+
+
+def stack_frames(dump: str, own: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The innermost frame of the target's own code in each thread of a faulthandler dump (a
+    hung rank's stack), as "file:line in function", in the dump's order."""
+    frames: list[str] = []
+    seen = False  # this thread's innermost own frame is taken
+    for line in dump.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            seen = False
+            continue
+        m = _DUMP_FRAME.match(line)
+        if m and not seen and _is_own(m.group(1), own):
+            frames.append(f"{m.group(1)}:{m.group(2)} in {m.group(3)}")
+            seen = True
+    return tuple(frames)
+
+
 def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
     """The innermost frame of a traceback that is the target's own code (outside paracheck's
     harness, and outside torch, the standard library and site-packages unless under one of the
@@ -99,11 +128,7 @@ def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
         m = _FRAME.match(line)
         if not m:
             continue
-        path = m.group(1).replace("\\", "/")
-        if "/paracheck/mutants/" not in path and (
-            any(s in path for s in _HARNESS)
-            or (any(s in path for s in _LIBRARY) and not any(s in path for s in own))
-        ):
+        if not _is_own(m.group(1), own):
             continue
         src = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
         found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")

@@ -15,6 +15,7 @@ from paracheck.check.failure import (
     case_line,
     replay_command,
     saved_case_path,
+    stack_frames,
     target_frame,
 )
 
@@ -77,6 +78,17 @@ def cause_of(failure: PropertyFailure) -> tuple:
             first = err.failures[0]
             text = re.sub(r"\d+", "N", _last_line(first.detail))
             return ("raised", text, target_frame(first.detail, failure.own))
+        # A hang: where in the target's own code the hung ranks wait tells two hangs apart (the
+        # same wait in a later case is the same cause; the counts in the ranks' disagreement
+        # differ from case to case).
+        frames = frozenset(
+            frame
+            for f in getattr(err, "failures", ())
+            if f.kind == "hung"
+            for frame in stack_frames(f.detail, failure.own)
+        )
+        if frames:
+            return (failure.property, frames)
         return (failure.property, getattr(err, "disagreement", "") or failure.property)
     d = result.divergence_of(failure.property)
     if d is None or (d.name is None and d.index is None):
