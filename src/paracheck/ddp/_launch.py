@@ -111,7 +111,9 @@ class Launcher:
     def wait_for(self, pending: Pending) -> None:
         with self._done:
             while not pending._done:
-                self._done.wait()
+                # Woken by the thread; the timeout keeps the wait interruptible (a World stops a
+                # job by raising in its thread, which a lock held forever would never let in).
+                self._done.wait(0.05)
 
     def _run(self) -> None:
         current = None
