@@ -15,7 +15,8 @@ Note [Launching off the autograd thread]
     launch, the gradient it reduces among them (it may also wait for a few kernels queued after
     the hook: the order is kept, the overlap barely changes). Before anything reads a result,
     the wrapper takes the work handle from ``Pending.work()``, which waits for that launch and
-    re-raises what it raised.
+    re-raises what it raised. ``BucketedDDP`` queues its copies into a bucket the same way, ahead
+    of the bucket's launch (292 copies per xl step: 9 ms of the hooks' host time).
 
     Collectives launched on two threads are ordered only where one waits for the other, and every
     rank must issue them in the same order: so a wrapper that also issues collectives from the
