@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DDPBase", "check_bucket_size_mb"]
+__all__ = ["DDPBase", "check_bucket_size_mb", "presence_flags"]
 
 
 def check_bucket_size_mb(bucket_size_mb) -> float:
@@ -36,6 +36,16 @@ def check_bucket_size_mb(bucket_size_mb) -> float:
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise ValueError(f"bucket_size_mb={bucket_size_mb!r} must be a finite number > 0")
     return value
+
+
+def presence_flags(n: int, absent, *, dtype, device) -> torch.Tensor:
+    """One presence flag per unit, 0 at the ``absent`` positions and 1 elsewhere, made on the
+    device: ones, then a zero per absent unit (rare), never copied from the host (a copy from
+    pageable memory is a device sync)."""
+    flags = torch.ones(n, dtype=dtype, device=device)
+    for i in absent:
+        flags[i] = 0
+    return flags
 
 
 def _end_of_backward(ref: weakref.ref) -> None:

@@ -42,7 +42,16 @@ import threading
 
 import torch
 
-__all__ = ["Launcher", "Pending", "drain", "launcher_for", "uses_launcher"]
+__all__ = [
+    "Launcher",
+    "Pending",
+    "drain",
+    "launch",
+    "launcher_for",
+    "on_nccl",
+    "uses_launcher",
+    "watched",
+]
 
 # A switch, so that benchmarks can time the launches in the hooks beside it.
 ENABLED = True
@@ -148,14 +157,11 @@ def _launcher() -> Launcher:
     return launcher
 
 
-def uses_launcher(tensor: torch.Tensor, process_group) -> bool:
-    """Whether launches for ``tensor`` on ``process_group`` may go to the launcher thread: CUDA
-    tensors on an NCCL group (decided once, by a wrapper's constructor)."""
+def on_nccl(tensor: torch.Tensor, process_group) -> bool:
+    """Whether ``tensor`` is a CUDA tensor and ``process_group`` an NCCL group."""
     import torch.distributed as dist
 
-    if FORCE:
-        return True
-    if not (ENABLED and tensor.is_cuda and dist.is_initialized()):
+    if not (tensor.is_cuda and dist.is_initialized()):
         return False
     try:
         return dist.get_backend(process_group) == "nccl"
@@ -163,17 +169,35 @@ def uses_launcher(tensor: torch.Tensor, process_group) -> bool:
         return False
 
 
+def uses_launcher(tensor: torch.Tensor, process_group) -> bool:
+    """Whether launches for ``tensor`` on ``process_group`` may go to the launcher thread: CUDA
+    tensors on an NCCL group (decided once, by a wrapper's constructor)."""
+    return FORCE or (ENABLED and on_nccl(tensor, process_group))
+
+
+def watched() -> bool:
+    """Whether a dispatch or function mode is active (a recorder, a profiler's): launches then
+    stay where they are asked for (Note [Launching off the autograd thread])."""
+    return bool(torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
+
+
 def launcher_for(enabled: bool) -> Launcher | None:
     """The launcher for this launch, or None to launch on the calling thread: ``enabled`` (see
-    ``uses_launcher``) and no dispatch or function mode active (Note [Launching off the autograd
-    thread])."""
+    ``uses_launcher``) and nothing ``watched()``."""
     if FORCE:
         return _launcher()
-    if not enabled or not ENABLED:
-        return None
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+    if not enabled or not ENABLED or watched():
         return None
     return _launcher()
+
+
+def launch(enabled: bool, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on the launcher thread where ``launcher_for(enabled)`` gives one
+    (a ``Pending``, whose ``wait()`` waits for the launch, then for the work), else here."""
+    launcher = launcher_for(enabled)
+    if launcher is None:
+        return fn(*args, **kwargs)
+    return launcher.submit(fn, *args, **kwargs)
 
 
 def drain() -> None:

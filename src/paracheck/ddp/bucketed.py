@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paracheck.ddp._common import DDPBase, RoundsMixin, check_bucket_size_mb
-from paracheck.ddp._launch import launcher_for, uses_launcher
+from paracheck.ddp._launch import launch, launcher_for, uses_launcher
 from paracheck.ddp.plan import plan_buckets
 
 __all__ = ["BucketedDDP"]
@@ -108,8 +108,10 @@ class BucketedDDP(RoundsMixin, DDPBase):
                 self._views[i] = buf[off : off + params[i].numel()].view_as(params[i])
                 self._bucket_of[i] = k
         # Launches may go to a thread of their own: Note [Launching off the autograd thread].
-        self._off_thread = self.world_size > 1 and any(
-            uses_launcher(b, process_group) for b in self._bucket_buffers[:1]
+        self._off_thread = (
+            self.world_size > 1
+            and bool(self._bucket_buffers)
+            and uses_launcher(self._bucket_buffers[0], process_group)
         )
         self._reset_window()
         ref = weakref.ref(self)
@@ -177,12 +179,10 @@ class BucketedDDP(RoundsMixin, DDPBase):
     def _reduce(self, k: int):
         if self.world_size == 1:
             return None
-        launcher = launcher_for(self._off_thread)
-        if launcher is not None:  # a handle whose wait() waits for the launch, then the work
-            return launcher.submit(
-                dist.all_reduce, self._bucket_buffers[k], group=self.process_group, async_op=True
-            )
-        return dist.all_reduce(self._bucket_buffers[k], group=self.process_group, async_op=True)
+        buf = self._bucket_buffers[k]
+        return launch(
+            self._off_thread, dist.all_reduce, buf, group=self.process_group, async_op=True
+        )
 
     def _launch_rest(self) -> None:
         """Launch the buckets the round has not launched, in order."""

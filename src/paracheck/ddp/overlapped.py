@@ -57,8 +57,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import DDPBase, RoundsMixin
-from paracheck.ddp._launch import launcher_for, uses_launcher
+from paracheck.ddp._common import DDPBase, RoundsMixin, presence_flags
+from paracheck.ddp._launch import launch, uses_launcher
 
 __all__ = ["OverlappedDDP"]
 
@@ -108,10 +108,7 @@ class OverlappedDDP(RoundsMixin, DDPBase):
         if self._off_thread is None:
             # Decided at the first launch: Note [Launching off the autograd thread].
             self._off_thread = uses_launcher(t, self.process_group)
-        launcher = launcher_for(self._off_thread)
-        if launcher is not None:
-            return launcher.submit(dist.all_reduce, t, group=self.process_group, async_op=True)
-        return dist.all_reduce(t, group=self.process_group, async_op=True)
+        return launch(self._off_thread, dist.all_reduce, t, group=self.process_group, async_op=True)
 
     def _grad_ready(self, k: int) -> None:
         if not self._sync_enabled:
@@ -136,14 +133,10 @@ class OverlappedDDP(RoundsMixin, DDPBase):
         rank, after every gradient: same order everywhere)."""
         while self._next < len(self._order):
             self._launch(self._next)
-        # Built on the device, not copied from the host (a copy from pageable memory is a device
-        # sync): ones, and a zero for each unit without a local gradient (rare).
-        self._flags = torch.ones(
-            len(self._order), dtype=torch.float32, device=self._order[0].device
+        absent = [k for k, present in enumerate(self._present) if not present]
+        self._flags = presence_flags(
+            len(self._order), absent, dtype=torch.float32, device=self._order[0].device
         )
-        for k, present in enumerate(self._present):
-            if not present:
-                self._flags[k] = 0
         self._works.append(self._all_reduce(self._flags))
 
     def _average(self, p: torch.Tensor) -> None:

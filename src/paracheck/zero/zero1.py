@@ -73,8 +73,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import check_bucket_size_mb
-from paracheck.ddp._launch import drain, launcher_for, uses_launcher
+from paracheck.ddp._common import check_bucket_size_mb, presence_flags
+from paracheck.ddp._launch import drain, launch, on_nccl, uses_launcher, watched
 from paracheck.zero._zero1_optimizer import Zero1Optimizer
 from paracheck.zero.partition import FlatLayout, flat_layout
 from paracheck.zero.sharded import (
@@ -206,10 +206,7 @@ class Zero1:
         self._off_thread = self.world_size > 1 and uses_launcher(ref, process_group)
         self._drain_queued = False
         self._coalesce_gathers = (
-            _COALESCING is not None
-            and self.world_size > 1
-            and ref.is_cuda
-            and dist.get_backend(process_group) == "nccl"
+            _COALESCING is not None and self.world_size > 1 and on_nccl(ref, process_group)
         )
         self._sync_enabled = True
         self._reset_round()
@@ -394,14 +391,15 @@ class Zero1:
         # One rank: the chunk is the whole buffer, already holding the "sum".
         handle = None
         if self.world_size > 1:
-            chunk, flat, group = self._reduced_chunk(b), self._flat(b), self.process_group
-            launcher = launcher_for(self._off_thread)
-            if launcher is None:
-                handle = _reduce_scatter_tensor(chunk, flat, group=group, async_op=True)
-            else:  # a handle whose wait() waits for the launch, then the work
-                handle = launcher.submit(
-                    _reduce_scatter_tensor, chunk, flat, group=group, async_op=True
-                )
+            chunk, flat = self._reduced_chunk(b), self._flat(b)
+            handle = launch(
+                self._off_thread,
+                _reduce_scatter_tensor,
+                chunk,
+                flat,
+                group=self.process_group,
+                async_op=True,
+            )
         self._fresh[b] = False
         self._inflight.append((b, handle))
         self._next = b + 1
@@ -432,12 +430,8 @@ class Zero1:
             # The reduce-scatters first, on every rank: Note [Launching off the autograd thread].
             drain()
         absent = [i for i, fired in enumerate(self._fired) if not fired]
-        flags = None
-        if self.world_size > 1 or absent:
-            ref = self.trainable[0]
-            flags = torch.ones(len(self.trainable), dtype=ref.dtype, device=ref.device)
-            for i in absent:
-                flags[i] = 0
+        ref = self.trainable[0]
+        flags = presence_flags(len(self.trainable), absent, dtype=ref.dtype, device=ref.device)
         if self.world_size > 1:
             dist.all_reduce(flags, group=self.process_group)
         if absent:
@@ -455,8 +449,6 @@ class Zero1:
             for b, h in self._inflight
             if self._saved[b] is None and self._reduced_chunk(b) is self._grad_shard[b]
         ]
-        if len(plain) < 2:
-            plain = []
         for _, handle in plain:
             if handle is not None:
                 handle.wait()
@@ -510,7 +502,7 @@ class Zero1:
     def _all_gather_parameters(self) -> None:
         if self.world_size == 1:
             return
-        coalesce = self._coalesce_gathers and launcher_for(self._off_thread) is not None
+        coalesce = self._coalesce_gathers and not watched()
         handles = []
         # One launch for every bucket where that pays (Note [Zero1 coalesced all-gathers]).
         with _COALESCING(self.process_group, async_ops=True) if coalesce else _NO_CM as cm:
