@@ -27,118 +27,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 
-class _Launcher:
-    """One daemon thread that makes the calls it is given, in order (experiment)."""
-
-    def __init__(self):
-        import queue
-        import threading
-
-        self.q = queue.SimpleQueue()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self):
-        import threading
-
-        stream = None
-        while True:
-            item = self.q.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            fn, args, kwargs, out, k, s = item
-            try:
-                if s is not stream:
-                    torch.cuda.set_device(s.device)
-                    torch.cuda.set_stream(s)
-                    stream = s
-                out[k] = fn(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001
-                out[k] = e
-
-    def drain(self):
-        import threading
-
-        e = threading.Event()
-        self.q.put(e)
-        e.wait()
-
-
-_LAUNCHER = None
-
-
-def _variant_classes():
-    from paracheck.ddp import BucketedDDP
-
-    class ThreadBucketed(BucketedDDP):
-        def _reduce(self, k):
-            global _LAUNCHER
-            if _LAUNCHER is None:
-                _LAUNCHER = _Launcher()
-            _LAUNCHER.q.put(
-                (
-                    dist.all_reduce,
-                    (self._bucket_buffers[k],),
-                    {"group": self.process_group, "async_op": True},
-                    self._works,
-                    k,
-                    torch.cuda.current_stream(),
-                )
-            )
-            return None
-
-        def _settle(self):
-            _LAUNCHER.drain()
-            for w in self._works:
-                if isinstance(w, BaseException):
-                    raise w
-            super()._settle()
-
-    class DirectBucketed(BucketedDDP):
-        def _reduce(self, k):
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp.SUM
-            opts.asyncOp = True
-            group = self.process_group or dist.distributed_c10d._get_default_group()
-            return group.allreduce([self._bucket_buffers[k]], opts)
-
-    def _direct_all_reduce(tensor, group):
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        opts.asyncOp = True
-        return (group or dist.distributed_c10d._get_default_group()).allreduce([tensor], opts)
-
-    class ThreadDirectBucketed(ThreadBucketed):
-        def _reduce(self, k):
-            global _LAUNCHER
-            if _LAUNCHER is None:
-                _LAUNCHER = _Launcher()
-            _LAUNCHER.q.put(
-                (
-                    _direct_all_reduce,
-                    (self._bucket_buffers[k], self.process_group),
-                    {},
-                    self._works,
-                    k,
-                    torch.cuda.current_stream(),
-                )
-            )
-
-    return ThreadBucketed, DirectBucketed, ThreadDirectBucketed
-
-
 def build(name, model, rank, bucket_mb):
     from paracheck.ddp import BucketedDDP, OverlappedDDP
 
     if "@" in name:
         name, bucket_mb = name.split("@")[0], float(name.split("@")[1])
-    if name in ("bucketed-thread", "bucketed-direct", "bucketed-td"):
-        thread_cls, direct_cls, td_cls = _variant_classes()
-        cls = {"bucketed-thread": thread_cls, "bucketed-direct": direct_cls}.get(name, td_cls)
-        ddp = cls(model, bucket_mb)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        return ddp, ddp.finish_gradient_synchronization, opt
-
     if name == "local":
         return model, (lambda: None), torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     if name in ("torch-ddp", "torch-zero"):

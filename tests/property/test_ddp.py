@@ -40,17 +40,34 @@ def test_torch_ddp_matches_oracle(paracheck_check):
 # -- in process: layout and protocol ---------------------------------------------------------
 
 
-def _bucket_storage(ddp: BucketedDDP) -> set[int]:
-    return {buf.untyped_storage().data_ptr() for buf in ddp._bucket_buffers}
+def grads_are_bucket_views(ddp, produced: dict[int, int] | None = None) -> bool:
+    """Every trainable parameter's gradient lives in its bucket: a view of the bucket's flat buffer
+    or, alone in its bucket (Note [A bucket of one parameter]), where autograd put it (``produced``
+    maps a parameter's index to the address of the gradient its hook saw)."""
+    if not isinstance(ddp, BucketedDDP):
+        return False
+    for i, p in enumerate(ddp.trainable):
+        if p.grad is None:
+            return False
+        buf = ddp._bucket_buffers[ddp._bucket_of[i]]
+        if buf is not None:
+            if p.grad.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+                return False
+        elif produced is not None and p.grad.data_ptr() != produced[i]:
+            return False
+    return True
 
 
-def grads_are_bucket_views(ddp) -> bool:
-    """Every trainable parameter's gradient lives in one of the wrapper's bucket buffers."""
-    storages = _bucket_storage(ddp) if isinstance(ddp, BucketedDDP) else set()
-    return all(
-        p.grad is not None and p.grad.untyped_storage().data_ptr() in storages
-        for p in ddp.trainable
-    )
+def _record_produced(model) -> dict[int, int]:
+    """Index of each trainable parameter -> address of the gradient autograd accumulated, seen by
+    a hook registered before any wrapper's (hooks run in the order they were registered)."""
+    produced: dict[int, int] = {}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(trainable):
+        p.register_post_accumulate_grad_hook(
+            lambda p, i=i: produced.__setitem__(i, p.grad.data_ptr())
+        )
+    return produced
 
 
 def _step(ddp, x):
@@ -61,8 +78,10 @@ def _step(ddp, x):
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(mlp_specs().filter(lambda m: m.unused == "none"))
 def test_bucketed_grads_are_views_into_bucket_buffers(spec):
-    """After backward every gradient is a view of a bucket buffer, also after zero_grad either way."""
+    """After backward every gradient is a view of a bucket buffer, or, alone in its bucket, the
+    tensor autograd made: also after zero_grad either way."""
     model = build_model(spec, seed=0)
+    produced = _record_produced(model)
     ddp = BucketedDDP(model, bucket_size_mb=40 / 2**20)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(
@@ -71,7 +90,7 @@ def test_bucketed_grads_are_views_into_bucket_buffers(spec):
     for set_to_none in (True, False, True):
         opt.zero_grad(set_to_none=set_to_none)
         _step(ddp, x)
-        assert grads_are_bucket_views(ddp)
+        assert grads_are_bucket_views(ddp, produced)
         opt.step()
 
 
@@ -82,6 +101,28 @@ def test_view_property_catches_copying_variants():
         ddp = cls(build_model(spec, seed=0))
         _step(ddp, torch.ones(2, 3, dtype=torch.float64))
         assert not grads_are_bucket_views(ddp)
+
+
+class _CopiesLoneGradients(BucketedDDP):
+    """Reduces a parameter alone in its bucket from a copy of its gradient."""
+
+    def _launch(self, k: int) -> None:
+        for i in self.plan.buckets[k].params:
+            p = self.trainable[i]
+            if self._bucket_buffers[k] is None and p.grad is not None:
+                p.grad = p.grad.clone()
+        super()._launch(k)
+
+
+def test_view_property_catches_a_copy_of_a_lone_gradient():
+    """The layout check fails where a parameter alone in its bucket is reduced from a copy."""
+    for cls, expected in ((BucketedDDP, True), (_CopiesLoneGradients, False)):
+        model = build_model(MLPSpec(in_features=3, widths=(4, 2)), seed=0)
+        produced = _record_produced(model)
+        ddp = cls(model, bucket_size_mb=40 / 2**20)  # 5 float64 elements: several lone weights
+        assert any(buf is None for buf in ddp._bucket_buffers)
+        _step(ddp, torch.ones(2, 3, dtype=torch.float64))
+        assert grads_are_bucket_views(ddp, produced) is expected
 
 
 def test_bucketed_accumulates_in_place_across_micro_steps():

@@ -69,7 +69,8 @@ PINNED: dict[str, Case] = {
     "ddp-readiness-per-step": _shrunk(double_backward=True),
     "ddp-handles-per-step": _shrunk(accumulation=2, finish_once=True, unbounded_bucket=True),
     "ddp-round-starts-in-forward": _shrunk(double_backward=True),
-    "ddp-bucket-cap-ignored": _shrunk(model={"widths": (1, 1)}, bucket_size_mb=8 / 2**20),
+    # Four 8-byte parameters under an 8-byte cap: at least three buckets; one, and its flags, sent.
+    "ddp-bucket-cap-ignored": _shrunk(model={"widths": (1, 1, 1, 1)}, bucket_size_mb=8 / 2**20),
     # Six 8-byte parameters under a 48-byte cap: one bucket's worth, sent in six calls.
     "ddp-bucket-cap-in-bytes": _shrunk(
         model={"widths": (1, 1, 1), "bias": True}, bucket_size_mb=48 / 2**20

@@ -139,8 +139,9 @@ def training_memory(
     """Analytic bytes ``rank`` holds after a step of ``design`` over trainable parameters ``numels``
     (every parameter stepped, one group, one dtype and device):
 
-    * ``ddp``: paracheck ``BucketedDDP`` + the optimizer: gradients are views into the buckets,
-      which also hold one presence flag per parameter (grads = P + n * e);
+    * ``ddp``: paracheck ``BucketedDDP`` + the optimizer: gradients are views into the buckets of
+      several parameters, or lie where autograd put them (a bucket of one parameter): grads = P
+      (its presence flags live only while a round is settled);
     * ``sharded``: ``BucketedDDP`` + ``ShardedOptimizer``: state of the parameters
       ``partition_by_size`` gives ``rank``;
     * ``zero1``: ``Zero1``: parameters in padded flat buckets (P'), gradients = the padded bucket
@@ -173,7 +174,7 @@ def training_memory(
     sizes = [e] * len(n)
     full_state = sum(model.bytes(k, e) for k in n)
     if design == "ddp":
-        return MemoryBreakdown(P, P + len(n) * e, full_state, 0)
+        return MemoryBreakdown(P, P, full_state, 0)
     if design == "torch-ddp":
         return MemoryBreakdown(P, P, full_state, P)
     if design == "sharded":
@@ -181,7 +182,7 @@ def training_memory(
         state = sharded_state_bytes(
             owners, rank, numels=n, element_sizes=sizes, models=models, stateful=everything
         )
-        return MemoryBreakdown(P, P + len(n) * e, state, 0)
+        return MemoryBreakdown(P, P, state, 0)
     if design == "torch-zero":
         # torch's ZeroRedundancyOptimizer: sorted by numel (stable), each onto the least total numel.
         loads = [0] * world_size

@@ -125,8 +125,10 @@ class LateBucketedDDP(BucketedDDP):
 
 
 class SyncingBucketedDDP(BucketedDDP):
-    """BucketedDDP that reads each bucket's first element to the host once it has waited for it."""
+    """BucketedDDP that reads the first element of what each launch reduced (a bucket, the
+    presence flags) to the host once it has waited for it."""
 
     def _wait(self, k: int) -> None:
         super()._wait(k)
-        self._bucket_buffers[k][0].item()
+        if self._sent[k] is not None:
+            self._sent[k].reshape(-1)[0].item()

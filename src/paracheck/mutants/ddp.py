@@ -12,7 +12,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from paracheck.ddp.bucketed import BucketedDDP
+from paracheck.ddp.bucketed import BucketedDDP, _fill_and_reduce
 from paracheck.ddp.flat import FlatDDP
 from paracheck.ddp.naive import NaiveDDP
 from paracheck.ddp.overlapped import OverlappedDDP
@@ -65,11 +65,11 @@ class LastBucketNeverReducedDDP(BucketedDDP):
     """BucketedDDP that reduces a bucket only once it is full: the last, partly filled bucket is
     never reduced (its gradients are divided by the world size all the same)."""
 
-    def _reduce(self, k: int):
+    def _reduce(self, k: int, fill: tuple):
         b = self.plan.buckets[k]
         if k == len(self.plan.buckets) - 1 and b.nbytes < self.plan.cap_bytes:
-            return None  # BUG: "not full yet", and nothing flushes it
-        return super()._reduce(k)
+            return _fill_and_reduce(*fill, self._sent[k], None)  # BUG: "not full yet", never sent
+        return super()._reduce(k, fill)
 
 
 def _plan_dropping_oversized(numels, element_sizes, *, bucket_size_mb, keys=None) -> BucketPlan:
@@ -100,7 +100,7 @@ class OversizedParamDroppedDDP(BucketedDDP):
     planner = staticmethod(_plan_dropping_oversized)
 
     def _grad_ready(self, i: int) -> None:
-        if self._views[i] is not None:  # a dropped parameter has no slot, hence no hook work
+        if self._bucket_of[i] is not None:  # a dropped parameter has no bucket, hence no hook work
             super()._grad_ready(i)
 
 
@@ -216,17 +216,17 @@ class HooksRegisteredTwiceDDP(OverlappedDDP):
 
 
 class FlagsAveragedDDP(BucketedDDP):
-    """BucketedDDP that divides the whole bucket, presence flags included, by the world size and
-    then drops gradients whose flag is below 1: a parameter used on some ranks only loses its
+    """BucketedDDP that divides the presence counts by the world size, as it divides the gradients,
+    and then drops gradients whose count is below 1: a parameter used on some ranks only loses its
     gradient on the ranks that did not use it."""
 
     _settle_absent = edited(
         BucketedDDP._settle_absent,
         (
-            "counts = self._flags[k].tolist()",
-            "counts = self._flags[k].div_(self.world_size).tolist()  # BUG: counts, not gradients",
+            "counts = flags.tolist()",
+            "counts = flags.div_(self.world_size).tolist()  # BUG: counts, not gradients",
         ),
-        ("if counts[j] > 0 else None", "if counts[j] >= 1 else None"),
+        ("if counts[i] > 0 else None", "if counts[i] >= 1 else None"),
     )
 
 
@@ -236,8 +236,8 @@ class PresenceFromHooksDDP(BucketedDDP):
     ``zero_grad(set_to_none=False)`` is reduced but flagged absent, and dropped (None) where no
     rank used the parameter in that last backward."""
 
-    def _adopt(self, i: int, launcher=None) -> bool:
-        has = super()._adopt(i, launcher)
+    def _adopt(self, i: int) -> bool:
+        has = super()._adopt(i)
         return has and self._ready[i]  # BUG: "present" = "my hook fired", not "I have a gradient"
 
 
