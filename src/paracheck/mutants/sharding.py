@@ -315,8 +315,8 @@ class Zero2GradsZeroedNotFreed(Zero2):
     values are right (the next backward accumulates into zeros) and every rank holds a whole
     gradient per parameter."""
 
-    _into_bucket = edited(
-        Zero1._into_bucket,
+    _take_grad = edited(
+        Zero1._take_grad,
         ("p.grad = None", "p.grad.zero_()  # BUG: kept, zeroed, instead of freed"),
     )
 

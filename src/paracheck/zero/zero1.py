@@ -363,17 +363,10 @@ class Zero1:
             )
         b, off = self._where[i]
         self._start_bucket(b)
-        # On the launcher thread where the bucket's launch goes, ahead of it (Note [Launching off
-        # the autograd thread]).
-        launch(self._off_thread, self._into_bucket, self._flat(b)[off : off + p.numel()], p, p.grad)
+        self._flat(b)[off : off + p.numel()].copy_(p.grad.reshape(-1))
+        p.grad = None
         self._fired[i] = True
         self._pending[b] -= 1
-
-    def _into_bucket(self, dst: torch.Tensor, p, g: torch.Tensor) -> None:
-        """Copy parameter p's gradient ``g`` into its slot ``dst`` of the bucket, then drop it from
-        the parameter (ZeRO keeps no full-size gradient there)."""
-        dst.copy_(g.reshape(-1))
-        p.grad = None
 
     def _start_bucket(self, b: int) -> None:
         """Called before every write into bucket b's gradient buffer: the round's first one keeps a
