@@ -4,7 +4,8 @@ Two ranks spawned by this script for each design (``mp.spawn``, no torchrun; NCC
 CPU): every design is measured in fresh processes.
 Designs, all with AdamW (fused on CUDA), fp32, 25 MB buckets:
 
-* ``ddp``: paracheck ``BucketedDDP`` (gradients as bucket views) + AdamW, no sharding;
+* ``ddp``: paracheck ``BucketedDDP`` (gradients as bucket views, or where autograd put them for a
+  parameter alone in its bucket) + AdamW, no sharding;
 * ``sharded``: ``BucketedDDP`` + ``ShardedOptimizer`` (owner broadcast);
 * ``zero1``: ``Zero1`` (reduce-scatter / shard step / all-gather);
 * ``torch-ddp``: torch ``DistributedDataParallel`` + AdamW, no sharding;

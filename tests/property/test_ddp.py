@@ -1,5 +1,6 @@
 """Overlapped, bucketed and torch DDP equal the single-process oracle; the bucketed variant keeps
-its gradients as views into its bucket buffers; several backward passes may precede one finish.
+its gradients as views into its bucket buffers (a parameter alone in its bucket: where autograd put
+it); several backward passes may precede one finish.
 
 The equivalence checks run on the session World (world sizes 1..6, gloo, float64, the ci
 profile). The in-process tests run without torch.distributed (world size 1: the collectives are

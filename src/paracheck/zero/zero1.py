@@ -45,7 +45,7 @@ Note [Zero1 presence flags]
     two kernels per parameter). Reading the sums back is a device sync: the host stops queueing
     work until every reduce-scatter before it has run. A rank that had every gradient of the round
     knows every sum is >= 1 without reading it, so only a rank that lacked one waits (as in
-    ``BucketedDDP``'s Note [Presence flags in the bucket]).
+    ``BucketedDDP``'s Note [Presence flags after the buckets]).
 
 Note [Zero1 in-place reduce-scatter]
     Rank r's reduced chunk of bucket b is not a buffer of its own: it is the view
