@@ -198,3 +198,22 @@ def test_several_backwards_before_one_finish_sum_their_gradients(cls):
     ddp.finish_gradient_synchronization()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=0)
+
+
+def test_bucketed_reduces_a_lone_gradient_as_one_contiguous_tensor():
+    """A parameter alone in its bucket whose gradient follows non-contiguous strides (a transposed
+    parameter) or is sparse is reduced as a dense contiguous copy: a collective takes one."""
+    dense = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64).t())  # strides (1, 3)
+    emb = torch.nn.Embedding(5, 2, sparse=True).double()
+    module = torch.nn.Module()
+    module.w, module.emb = dense, emb
+    ddp = BucketedDDP(module, bucket_size_mb=8 / 2**20)  # one element: every parameter alone
+    assert all(buf is None for buf in ddp._bucket_buffers) and not dense.is_contiguous()
+    loss = (torch.ones(2, 3, dtype=torch.float64) @ dense).sum() + emb(torch.tensor([1, 3])).sum()
+    loss.backward()
+    ddp.finish_gradient_synchronization()
+    assert dense.grad.is_contiguous() and emb.weight.grad.layout == torch.strided
+    assert torch.equal(dense.grad, torch.full((3, 4), 2.0, dtype=torch.float64))
+    assert torch.equal(
+        emb.weight.grad.sum(dim=1), torch.tensor([0.0, 2, 0, 2, 0], dtype=torch.float64)
+    )

@@ -194,8 +194,15 @@ class BucketedDDP(RoundsMixin, DDPBase):
                 # No gradient this window, or one from no_sync micro-steps or earlier windows.
                 self._present[i] = self._adopt(i)
                 if buf is None and p.grad is None:
-                    p.grad = torch.zeros_like(p)  # this rank contributes zeros: see the flags
-            elif buf is not None and not _is_slot(g, self._views[i]):
+                    # This rank contributes zeros: see the flags.
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if buf is None:
+                g = p.grad
+                if g.layout != torch.strided or not g.is_contiguous():
+                    # A collective needs one dense, contiguous tensor: a sparse gradient, or one
+                    # that follows a non-contiguous parameter's strides, is reduced as a copy.
+                    p.grad = g.to_dense().contiguous()
+            elif self._ready[i] and g is not None and not _is_slot(g, self._views[i]):
                 params.append(p)
                 views.append(self._views[i])
                 grads.append(g)
