@@ -200,15 +200,23 @@ def test_several_backwards_before_one_finish_sum_their_gradients(cls):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=0)
 
 
-def test_bucketed_reduces_a_lone_gradient_as_one_contiguous_tensor():
-    """A parameter alone in its bucket whose gradient follows non-contiguous strides (a transposed
-    parameter) or is sparse is reduced as a dense contiguous copy: a collective takes one."""
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda m: BucketedDDP(m, bucket_size_mb=8 / 2**20), OverlappedDDP],  # 8 bytes: all alone
+    ids=["bucketed", "overlapped"],
+)
+def test_a_lone_gradient_is_reduced_as_one_contiguous_tensor(wrap):
+    """A gradient reduced where it lies (OverlappedDDP's, or BucketedDDP's alone in its bucket)
+    that follows non-contiguous strides (a transposed parameter) or is sparse is reduced as a
+    dense contiguous copy: a collective takes one (``reducible_grad``)."""
     dense = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64).t())  # strides (1, 3)
     emb = torch.nn.Embedding(5, 2, sparse=True).double()
     module = torch.nn.Module()
     module.w, module.emb = dense, emb
-    ddp = BucketedDDP(module, bucket_size_mb=8 / 2**20)  # one element: every parameter alone
-    assert all(buf is None for buf in ddp._bucket_buffers) and not dense.is_contiguous()
+    ddp = wrap(module)
+    assert not dense.is_contiguous()
+    if isinstance(ddp, BucketedDDP):
+        assert all(buf is None for buf in ddp._bucket_buffers)
     loss = (torch.ones(2, 3, dtype=torch.float64) @ dense).sum() + emb(torch.tensor([1, 3])).sum()
     loss.backward()
     ddp.finish_gradient_synchronization()

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DDPBase", "check_bucket_size_mb", "presence_flags"]
+__all__ = ["DDPBase", "check_bucket_size_mb", "presence_flags", "reducible_grad"]
 
 
 def check_bucket_size_mb(bucket_size_mb) -> float:
@@ -46,6 +46,20 @@ def presence_flags(n: int, absent, *, dtype, device) -> torch.Tensor:
     for i in absent:
         flags[i] = 0
     return flags
+
+
+def reducible_grad(p: torch.Tensor) -> bool:
+    """Make ``p.grad`` a tensor one collective can reduce in place: dense and contiguous (a sparse
+    gradient, or one that follows a non-contiguous parameter's strides, becomes a copy), or zeros
+    where there is none (this rank contributes nothing; see the presence flags). Return whether
+    a local gradient existed."""
+    g = p.grad
+    if g is None:
+        p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        return False
+    if g.layout != torch.strided or not g.is_contiguous():
+        p.grad = g.to_dense().contiguous()
+    return True
 
 
 def _end_of_backward(ref: weakref.ref) -> None:

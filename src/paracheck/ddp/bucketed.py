@@ -50,7 +50,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import DDPBase, RoundsMixin, check_bucket_size_mb, presence_flags
+from paracheck.ddp._common import (
+    DDPBase,
+    RoundsMixin,
+    check_bucket_size_mb,
+    presence_flags,
+    reducible_grad,
+)
 from paracheck.ddp._launch import launch, uses_launcher
 from paracheck.ddp.plan import plan_buckets
 
@@ -67,9 +73,9 @@ def _is_slot(g: torch.Tensor, view: torch.Tensor) -> bool:
     return g is view or (g.data_ptr() == view.data_ptr() and g.shape == view.shape)
 
 
-def _fill_and_reduce(params, views, grads, buf, group):
+def _fill_and_reduce(params, views, grads, buf, group=None, *, reduce=True):
     """Put stolen gradients in their slots (one multi-tensor copy), point ``.grad`` at the slots,
-    then launch the bucket's all-reduce (none without ``group``)."""
+    then launch the bucket's all-reduce on ``group`` (none unless ``reduce``)."""
     if grads:
         if all(g.layout == torch.strided for g in grads):
             torch._foreach_copy_(views, grads)
@@ -78,9 +84,9 @@ def _fill_and_reduce(params, views, grads, buf, group):
                 v.copy_(g)
         for p, v in zip(params, views):
             p.grad = v
-    if group is None:
+    if not reduce:
         return None
-    return dist.all_reduce(buf, group=group[0], async_op=True)
+    return dist.all_reduce(buf, group=group, async_op=True)
 
 
 class BucketedDDP(RoundsMixin, DDPBase):
@@ -136,7 +142,6 @@ class BucketedDDP(RoundsMixin, DDPBase):
         self._off_thread = (
             self.world_size > 1 and bool(params) and uses_launcher(params[0], process_group)
         )
-        self._group = None if self.world_size == 1 else (process_group,)
         self._reset_window()
         ref = weakref.ref(self)
         self._hooks = [
@@ -155,12 +160,12 @@ class BucketedDDP(RoundsMixin, DDPBase):
 
     def _adopt(self, i: int) -> bool:
         """Put parameter i's local gradient where its bucket reduces it: in its slot, zeros if it
-        has none (Note [Gradients as bucket views]), or where it lies for a bucket of one
-        parameter; return whether it had one."""
+        has none (Note [Gradients as bucket views]), or, alone in its bucket, where it lies, made
+        reducible there (``reducible_grad``); return whether it had one."""
         p, view = self.trainable[i], self._views[i]
-        g = p.grad
         if view is None:
-            return g is not None
+            return reducible_grad(p)
+        g = p.grad
         if g is None:
             view.zero_()
             return False
@@ -193,16 +198,9 @@ class BucketedDDP(RoundsMixin, DDPBase):
             if not self._ready[i] or g is None:
                 # No gradient this window, or one from no_sync micro-steps or earlier windows.
                 self._present[i] = self._adopt(i)
-                if buf is None and p.grad is None:
-                    # This rank contributes zeros: see the flags.
-                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            if buf is None:
-                g = p.grad
-                if g.layout != torch.strided or not g.is_contiguous():
-                    # A collective needs one dense, contiguous tensor: a sparse gradient, or one
-                    # that follows a non-contiguous parameter's strides, is reduced as a copy.
-                    p.grad = g.to_dense().contiguous()
-            elif self._ready[i] and g is not None and not _is_slot(g, self._views[i]):
+            elif buf is None:
+                self._adopt(i)  # reduced where it lies
+            elif not _is_slot(g, self._views[i]):
                 params.append(p)
                 views.append(self._views[i])
                 grads.append(g)
@@ -213,7 +211,14 @@ class BucketedDDP(RoundsMixin, DDPBase):
     def _reduce(self, k: int, fill: tuple):
         """Launch bucket k: the copies still owed to its slots (``fill``: parameters, their views,
         their gradients), then its all-reduce; on the launcher thread where it pays."""
-        return launch(self._off_thread, _fill_and_reduce, *fill, self._sent[k], self._group)
+        return launch(
+            self._off_thread,
+            _fill_and_reduce,
+            *fill,
+            self._sent[k],
+            self.process_group,
+            reduce=self.world_size > 1,
+        )
 
     def _launch_rest(self) -> None:
         """Launch the buckets the round has not launched, in order, then the presence flags (Note
@@ -225,7 +230,7 @@ class BucketedDDP(RoundsMixin, DDPBase):
             ref = self.trainable[0]  # flags in the gradients' dtype: counts up to W are exact
             flags = presence_flags(len(self.trainable), absent, dtype=ref.dtype, device=ref.device)
             self._sent[-1] = flags
-            if self._group is not None:
+            if self.world_size > 1:
                 self._works[-1] = launch(
                     self._off_thread,
                     dist.all_reduce,

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paracheck.ddp._common import DDPBase, RoundsMixin, presence_flags
+from paracheck.ddp._common import DDPBase, RoundsMixin, presence_flags, reducible_grad
 from paracheck.ddp._launch import launch, uses_launcher
 
 __all__ = ["OverlappedDDP"]
@@ -122,9 +122,7 @@ class OverlappedDDP(RoundsMixin, DDPBase):
 
     def _launch(self, k: int) -> None:
         p = self._order[k]
-        self._present[k] = p.grad is not None
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)  # this rank contributes zeros; see the presence flags
+        self._present[k] = reducible_grad(p)
         self._works.append(self._all_reduce(p.grad))
         self._next = k + 1
 

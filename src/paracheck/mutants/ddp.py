@@ -68,7 +68,7 @@ class LastBucketNeverReducedDDP(BucketedDDP):
     def _reduce(self, k: int, fill: tuple):
         b = self.plan.buckets[k]
         if k == len(self.plan.buckets) - 1 and b.nbytes < self.plan.cap_bytes:
-            return _fill_and_reduce(*fill, self._sent[k], None)  # BUG: "not full yet", never sent
+            return _fill_and_reduce(*fill, self._sent[k], reduce=False)  # BUG: "not full yet"
         return super()._reduce(k, fill)
 
 
