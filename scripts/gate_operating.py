@@ -197,8 +197,11 @@ def _table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def _job(j, reps, labels, cpus, tmp, kinds, gate_args, log_path, deadline, lock, runs) -> None:
-    """Job ``j``: its own copy of the repository, its repetitions interleaved over ``labels``."""
+def _job(
+    j, reps, labels, cpus, tmp, kinds, gate_args, log_path, deadline, lock, runs, save
+) -> None:
+    """Job ``j``: its own copy of the repository, its repetitions interleaved over ``labels``;
+    ``save()`` (called under ``lock``) after every run, so a stopped measurement keeps its runs."""
     repo, shas = build_repo(os.path.join(tmp, f"job{j}"), kinds)
     with open(f"{log_path}.{j}" if cpus is not None else log_path, "w") as log:
         for i in reps:
@@ -209,6 +212,7 @@ def _job(j, reps, labels, cpus, tmp, kinds, gate_args, log_path, deadline, lock,
                 r = _gate(repo, shas["base"], head, gate_args, log, cpus)
                 with lock:
                     runs[label].append(r)
+                    save()
                     print(
                         f"  {i + 1} {label}: exit {r['exit']} {r['verdict']}, {r['rounds']} rounds,"
                         f" median ratio x{_fmt(r['median_ratio'])}, interval {r['interval']}"
@@ -247,7 +251,7 @@ def main(argv=None) -> int:
         "--deadline",
         type=float,
         default=None,
-        help="start no gate run after this many seconds; runs started still finish (default: none)",
+        help="start no gate run after this many seconds; runs started still finish (default: none); rewritten after every run",
     )
     p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
     p.add_argument(
@@ -305,6 +309,20 @@ def main(argv=None) -> int:
         for j in range(args.jobs)
     ]
     gate_args = list(args.gate_args) + ["--no-history"]
+
+    def save() -> None:
+        if args.json:
+            record = {
+                "n": args.n,
+                "jobs": args.jobs,
+                "gate_args": args.gate_args,
+                "load_per_core": args.load,
+                "runs": runs,
+            }
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(record, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
     load = None
     if args.load:
         load = subprocess.Popen(
@@ -325,7 +343,7 @@ def main(argv=None) -> int:
             t = threading.Thread(
                 target=_job,
                 args=(j, reps, labels, cpus, tmp, kinds, gate_args, args.log, deadline, lock),
-                kwargs={"runs": runs},
+                kwargs={"runs": runs, "save": save},
             )
             t.start()
             threads.append(t)
@@ -338,19 +356,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(_table(runs))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "n": args.n,
-                    "jobs": args.jobs,
-                    "gate_args": args.gate_args,
-                    "load_per_core": args.load,
-                    "runs": runs,
-                },
-                f,
-                indent=1,
-            )
+    save()
     return 0
 
 
