@@ -251,9 +251,13 @@ def main(argv=None) -> int:
         "--deadline",
         type=float,
         default=None,
-        help="start no gate run after this many seconds; runs started still finish (default: none); rewritten after every run",
+        help="start no gate run after this many seconds; runs started still finish (default: none)",
     )
-    p.add_argument("--json", default=None, help="write every run's outcome here (default: none)")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="write every run's outcome here, rewritten after each run (default: none)",
+    )
     p.add_argument(
         "--merge",
         nargs="+",
