@@ -179,9 +179,7 @@ if __name__ == "__main__" and not os.environ.get("VERIFY"):
 
 def _verify_rank(rank, world, port):
     """Each built-in with launches on the launcher thread against launches in the hooks, on NCCL:
-    gradients and parameters after three steps, bit for bit; for ``zero1-step`` and ``zero2-step``
-    the step pipelined with its all-gathers against one step then the gathers ("thread" is
-    pipelined there)."""
+    gradients and parameters after three steps, bit for bit."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group(
@@ -196,11 +194,7 @@ def _verify_rank(rank, world, port):
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     def train(kind, enabled):
-        # "zero1-step", "zero2-step": the step pipelined with its all-gathers (enabled) against
-        # one step then the gathers, launches on the thread in both.
-        pipelined = kind.endswith("-step")
-        kind = kind.removesuffix("-step")
-        _launch.ENABLED = enabled or pipelined
+        _launch.ENABLED = enabled
         torch.manual_seed(0)
         with torch.device("cuda"):
             model = TransformerLM(spec)
@@ -209,13 +203,10 @@ def _verify_rank(rank, world, port):
                 model, torch.optim.AdamW, bucket_size_mb=25.0, lr=1e-3
             )
             opt = w
-            if pipelined:
-                w._pipeline_step = enabled
-                assert w._pipelines_step(w.optimizer.local_optimizer) is enabled
         else:
             w = BucketedDDP(model, 25.0) if kind == "bucketed" else OverlappedDDP(model)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        assert kind == "overlapped" or w._off_thread is (enabled or pipelined), kind
+        assert kind == "overlapped" or w._off_thread is enabled, (kind, w._off_thread)
         out = []
         for step in range(3):
             torch.manual_seed(10 * step + rank)
@@ -230,8 +221,6 @@ def _verify_rank(rank, world, port):
             opt.zero_grad(set_to_none=True)
         if kind == "overlapped":
             assert w._off_thread is enabled, (kind, w._off_thread)
-        if pipelined:
-            kind += "-step"
         return out + [p.detach().clone() for p in model.parameters()]
 
     def same(a, b):

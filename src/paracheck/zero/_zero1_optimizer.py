@@ -46,12 +46,8 @@ class Zero1Optimizer(torch.optim.Optimizer):
         sync_hyperparameters(self)
 
     def step(self, closure=None, **kwargs):
-        """Step this rank's pieces, then all-gather every bucket (on NCCL, bucket run by bucket
-        run: Note [Zero1 step pipelined with its all-gathers]). A collective."""
+        """Step this rank's pieces, then all-gather every bucket. A collective."""
         self._sync_hyperparameters()
-        if closure is None and not kwargs and self._zero._pipelines_step(self.local_optimizer):
-            self._zero._step_pipelined(self.local_optimizer)
-            return None
         if closure is None:
             loss = self.local_optimizer.step(**kwargs)
         else:

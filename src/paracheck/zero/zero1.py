@@ -71,7 +71,6 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.optim.optimizer as _optimizer_module
 from torch import nn
 
 from paracheck.ddp._common import check_bucket_size_mb, presence_flags
@@ -111,36 +110,6 @@ def _hook(ref: weakref.ref, i: int, p: torch.Tensor) -> None:
 #     order on every rank, the same bytes; elsewhere (gloo, a recorder) one launch per bucket.
 _COALESCING = getattr(dist.distributed_c10d, "_coalescing_manager", None)
 _NO_CM = contextlib.nullcontext()
-
-
-class _Gathers:
-    """The all-gathers of some buckets, launched: ``wait()`` waits for all of them."""
-
-    __slots__ = ("works",)
-
-    def __init__(self, works: list):
-        self.works = works
-
-    def wait(self) -> None:
-        for work in self.works:
-            work.wait()
-
-
-# Note [Zero1 step pipelined with its all-gathers]
-#     After the optimizer step every bucket is all-gathered. Launched after the whole step, the
-#     gathers (as many bytes per rank as half an all-reduce) start only once the last piece is
-#     stepped, and the step's GPU time is exposed ahead of them. Where the wrapped optimizer is one
-#     of torch's elementwise ones (exactly ``SGD``, ``Adam`` or ``AdamW``: a subclass may override
-#     ``step``), with no step hooks, no closure and no keyword arguments, ``step()`` instead steps
-#     the pieces in ``STEP_CHUNKS`` runs of consecutive buckets and launches a run's all-gathers
-#     as soon as its pieces are stepped: run k's gathers travel while run k + 1 is stepped. Each
-#     piece is stepped once, by the same optimizer with the same state and hyperparameters, and
-#     these optimizers update each element from that element's gradient and state alone, so the
-#     parameters and state are bit for bit those of one step over every piece
-#     (``tests/integration/test_zero1_pipelined_step.py``). The collectives are the same, in the same
-#     order, on every rank. Used where the gathers are one group call (NCCL, nothing watching:
-#     Note [Zero1 coalesced all-gathers]); elsewhere ``step()`` steps once and then gathers.
-_ELEMENTWISE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
 def _drain_launches(ref: weakref.ref) -> None:
@@ -183,10 +152,6 @@ class Zero1:
     ``finish_gradient_synchronization()``, ``step()`` (all-gathers), ``state_dict()`` and
     ``full_gradients()``. World size 1 runs the same code with the collectives replaced by copies.
     """
-
-    #: Runs of buckets ``step()`` steps and gathers one after the other where it may (Note [Zero1
-    #: step pipelined with its all-gathers]).
-    STEP_CHUNKS = 4
 
     # One flat buffer of one dtype: a model with parameters of two dtypes is refused (the
     # constructor raises), and the check skips such a case with this note.
@@ -243,8 +208,6 @@ class Zero1:
         self._coalesce_gathers = (
             _COALESCING is not None and self.world_size > 1 and on_nccl(ref, process_group)
         )
-        # Note [Zero1 step pipelined with its all-gathers]: where the gathers are one group call.
-        self._pipeline_step = self._coalesce_gathers
         self._sync_enabled = True
         self._reset_round()
         self._fresh = [True] * len(self.layout.buckets)
@@ -539,73 +502,18 @@ class Zero1:
     def _all_gather_parameters(self) -> None:
         if self.world_size == 1:
             return
-        self._launch_gathers(range(len(self._param_flat))).wait()
-
-    def _launch_gathers(self, buckets: range) -> _Gathers:
-        """All-gather ``buckets`` in place, asynchronously: one launch for all of them where that
-        pays (Note [Zero1 coalesced all-gathers]), one per bucket elsewhere."""
         coalesce = self._coalesce_gathers and not watched()
         handles = []
+        # One launch for every bucket where that pays (Note [Zero1 coalesced all-gathers]).
         with _COALESCING(self.process_group, async_ops=True) if coalesce else _NO_CM as cm:
-            for b in buckets:
-                flat = self._param_flat[b]
+            for b, flat in enumerate(self._param_flat):
                 s = self.layout.shard_numel(b)
                 shard = flat.narrow(0, self.rank * s, s)
                 handles.append(
                     _all_gather_into_tensor(flat, shard, group=self.process_group, async_op=True)
                 )
-        return _Gathers([cm] if coalesce else handles)
-
-    def _pipelines_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether ``step()`` may step ``optimizer`` run by run of buckets, each run's all-gathers
-        launched once it is stepped (Note [Zero1 step pipelined with its all-gathers])."""
-        return (
-            self._pipeline_step
-            and self.world_size > 1
-            and len(self.layout.buckets) > 1
-            and type(optimizer) in _ELEMENTWISE_OPTIMIZERS
-            and type(self)._all_gather_parameters is Zero1._all_gather_parameters
-            and not optimizer._optimizer_step_pre_hooks
-            and not optimizer._optimizer_step_post_hooks
-            and not _optimizer_module._global_optimizer_pre_hooks
-            and not _optimizer_module._global_optimizer_post_hooks
-            and not watched()
-        )
-
-    def _step_runs(self) -> list[range]:
-        """``STEP_CHUNKS`` runs of consecutive buckets of about equal size (fewer where there are
-        fewer buckets): the same on every rank, as the layout is."""
-        sizes = [b.padded for b in self.layout.buckets]
-        total, runs, start, acc = sum(sizes), [], 0, 0
-        k = min(self.STEP_CHUNKS, len(sizes))
-        for b, n in enumerate(sizes):
-            acc += n
-            if acc * k >= total * (len(runs) + 1) or b == len(sizes) - 1:
-                runs.append(range(start, b + 1))
-                start = b + 1
-        return runs
-
-    def _step_pipelined(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step ``optimizer`` (over this rank's pieces) run by run of buckets, launching each run's
-        all-gathers once its pieces are stepped; then wait for every gather (Note [Zero1 step
-        pipelined with its all-gathers])."""
-        bucket_of = {id(t): self.pieces[k].bucket for k, t in enumerate(self._stepped)}
-        groups = optimizer.param_groups
-        whole = [g["params"] for g in groups]
-        gathers = []
-        try:
-            for run in self._step_runs():
-                subsets = [[t for t in params if bucket_of[id(t)] in run] for params in whole]
-                if any(subsets):
-                    for g, subset in zip(groups, subsets):
-                        g["params"] = subset
-                    optimizer.step()
-                gathers.append(self._launch_gathers(run))
-        finally:
-            for g, params in zip(groups, whole):
-                g["params"] = params
-        for gathered in gathers:
-            gathered.wait()
+        for h in [cm] if coalesce else handles:
+            h.wait()
 
     def _gather_buckets(self, shards: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every bucket whole, from each rank's chunk of it (``shards[b]``): a collective."""
