@@ -63,6 +63,13 @@ def _no_stream():
     return None
 
 
+def _current_stream() -> tuple[int, int, int]:
+    """The current CUDA stream of the current device as ``(stream_id, device_index,
+    device_type)``: what ``torch.cuda.current_stream()`` reads, without building a ``Stream``
+    (a hook pays this once per launch it queues)."""
+    return torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+
+
 class Pending:
     """One queued launch: ``work()`` waits for it and returns what the call returned."""
 
@@ -99,7 +106,7 @@ class Launcher:
     def __init__(self):
         self.pid = os.getpid()
         # The stream current in the caller, made current in the thread (none without CUDA).
-        self._stream = torch.cuda.current_stream if torch.cuda.is_available() else _no_stream
+        self._stream = _current_stream if torch.cuda.is_available() else _no_stream
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._last: Pending | None = None
         self._done = threading.Condition()
@@ -131,8 +138,11 @@ class Launcher:
             pending, stream, fn, args, kwargs = self._queue.get()
             try:
                 if stream is not None and stream != current:
-                    torch.cuda.set_device(stream.device)
-                    torch.cuda.set_stream(stream)
+                    stream_id, device_index, device_type = stream
+                    torch._C._cuda_setDevice(device_index)
+                    torch._C._cuda_setStream(
+                        stream_id=stream_id, device_index=device_index, device_type=device_type
+                    )
                     current = stream
                 pending._value = fn(*args, **kwargs)
             except BaseException as e:  # handed to the waiter, which raises it
