@@ -10,8 +10,13 @@ call and their alternatives side by side so one device lease answers where the h
 * ``lm``, ``graph``, ``compile``: the LM's whole step with each norm and none
   (``paracheck.bench.lm.time_lm_steps``): eager, replayed from one CUDA graph, or compiled.
 * ``plans``: fwd+bwd GPU time of launch-plan alternatives per shape, bf16 and fp32.
+* ``boundary``: where the LM's eager step loses with ``norm="triton"``: how many of its norm
+  calls took the prepared host path (forward and backward; Note [host path]), and the step with
+  a fourth norm, ``boundary``: ``F.rms_norm``'s forward inside a Python ``autograd.Function``
+  whose backward does no work (its gradients are wrong; only its time counts): the cost of the
+  Function boundary alone, against the torch norm, the Triton norm and none.
 
-    PYTHONPATH=src python experiments/rmsnorm_in_model.py [--what host,lm,graph,compile,plans]
+    PYTHONPATH=src python experiments/rmsnorm_in_model.py [--what host,lm,graph,compile,plans,boundary]
 """
 
 from __future__ import annotations
@@ -125,6 +130,86 @@ def lm_table(sizes, dtypes, steps, mode="eager") -> list[str]:
     return lines
 
 
+class _Boundary(torch.autograd.Function):
+    """``F.rms_norm``'s forward behind a Python Function boundary; a backward that does no work."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        ctx.dw = torch.zeros_like(w)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, ctx.dw, None
+
+
+class _BoundaryNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d, device="cuda"))
+
+    def forward(self, x):
+        return _Boundary.apply(x, self.weight, EPS)
+
+
+def boundary_table(sizes, dtypes, steps) -> list[str]:
+    """The Triton norm's prepared-path hits in the LM, and the step with a Function boundary
+    around ``F.rms_norm`` (``_Boundary``) beside the three norms of ``time_lm_steps``."""
+    import paracheck.bench.lm as L
+
+    plain = L._lm_with_norm
+
+    def with_boundary(size, norm):
+        if norm != "boundary":
+            return plain(size, norm)
+        net = plain(size, "torch")
+        for mod in list(net.modules()):
+            for child in ("ln1", "ln2", "ln_final"):
+                if hasattr(mod, child):
+                    setattr(mod, child, _BoundaryNorm(getattr(mod, child).weight.shape[0]))
+        return net
+
+    # Prepared-path hits: _fast_ok is asked once per forward and once per backward that found a
+    # prepared signature; every call of a norm counts once per pass.
+    fast_ok, hits, calls = K._fast_ok, [0], [0]
+
+    def counting(device):
+        ok = fast_ok(device)
+        hits[0] += ok
+        return ok
+
+    lines = ["", "### LM step, eager, with a Function boundary around F.rms_norm, ms", ""]
+    lines += [
+        "| size | dtype | norm | step median | host enqueue median | step / torch | prepared hits |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    norms = ("torch", "triton", "boundary", "none")
+    L._lm_with_norm = with_boundary
+    K._fast_ok = counting
+    original_forward = K.TritonRMSNorm.forward
+
+    def counted_forward(self, x):
+        calls[0] += 1
+        return original_forward(self, x)
+
+    K.TritonRMSNorm.forward = counted_forward
+    try:
+        for size in sizes:
+            for dtype in dtypes:
+                hits[0] = calls[0] = 0
+                t = L.time_lm_steps(size, bf16=dtype == "bf16", steps=steps, norms=norms)
+                share = f"{hits[0]} of {2 * calls[0]} passes"
+                for norm in norms:
+                    lines.append(
+                        f"| {size} | {dtype} | {norm} | {t[norm][0]:.2f} | {t[norm][1]:.2f} | "
+                        f"{t[norm][0] / t['torch'][0]:.3f} | {share if norm == 'triton' else ''} |"
+                    )
+                print("\n".join(lines[-len(norms) :]), flush=True)
+    finally:
+        L._lm_with_norm, K._fast_ok, K.TritonRMSNorm.forward = plain, fast_ok, original_forward
+    return lines
+
+
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (16384, 1600), (8192, 4096)]
 
 
@@ -223,6 +308,8 @@ def main(argv=None) -> int:
             )
     if "plans" in what:
         lines += plan_table()
+    if "boundary" in what:
+        lines += boundary_table(args.sizes.split(","), args.dtypes.split(","), args.steps)
     print("\n".join(lines))
     return 0
 
