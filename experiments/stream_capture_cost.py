@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from paracheck.ddp._launch import _current_stream
+from paracheck.ddp._launch import _current_stream, _make_current
 
 
 def _per_call(fn, calls: int) -> float:
@@ -36,17 +36,13 @@ def main() -> None:
         torch.cuda.set_device(obj.device)
         torch.cuda.set_stream(obj)
 
-    def set_raw():
-        torch._C._cuda_setDevice(raw[1])
-        torch._C._cuda_setStream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
-
     cases = {
         "capture: torch.cuda.current_stream()": torch.cuda.current_stream,
         "capture: raw tuple": _current_stream,
         "compare: Stream objects": lambda: obj != side,
         "compare: tuples": lambda: raw != (0, 0, 0),
         "set: set_device + set_stream": set_object,
-        "set: raw": set_raw,
+        "set: raw (the launcher's)": lambda: _make_current(raw),
     }
     times = {k: [] for k in cases}
     for _ in range(args.rounds):

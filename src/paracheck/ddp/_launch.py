@@ -70,6 +70,15 @@ def _current_stream() -> tuple[int, int, int]:
     return torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
 
 
+def _make_current(stream: tuple[int, int, int]) -> None:
+    """Make ``stream`` (as ``_current_stream`` gives it) this thread's device and stream."""
+    stream_id, device_index, device_type = stream
+    torch._C._cuda_setDevice(device_index)
+    torch._C._cuda_setStream(
+        stream_id=stream_id, device_index=device_index, device_type=device_type
+    )
+
+
 class Pending:
     """One queued launch: ``work()`` waits for it and returns what the call returned."""
 
@@ -138,11 +147,7 @@ class Launcher:
             pending, stream, fn, args, kwargs = self._queue.get()
             try:
                 if stream is not None and stream != current:
-                    stream_id, device_index, device_type = stream
-                    torch._C._cuda_setDevice(device_index)
-                    torch._C._cuda_setStream(
-                        stream_id=stream_id, device_index=device_index, device_type=device_type
-                    )
+                    _make_current(stream)
                     current = stream
                 pending._value = fn(*args, **kwargs)
             except BaseException as e:  # handed to the waiter, which raises it
