@@ -27,12 +27,14 @@ PEERS = {
     "zero2": "torch-zero",
     "sharded": "torch-zero",
     "fsdp": "torch-fsdp",
+    "torch-zero": "torch-ddp",
 }
 
 
 def run_tree(path: str, args) -> dict:
     out = tempfile.mkdtemp()
-    env = dict(os.environ, PYTHONPATH=os.path.join(path, "src"), OUT=out, PYTHONUNBUFFERED="1")
+    pythonpath = os.pathsep.join([os.path.join(path, "src"), *args.pythonpath])
+    env = dict(os.environ, PYTHONPATH=pythonpath, OUT=out, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, os.path.join(path, "scripts", "gpu_bench.py"), "--what", "step"]
     cmd += ["--sizes", args.sizes, "--variants", args.variants]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -66,6 +68,13 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=500)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--pythonpath",
+        default="",
+        type=lambda s: [os.path.abspath(x) for x in s.split(",") if x],
+        help="folders for import-path variants (module:Class), comma separated; an import-path "
+        "variant whose name has 'zero' is put against torch-zero, else torch-ddp",
+    )
     p.add_argument("--smoke", action="store_true", help="gpu_bench --smoke: CPU, code paths only")
     args = p.parse_args()
     trees = [t.split("=", 1) for t in args.trees.split(",")]
@@ -81,6 +90,8 @@ def main() -> int:
         for d, v in keys:
             ms = [res[(d, v)]["median"] * 1e3 for res in runs[name] if (d, v) in res]
             peer = PEERS.get(v)
+            if ":" in v:  # an import-path variant
+                peer = "torch-zero" if "zero" in v.lower() else "torch-ddp"
             ratios = [
                 res[(d, v)]["median"] / res[(d, peer)]["median"]
                 for res in runs[name]
