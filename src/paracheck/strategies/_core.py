@@ -58,6 +58,20 @@ def communicating_first(sizes) -> list[int]:
 #   W = 2 in 3, and a DDP that ignores its bucket cap survived it. So a case draws its world size
 #   from the sizes with the smallest one above 1 first and 1 last: a failure shrinks toward two
 #   ranks, the smallest world in which anything is communicated, and one rank stays drawn.
+#   That order alone does not hold for two sizes: from (2, 1) the same search drew W = 1 in 25 of
+#   40 (a ZeRO-1 clipping by its own chunk's norm met no clipped W = 2 case and survived), so
+#   with one size above 1 that size is listed three times (``world_size_draws``). With more
+#   sizes the order is left alone: 1 came 7-9 times in 40, and a change would move every
+#   derandomised sequence of the default sizes.
+
+
+def world_size_draws(sizes) -> st.SearchStrategy[int]:
+    """The world size of a case, from ``sizes`` (ints >= 1; Note [Worlds that communicate
+    first]): the communicating sizes first, 1 last, and 1 and a single other size at 1 : 3."""
+    order = communicating_first(sizes)
+    if len(order) == 2 and order[-1] == 1:
+        order = [order[0]] * 3 + [1]
+    return st.sampled_from(order)
 
 
 def world_sizes(*, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[int]:
@@ -291,7 +305,7 @@ def cases(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
     w = draw(
-        st.sampled_from(sizes)
+        world_size_draws(sizes)
         if world_sizes is not None
         else st.integers(min_world_size, max_world_size)
     )
@@ -476,6 +490,10 @@ def with_precision(case: Case, precision: str, *, adam: bool = False) -> Case:
 #   clip. Models with a float32 layer in a float64 one are not clipped: torch computes each
 #   dtype's norm in that dtype, and the float32 rounding of the coefficient would reach the
 #   float64 tensors at step 0. Labelling removes the clip like any feature (``without``).
+#   The sharding kinds, whose clipping is their own code, clip in three seed values of four, and
+#   pick by a hash of the seed rather than by seed // 7: Hypothesis draws seeds 0, 1, 2, 256,
+#   65536 far more often than others, which seed // 7 sent to "no clip" nearly always (a ZeRO-1
+#   clipping by its own chunk's norm met no clipped two-rank case in 40 at world sizes 1 and 2).
 CLIP_NORMS = (None, 0.01, None, 1.0)
 
 
@@ -487,7 +505,10 @@ def clip_norm_for_seed(seed: int) -> float | None:
 
 
 def sharding_clip_norm_for_seed(seed: int) -> float | None:
-    return SHARDING_CLIP_NORMS[(seed // 7) % len(SHARDING_CLIP_NORMS)]
+    # Knuth's multiplicative hash: seed 0 maps to 0 (no clip), the small and round seeds that
+    # Hypothesis draws most spread over all four values.
+    mixed = ((seed * 2654435761) & 0xFFFFFFFF) >> 16
+    return SHARDING_CLIP_NORMS[mixed % len(SHARDING_CLIP_NORMS)]
 
 
 # Note [Steering the data-dependent branch]

@@ -10,9 +10,9 @@ from paracheck.cases import AUTOCAST_DTYPES, LOSSES, Case, GroupSpec, OptimizerS
 from paracheck.strategies._core import (
     _check_bounds,
     _check_precision,
-    communicating_first,
     from_seed,
     precision_settings,
+    world_size_draws,
 )
 from paracheck.workloads.lm import LMSpec
 
@@ -90,7 +90,7 @@ def loop_cases(
     _check_bounds("steps", 1, max_steps)
     _check_bounds("accumulation", 1, max_accumulation)
     if world_sizes is not None:
-        w = draw(st.sampled_from(communicating_first(world_sizes)))
+        w = draw(world_size_draws(world_sizes))
     else:
         _check_bounds("world_size", min_world_size, max_world_size)
         w = draw(st.integers(min_world_size, max_world_size))
