@@ -117,27 +117,3 @@ def test_protocol_mutant_survives_without_its_protocol(world, name):
         strategy=strategy,
     )
     assert report.passed, report.failure.describe()
-
-
-def test_clip_by_own_chunk_is_killed_at_world_sizes_one_and_two(world):
-    """A two-GPU CI's sizes (1, 2), one search over the contract in float32 (the pytest plugin's
-    and the NCCL suite's way): a ZeRO-1 clipping by its own chunk's norm met no clipped two-rank
-    case in 40 while two ranks were drawn in 15 and the clip followed seed // 7 (Note [Clip from
-    the seed], Note [Worlds that communicate first])."""
-    m = MUTANTS["zero1-clip-local-norm"]
-    report = check_target(
-        Target(m.name, m.path, m.kind), world, world_sizes=(1, 2), max_examples=40, seed=0,
-        dtype="float32",
-    )  # fmt: skip
-    assert not report.passed, f"{m.name} survived {report.examples} cases at world sizes 1, 2"
-    assert report.failure.case.world_size == 2 and report.failure.case.clip_norm is not None
-
-
-def test_two_world_sizes_draw_the_one_that_communicates_three_times_in_four():
-    """With one size above 1 it is listed three times against 1's once; more sizes keep their
-    order (every derandomised sequence of the default sizes is the one it was)."""
-    from paracheck.strategies._core import world_size_draws
-
-    assert list(world_size_draws((1, 2)).elements) == [2, 2, 2, 1]
-    assert list(world_size_draws((2, 1, 3, 4)).elements) == [2, 3, 4, 1]
-    assert list(world_size_draws((3,)).elements) == [3]
