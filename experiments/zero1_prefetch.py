@@ -19,7 +19,8 @@ Run through ``compare_trees.py`` as an import-path variant:
         --pythonpath experiments --rounds 8
 
 ``python experiments/zero1_prefetch.py`` checks the parameters after five steps bit for bit
-against ``Zero1``'s, at W = 2 (NCCL on two GPUs, else gloo).
+against ``Zero1``'s, at W = 2 (NCCL on two GPUs, else gloo). What it measured: docs/measurements.md,
+"ZeRO-1 with its all-gathers waited at the next forward".
 """
 
 from __future__ import annotations
