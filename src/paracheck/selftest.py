@@ -20,6 +20,7 @@ __all__ = [
     "row_line",
     "run_selftest",
     "selftest_rows",
+    "selftest_settings",
 ]
 
 
@@ -37,7 +38,7 @@ def selftest_rows(
     from paracheck.check.kinds import KINDS
     from paracheck.check.property import check_target
     from paracheck.check.report import case_line
-    from paracheck.check.settings import PROFILES, CheckSettings
+    from paracheck.check.settings import PROFILES
     from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
     from paracheck.mutants import MUTANTS
     from paracheck.world import World
@@ -52,21 +53,7 @@ def selftest_rows(
                 f"choose among the built-in targets (paracheck.check.targets.BUILTIN_TARGETS) "
                 f"and the mutants (paracheck.mutants.MUTANTS)"
             )
-    # One search over the whole contract (no verdict table: the same cases as the figures of
-    # the mutants were measured on), no time budget; a mutant is killed by its first failing
-    # property: the rest of the search is not needed.
-    settings = CheckSettings(
-        world_sizes=tuple(world_sizes),
-        max_examples=n,
-        seed=0,
-        timeout=timeout,
-        dtype=dtype,  # a mutant's own precision replaces it
-        table=False,
-        budget=None,
-        first_failure=True,
-        labels=False,
-        database=None,
-    )
+    settings = selftest_settings(world_sizes, max_examples=n, timeout=timeout, dtype=dtype)
     own = world is None
     world = world or World(max(world_sizes), timeout=timeout)
     try:
@@ -178,6 +165,27 @@ def markdown_table(rows: list[dict], dtype: str) -> str:
             f"{margin_text(row.get('margin_found'))} | {margin_text(row.get('margin'))} |"
         )
     return "\n".join(out) + "\n"
+
+
+def selftest_settings(world_sizes, *, max_examples: int, timeout: float = 10.0, dtype="float64"):
+    """The selftest's ``CheckSettings``: one search over the whole contract (no verdict table: the
+    same cases as the figures of the mutants were measured on), no time budget, seed 0, no example
+    database; a mutant is killed by its first failing property: the rest of the search is not
+    needed. A mutant's own precision replaces ``dtype`` (``.replace(precision=...)``)."""
+    from paracheck.check.settings import CheckSettings
+
+    return CheckSettings(
+        world_sizes=tuple(world_sizes),
+        max_examples=max_examples,
+        seed=0,
+        timeout=timeout,
+        dtype=dtype,
+        table=False,
+        budget=None,
+        first_failure=True,
+        labels=False,
+        database=None,
+    )
 
 
 def mutant_target(m):

@@ -12,10 +12,9 @@ import pytest
 
 from paracheck.check.kinds import KINDS
 from paracheck.check.property import check_target
-from paracheck.check.settings import CheckSettings
 from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
 from paracheck.mutants import MUTANTS
-from paracheck.selftest import mutant_target
+from paracheck.selftest import mutant_target, selftest_settings
 
 NCCL_WORLD = int(os.environ.get("PARACHECK_NCCL_WORLD", "2"))
 if NCCL_WORLD < 2:
@@ -69,19 +68,8 @@ def test_mutant_killed_on_nccl(nccl_world, name):
     """Every non-hanging mutant is also killed over NCCL in float32, as the selftest checks it
     (its own precision, target and properties)."""
     m = MUTANTS[name]
-    settings = CheckSettings(
-        world_sizes=SIZES,
-        max_examples=40,
-        seed=0,
-        dtype="float32",
-        precision=m.precision,
-        table=False,
-        budget=None,
-        first_failure=True,
-        labels=False,
-        database=None,
-    )
-    report = check_target(mutant_target(m), nccl_world, settings)
+    settings = selftest_settings(SIZES, max_examples=40, timeout=20.0, dtype="float32")
+    report = check_target(mutant_target(m), nccl_world, settings.replace(precision=m.precision))
     assert not report.passed, f"{name} survived on NCCL: {m.bug}"
 
 
@@ -90,9 +78,6 @@ def test_mutant_needs_what_it_is_denied(nccl_world):
     suite leaves out nothing the check could have caught there."""
     for name in sorted(_denied()):
         m = MUTANTS[name]
-        settings = CheckSettings(
-            world_sizes=SIZES, max_examples=10, seed=0,
-            dtype="float64" if name in _CPU_ONLY else "float32", table=False, budget=None,
-            first_failure=True, labels=False, database=None,
-        )  # fmt: skip
+        dtype = "float64" if name in _CPU_ONLY else "float32"
+        settings = selftest_settings(SIZES, max_examples=10, timeout=20.0, dtype=dtype)
         assert check_target(mutant_target(m), nccl_world, settings).passed, name

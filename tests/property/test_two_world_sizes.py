@@ -5,11 +5,12 @@ clip followed seed // 7, which sent Hypothesis's favourite seeds to no clip (Not
 seed]), and no_sync() came with one micro-step, where it is the plain protocol."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from paracheck.check.property import check_target
-from paracheck.check.settings import CheckSettings
 from paracheck.mutants import MUTANTS
-from paracheck.selftest import mutant_target
+from paracheck.selftest import mutant_target, selftest_settings
 from paracheck.strategies import cases, sharding_cases
 from paracheck.strategies._core import world_size_draws
 
@@ -24,11 +25,8 @@ SURVIVED_AT_ONE_AND_TWO = (
 @pytest.mark.parametrize("name", SURVIVED_AT_ONE_AND_TWO)
 def test_killed_at_world_sizes_one_and_two(world, name):
     m = MUTANTS[name]
-    settings = CheckSettings(
-        world_sizes=(1, 2), max_examples=40, seed=0, dtype="float32", precision=m.precision,
-        table=False, budget=None, first_failure=True, labels=False, database=None,
-    )  # fmt: skip
-    report = check_target(mutant_target(m), world, settings)
+    settings = selftest_settings((1, 2), max_examples=40, timeout=20.0, dtype="float32")
+    report = check_target(mutant_target(m), world, settings.replace(precision=m.precision))
     assert not report.passed, f"{name} survived {report.examples} cases at world sizes 1, 2"
     assert report.failure.case.world_size == 2
 
@@ -44,9 +42,6 @@ def test_two_world_sizes_draw_the_one_that_communicates_three_times_in_four():
 def test_an_accumulation_protocol_comes_with_two_micro_steps():
     """no_sync() and finish-once are drawn only with at least two micro-steps (with one they are
     the plain protocol), unless the caller allows one micro-step only."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
     drawn = []
 
     @settings(max_examples=200, database=None, suppress_health_check=list(HealthCheck))

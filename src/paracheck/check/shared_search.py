@@ -29,7 +29,7 @@ from paracheck.check.report import (
 from paracheck.check.run import CaseResult
 from paracheck.check.search import CaseTimeouts, _Checker, _Hit, declared_features, sequence_name
 from paracheck.check.targets import load_object
-from paracheck.strategies._core import nominal_dtype, precision_settings
+from paracheck.strategies._core import nominal_dtype, precision_settings, world_size_draws
 from paracheck.world import PoolLost
 
 __all__ = ["DTYPE_PRECISIONS", "declared_mismatch"]
@@ -87,7 +87,8 @@ class _Search:
         else:
             # The world size is drawn first: drawn after a whole case, Hypothesis left it at its
             # simplest value (world size 1, no communication) in 21 of 40 derandomised examples.
-            strategy = st.tuples(st.sampled_from(sizes), strategy).map(
+            # Drawn as the kinds' strategies draw it (Note [Worlds that communicate first]).
+            strategy = st.tuples(world_size_draws(sizes), strategy).map(
                 lambda t: t[1].with_world_size(t[0])
             )
         self.drawn = strategy  # before the features turned off are removed
