@@ -179,7 +179,8 @@ class GroupGeneratorsConsumed(ShardedOptimizer):
 
 class EmptyShardRaises(ShardedOptimizer):
     """The wrapped optimizer is built from the flat list of this rank's parameters: on a rank that
-    owns none of the first group, torch raises "optimizer got an empty parameter list"."""
+    owns none of the first group, torch raises "optimizer got an empty parameter list"; after a
+    ``load_state_dict()`` its groups lack the defaults and Adam's step raises KeyError 'eps'."""
 
     def _add_local_group(self, group: dict, mine: list, names: list | None) -> None:
         if self.local_optimizer is not None:
