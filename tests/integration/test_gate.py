@@ -60,6 +60,49 @@ def test_table_shows_timings_and_changes_and_counts_the_rest():
     assert "1 exact quantities unchanged" in text
 
 
+@pytest.mark.parametrize(
+    "verdict, word",
+    [
+        ("REGRESSION", "FAIL"),
+        ("ok", "PASS"),
+        ("faster", "PASS (faster)"),
+        ("better", "PASS (lower)"),
+        ("INCONCLUSIVE", "INCONCLUSIVE"),
+        ("UNSTABLE", "not gated (unstable)"),
+        ("new", "not gated (new)"),
+        ("gone", "not gated (gone)"),
+    ],
+)
+def test_verdict_column_uses_the_summarys_words(verdict, word):
+    """The table's verdict column says FAIL, PASS or INCONCLUSIVE as the summary line does
+    (never "ok" or "REGRESSION"), or "not gated" with the reason."""
+    text = format_rows([GateRow("flat", "payload_bytes", 10, 12, verdict, "d")], verbose=True)
+    assert f"| {word} | d |" in text.splitlines()[-1], text
+
+
+def test_identical_commits_row_reads_pass_without_a_bare_ratio_of_minima():
+    """Identical commits whose base had one lucky fast job (fastest jobs' ratio x1.411): the row
+    says PASS, and the ratio of the fastest jobs, which is not judged, appears only with
+    --verbose, saying so; the summary would say PASS too."""
+    from paracheck.gate import DEFAULT_ROUNDS, decide_ratio, sequential_plan
+    from paracheck.gate.rule import timing_row
+
+    head = (0.0100, 0.0101, 0.0099, 0.0100) * 6
+    base = (0.0100, 0.0100, 0.0100, 0.0100) * 6
+    base = (0.0099 / 1.411,) + base[1:]  # one quiet moment on base; head's fastest: 9.9 ms
+    timing = PassTiming(base, head)
+    assert round(timing.min_ratio, 3) == 1.411
+    plan = sequential_plan(DEFAULT_ROUNDS)
+    decision = decide_ratio(timing.ratios, 0.10, plan)
+    assert decision.verdict == "ok", decision
+    quiet = timing_row("flat", "step wall time (ms)", timing, decision, 0.998)
+    assert quiet.word == "PASS" and "1.411" not in quiet.detail, quiet
+    assert "minima" not in format_rows([quiet])
+    verbose = timing_row("flat", "step wall time (ms)", timing, decision, 0.998, verbose=True)
+    assert "not judged: fastest head job / fastest base job x1.411" in verbose.detail
+    assert "| PASS |" in format_rows([verbose], verbose=True)
+
+
 @pytest.mark.skipif(
     not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git repository"
 )
@@ -95,7 +138,7 @@ def test_gate_catches_extra_gradient_buffer(tmp_path):
     )
     assert proc.returncode == 1 and "\nFAIL: " in proc.stdout, proc.stdout + proc.stderr
     for q in ("peak_init_bytes", "peak_before_step_bytes", "peak_step_bytes"):
-        assert any(q in line and "REGRESSION" in line for line in proc.stdout.splitlines()), (
+        assert any(q in line and "| FAIL |" in line for line in proc.stdout.splitlines()), (
             proc.stdout
         )
 

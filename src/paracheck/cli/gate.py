@@ -146,7 +146,8 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verbose",
         action="store_true",
-        help="show every exact quantity, not only changed ones (default off)",
+        help="show every exact quantity, not only changed ones, and beside each step time the "
+        "ratio of the fastest jobs, which is reported, not judged (default off)",
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "exact_verdict",
     "format_rows",
     "sequential_plan",
+    "timing_row",
 ]
 
 # Note [Sequential sign test]
@@ -261,8 +262,27 @@ def exact_verdict(base: list, head: list) -> str:
     return "better" if head[0] < base[0] else "ok"
 
 
+# What the table's verdict column says for a row's verdict: the words of the gate's summary
+# (FAIL, PASS, INCONCLUSIVE), or "not gated" with the reason, so that no row reads as a verdict
+# the summary does not give.
+_WORDS = {
+    "REGRESSION": "FAIL",
+    "ok": "PASS",
+    "faster": "PASS (faster)",
+    "better": "PASS (lower)",
+    "INCONCLUSIVE": "INCONCLUSIVE",
+    "UNSTABLE": "not gated (unstable)",
+    "new": "not gated (new)",
+    "gone": "not gated (gone)",
+}
+
+
 @dataclass
 class GateRow:
+    """One row of the gate's table. ``verdict`` is the rule's own word ("REGRESSION", "ok",
+    "faster", "better", "INCONCLUSIVE", "UNSTABLE", "new", "gone"); ``word`` is what the table
+    prints for it, in the summary's words."""
+
     variant: str
     quantity: str
     base: float | None
@@ -273,6 +293,35 @@ class GateRow:
     @property
     def failed(self) -> bool:
         return self.verdict == "REGRESSION"
+
+    @property
+    def word(self) -> str:
+        return _WORDS.get(self.verdict, self.verdict)
+
+
+def timing_row(
+    variant: str,
+    quantity: str,
+    timing: PassTiming,
+    decision: RatioDecision,
+    coverage: float,
+    verbose: bool = False,
+) -> GateRow:
+    """The table's row of one variant's step time: the medians of its jobs, the decision, and
+    (with ``verbose``) the ratio of the fastest jobs, which is reported, not judged (Note [The
+    gate rule]): printed bare beside a PASS, "ratio of minima x1.411" read as a 41% slowdown, so
+    it says what it is, and only when asked."""
+    detail = decision.describe(coverage)
+    if verbose:
+        detail += f"; not judged: fastest head job / fastest base job x{timing.min_ratio:.3f}"
+    return GateRow(
+        variant,
+        quantity,
+        1e3 * statistics.median(timing.base),
+        1e3 * statistics.median(timing.head),
+        decision.verdict,
+        detail,
+    )
 
 
 def _fmt(q: str, v) -> str:
@@ -297,7 +346,7 @@ def format_rows(rows: list[GateRow], *, verbose: bool = False) -> str:
     for r in shown:
         lines.append(
             f"| {r.variant} | {r.quantity} | {_fmt(r.quantity, r.base)} | {_fmt(r.quantity, r.head)} "
-            f"| {r.verdict} | {r.detail} |"
+            f"| {r.word} | {r.detail} |"
         )
     if hidden:
         lines.append(f"\n{hidden} exact quantities unchanged (--verbose shows them).")

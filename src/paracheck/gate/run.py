@@ -17,7 +17,6 @@ import json
 import os
 import selectors
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -38,6 +37,7 @@ from paracheck.gate.rule import (
     decide_ratio,
     exact_verdict,
     sequential_plan,
+    timing_row,
 )
 
 __all__ = ["GateConfig", "GateError", "run_gate"]
@@ -438,17 +438,7 @@ def run_gate(cfg: GateConfig) -> tuple[list[GateRow], dict]:
         coverage = 1 - 2 * plan.alpha
         quantity = f"step {cfg.timing} time (ms)"
         for v in variants:
-            d = decisions[v]
-            rows.append(
-                GateRow(
-                    v,
-                    quantity,
-                    1e3 * statistics.median(timings[v].base),
-                    1e3 * statistics.median(timings[v].head),
-                    d.verdict,
-                    d.describe(coverage) + f", ratio of minima x{timings[v].min_ratio:.3f}",
-                )
-            )
+            rows.append(timing_row(v, quantity, timings[v], decisions[v], coverage, cfg.verbose))
         order = {v: i for i, v in enumerate(variants)}
         names = list(EXACT_QUANTITIES) + list(CUDA_QUANTITIES)
         for v, key in sorted(
