@@ -62,22 +62,43 @@ def test_spent_budget_lists_the_rows_not_reached(world):
     assert report.cases_run == 0 and "not reached: the budget of" in report.text()
 
 
-def _failure(prop, what, name, rank):
+def _failure(prop, what, name, rank, *upstream, step=0):
+    """A failure of ``prop`` on ``what`` of tensor ``name``; its case's other divergences are
+    ``upstream``: (what, name, rank, step) each."""
     from paracheck.cases import Case
     from paracheck.check.properties import Divergence
 
-    d = Divergence(0, what, rank, 0, name, 1.0, 1e-9)
-    return PropertyFailure(prop, CaseResult(Case(seed=0), divergences=[d]))
+    d = Divergence(step, what, rank, 0, name, 1.0, 1e-9)
+    others = [Divergence(st, w, r, 0, n, 1.0, 1e-9) for w, n, r, st in upstream]
+    return PropertyFailure(prop, CaseResult(Case(seed=0), divergences=others + [d]))
 
 
 def test_failures_of_one_tensor_and_rank_are_one_cause_most_specific_first():
-    """parameters and gradients diverging on the same tensor and rank: one cause, gradients
-    first; another rank is another cause."""
-    params = _failure("parameters", "param", "w", 1)
+    """parameters diverging where the case's gradients diverge first (same tensor, same rank):
+    one cause with the gradients, gradients first; another rank is another cause."""
+    params = _failure("parameters", "param", "w", 1, ("grad", "w", 1, 0))
     grads = _failure("gradients", "grad", "w", 1)
     other = _failure("gradients", "grad", "w", 0)
     groups = causes_of([params, grads, other])
     assert [[f.property for f in g] for g in groups] == [["gradients", "parameters"], ["gradients"]]
+
+
+def test_parameters_wrong_with_right_gradients_are_another_cause():
+    """Parameters diverging on a tensor whose gradients hold (an optimizer's bug), or whose
+    gradients diverge only later, are not the cause of a gradient divergence on that tensor; an
+    optimizer-state divergence is not a consolidated state's."""
+    grads = _failure("gradients", "grad", "w", 0)
+    params = _failure("parameters", "param", "w", 0)
+    later = _failure("parameters", "param", "w", 0, ("grad", "w", 0, 2), step=1)
+    state = _failure("optimizer-state", "state", "w", 0)
+    consolidated = _failure("state-consolidated", "state-consolidated", "w", 0)
+    groups = causes_of([grads, params, later, state, consolidated])
+    assert [[f.property for f in g] for g in groups] == [
+        ["gradients"],
+        ["parameters", "parameters"],
+        ["optimizer-state"],
+        ["state-consolidated"],
+    ]
 
 
 def test_sharding_failures_speak_of_owners_and_zero_grad():

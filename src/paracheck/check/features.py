@@ -26,10 +26,14 @@ from paracheck.errors import FeatureError
 __all__ = [
     "CONTRACTS",
     "Contract",
+    "KIND_CONTRACTS",
+    "PAIRS",
+    "beyond_contract",
     "Feature",
     "FeatureError",
     "FEATURES",
     "case_features",
+    "closure",
     "essential",
     "feature",
     "features_off",
@@ -477,6 +481,12 @@ def without_all(case: Case, names) -> Case:
     return case
 
 
+def closure(names) -> set[str]:
+    """``names`` with every feature that implies or requires one of them: what goes with them
+    when they are removed from a case (``without_all(case, closure(names))``)."""
+    return _closed(names)
+
+
 def _closed(off) -> set[str]:
     """``off`` with every feature that implies or requires one of it."""
     off = set(off)
@@ -496,12 +506,13 @@ def optional_features() -> tuple[str, ...]:
     return tuple(f.name for f in FEATURES if f.name in _closed(names))
 
 
-def row_off(name: str | None, off) -> tuple[str, ...]:
-    """The features never drawn in the verdict table's row of feature ``name`` (None: the core):
-    those ``off`` turns off and every optional feature but ``name`` and what it implies or
-    requires, closed as ``features_off`` closes them."""
+def row_off(name, off) -> tuple[str, ...]:
+    """The features never drawn in the verdict table's row of feature ``name`` (None: the core;
+    a tuple: a row of several features together, ``PAIRS``): those ``off`` turns off and every
+    optional feature but ``name`` and what it implies or requires, closed as ``features_off``
+    closes them."""
     keep: set[str] = set()
-    todo = [] if name is None else [name]
+    todo = [] if name is None else ([name] if isinstance(name, str) else list(name))
     while todo:
         n = todo.pop()
         if n not in keep:
@@ -509,3 +520,26 @@ def row_off(name: str | None, off) -> tuple[str, ...]:
             todo += list(_BY_NAME[n].implies + _BY_NAME[n].requires)
     closed = _closed((set(optional_features()) - keep) | set(off))
     return tuple(f.name for f in FEATURES if f.name in closed)
+
+
+# Pairs of features searched together in a row of their own (Note [The verdict table] in
+# ``paracheck.check.table``): a bug that needs both is drawn by neither feature's row, and the
+# whole contract's row draws them together too rarely to find it within its examples (a DDP whose
+# accumulation mishandles a parameter no rank used: gradients of zeros summed into a None).
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("accumulation", "unused-always"),
+    ("accumulation", "unused-some-ranks"),
+)
+
+# The contract a kind's interface was written to where the check names none (``--contract
+# full``, the default): the CS336 handout's for its DDP and ShardedOptimizer interfaces.
+KIND_CONTRACTS = {"ddp": "cs336", "sharded": "cs336"}
+
+
+def beyond_contract(kind: str, contract: str = "full") -> frozenset[str]:
+    """The optional features beyond the contract of a target of ``kind`` checked under
+    ``contract``: the named contract's features not drawn, else those of the contract its
+    kind's interface was written to (``KIND_CONTRACTS``); none for a kind with no such contract.
+    The verdict table searches and prints the rows of these features after the others."""
+    name = contract if contract != "full" else KIND_CONTRACTS.get(kind, "full")
+    return frozenset(_closed(CONTRACTS[name].off)) if name in CONTRACTS else frozenset()

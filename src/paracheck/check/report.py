@@ -35,6 +35,10 @@ __all__ = [
 ]
 
 
+# The heading of the verdict table's rows beyond the target's contract (``RowVerdict.beyond``).
+BEYOND_HEADING = "beyond the contract (features its interface does not promise):"
+
+
 @dataclass
 class CheckReport:
     """The verdict of ``check_target``: every failing property, each with its own shrunk case."""
@@ -62,6 +66,26 @@ class CheckReport:
     # The verdict table (Note [The verdict table] in paracheck.check.table); empty: no table.
     rows: list = field(default_factory=list)  # of paracheck.check.verdict.RowVerdict
     stopped: str | None = None  # why the check ended before its end (a signal), or None
+    # Whether a table with rows not reached passes (``--incomplete pass``): else it is INCOMPLETE.
+    incomplete_passes: bool = False
+
+    @property
+    def not_reached(self) -> int:
+        """The rows of the verdict table that were not searched (the budget ran out, a failure
+        stopped the table with ``--first-failure``, a signal), whose verdict is unknown."""
+        return sum(1 for r in self.rows if r.status == "not reached")
+
+    @property
+    def verdict(self) -> str:
+        """FAIL (a property failed), STOPPED (a signal ended the check), INCOMPLETE (rows not
+        reached and no failure, unless ``incomplete_passes``) or PASS."""
+        if self.failures:
+            return "FAIL"
+        if self.stopped:
+            return "STOPPED"
+        if self.not_reached and not self.incomplete_passes:
+            return "INCOMPLETE"
+        return "PASS"
 
     @property
     def failure(self) -> CaseResult | None:
@@ -97,7 +121,7 @@ class CheckReport:
             return f"PASS {self.target.name}: the given case"
         if self.passed:
             return (
-                f"PASS {self.target.name}: {self.examples} cases, world sizes {list(self.world_sizes)}, "
+                f"PASS {self.target.name}: {_count(self.examples, 'case')}, world sizes {list(self.world_sizes)}, "
                 f"{self.seconds:.1f} s, worst relative error {self.worst_ratio:.1e}{bound}{extra}"
             )
         props = ", ".join(
@@ -105,8 +129,8 @@ class CheckReport:
         )
         return (
             f"FAIL {self.target.name}: {len(self.failures)} failing propert{'y' if len(self.failures) == 1 else 'ies'} "
-            f"({props}); first found after {self.examples} case(s), {self.cases_run} cases run in "
-            f"{self.seconds:.1f} s{extra}"
+            f"({props}); first found in case #{self.examples} run, "
+            f"{_count(self.cases_run, 'case')} run in {self.seconds:.1f} s{extra}"
         )
 
     def text(self, backend: str = "gloo") -> str:
@@ -127,23 +151,36 @@ class CheckReport:
         for row in self.rows:
             counts[row.status] = counts.get(row.status, 0) + 1
         parts = [f"{n} {status}" for status, n in counts.items()]
-        causes = len(causes_of(self.failures))
-        head = "FAIL" if self.failures else ("STOPPED" if self.stopped else "PASS")
+        groups = self.causes()
+        causes = len(groups)
+        beyond = sum(1 for g in groups if self._beyond(g[0]))
+        split = f" ({causes - beyond} within the contract, {beyond} beyond it)" if beyond else ""
+        head = self.verdict
         found = (
             ""
             if self.passed
-            else f"; {causes} cause{'s' if causes != 1 else ''} of failure, the first found after "
-            f"{self.examples} case(s)"
+            else f"; {causes} cause{'s' if causes != 1 else ''} of failure{split}, the first "
+            f"found in case #{self.examples} run"
         )
         extra = self.saved_cases()
         return (
             f"{head} {self.target.name}: verdict table of {len(self.rows)} rows ({', '.join(parts)})"
-            f"{found}; {self.cases_run} cases, world sizes {list(self.world_sizes)}, "
+            f"{found}; {_count(self.cases_run, 'case')} run (shrinking included), world sizes "
+            f"{list(self.world_sizes)}, "
             f"{self.seconds:.1f} s" + (f"; {extra}" if extra else "")
         )
 
     def summary(self) -> str:
         return self.table_summary() if self.rows else self._summary()
+
+    def _beyond(self, failure: PropertyFailure) -> bool:
+        """Whether ``failure`` was filed under a row beyond the target's contract."""
+        return any(r.beyond for r in self.rows if r.name == failure.row)
+
+    def causes(self) -> list[list[PropertyFailure]]:
+        """The failures grouped by cause (``causes_of``), those within the target's contract
+        first (Note [The verdict table] in ``paracheck.check.table``), then in the order found."""
+        return causes_of(self.failures, first=self._beyond if self.rows else None)
 
     def table_text(self, backend: str = "gloo", *, blocks: bool = True, rows: bool = True) -> str:
         """The verdict table, one line per row (``rows``), then one block per cause of failure
@@ -153,10 +190,14 @@ class CheckReport:
         if self.stopped:
             out.append(f"  {self.stopped}")
         out += [f"  note: {n}" for n in self.notes]
-        causes = causes_of(self.failures)
+        causes = self.causes()
         number = {id(f): i + 1 for i, group in enumerate(causes) for f in group}
         width = max(len(r.name) for r in self.rows)
+        heading = False
         for row in self.rows if rows else ():
+            if row.beyond and not heading:
+                heading = True
+                out.append(f"  {BEYOND_HEADING}")
             out.append("  " + row.line(width, number))
         if blocks:
             for i, group in enumerate(causes):
@@ -180,6 +221,8 @@ class CheckReport:
             "path": self.target.path,
             "kind": self.target.kind,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "rows_not_reached": self.not_reached,
             "first_failure_at_case": None if self.passed else self.examples,
             "cases_run": self.cases_run,
             "seconds": round(self.seconds, 3),
@@ -201,6 +244,11 @@ class CheckReport:
                 "saved": self.saved,
             },
         }
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 case", "3 cases"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def case_report(

@@ -27,6 +27,7 @@ from paracheck.check.run import CaseResult, CheckFailure, run_case
 __all__ = [
     "BudgetSpent",
     "CaseTimeouts",
+    "CauseName",
     "Progress",
     "declared_features",
     "sequence_name",
@@ -103,6 +104,39 @@ class _Hit:
     shrunk: bool = True  # False: a case run as it is (given, or replayed from the database)
     first: CaseResult | None = None  # the first case found to break it, before shrinking
     found_at: float | None = None  # time.monotonic() when the search found it
+
+
+# Note [A cause searched by its property's name]
+#   The verdict table searches each row for causes of failure not yet known (Note [Causes, not
+#   properties] in ``paracheck.check.verdict``), and shrinks a new one keeping it new: a case
+#   shrunk only for its property drifts to the simplest case that breaks it, which is often a
+#   cause found already (a first exception raised before a second; a core bug beside a feature's).
+#   ``_Checker.search``'s test compares the searched property's name with each case's failed
+#   properties, and its source must not change (Note [Sequences follow the source]); so the name
+#   ``wanted`` returns may be a ``CauseName``: equal to the property's name only while the case
+#   the checker ran last (``_Checker.last``) breaks it with the cause searched. Outside the test
+#   it is turned back into a plain ``str``.
+
+
+class CauseName(str):
+    """A property's name equal to another only while ``same()`` holds (Note [A cause searched by
+    its property's name])."""
+
+    def __new__(cls, prop: str, same):
+        name = super().__new__(cls, prop)
+        name.same = same
+        return name
+
+    def __eq__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        return str.__eq__(self, other) and bool(self.same())
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = str.__hash__
 
 
 class BudgetSpent(BaseException):
@@ -185,7 +219,10 @@ class _Checker:
         # caught around ``wanted``: ``test``'s source must not change, since Hypothesis's
         # derandomised sequence is a hash of it (Note [Sequences follow the source]).
         state["first"] = None
-        searched = wanted
+        searched, budget_of = wanted, shrink_budget
+
+        def shrink_budget(prop):
+            return budget_of(str(prop))  # a CauseName is its property here
 
         def wanted(failed):
             prop = searched(failed)
@@ -227,7 +264,7 @@ class _Checker:
             prop()
         except _Found as exc:
             return _Hit(
-                exc.prop,
+                str(exc.prop),
                 exc.result,
                 state["skipped"] == 0,
                 state["first_at"] - 1,
@@ -244,7 +281,7 @@ class _Checker:
             # to be reported (paracheck.cli).
             if state["prop"] is not None:
                 exc.hit = _Hit(  # type: ignore[attr-defined]
-                    state["prop"],
+                    str(state["prop"]),
                     state["result"],
                     False,
                     state["first_at"] - 1,
@@ -265,7 +302,7 @@ class _Checker:
         if state["prop"] is None:
             return None
         return _Hit(
-            state["prop"],
+            str(state["prop"]),
             state["result"],
             False,
             state["first_at"] - 1,

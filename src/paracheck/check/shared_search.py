@@ -29,6 +29,7 @@ from paracheck.check.report import (
 from paracheck.check.run import CaseResult
 from paracheck.check.search import CaseTimeouts, _Checker, _Hit, declared_features, sequence_name
 from paracheck.check.targets import load_object
+from paracheck.check.verdict import cause_key, cause_of
 from paracheck.strategies._core import nominal_dtype, precision_settings, world_size_draws
 from paracheck.world import PoolLost
 
@@ -141,6 +142,7 @@ class _Search:
         self.t0 = time.monotonic()
         self.failures: list[PropertyFailure] = []
         self.known: set[str] = set()
+        self.own = own_fragments(target.path)  # where the target's frames are
         self.first_at: int | None = None
         self.notes: list[str] = []
         self.replayed = self.dropped = 0
@@ -181,7 +183,7 @@ class _Search:
             extra,
             shrunk=hit.shrunk,
             first=hit.first,
-            own=own_fragments(self.target.path),
+            own=self.own,
             kind=self.target.kind,
             row=row,
         )
@@ -194,10 +196,19 @@ class _Search:
             raise self.lost
         return failure
 
+    def is_known(self, prop: str, result: CaseResult) -> bool:
+        """Whether ``result``'s failure of ``prop`` was found already: its property, without the
+        verdict table; its cause, with it (Note [Causes, not properties] in
+        ``paracheck.check.verdict``)."""
+        if not self.settings.table:
+            return prop in self.known
+        key = cause_key(prop, result, self.own)
+        return any(cause_of(f) == key for f in self.failures)
+
     def run_as_is(self, case: Case, note: str, row=None) -> CaseResult:
         result = self.checker.run(case)
         for prop in order(result.failed_properties):
-            if prop not in self.known:
+            if not self.is_known(prop, result):
                 self.finish(
                     _Hit(prop, result, True, len(self.checker.cache) - 1, [note], shrunk=False),
                     row=row(case) if row else None,

@@ -27,12 +27,17 @@ Note [The verdict table]
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from hypothesis.errors import Unsatisfiable
 
 from paracheck.check.features import (
     CONTRACTS,
+    PAIRS,
+    beyond_contract,
+    case_features,
+    closure,
     feature,
     optional_features,
     parse_features,
@@ -41,9 +46,9 @@ from paracheck.check.features import (
 )
 from paracheck.check.interface import unsupported
 from paracheck.check.report import CheckReport, order
-from paracheck.check.search import BudgetSpent
+from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
-from paracheck.check.verdict import RowVerdict
+from paracheck.check.verdict import RowVerdict, cause_key, cause_of
 from paracheck.world import PoolLost
 
 __all__ = ["fill_table", "plan_rows"]
@@ -53,9 +58,11 @@ ALL = "all features"
 
 def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]]:
     """The rows of ``search``'s table, each with the features its cases never have (None: a row
-    not searched, its status already said)."""
+    not searched, its status already said): the rows within the target's contract first, those
+    beyond it after (``beyond_contract``)."""
     s, declared = search.settings, search.declared
     removed = {name for name, drawn in parse_features(s.features or ()) if not drawn}
+    beyond = beyond_contract(search.target.kind, s.contract)
 
     def off_of(name):
         return tuple(f for f in row_off(name, search.off) if f not in declared)
@@ -63,11 +70,11 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
     rows: list[tuple[RowVerdict, tuple[str, ...] | None]] = [
         (RowVerdict("core", None), off_of(None))
     ]
-    searched = 0
+    searched: list[str] = []
     for name in optional_features():
         if name in declared:
             continue  # the target's declaration: in every case (Note [A loop's own precision])
-        row = RowVerdict("+" + name, name)
+        row = RowVerdict("+" + name, name, beyond=name in beyond)
         if name in search.off:
             row.status = "not drawn"
             if name in removed:
@@ -84,23 +91,38 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
             rows.append((row, None))
             continue
         rows.append((row, off_of(name)))
-        searched += 1
+        searched.append(name)
+    for pair in PAIRS:
+        if all(name in searched for name in pair):
+            name = "+" + "+".join(pair)
+            row = RowVerdict(name, None, beyond=any(f in beyond for f in pair), pair=pair)
+            rows.append((row, off_of(pair)))
     if searched:
-        rows.append((RowVerdict(ALL, None), search.off))
+        rows.append((RowVerdict(ALL, None, beyond=any(f in beyond for f in searched)), search.off))
+    rows.sort(key=lambda planned: planned[0].beyond)  # stable: the table's order within each
     return rows
 
 
-def _row_of(case, planned) -> str:
-    """The row a case given or replayed belongs to: the core, its one optional feature's, or all."""
-    from paracheck.check.features import case_features
+def _features(row: RowVerdict) -> tuple[str, ...]:
+    """The optional features a row's cases all have (none for the core and the whole contract)."""
+    return (row.feature,) if row.feature is not None else row.pair
 
+
+def _keeps(planned) -> dict[str, set[str]]:
+    """Each searched row's name -> the optional features its cases may have."""
+    every = set(optional_features())
+    return {row.name: every - set(off) for row, off in planned if off is not None}
+
+
+def _row_of(case, planned) -> str:
+    """The row a case belongs to: the searched row with the fewest optional features that allows
+    all of the case's (the core, one feature's, a pair's), or the whole contract's."""
     have = case_features(case) & set(optional_features())
-    if not have:
-        return "core"
-    for row, off in planned:
-        if row.feature in have and off is not None and not (have & set(off)):
-            return row.name
-    return ALL
+    keeps = _keeps(planned)
+    fits = [(len(keep), name) for name, keep in keeps.items() if have <= keep and name != ALL]
+    if not fits:
+        return ALL if ALL in keeps else "core"
+    return min(fits)[1]
 
 
 def fill_table(search: _Search, explicit=()) -> CheckReport:
@@ -114,19 +136,23 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
     try:
         # The saved and given cases run whatever the budget: few, and the likeliest to fail.
         search.replay(explicit, lambda case: _row_of(case, planned))
-        checker.deadline = None if budget is None else search.t0 + budget
+        deadline = None if budget is None else search.t0 + budget
+        checker.deadline = deadline
         for i, (row, off) in enumerate(planned):
             if off is None:
                 on_row(row, i, len(rows))
                 continue
             if s.first_failure and search.failures:
                 row.why = "stopped at the first failing row (--first-failure)"
-            elif checker.deadline is not None and time.monotonic() > checker.deadline:
+            elif deadline is not None and time.monotonic() > deadline:
                 row.why = f"the budget of {budget:g} s ran out (--budget)"
             else:
+                checker.deadline = _row_deadline(row, planned[i:], deadline)
                 current[:] = [row]
-                _search_row(search, row, off, i, len(rows))
+                _search_row(search, row, off, i, len(rows), planned)
                 current.clear()
+                checker.deadline = deadline
+                _stub_cuda_after(search, row)
             on_row(row, i, len(rows))
     except PoolLost as lost:  # Note [A lost pool]: the rows found so far, and the one line
         for row in rows:
@@ -138,9 +164,8 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
         if current:
             row = current[0]
             hit = getattr(exc, "hit", None)
-            if hit is not None and hit.prop not in search.known:
-                row.failure = search.finish(hit, row=row.name)
-                row.status = "FAIL"
+            if hit is not None and _is_new(search, hit.prop, hit.result, row, planned, run=False):
+                _add_own(row, search.finish(hit, row=row.name))
             else:
                 row.why = f"{how} while this row was searched"
         for row in rows:
@@ -155,8 +180,171 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
     for row in rows:  # a row not searched whose saved or given case failed
         mine = [f for f in search.failures if f.row == row.name]
         if row.status == "not reached" and mine:
-            row.status, row.failure, row.also = "FAIL", mine[0], mine[1:]
+            row.status, row.failure, row.more = "FAIL", mine[0], mine[1:]
     return search.report(len(checker.cache), rows=rows)
+
+
+def _row_deadline(row: RowVerdict, rest, deadline: float | None) -> float | None:
+    """The deadline of ``row``'s search: the table's, and for a row beyond the target's contract
+    at most an equal share of what is left among the rows beyond it still to search (the
+    contract's rows come first: ``plan_rows``), so that no one of them starves the others."""
+    if deadline is None or not row.beyond:
+        return deadline
+    left = sum(1 for r, off in rest if off is not None and r.beyond)
+    now = time.monotonic()
+    return min(deadline, now + max(0.0, deadline - now) / max(1, left))
+
+
+def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
+    """Where ``row`` found the target calling a CUDA timing or NVTX function on ranks without
+    CUDA, the rows after it run with those calls stubbed (``--stub-cuda-timing``): each would
+    fail on the same call first, and the bugs behind it would never be reached. Said in a note;
+    the cached failures the call caused are run again."""
+    from paracheck.check.failure import _diagnosis
+
+    target = search.target
+    if target.stub_cuda_timing or getattr(search.world, "backend", "gloo") == "nccl":
+        return
+    for f in row.own:
+        err = f.result.error
+        if f.property != "raised" or err is None:
+            continue
+        hint = _diagnosis(err.report()) or ""
+        if "--stub-cuda-timing" not in hint:
+            continue
+        stubbed = dataclasses.replace(target, stub_cuda_timing=True)
+        search.target = search.checker.target = stubbed
+        for key in [k for k, r in search.checker.cache.items() if r.error is not None]:
+            del search.checker.cache[key]
+        search.notes.append(
+            f"{hint.split(';')[0]}: the rows after {row.name} ran with --stub-cuda-timing (CUDA "
+            "timing and NVTX calls are no-ops), so that the bugs behind it are reached"
+        )
+        return
+
+
+# Note [Finding every cause]
+#   Each row searches for cases whose failure is a cause not yet known (Note [Causes, not
+#   properties] in ``paracheck.check.verdict``), shrinks it keeping it new (Note [A cause
+#   searched by its property's name] in ``paracheck.check.search``), files it, and searches on
+#   (at most ``_CAUSES_PER_ROW`` causes a row; the derandomised sequence goes on where it stopped,
+#   its cases cached). A failure of a feature row whose cause is known in another row is that
+#   cause only where the case without the row's features (as that row draws it) still fails the
+#   same way; otherwise the feature adds a bug of its own (a core that sums gradients, and an
+#   accumulation that drops a micro-batch: both diverge first on the same gradient). Before a
+#   new cause is filed it is attributed (``_attribute``): the optional features of its shrunk
+#   case are removed while it still fails the same way, and it is filed under the row of what
+#   remains (the core, mostly), its case the simpler one. A row whose cases crash ranks with
+#   causes known (each costing a restart of the ranks) stops after ``_CRASHES`` of them.
+_CAUSES_PER_ROW = 4
+_CRASHES = 3
+_ATTRIBUTION_RUNS = 8
+
+
+class _RowCrashing(BaseException):
+    """The row's cases crashed ranks ``_CRASHES`` times with causes known: the row stops with
+    what it found (a BaseException, so that Hypothesis ends the search at once)."""
+
+
+def _quiet_run(search: _Search, case):
+    """``case`` run (or read from the cache) without changing the checker's last result, which
+    the search in progress compares (Note [A cause searched by its property's name])."""
+    checker = search.checker
+    last = checker.last
+    try:
+        return checker.run(case)
+    finally:
+        checker.last = last
+
+
+def _is_new(search: _Search, prop, result, row, planned, *, run: bool = True) -> bool:
+    """Whether ``result``'s failure of ``prop``, in ``row``'s search, is a cause not yet known
+    (Note [Finding every cause]); ``run`` False: without running the cases it would take."""
+    key = cause_key(prop, result, search.own)
+    homes = {f.row for f in search.failures if cause_of(f) == key}
+    if not homes:
+        return True
+    if row.name in homes or row.name == "core" or not run:
+        return False
+    keeps = _keeps(planned)
+    have = case_features(result.case)
+    for home in homes:
+        keep = keeps.get(home)
+        if keep is None or not (keep - search.declared) <= have:
+            continue  # that cause's row has a feature this case lacks: not the same bug
+        simpler = without_all(result.case, [f for f in optional_features() if f not in keep])
+        if simpler == result.case:
+            return False
+        again = _quiet_run(search, simpler)
+        if prop in again.failed_properties and cause_key(prop, again, search.own) == key:
+            return False
+    return True
+
+
+def _attribute(search: _Search, prop: str, result, row: RowVerdict, planned):
+    """The row a new cause found in ``row`` belongs to, and its simplest case: the case's
+    optional features removed while it still fails ``prop`` the same way (at most
+    ``_ATTRIBUTION_RUNS`` cases; Note [Finding every cause])."""
+    if row.name == "core":
+        return row.name, result
+    key = cause_key(prop, result, search.own)
+    tries = 0
+    try:
+        while tries < _ATTRIBUTION_RUNS:
+            have = [
+                f
+                for f in optional_features()
+                if f in case_features(result.case) and f not in search.declared
+            ]
+            if not have:
+                break
+            tries_before = tries
+            candidates = [without_all(result.case, closure(have))] if len(have) > 1 else []
+            candidates += [without_all(result.case, closure({f})) for f in reversed(have)]
+            for simpler in candidates:
+                if simpler == result.case or tries >= _ATTRIBUTION_RUNS:
+                    continue
+                tries += 1
+                again = _quiet_run(search, simpler)
+                if prop in again.failed_properties and cause_key(prop, again, search.own) == key:
+                    result = again
+                    break
+            else:
+                break
+            if tries == tries_before:
+                break
+    except BudgetSpent:
+        pass  # what was found so far
+    return _row_of(result.case, planned), result
+
+
+def _add_own(row: RowVerdict, failure) -> None:
+    if row.failure is None:
+        row.failure = failure
+    else:
+        row.more.append(failure)
+    row.status = "FAIL"
+
+
+def _file(search: _Search, hit, row: RowVerdict, planned) -> None:
+    """A new cause found in ``row``'s search, attributed (``_attribute``) and filed in its row."""
+    home, result = _attribute(search, hit.prop, hit.result, row, planned)
+    if result is not hit.result:
+        gone = sorted(case_features(hit.result.case) - case_features(result.case))
+        hit = dataclasses.replace(
+            hit,
+            result=result,
+            notes=hit.notes
+            + [
+                f"found in row {row.name}; it fails the same way without "
+                f"{', '.join(gone)}, so it is filed under {home} with that case"
+            ],
+        )
+    failure = search.finish(hit, row=home)
+    target = next((r for r, _ in planned if r.name == home), row)
+    _add_own(target, failure)
+    if target is not row:
+        row.also.append(failure)
 
 
 # Cases drawn for a feature row before the feature is taken as never drawn by the target's kind:
@@ -169,13 +357,13 @@ class _NeverDrawn(BaseException):
     Hypothesis ends the search at once."""
 
 
-def _drawn_with(name: str):
-    """A filter keeping the drawn cases with feature ``name``, raising ``_NeverDrawn`` where none of
-    the first ``_TRIES`` has it."""
-    has, tries = feature(name).has, [0]
+def _drawn_with(names: tuple[str, ...]):
+    """A filter keeping the drawn cases with every feature of ``names``, raising ``_NeverDrawn``
+    where none of the first ``_TRIES`` has them."""
+    checks, tries = [feature(name).has for name in names], [0]
 
     def keep(case) -> bool:
-        if has(case):
+        if all(has(case) for has in checks):
             tries[0] = -1  # drawn: never give up
             return True
         if tries[0] >= 0:
@@ -187,22 +375,39 @@ def _drawn_with(name: str):
     return keep
 
 
-def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int) -> None:
+def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int, planned) -> None:
+    """Search one row for causes not yet known (Note [Finding every cause]) and fill it."""
     s, checker = search.settings, search.checker
+    features = _features(row)
     strategy = search.drawn
-    if row.feature is not None:
-        strategy = strategy.filter(_drawn_with(row.feature))
+    if features:
+        strategy = strategy.filter(_drawn_with(features))
     strategy = strategy.map(lambda c: without_all(c, off))
-    if row.feature is not None:
-        strategy = strategy.filter(feature(row.feature).has)
-    examples = s.examples if row.feature is None else max(5, s.examples // 4)
+    if features:
+        strategy = strategy.filter(lambda c: all(feature(f).has(c) for f in features))
+    examples = s.examples if not features else max(5, s.examples // 4)
     checker.row = f"row {row.name} ({index + 1}/{total}), "
     checker.row_log = log = []
     t0 = time.monotonic()
     before = len(search.failures)
-    spent = False
+    spent = crashing = False
+    crashed: set[int] = set()
+
+    def new(prop, result) -> bool:
+        return _is_new(search, prop, result, row, planned)
+
+    def wanted(failed):
+        result = checker.last
+        for prop in order(failed):
+            if new(prop, result):
+                return CauseName(prop, lambda prop=prop: new(prop, checker.last))
+        if result is not None and getattr(result.error, "kind", None) in ("died", "hung"):
+            crashed.add(id(result))
+            if len(crashed) >= _CRASHES:
+                raise _RowCrashing()
+        return None
+
     try:
-        hit = None
         if row.name == "core":
             for why, case in search.first_cases:
                 search.run_as_is(
@@ -211,46 +416,54 @@ def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int) -
                     lambda _: row.name,
                 )
                 before = len(search.failures)  # what it found is this row's, as a saved case's
-        if not (s.first_failure and search.failures):
+        for _ in range(_CAUSES_PER_ROW):
+            if s.first_failure and search.failures:
+                break
             hit = checker.search(
                 strategy,
-                lambda failed: next((p for p in order(failed) if p not in search.known), None),
+                wanted,
                 max_examples=examples,
                 tag="new:0" if row.name == ALL else f"row:{row.name}",
                 shrink_budget=search.budget,
             )
+            if hit is None:
+                break
+            _file(search, hit, row, planned)
     except (Unsatisfiable, _NeverDrawn):
         row.status = "not drawn"
         row.why = f"the {search.target.kind} kind does not draw it (none of {_TRIES} cases had it)"
         return
     except BudgetSpent:
-        hit, spent = None, True
+        spent = True
+    except _RowCrashing:
+        crashing = True
     finally:
         checker.row_log = None
         checker.row = ""
         row.cases = len({id(r) for r in log})
         row.seconds = time.monotonic() - t0
-    if hit is not None:
-        row.failure = search.finish(hit, row=row.name)
-    # Failures of saved or given cases of this row, then the properties found in earlier rows
-    # that this row's cases broke as well.
-    mine = [f for f in search.failures[:before] if f.row == row.name]
-    if row.failure is None and mine:
-        row.failure, mine = mine[0], mine[1:]
-    broken = order({p for r in log for p in r.failed_properties})
-    by_property = {}
+    # Failures of saved or given cases of this row, then the causes found in other rows that
+    # this row's cases broke as well.
+    for f in search.failures[:before]:
+        if f.row == row.name and all(f is not g for g in row.own):
+            _add_own(row, f)
+    keys = {cause_key(p, r, search.own) for r in log for p in r.failed_properties}
+    seen = {cause_of(f) for f in row.own} | {cause_of(f) for f in row.also}
     for f in search.failures:
-        by_property.setdefault(f.property, f)
-    also = [by_property[p] for p in broken if p in by_property]
-    seen = {id(row.failure)}
-    row.also = []
-    for f in also + mine:
-        if id(f) not in seen:
-            seen.add(id(f))
+        key = cause_of(f)
+        if key in keys and key not in seen:
+            seen.add(key)
             row.also.append(f)
+    if crashing:
+        row.why = f"stopped after {_CRASHES} cases that crashed ranks with causes found already"
+    elif spent and row.beyond:
+        row.why = f"its share of the budget ran out after {row.cases} cases"
     if row.failure is not None or row.also:
         row.status = "FAIL"
     elif spent:
-        row.why = f"the budget of {s.budget:g} s ran out after {row.cases} cases of this row"
+        share = " (its share of the budget)" if row.beyond else ""
+        row.why = f"the budget of {s.budget:g} s ran out{share} after {row.cases} cases of this row"
+    elif crashing:
+        row.status = "FAIL"
     else:
         row.status = "PASS"

@@ -19,17 +19,19 @@ from paracheck.check.failure import (
     target_frame,
 )
 
-__all__ = ["RowVerdict", "cause_of", "cause_text", "causes_of"]
+__all__ = ["RowVerdict", "cause_key", "cause_of", "cause_text", "causes_of"]
 
 
 @dataclass
 class RowVerdict:
     """One row of the verdict table (Note [The verdict table] in ``paracheck.check.table``):
     ``status`` is PASS, FAIL, "not supported", "not drawn" or "not reached"; ``why`` says why a
-    row was not searched; ``failure`` is the failure found in the row, ``also`` the properties
-    found in earlier rows that the row's cases broke too."""
+    row was not searched (or stopped early); ``failure`` is the first cause found in the row,
+    ``more`` the other causes of its own (Note [Causes, not properties]), ``also`` the causes
+    found in other rows that the row's cases broke too. ``beyond``: a row of a feature the
+    target's contract does not promise (``paracheck.check.features.beyond_contract``)."""
 
-    name: str  # "core", "+buffer", "all features"
+    name: str  # "core", "+buffer", "+accumulation+unused-always", "all features"
     feature: str | None  # the optional feature the row adds to the core (None: core or all)
     status: str = "not reached"
     why: str = ""
@@ -37,6 +39,14 @@ class RowVerdict:
     also: list[PropertyFailure] = field(default_factory=list)
     cases: int = 0
     seconds: float = 0.0
+    more: list[PropertyFailure] = field(default_factory=list)
+    beyond: bool = False
+    pair: tuple[str, ...] = ()  # a row of two features together: both
+
+    @property
+    def own(self) -> list[PropertyFailure]:
+        """The causes found in this row and filed under it, first found first."""
+        return ([self.failure] if self.failure is not None else []) + self.more
 
     def line(self, width: int, number: dict | None = None) -> str:
         number = number or {}
@@ -47,9 +57,13 @@ class RowVerdict:
 
         name = self.name.ljust(width)
         if self.status == "FAIL":
-            found = [cause(self.failure)] if self.failure is not None else []
+            found = [cause(f) for f in self.own]
             found += [cause(f) + " as above" for f in self.also]
-            return f"{name}  FAIL  {', '.join(found)}  [{self.cases} cases, {self.seconds:.1f} s]"
+            stopped = f"; {self.why}" if self.why else ""
+            return (
+                f"{name}  FAIL  {', '.join(found)}  [{self.cases} cases, {self.seconds:.1f} s"
+                f"{stopped}]"
+            )
         if self.status == "PASS":
             return f"{name}  PASS  [{self.cases} cases, {self.seconds:.1f} s]"
         return f"{name}  {self.status}: {self.why}".rstrip(": ")
@@ -58,56 +72,111 @@ class RowVerdict:
         return {
             "row": self.name,
             "feature": self.feature,
+            "features": list(self.pair) if self.pair else None,
+            "beyond_contract": self.beyond,
             "status": self.status,
             "why": self.why,
             "property": None if self.failure is None else self.failure.property,
+            "more": [f.property for f in self.more],
             "also": [f.property for f in self.also],
             "cases": self.cases,
             "seconds": round(self.seconds, 3),
         }
 
 
-def cause_of(failure: PropertyFailure) -> tuple:
-    """What a failure comes from, as far as its case shows: the first diverging tensor and its
-    rank, the collectives the ranks disagree on, or the exception and the frame that raised it.
-    Failures of one cause are reported as one block (``causes_of``)."""
-    result = failure.result
+# Note [Causes, not properties]
+#   A cause is what failed, never the property's name alone: the exception's last line and the
+#   frame of the target's own code that raised it; for a hang or a dead rank, the frames of the
+#   target's code where the stuck ranks wait (or the collectives they disagree on), one cause
+#   whether a rank died or not (a rank that aborts in a collective its peers never reach leaves
+#   the others hung: one bug); for a divergence, the first diverging tensor and rank of the
+#   property the divergence starts from (``_FOLLOWS``): parameters stepped with a wrong gradient
+#   are the gradient's cause, parameters wrong with right gradients another. The verdict table
+#   searches each row for causes not yet known (``paracheck.check.table``), so two bugs of one
+#   property are two blocks, and "as above" means the same cause.
+
+# A divergence of the key's property at a step follows from one of these at the same step or
+# before (a parameter stepped with a wrong gradient, a state built from one): its cause is theirs.
+_FOLLOWS = {
+    "parameters": ("initial-state", "gradients"),
+    "master-weights": ("initial-state", "gradients", "parameters"),
+    "optimizer-state": ("initial-state", "gradients", "parameters"),
+    "state-consolidated": ("initial-state", "gradients", "parameters", "optimizer-state"),
+    "rank-agreement": ("initial-state", "gradients", "parameters"),
+}
+_STUCK = ("hang", "died")
+
+
+def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
+    """What a failure of ``prop`` on ``result`` comes from (Note [Causes, not properties])."""
     err = result.error
     if err is not None:
-        if failure.property == "raised" and getattr(err, "failures", None):
-            first = err.failures[0]
+        failures = getattr(err, "failures", None) or ()
+        if prop == "raised" and failures:
+            first = failures[0]
             text = re.sub(r"\d+", "N", _last_line(first.detail))
-            return ("raised", text, target_frame(first.detail, failure.own))
+            return ("raised", text, target_frame(first.detail, own))
         # A hang: where in the target's own code the hung ranks wait tells two hangs apart (the
         # same wait in a later case is the same cause; the counts in the ranks' disagreement
         # differ from case to case).
         frames = frozenset(
-            frame
-            for f in getattr(err, "failures", ())
-            if f.kind == "hung"
-            for frame in stack_frames(f.detail, failure.own)
+            frame for f in failures if f.kind == "hung" for frame in stack_frames(f.detail, own)
         )
+        group = "stuck" if prop in _STUCK else prop
+        if group == "stuck":
+            # A rank that died in a mismatched collective leaves its peers raised or hung in the
+            # same call of the target's code: the frames of both are the cause.
+            frames |= {
+                frame.split(": ", 1)[0]
+                for f in failures
+                if f.kind == "raised"
+                for frame in [target_frame(f.detail, own)]
+                if frame
+            }
         if frames:
-            return (failure.property, frames)
-        return (failure.property, getattr(err, "disagreement", "") or failure.property)
-    d = result.divergence_of(failure.property)
-    if d is None or (d.name is None and d.index is None):
-        return (failure.property,)
-    return ("tensor", d.name if d.name is not None else d.index, d.rank)
+            return (group, frames)
+        disagreement = getattr(err, "disagreement", "") or ""
+        return (group, re.sub(r"\d+", "N", disagreement) or prop)
+    d = result.divergence_of(prop)
+    if d is None:
+        return (prop,)
+    upstream = _FOLLOWS.get(prop, ())
+    keys = list(PROPERTIES)
+    earlier = [x for x in result.divergences if x.property in upstream and x.step <= d.step]
+    if earlier:
+        d = min(earlier, key=lambda x: (x.step, keys.index(x.property)))
+    if d.name is None and d.index is None:
+        return (d.property,)
+    return ("tensor", d.property, d.name if d.name is not None else d.index, d.rank)
 
 
-def causes_of(failures) -> list[list[PropertyFailure]]:
-    """``failures`` grouped by ``cause_of``, in the order found; within a group, the most specific
-    property first (``PROPERTIES`` order)."""
+def cause_of(failure: PropertyFailure) -> tuple:
+    """What a failure comes from, as far as its case shows (``cause_key``). Failures of one
+    cause are reported as one block (``causes_of``)."""
+    return cause_key(failure.property, failure.result, failure.own)
+
+
+# Within one cause, the block's headline: the most specific property, a hang before a dead rank
+# (the hang names the collective the ranks disagree on, and its fix says what to change).
+def _headline_rank(f: PropertyFailure) -> tuple:
+    keys = list(PROPERTIES)
+    if f.property == "hang":
+        return (keys.index("died"), 0)
+    return (keys.index(f.property) if f.property in keys else len(keys), 1)
+
+
+def causes_of(failures, first=None) -> list[list[PropertyFailure]]:
+    """``failures`` grouped by ``cause_of``, in the order found (with ``first``, a function of a
+    failure, groups whose least ``first`` is smaller come before, the order found otherwise);
+    within a group, the most specific property first (``PROPERTIES`` order, a hang before a
+    dead rank)."""
     groups: dict[tuple, list[PropertyFailure]] = {}
     for f in failures:
         groups.setdefault(cause_of(f), []).append(f)
-    keys = list(PROPERTIES)
-
-    def rank(f: PropertyFailure) -> int:
-        return keys.index(f.property) if f.property in keys else len(keys)
-
-    return [sorted(group, key=rank) for group in groups.values()]
+    out = [sorted(group, key=_headline_rank) for group in groups.values()]
+    if first is not None:
+        out.sort(key=lambda group: min(first(f) for f in group))
+    return out
 
 
 def cause_text(
