@@ -49,6 +49,7 @@ from paracheck.kernels._rmsnorm_kernels import (  # noqa: F401
     triton,
     triton_available,
 )
+from paracheck.kernels._rmsnorm_ops import register_ops
 from paracheck.kernels._rmsnorm_plan import (
     _gpu_plan,  # noqa: F401
     _Plan,
@@ -180,7 +181,9 @@ def _pdl_option(pdl: bool) -> dict:
 
 def _plan_of(x2: torch.Tensor) -> _Plan:
     """The launch plan for a (rows >= 1, d) input, forward and backward alike."""
-    n_rows, n_cols = x2.shape
+    # int(): under symbolic tracing of the custom ops a size may be a SymInt; a plan is
+    # compile-time constants, so it is specialised on (and guarded by) the concrete size.
+    n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
     return _plan(
         n_rows,
         n_cols,
@@ -459,63 +462,48 @@ class RMSNormFunction(torch.autograd.Function):
 
 # Note [compiled callers]: ``torch.compile`` cannot trace the prepared host path (it calls
 # triton's compiled launchers directly), so under compilation the same kernels are reached through
-# two custom ops, ``paracheck::rms_norm_forward`` and ``paracheck::rms_norm_backward``
-# (``torch.library.triton_op``, torch >= 2.6), their launches wrapped by ``wrap_triton`` so that
+# custom ops (``paracheck.kernels._rmsnorm_ops``): ``paracheck::rms_norm_forward`` with its
+# autograd, whose backward is ``paracheck::rms_norm_backward``. Where torch has
+# ``torch.library.triton_op`` (>= 2.6) their launches are wrapped by ``wrap_triton`` so that
 # Inductor sees the kernels and calls them from its own generated code, and CUDA graphs capture
-# them with the rest of the graph. The ops use the same plans as eager calls, without dependent
-# launch (an option Inductor's launcher does not pass). Eager calls do not go through them:
-# a custom op's Python dispatch costs more host time than the whole prepared call.
+# them with the rest of the graph; the interpreter, which cannot be traced, and older torch go
+# through opaque twins (``..._opaque``, ``torch.library.custom_op``) with fake implementations.
+# Either way the compiled graph holds the norm as one op and has no break at it. The ops use the
+# same plans as eager calls, without dependent launch (an option Inductor's launcher does not
+# pass). Eager calls do not go through them: a custom op's Python dispatch costs more host time
+# than the whole prepared call.
 
 
-def _register_ops():
-    """The custom ops (Note [compiled callers]), registered at import (Dynamo cannot trace a
-    registration); None where torch has no ``torch.library.triton_op`` or triton is absent."""
-    triton_op = getattr(torch.library, "triton_op", None)
-    wrap_triton = getattr(torch.library, "wrap_triton", None)
-    if triton_op is None or wrap_triton is None or triton is None:
-        return None
-
-    @triton_op("paracheck::rms_norm_forward", mutates_args=())
-    def forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list[torch.Tensor]:
-        y, rstd = _rms_norm_forward(_as_rows(x), weight, eps, _KERNELS, wrap=wrap_triton)
-        return [y.view(x.shape), rstd]
-
-    @triton_op("paracheck::rms_norm_backward", mutates_args=())
-    def backward_op(
-        dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
-    ) -> list[torch.Tensor]:
-        dx, dw = _rms_norm_backward(
-            _as_rows(dy), _as_rows(x), weight, rstd, _KERNELS, wrap=wrap_triton
-        )
-        return [dx.view(x.shape), dw]
-
-    def setup_context(ctx, inputs, output):
-        x, weight, _ = inputs
-        ctx.save_for_backward(x, weight, output[1])
-
-    def backward(ctx, grads):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = torch.ops.paracheck.rms_norm_backward(grads[0], x, weight, rstd)
-        return dx, dw, None
-
-    torch.library.register_autograd(
-        "paracheck::rms_norm_forward", backward, setup_context=setup_context
-    )
-    return torch.ops.paracheck.rms_norm_forward
+def _check_op_inputs(x, weight, eps):
+    _require_triton()
+    _check_inputs(x, weight, float(eps))
 
 
-try:
-    _FORWARD_OP = _register_ops()
+def _op_forward(x, weight, eps, wrap):
+    y, rstd = _rms_norm_forward(_as_rows(x), weight, eps, _KERNELS, wrap=wrap)
+    return y.view(x.shape), rstd
+
+
+def _op_backward(dy, x, weight, rstd, wrap):
+    dx, dw = _rms_norm_backward(_as_rows(dy), _as_rows(x), weight, rstd, _KERNELS, wrap=wrap)
+    return dx.view(x.shape), dw
+
+
+try:  # registered at import: Dynamo cannot trace a registration
+    _FORWARD_OP = register_ops(_op_forward, _op_backward, _check_op_inputs)
 except RuntimeError:  # registered already (this file imported under a second module name)
-    _FORWARD_OP = getattr(getattr(torch.ops, "paracheck", None), "rms_norm_forward", None)
+    _ops = getattr(torch.ops, "paracheck", None)
+    _FORWARD_OP = getattr(_ops, "rms_norm_forward", None) or getattr(
+        _ops, "rms_norm_forward_opaque", None
+    )
 
 
 def _compiled_call(x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """The custom-op call under ``torch.compile`` (Note [compiled callers]), or None."""
+    """The custom-op call under ``torch.compile`` (Note [compiled callers]), or None where no
+    op is registered. The op checks the inputs as eager calls check them."""
     op = _FORWARD_OP
-    if op is None or not x.is_cuda:
+    if op is None:
         return None
-    _check_inputs(x, weight, float(eps))
     return op(x, weight.contiguous(), float(eps))[0]
 
 
