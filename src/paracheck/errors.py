@@ -14,22 +14,9 @@ importable from here too, without importing the runner until one is asked for.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # defined where they are raised; imported from there on first use
-    from paracheck.check.run import CheckFailure
-    from paracheck.world._agent import Interrupted
-    from paracheck.world.attached import PoolLost
-    from paracheck.world.runner import (
-        PeerFailed,
-        RankDied,
-        RankError,
-        RankHang,
-        RankOverMemory,
-        WorldError,
-        WorldStartError,
-    )
-
+# A leaf: this module imports no other module of paracheck, not even for type checking. The
+# classes defined elsewhere (``_ELSEWHERE``, below) are imported on first use by name.
 __all__ = [
     "ParacheckError",
     # the command line and what it names
@@ -40,19 +27,23 @@ __all__ = [
     "FeatureError",
     "GateError",
     "VendorError",
-    # a check's verdict
-    "CheckFailure",
-    # the ranks
-    "WorldError",
-    "WorldStartError",
-    "RankError",
-    "RankHang",
-    "RankDied",
-    "RankOverMemory",
-    "PeerFailed",
-    "Interrupted",
-    "PoolLost",
 ]
+
+# Defined beside the code that raises them and importable from here, imported on first use (the
+# runner imports torch): a check's verdict, then the ranks' failures.
+_ELSEWHERE = {
+    "CheckFailure": "paracheck.check.run",
+    "WorldError": "paracheck.world.runner",
+    "WorldStartError": "paracheck.world.runner",
+    "RankError": "paracheck.world.runner",
+    "RankHang": "paracheck.world.runner",
+    "RankDied": "paracheck.world.runner",
+    "RankOverMemory": "paracheck.world.runner",
+    "PeerFailed": "paracheck.world.runner",
+    "Interrupted": "paracheck.world._agent",
+    "PoolLost": "paracheck.world.attached",
+}
+__all__ += list(_ELSEWHERE)
 
 
 class ParacheckError(Exception):
@@ -94,21 +85,6 @@ class GateError(ParacheckError, RuntimeError):
 
 class VendorError(ParacheckError, RuntimeError):
     """asv's pages reference something from the network that paracheck does not vendor."""
-
-
-# Defined beside the code that raises them; imported on first use (the runner imports torch).
-_ELSEWHERE = {
-    "CheckFailure": "paracheck.check.run",
-    "WorldError": "paracheck.world.runner",
-    "WorldStartError": "paracheck.world.runner",
-    "RankError": "paracheck.world.runner",
-    "RankHang": "paracheck.world.runner",
-    "RankDied": "paracheck.world.runner",
-    "RankOverMemory": "paracheck.world.runner",
-    "PeerFailed": "paracheck.world.runner",
-    "Interrupted": "paracheck.world._agent",
-    "PoolLost": "paracheck.world.attached",
-}
 
 
 def __getattr__(name: str):

@@ -7,12 +7,9 @@ import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from paracheck.cases._case import Case
 
 __all__ = [
     "SCHEDULERS",
@@ -93,7 +90,16 @@ class OptimizerSpec:
         ]
 
 
-def param_groups(case: Case, params: list, *, late: bool = False) -> list[dict]:
+class _WithOptimizer(Protocol):
+    """What the functions below read of a case: its optimizer. (A ``Case`` is one; naming the
+    protocol, not ``Case``, keeps this module below ``paracheck.cases._case``, which imports the
+    specs above.)"""
+
+    @property
+    def optimizer(self) -> OptimizerSpec: ...
+
+
+def param_groups(case: _WithOptimizer, params: list, *, late: bool = False) -> list[dict]:
     """Groups for the constructor (``late=False``) or for ``add_param_group`` (``late=True``)."""
     opt = case.optimizer
     named = {i for g in opt.groups for i in g.params}
@@ -111,7 +117,7 @@ def param_groups(case: Case, params: list, *, late: bool = False) -> list[dict]:
     return out
 
 
-def build_optimizer(case: Case, params: list, optimizer_cls=None, **extra):
+def build_optimizer(case: _WithOptimizer, params: list, optimizer_cls=None, **extra):
     """The case's optimizer over ``params`` (``list(model.parameters())``).
 
     ``optimizer_cls`` replaces the torch class with a wrapper that takes
@@ -132,13 +138,13 @@ def build_optimizer(case: Case, params: list, optimizer_cls=None, **extra):
     return optimizer_cls(params_arg, opt.cls, **kwargs, **extra)
 
 
-def add_late_groups(case: Case, optimizer, params: list, step: int) -> None:
+def add_late_groups(case: _WithOptimizer, optimizer, params: list, step: int) -> None:
     for g in param_groups(case, params, late=True):
         if g.pop("add_at_step") == step:
             optimizer.add_param_group(g)
 
 
-def params_in_groups(case: Case, params: list, step: int) -> list:
+def params_in_groups(case: _WithOptimizer, params: list, step: int) -> list:
     """The parameters of ``params`` that the case's optimizer holds at step ``step`` (its
     constructor's groups and the groups added at or before ``step``), in ``params`` order."""
     groups = param_groups(case, params) + [
@@ -148,7 +154,7 @@ def params_in_groups(case: Case, params: list, step: int) -> list:
     return [p for p in params if id(p) in held]
 
 
-def apply_lr_schedule(case: Case, optimizer) -> None:
+def apply_lr_schedule(case: _WithOptimizer, optimizer) -> None:
     if case.optimizer.lr_decay != 1.0:
         for group in optimizer.param_groups:
             group["lr"] *= case.optimizer.lr_decay
@@ -181,7 +187,7 @@ def step_scheduler(scheduler) -> None:
         scheduler.step()
 
 
-def build_scheduler(case: Case, optimizer):
+def build_scheduler(case: _WithOptimizer, optimizer):
     """The case's LR scheduler on ``optimizer`` (None without one). Build it right after the
     optimizer; torch raises TypeError when ``optimizer`` is not a ``torch.optim.Optimizer``."""
     name = case.optimizer.scheduler

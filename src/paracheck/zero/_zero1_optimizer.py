@@ -3,16 +3,30 @@ see, stepping this rank's pieces and consolidating their state into whole tensor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from paracheck.zero.sharded import add_local_group, check_optimizer_cls, sync_hyperparameters
 
-if TYPE_CHECKING:
-    from paracheck.zero.zero1 import Zero1
-
 __all__ = ["Zero1Optimizer"]
+
+
+class _Owner(Protocol):
+    """What the optimizer face reads and calls of its ``Zero1`` (``paracheck.zero.zero1``, which
+    imports this module: naming the protocol, not the class, keeps the import one-way)."""
+
+    pieces: list
+    trainable: list[torch.Tensor]
+    _stepped: list[torch.Tensor]
+
+    def pieces_of(self, p: torch.Tensor) -> list[torch.Tensor]: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def _all_gather_parameters(self) -> None: ...
+
+    def _gather_object(self, obj: Any) -> list: ...
 
 
 class Zero1Optimizer(torch.optim.Optimizer):
@@ -26,7 +40,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
     size, or by plain ``optimizer_cls``) back into this rank's pieces.
     """
 
-    def __init__(self, zero: Zero1, params, optimizer_cls, **kwargs):
+    def __init__(self, zero: _Owner, params, optimizer_cls, **kwargs):
         check_optimizer_cls(optimizer_cls)
         self._zero = zero
         self.optimizer_cls = optimizer_cls
