@@ -20,6 +20,9 @@ Options:
     --paracheck-database PATH          failing cases saved and replayed first (default
                                        .paracheck/examples under the rootdir)
     --paracheck-no-database            save and replay nothing
+    --paracheck-incomplete incomplete|pass  a verdict table (``table=True``) with rows its budget
+                                       did not reach fails the test (as ``paracheck check``
+                                       exits 3), or passes on the rows reached
     --paracheck-allow-large-world      gloo world sizes above what the machine runs (refused otherwise)
 
 Hypothesis's own ``--hypothesis-profile`` (its max_examples and derandomize, where no
@@ -398,10 +401,19 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             labels=True,
         )
         report = check_target(t, paracheck_world, settings, **kwargs)
+        report.incomplete_passes = kwargs.get("incomplete", settings.incomplete) == "pass"
         if not report.passed:
             # Every failing property, labelled and shrunk, with its replay command (and the CUDA
             # diagnosis of paracheck.check.diagnose where a rank raised).
             pytest.fail(report.text(pytestconfig.getoption("--paracheck-backend")), pytrace=False)
+        if report.verdict == "INCOMPLETE":
+            # A verdict table (table=True) whose budget ran out: its rows not reached are not a
+            # pass, as the command's exit 3 is not (--paracheck-incomplete pass accepts them).
+            pytest.fail(
+                report.text(pytestconfig.getoption("--paracheck-backend"))
+                + "\n(--paracheck-incomplete pass accepts the rows reached)",
+                pytrace=False,
+            )
         return report
 
     return check

@@ -34,6 +34,8 @@ LOSSES = ("rank-mean", "token-mean", "batch-mean")
 # reduce-scatters, after each forward of a leaf module.
 DELAY_POINTS = ("all-gather", "reduce-scatter", "forward")
 IGNORE_INDEX = -100
+# The bucket cap of a case that names none: torch DistributedDataParallel's default.
+DEFAULT_BUCKET_MB = 25.0
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -249,6 +251,12 @@ class Case:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def bucket_mb(self) -> float:
+        """The bucket cap a target is given, in MB: ``bucket_size_mb``, or torch DDP's 25 MB where
+        the case names none (``unbounded_bucket`` aside, which passes None: one bucket)."""
+        return DEFAULT_BUCKET_MB if self.bucket_size_mb is None else self.bucket_size_mb
+
     def with_world_size(self, w: int) -> Case:
         """The same case on ``w`` ranks: batch sizes repeated or cut, and a rank held back kept
         among them (the last one where the world shrank below it)."""
@@ -256,6 +264,13 @@ class Case:
         return replace(
             self, world_size=w, batch_sizes=sizes, delay_rank=min(self.delay_rank, w - 1)
         )
+
+    def describe(self) -> str:
+        """The case in one line, every field that differs from its default named
+        (``paracheck.cases._describe``)."""
+        from paracheck.cases._describe import describe
+
+        return describe(self)
 
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -155,24 +155,70 @@ def _diagnosis(traceback_text: str) -> str | None:
 
 
 # Where a failure's case is written for its replay command, relative to the working directory
-# (beside the example database, ``.paracheck/examples``).
+# (beside the example database, ``.paracheck/examples``); without a database, in a folder of the
+# temporary directory (``scratch_cases_dir``). Either way the replay names it by its absolute path.
 CASES_DIR = os.path.join(".paracheck", "cases")
 
+def scratch_cases_dir() -> str:
+    """The folder of the case files of checks without an example database (``--no-database``,
+    the pytest plugin's replays): one per user in the temporary directory."""
+    import tempfile
 
-def saved_case_path(case) -> str | None:
-    """``case`` written as JSON to ``CASES_DIR/<digest>.json`` (the same case, the same file);
-    None where it cannot be written (the replay command then carries the JSON itself)."""
+    uid = getattr(os, "getuid", lambda: "user")()
+    return os.path.join(tempfile.gettempdir(), f"paracheck-cases-{uid}")
+
+
+def saved_case_path(case, folder: str | None = None) -> str | None:
+    """``case`` written as JSON to ``folder/<digest>.json`` (default ``CASES_DIR``; the same case,
+    the same file), as an absolute path; None where it cannot be written."""
     text = case.to_json()
-    path = os.path.join(CASES_DIR, hashlib.sha1(text.encode()).hexdigest()[:12] + ".json")
+    folder = os.path.abspath(CASES_DIR if folder is None else folder)
+    path = os.path.join(folder, hashlib.sha1(text.encode()).hexdigest()[:12] + ".json")
     try:
         if not os.path.exists(path):
-            os.makedirs(CASES_DIR, exist_ok=True)
-            with open(path + ".tmp", "w") as f:
+            os.makedirs(folder, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
                 f.write(text + "\n")
-            os.replace(path + ".tmp", path)
+            os.replace(tmp, path)
     except OSError:
         return None
     return path
+
+
+def _replayable_name(name: str) -> str:
+    """A target's name as a replay command run from any directory finds it: a file's path made
+    absolute (``corpus/x.py:C`` -> ``/abs/corpus/x.py:C``)."""
+    from paracheck.check.loading import is_file_spec
+
+    module, sep, obj = name.rpartition(":")
+    if sep and is_file_spec(module):
+        return os.path.abspath(module) + ":" + obj
+    return name
+
+
+def _only_from_here(name: str) -> bool:
+    """Whether the package of import path ``name`` is found only through the working directory
+    (a project's own package, run from its root): the replay must then run from there too."""
+    import importlib.machinery
+    import sys
+
+    module = name.rpartition(":")[0]
+    if not module or ":" not in name:
+        return False
+    from paracheck.check.loading import is_file_spec
+
+    if is_file_spec(module):
+        return False
+    here = os.getcwd()
+    elsewhere = [p for p in sys.path if p not in ("", ".", here)]
+    top = module.split(".")[0]
+    try:
+        if importlib.machinery.PathFinder.find_spec(top, elsewhere) is not None:
+            return False
+        return importlib.machinery.PathFinder.find_spec(top, [here]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def replay_command(
@@ -186,49 +232,39 @@ def replay_command(
 ) -> str:
     """The command that replays exactly ``case`` on ``target`` with the options that change the
     verdict: backend, kind (import paths), the selected properties, the hang timeout, the ranks'
-    memory cap."""
+    memory cap. It runs from any directory: the case is read from ``case_file`` (else written to
+    ``scratch_cases_dir``) by its absolute path, a file target is named by its absolute path, and a
+    package found only through the working directory is imported from there (``cd DIR &&``). The
+    case's JSON is carried itself only where no file could be written."""
+    import shlex
+
     from paracheck.check.settings import replay_options
     from paracheck.check.targets import BUILTIN_TARGETS
 
-    parts = [f"paracheck check {target.name}", f"--backend {backend}"]
-    if target.name not in BUILTIN_TARGETS and ":" in target.name:
+    builtin = target.name in BUILTIN_TARGETS
+    name = target.name if builtin else _replayable_name(target.name)
+    parts = [f"paracheck check {shlex.quote(name)}", f"--backend {backend}"]
+    if not builtin and ":" in target.name:
         parts.append(f"--kind {target.kind}")
     if target.properties is not None:
         parts.append("--properties " + ",".join(sorted(target.properties)))
     options = getattr(target, "cli_options", None)
     extra = options() if callable(options) else ""
     carried = replay_options(timeout=timeout, rank_memory=rank_memory)
-    given = case_file if case_file is not None else f"'{case.to_json()}'"
-    return " ".join(parts) + carried + extra + f" --case {given}"
+    if case_file is None:
+        case_file = saved_case_path(case, scratch_cases_dir())
+    if case_file is not None:
+        given = shlex.quote(os.path.abspath(case_file))
+    else:  # nowhere to write: the JSON itself, however long
+        given = shlex.quote(case.to_json())
+    cd = f"cd {shlex.quote(os.getcwd())} && " if not builtin and _only_from_here(name) else ""
+    return cd + " ".join(parts) + carried + extra + f" --case {given}"
 
 
 def case_line(case) -> str:
-    """``case`` in one line: world size, model, optimizer and groups, steps, accumulation, bucket."""
-    m = case.model
-    model = f"{m.kind}" + (f"{list(m.widths)}" if m.kind == "mlp" else "")
-    groups = len(case.optimizer.groups)
-    loss = getattr(case, "loss", "rank-mean")
-    if loss != "rank-mean":  # a training loop's case: no bucket; its loss and windows
-        return (
-            f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
-            f"acc={case.accumulation} loss={loss}"
-            + (" padded" if case.padded else "")
-            + (" empty-micro" if case.empty_micro else "")
-            + (f" last-window={case.last_window}" if case.last_window is not None else "")
-            + (f" clip={case.clip_norm:g}" if case.clip_norm is not None else "")
-        )
-    return (
-        f"W={case.world_size} {model} {case.optimizer.name}x{groups}g steps={case.steps} "
-        f"acc={case.accumulation} bucket="
-        + ("None" if case.unbounded_bucket else f"{case.bucket_size_mb or 25.0:.2g}MB")
-        + (f" prefetch={case.prefetch}" if getattr(case, "prefetch", 0) else "")
-        + (" compute=bfloat16" if getattr(case, "masters_from_float32", False) else "")
-        + (
-            f" delay={case.delay_at}@r{case.delay_rank}:{case.delay_s * 1e3:g}ms"
-            if getattr(case, "delay_at", None)
-            else ""
-        )
-    )
+    """``case`` in one line (``Case.describe``): world size, model, optimizer and each group's
+    hyper-parameters, steps, accumulation, bucket, and every other field not at its default."""
+    return case.describe()
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from paracheck.check.kinds import KINDS, OPTIMIZER
+from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER
 
 __all__ = ["kind_mismatch", "unsupported"]
 
@@ -65,15 +65,29 @@ def kind_mismatch(target) -> str | None:
     return None
 
 
+# The methods an optional case feature asks of the target's class, by the kinds that ask it:
+# a reload asks an optimizer it steps for its state; no_sync() is a wrapper's that synchronises
+# the gradients (without one, the rank program synchronises every micro-step, and the row would
+# check plain accumulation under the no-sync name).
+def _needed(kind: str, feature: str) -> tuple[str, ...]:
+    if feature == "reload" and _steps_optimizer(kind):
+        return ("state_dict", "load_state_dict")
+    if feature == "no-sync" and kind in KINDS and GRADIENTS in KINDS[kind].owns:
+        return ("no_sync",)
+    return ()
+
+
 def unsupported(target, feature: str) -> str | None:
     """Why ``target`` cannot be asked for the optional case ``feature`` (None: it can): the method
-    its interface lacks."""
-    if feature != "reload" or not _steps_optimizer(target.kind):
+    its class lacks, as "Class has no no_sync()". A target that is not a class (a function that
+    builds the wrapper: an adapter) is not read here: the rank program runs what it returns."""
+    needed = _needed(target.kind, feature)
+    if not needed:
         return None
     obj = _object(target)
-    if obj is None:
+    if obj is None or not inspect.isclass(obj):
         return None
-    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+    missing = [m for m in needed if not callable(getattr(obj, m, None))]
     if missing:
         return f"{obj.__name__} has no {missing[0]}()"
     return None

@@ -71,6 +71,8 @@ class CheckSettings:
     table: bool = True
     budget: float | None = 90.0
     first_failure: bool = False
+    incomplete: str = "incomplete"  # a table with rows not reached: INCOMPLETE, or "pass"
+    all: bool = False  # the main job: every built-in at the profile's examples
     labels: bool = True
     search_without: bool = True
     timeout: float | None = 20.0
@@ -340,6 +342,21 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "first_failure",
         "stop at the first failing row of the verdict table (default: fill every row)",
+        bool,
+        surfaces=frozenset({CHECK}),
+    ),
+    Option(
+        "incomplete",
+        "the verdict of a verdict table with rows not reached (the budget ran out): incomplete "
+        "(INCOMPLETE, exit 3, as the gate's INCONCLUSIVE) or pass (the rows reached decide) "
+        "(default %(default)s)",
+        choices=("incomplete", "pass"),
+    ),
+    Option(
+        "all",
+        "without TARGET: every built-in, torch's DDP, ZeroRedundancyOptimizer and FSDP2 "
+        "included, at the profile's examples per search (default: the main job, paracheck's own "
+        "built-ins at fewer examples; the first line says which)",
         bool,
         surfaces=frozenset({CHECK}),
     ),

@@ -41,15 +41,20 @@ DESCRIPTION = (
 )
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The whole command line: the top-level parser and its subparsers by name."""
+def _parser(
+    only_check: bool = False,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The whole command line: the top-level parser and its subparsers by name. ``only_check``:
+    ``check`` and ``selftest`` alone, whose options import no torch, so that ``paracheck check``
+    prints its first line at once (the gate's and the benchmarks' parsers import torch)."""
     p = argparse.ArgumentParser(prog="paracheck", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"paracheck {paracheck.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     check.add_parsers(sub)
-    bench.add_parsers(sub)
-    gate.add_parser(sub)
-    report.add_parser(sub)
+    if not only_check:
+        bench.add_parsers(sub)
+        gate.add_parser(sub)
+        report.add_parser(sub)
     return p, sub.choices
 
 
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from paracheck.world.runner import WorldStartError
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser, commands = _parser()
+    parser, commands = _parser(only_check=bool(argv) and argv[0] in ("check", "selftest"))
     if argv and argv[0] in _OWN_SUBPARSER:
         own = commands[argv[0]]
         parse = own.parse_intermixed_args if argv[0] == "gate" else own.parse_args

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from paracheck.cli._check_options import (
     _case_and_sizes,
@@ -151,6 +152,18 @@ def _make_world(
 
 
 def cmd_check(args) -> int:
+    from paracheck.cli._check_summary import (
+        announce,
+        first_line,
+        main_job_examples,
+        main_job_targets,
+    )
+
+    t0 = time.monotonic()
+    to_stdout = args.json == "-"
+    main_job = main_job_targets(args)
+    # Before torch is imported and any rank starts: a new user sees at once what is starting.
+    announce(first_line(args, main_job), to_stdout)
     from paracheck.check.property import check_target
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
@@ -159,7 +172,7 @@ def cmd_check(args) -> int:
     pool = _attached_pool(args) if args.attach is not None else None
     args.backend = args.backend or "gloo"
     try:
-        targets = _resolve_targets(args)
+        targets = _resolve_targets(args, main_job)
     except TargetError as exc:
         text = str(exc)
         if args.kind in ("ddp", "fsdp") and "requires optimizer_cls" in text:
@@ -173,6 +186,8 @@ def cmd_check(args) -> int:
     case, sizes = _case_and_sizes(args, pool)
     _check_numbers(args)
     settings = from_namespace(args)
+    if main_job is not None and main_job_examples(args) is not None:
+        settings = settings.replace(max_examples=main_job_examples(args))
     _positive("--max-examples", settings.examples)
     explicit, precision = _precision(args)
     targets = _without_refused_loops(args, targets, explicit, precision)
@@ -189,7 +204,6 @@ def cmd_check(args) -> int:
 
     failed = 0
     reports: list = []
-    to_stdout = args.json == "-"
     world = progress = stream = None
     lost: str | None = None  # Note [A lost pool]
     unchecked: list = []
@@ -232,6 +246,7 @@ def cmd_check(args) -> int:
                     )
                     report.timeout = args.timeout
                     report.rank_memory = args.rank_memory
+                    report.incomplete_passes = args.incomplete == "pass"
             except PoolLost as exc:  # nothing found on this target before the agents were lost
                 lost, unchecked = str(exc), targets[i:]
                 break
@@ -251,13 +266,17 @@ def cmd_check(args) -> int:
     finally:
         if world is not None:
             world.close()
+    from paracheck.cli._check_summary import summary_lines, verdict_of
+
     if args.json is not None:
-        _write_json(args.json, reports, args.backend)
+        _write_json(args.json, reports, args.backend, len(targets))
     if lost is not None:
         names = ", ".join(t.name for t in unchecked)
         print(f"paracheck: {lost}" + (f" (not checked: {names})" if names else ""), file=sys.stderr)
         return 1 if failed else 2
-    return 1 if failed else 0
+    if len(targets) > 1 and not to_stdout:
+        print("\n".join(summary_lines(reports, len(targets), time.monotonic() - t0)), flush=True)
+    return verdict_of(reports, len(targets))[1]
 
 
 class _Stream:
@@ -323,9 +342,14 @@ def _row_names():
     return ("core", "all features", *optional_features())
 
 
-def _write_json(path: str, reports, backend: str) -> None:
+def _write_json(path: str, reports, backend: str, total: int | None = None) -> None:
+    from paracheck.cli._check_summary import verdict_of
+
+    line, _ = verdict_of(reports, len(reports) if total is None else total)
     data = {
         "passed": all(r.passed for r in reports),
+        "verdict": line.split(":", 1)[0],
+        "verdict_line": line,
         "backend": backend,
         "targets": [r.to_dict(backend) for r in reports],
     }
@@ -337,8 +361,9 @@ def _write_json(path: str, reports, backend: str) -> None:
         f.write(text + "\n")
 
 
-def _resolve_targets(args) -> list:
-    """The targets named on the command line: built-ins, import paths, and ``--adapters``' designs."""
+def _resolve_targets(args, main_job: list[str] | None = None) -> list:
+    """The targets named on the command line: built-ins, import paths, and ``--adapters``' designs;
+    without any, ``main_job``'s built-ins (Note [The main job] in ``paracheck.cli._check_summary``)."""
     from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
 
     stub = args.stub_cuda_timing
@@ -373,7 +398,7 @@ def _resolve_targets(args) -> list:
                 reduce_dtype=args.reduce_dtype,
                 gather=args.gather,
             )
-            for n in (args.targets or list(BUILTIN_TARGETS))
+            for n in (args.targets or main_job or list(BUILTIN_TARGETS))
         ]
     for t in targets:
         for note in t.notes:

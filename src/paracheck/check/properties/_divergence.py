@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Divergence", "diverge", "property_of"]
+__all__ = ["Divergence", "diverge", "property_of", "two_numbers"]
 
 
 @dataclass
@@ -39,6 +39,17 @@ class Divergence:
             f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
             f"{self.max_abs_diff:.3e}, largest allowed {self.tolerance:.3e}. {self.detail}"
         ).rstrip()
+
+
+def two_numbers(a: float, b: float, least: int = 7) -> tuple[str, str]:
+    """``a`` and ``b`` in scientific notation with ``least`` significant digits, or as many more
+    as it takes to print them differently where they differ (17 tell any two float64 apart): a
+    got and an expected value printed alike beside a difference would read as no difference."""
+    for digits in range(least, 18):
+        x, y = f"{a:.{digits - 1}e}", f"{b:.{digits - 1}e}"
+        if x != y or not a != b:
+            break
+    return x, y
 
 
 # Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.

@@ -43,7 +43,7 @@ def bucket_size_independence(
     second = world.run(
         target.rank_fn, {**payload, "case": other}, world_size=case.world_size, timeout=timeout
     )
-    mb = 25.0 if case.bucket_size_mb is None else case.bucket_size_mb
+    mb = case.bucket_mb
     return compare_runs(first, second, case, NAME, f"bucket_size_mb {mb:g} vs {other_bucket_mb:g}")
 
 

@@ -182,12 +182,8 @@ def check_bucket_structure(case: Case, ranks: list[RankRecord]) -> Divergence | 
     if case.world_size < 2:
         return None
     params = _trainable(case)
-    # What the rank program passed (paracheck.check.ranks._drive): None, the case's cap, or the 25 MB default.
-    cap = (
-        math.inf
-        if case.unbounded_bucket
-        else (25.0 if case.bucket_size_mb is None else case.bucket_size_mb) * MB
-    )
+    # What the rank program passed (paracheck.check.ranks._drive): None (one bucket) or the cap.
+    cap = math.inf if case.unbounded_bucket else case.bucket_mb * MB
     cap_text = "None (unbounded)" if math.isinf(cap) else f"{cap:.0f} bytes"
     for r, rec in enumerate(ranks):
         for k, step in enumerate(rec.steps):

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from paracheck.check.properties._divergence import Divergence
+from paracheck.check.properties._divergence import Divergence, two_numbers
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import (
@@ -125,9 +125,10 @@ def worst_element(got, ref, rtol: float, scale_src=None) -> str:
     )
     over = (g - r).abs() - allowed
     k = int(over.argmax())
+    got_k, expected_k = two_numbers(g[k].item(), r[k].item())
     return (
-        f"worst element #{k} (of the finite ones): got {g[k].item():.6e}, expected "
-        f"{r[k].item():.6e}, |got - expected| = {abs(g[k] - r[k]).item():.3e} where "
+        f"worst element #{k} (of the finite ones): got {got_k}, expected "
+        f"{expected_k}, |got - expected| = {abs(g[k] - r[k]).item():.3e} where "
         f"{allowed[k].item():.3e} is allowed"
     )
 

@@ -16,7 +16,7 @@ import torch
 
 from paracheck.cases import Case
 from paracheck.check.properties._case import param_names
-from paracheck.check.properties._divergence import Divergence
+from paracheck.check.properties._divergence import Divergence, two_numbers
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import train
 from paracheck.oracle.exact import exact_gradients, judged_here
@@ -118,6 +118,7 @@ def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence:
     over = torch.where(torch.isnan(over), torch.full_like(over, float("inf")), over)
     j = int(over.flatten().argmax())
     ratio = (diff / allowed.clamp_min(1e-300)).flatten()[j].item()
+    pair = two_numbers(g.flatten()[j].item(), v.flatten()[j].item())
     return Divergence(
         k,
         NAME,
@@ -126,8 +127,8 @@ def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence:
         name,
         diff.flatten()[j].item(),
         allowed.flatten()[j].item(),
-        f"element {j}: got {g.flatten()[j].item():.6e}, the float64 gradient at the same "
-        f"parameters is {v.flatten()[j].item():.6e}, |difference| {diff.flatten()[j].item():.3e} "
+        f"element {j}: got {pair[0]}, the float64 gradient at the same "
+        f"parameters is {pair[1]}, |difference| {diff.flatten()[j].item():.3e} "
         f"where rounding in this precision allows at most {allowed.flatten()[j].item():.3e} "
         f"({int(bad.sum())} of {g.numel()} elements outside)",
         ratio,

@@ -43,7 +43,7 @@ def check_traffic(case: Case, traj, ranks: list[RankRecord], kind: str) -> Diver
     for k in range(len(traj.steps)):
         if KINDS[kind].state_layout == "flat":
             params, e = facts.params, facts.params[facts.trainable[0]].element_size()
-            bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+            bucket = case.bucket_mb
             layout = flat_layout(
                 [params[i].numel() for i in facts.trainable],
                 W,

@@ -60,7 +60,7 @@ class DDPDriver:
 def _bucket(case: Case) -> float | None:
     if case.unbounded_bucket:
         return None  # one unbounded bucket; a target that refuses None skips the case (run_ddp)
-    return case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+    return case.bucket_mb
 
 
 _PLANS: dict[str, Construction | None] = {}

@@ -375,7 +375,7 @@ class Closure:
 
 def build_zero(case: Case, model, cls):
     params = list(model.parameters())
-    bucket = case.bucket_size_mb if case.bucket_size_mb is not None else 25.0
+    bucket = case.bucket_mb
 
     def make(groups, optimizer_cls, **kwargs):
         return cls(model, optimizer_cls, params=groups, bucket_size_mb=bucket, **kwargs)

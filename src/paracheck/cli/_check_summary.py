@@ -1,0 +1,144 @@
+"""What ``paracheck check`` says before and after its targets: the first line (what is starting,
+printed before torch is imported or a rank starts), the main job's choice of targets and
+examples, and the summary of every target with the one verdict line that ends the command.
+
+Note [The main job]
+    ``paracheck check`` with no TARGET is the first command a new user runs, and it must answer
+    within minutes on a laptop: it checks paracheck's own built-ins (``main_job_targets``: not
+    torch's DistributedDataParallel, ZeroRedundancyOptimizer and FSDP2, which only check torch
+    through their adapters; torch's FSDP2 alone cost 89 s) with ``MAIN_JOB_EXAMPLES`` examples per
+    search (the ci profile's 40 in the core and all-features rows, 10 in each feature row, became
+    10 and 5), in one pool of ranks shared by every target. Every row of every table is still
+    searched and judged as any check's is (its count of cases says how many); the first line says
+    what the main job covers, and ``--all`` checks every built-in at the profile's examples, as
+    before. A given ``--max-examples`` or ``--profile`` other than ci applies as given.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from paracheck.cli._common import UsageError
+
+__all__ = [
+    "MAIN_JOB_EXAMPLES",
+    "first_line",
+    "main_job_targets",
+    "peers",
+    "summary_lines",
+    "verdict_of",
+]
+
+# Examples per search of the main job (Note [The main job]).
+MAIN_JOB_EXAMPLES = 10
+
+
+def peers() -> tuple[str, ...]:
+    """The built-ins that are torch's own implementations, checked through adapters."""
+    from paracheck.check.targets import BUILTIN_TARGETS
+
+    return tuple(n for n in BUILTIN_TARGETS if n.startswith("torch-"))
+
+
+def main_job_targets(args) -> list[str] | None:
+    """The built-in names the main job checks (None: not the main job, TARGETs or ``--adapters``
+    or ``--case`` given); ``--all`` outside the main job is a usage error."""
+    from paracheck.check.targets import BUILTIN_TARGETS
+
+    main = not args.targets and args.adapters is None and args.case is None
+    if args.all and not main:
+        given = (
+            f"TARGET {' '.join(args.targets)}"
+            if args.targets
+            else ("--adapters" if args.adapters is not None else "--case")
+        )
+        raise UsageError(
+            f"--all checks every built-in and takes no TARGET, --adapters or --case (given: "
+            f"{given})"
+        )
+    if not main:
+        return None
+    names = list(BUILTIN_TARGETS)
+    return names if args.all else [n for n in names if n not in peers()]
+
+
+def main_job_examples(args) -> int | None:
+    """The examples per search the main job runs where none is given (None: the profile's)."""
+    if args.all or args.max_examples is not None or args.profile != "ci":
+        return None
+    return MAIN_JOB_EXAMPLES
+
+
+def first_line(args, names: list[str] | None) -> str:
+    """The command's first line: what it checks and that the ranks are starting."""
+    backend = args.backend or ("the agents' backend" if args.attach else "gloo")
+    where = f"starting the ranks ({backend})" if not args.attach else f"attaching to {args.attach}"
+    if names is None:
+        n = len(args.targets) + (args.adapters is not None)
+        what = ", ".join(args.targets + ([f"--adapters {args.adapters}"] if args.adapters else []))
+        if not what:
+            what = "every built-in"
+        return f"paracheck check: {what}{' (the given case)' if args.case else ''}; " + (
+            f"loading {'it' if n == 1 else 'them'} and {where}"
+        )
+    examples = main_job_examples(args)
+    from paracheck.check.settings import PROFILES
+
+    per = examples or args.max_examples or PROFILES[args.profile]["max_examples"]
+    if args.all:
+        return f"paracheck check: every built-in ({len(names)}), {per} examples per search; {where}"
+    left = peers()
+    return (
+        f"paracheck check: the main job: paracheck's {len(names)} built-ins, {per} examples per "
+        f"search (torch's {', '.join(left)} left out; --all checks all {len(names) + len(left)} "
+        f"at the profile's examples); {where}"
+    )
+
+
+def announce(text: str, to_stdout: bool) -> None:
+    """Print the first line at once: on stdout, or on stderr where stdout is the JSON verdict."""
+    print(text, file=sys.stderr if to_stdout else sys.stdout, flush=True)
+
+
+def verdict_of(reports: list, total: int) -> tuple[str, int]:
+    """The one line that ends a check of ``total`` targets, and its exit status: FAIL (1) where
+    a target failed, INCOMPLETE (3) where one left rows not reached, else PASS (0)."""
+    noun = "target" if total == 1 else "targets"
+    failed = [r.target.name for r in reports if r.verdict == "FAIL"]
+    incomplete = [r for r in reports if r.verdict == "INCOMPLETE"]
+    short = [f"{r.target.name}: {r.not_reached} not reached" for r in incomplete]
+    if failed:
+        line = f"FAIL: {len(failed)} of {total} {noun} ({', '.join(failed)})"
+        if incomplete:
+            line += f"; INCOMPLETE: {len(incomplete)} ({', '.join(short)})"
+        return line, 1
+    if incomplete:
+        return (
+            f"INCOMPLETE: {len(incomplete)} of {total} {noun} with rows not reached "
+            f"({', '.join(short)}), {total - len(incomplete)} PASS; give them more time "
+            "(--budget SECONDS, 0: no limit) or accept the rows reached (--incomplete pass)",
+            3,
+        )
+    accepted = sum(1 for r in reports if r.not_reached)
+    tail = f" ({accepted} with rows not reached: --incomplete pass)" if accepted else ""
+    return f"PASS: {len(reports)} of {total} {noun}{tail}", 0
+
+
+def summary_lines(reports: list, total: int, seconds: float) -> list[str]:
+    """A row per target (its verdict, its rows passed, failed and not reached, its seconds),
+    then the verdict line (``verdict_of``)."""
+    width = max([len("target")] + [len(r.target.name) for r in reports])
+    noun = "target" if total == 1 else "targets"
+    out = [
+        f"summary of {len(reports)} {noun} in {seconds:.1f} s:",
+        f"  {'target':<{width}}  {'verdict':<10}  rows PASS/FAIL/not reached  seconds",
+    ]
+    for r in reports:
+        if r.rows:
+            count = {s: sum(1 for row in r.rows if row.status == s) for s in ("PASS", "FAIL")}
+            rows = f"{count['PASS']}/{count['FAIL']}/{r.not_reached}"
+        else:
+            rows = "- (one case)"
+        out.append(f"  {r.target.name:<{width}}  {r.verdict:<10}  {rows:<26}  {r.seconds:.1f}")
+    out.append(verdict_of(reports, total)[0])
+    return out
