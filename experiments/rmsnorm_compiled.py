@@ -117,7 +117,11 @@ def build(size, group, bf16, xb, yb, log):
     for norm, model in runs.items():
         steps[f"{MODES[group][0]}/{norm}"] = _step(model, opt, xb, yb, bf16)
     for norm, model in runs.items():
-        steps[f"{MODES[group][1]}/{norm}"] = _graphed_step(model, opt, xb, yb, bf16)
+        try:
+            steps[f"{MODES[group][1]}/{norm}"] = _graphed_step(model, opt, xb, yb, bf16)
+        except Exception as e:  # the unreplayed variants are still timed
+            log(dict(capture_failed=f"{MODES[group][1]}/{norm}", size=size, error=repr(e)[:500]))
+            torch.cuda.synchronize()
     return steps, (nets, runs, opt)
 
 
@@ -142,6 +146,32 @@ def interleave(steps, rounds, warmup, deadline):
     return times, hosts
 
 
+def kernel_profile(steps, log, size, dtype):
+    """Per unreplayed variant, one profiled step: GPU kernels launched and their summed time,
+    which separate a norm that adds launches (host time) from one that adds GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, step in steps.items():
+        if name.split("/")[0] not in ("eager", "compile"):
+            continue
+        try:
+            step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            kernels = [
+                e
+                for e in prof.key_averages()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total
+            ]
+            log(dict(profile=name, size=size, dtype=dtype,
+                     kernels=sum(e.count for e in kernels),
+                     kernel_us=sum(e.self_device_time_total for e in kernels)))  # fmt: skip
+        except Exception as e:  # a profiler failure must not cost the timings
+            log(dict(profile=name, error=repr(e)[:300]))
+
+
 def _q(v, q):
     v = sorted(v)
     i = (len(v) - 1) * q
@@ -153,7 +183,9 @@ def summarise(times, hosts, size, dtype, log):
     rows = []
     for name in times:
         mode, norm = name.split("/")
-        base = times[f"{mode}/torch"]
+        base = times.get(f"{mode}/torch")
+        if not base:
+            continue
         ratios = [a / b for a, b in zip(times[name], base)]
         row = dict(size=size, dtype=dtype, mode=mode, norm=norm, rounds=len(ratios),
                    step_ms=statistics.median(times[name]), host_ms=statistics.median(hosts[name]),
@@ -172,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=540, help="seconds; later configs skipped")
+    ap.add_argument("--profile", action="store_true", help="kernels per step, after timing")
     ap.add_argument("--json", default=None, help="append one JSON object per line here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -206,14 +239,16 @@ def main(argv=None) -> int:
         torch._dynamo.reset()
         try:
             steps, keep = build(size, group, dtype == "bf16", xb, yb, log)
-        except torch.OutOfMemoryError as e:
-            log(dict(skipped=[size, dtype, group], reason=f"out of memory: {e}"[:300]))
+        except Exception as e:  # out of memory, a failed capture: the other configs still run
+            log(dict(skipped=[size, dtype, group], reason=repr(e)[:500]))
             torch.cuda.empty_cache()
             continue
         now = time.monotonic() - start
         share = (args.deadline - now) / (len(configs) - i)
         times, hosts = interleave(steps, args.rounds, args.warmup, time.monotonic() + share)
         rows += summarise(times, hosts, size, dtype, log)
+        if args.profile:
+            kernel_profile(steps, log, size, dtype)
         del steps, keep
         torch.cuda.empty_cache()
     print("\n| size | dtype | mode | norm | rounds | step ms | host ms | ratio | q1-q3 | min-max |")
