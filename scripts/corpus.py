@@ -47,18 +47,64 @@ _FAIL_LINE = re.compile(r"^(?:cause \d+: )?FAIL ")
 
 # -- the designs -------------------------------------------------------------------------------
 
+# Properties a contract can leave unjudged without turning a feature off: the balance of the state
+# a sharded optimizer's ranks step (``Contract.stepped_balance``, False for CS336). A bug seen only
+# through them is beyond that contract even in the core row.
+_BALANCE_PROPERTIES = frozenset({"balance", "memory"})
+# The contract a bug is judged "in" or "beyond": the one the corpus's interfaces are written for.
+CONTRACT = "cs336"
 
-def parse_docstring(text: str) -> tuple[str, str]:
-    """A design docstring's first line -> (expected, what): ("correct", "") or (row, the bug).
-    ValueError naming the line where it is neither."""
-    first = (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
-    if first == "correct":
-        return "correct", ""
-    if first.startswith("bug: ") and first.count(":") >= 2:
-        row, what = first[len("bug: ") :].split(":", 1)
-        if row.strip() and what.strip():
-            return row.strip(), what.strip()
-    raise ValueError(f"docstring first line {first!r} must be 'correct' or 'bug: <row>: <what>'")
+
+def parse_docstring(text: str) -> dict:
+    """A design docstring's header (its lines up to the first blank one) -> {"expected": "correct"}
+    or {"expected": "bug", "bugs": [...], "cuda": what or None}. Each bug: ``rows`` (its row, or
+    alternatives), ``what``, ``shows`` (the properties it can fail; empty: any) and ``match`` (a
+    regular expression the failure's text must contain; None: any). ValueError naming the line
+    that is none of these."""
+    lines = []
+    for line in (text or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.rstrip())
+    if lines == ["correct"]:
+        return {"expected": "correct"}
+    bugs: list[dict] = []
+    cuda = None
+    for line in lines:
+        stripped = line.strip()
+        if line.startswith("bug: ") and stripped.count(":") >= 2:
+            rows, what = stripped[len("bug: ") :].split(":", 1)
+            rows = [r.strip() for r in rows.split("|") if r.strip()]
+            if not rows or not what.strip():
+                raise ValueError(f"docstring line {line!r}: 'bug: <row>[|<row>]: <what>'")
+            bugs.append({"rows": rows, "what": what.strip(), "shows": [], "match": None})
+        elif line.startswith("cuda: ") and stripped[len("cuda: ") :].strip():
+            cuda = stripped[len("cuda: ") :].strip()
+        elif line.startswith("    shows: ") and bugs and not bugs[-1]["shows"]:
+            bugs[-1]["shows"] = [p.strip() for p in stripped[len("shows: ") :].split(",")]
+        elif line.startswith("    match: ") and bugs and bugs[-1]["match"] is None:
+            bugs[-1]["match"] = stripped[len("match: ") :].strip()
+            re.compile(bugs[-1]["match"])
+        else:
+            raise ValueError(
+                f"docstring line {line!r} must be 'correct' (alone), 'bug: <row>: <what>' (with "
+                "'    shows: <property>, ...' and '    match: <regex>' below it) or 'cuda: <what>'"
+            )
+    if not bugs:
+        raise ValueError(f"docstring header {lines!r} has no 'bug: <row>: <what>' line")
+    return {"expected": "bug", "bugs": bugs, "cuda": cuda}
+
+
+def contract_of(bug: dict) -> str:
+    """ "in" where ``CONTRACT``'s cases can show ``bug``, "beyond" where it needs a feature that
+    contract never draws (in every row it may be reported in) or shows only as a balance property
+    the contract does not judge."""
+    beyond = _beyond_features()
+    if all(any(f in beyond for f in row.split("+")) for row in bug["rows"]):
+        return "beyond"
+    if bug["shows"] and set(bug["shows"]) <= _BALANCE_PROPERTIES:
+        return "beyond"
+    return "in"
 
 
 def _design_class(tree: ast.Module, path: Path) -> str:
@@ -80,7 +126,8 @@ def _kind(cls) -> str:
 
 def read_designs(root: Path = CORPUS) -> list[dict]:
     """Every design of ``root`` (one public class per file, ``__init__`` left out), imported:
-    target (the file's path and the class, as ``paracheck check`` takes them), kind, expected row (or "correct") and the bug's line."""
+    target (the file's path and the class, as ``paracheck check`` takes them), kind, "correct" or
+    "bug", and its bugs (each with ``contract``: "in" or "beyond", ``contract_of``) and CUDA call."""
     import importlib
 
     sys.path.insert(0, str(root.parent))
@@ -89,22 +136,47 @@ def read_designs(root: Path = CORPUS) -> list[dict]:
         if path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text())
-        expected, what = parse_docstring(ast.get_docstring(tree) or "")
+        try:
+            parsed = parse_docstring(ast.get_docstring(tree) or "")
+        except ValueError as exc:
+            raise ValueError(f"{path.name}: {exc}") from None
         name = _design_class(tree, path)
         module = importlib.import_module(f"{root.name}.{path.stem}")
         entry = {
             "target": f"{root.name}/{path.name}:{name}",
             "kind": _kind(getattr(module, name)),
-            "expected": expected,
+            "expected": parsed["expected"],
         }
-        if what:
-            entry["bug"] = what
+        if parsed["expected"] == "bug":
+            entry["bugs"] = [{**b, "contract": contract_of(b)} for b in parsed["bugs"]]
+            if parsed["cuda"]:
+                entry["cuda"] = parsed["cuda"]
         out.append(entry)
     return out
 
 
 def known_rows() -> set[str]:
     return {"core", *_optional_features()}
+
+
+def row_known(row: str) -> bool:
+    """Whether ``row`` is the core, an optional feature, or two optional features joined by "+"."""
+    optional = set(_optional_features())
+    parts = row.split("+")
+    return row == "core" or (len(parts) <= 2 and all(p in optional for p in parts))
+
+
+def _beyond_features() -> set[str]:
+    """The features ``CONTRACT`` never draws, with those that imply or require them."""
+    from paracheck.check import features as F
+
+    off = set(F.CONTRACTS[CONTRACT].off)
+    changed = True
+    while changed:
+        more = {f.name for f in F.FEATURES if set(f.implies + f.requires) & off} - off
+        off |= more
+        changed = bool(more)
+    return off
 
 
 def _optional_features() -> tuple[str, ...]:
@@ -157,6 +229,198 @@ def _row_of_needs(needs) -> str:
     if not mine:
         return "core"
     return mine.pop() if len(mine) == 1 else ALL_ROW
+
+
+# -- judging a report against the planted bugs ---------------------------------------------------
+
+_HARNESS = "paracheck's harness raised"
+_CUDA_TEXT = re.compile(r"cuda|nvtx|nvidia|dummy base class Event", re.IGNORECASE)
+
+
+def _failure_text(f: dict) -> str:
+    """What identifies a failure of a ``--json`` report: its property's meaning, what failed or
+    diverged (tensor, step, exception, collectives), and what its ranks printed."""
+    parts = [f.get("meaning") or "", f.get("detail") or ""]
+    for key in ("divergence", "hang", "outputs"):
+        if f.get(key):
+            parts.append(json.dumps(f[key], sort_keys=True))
+    return "\n".join(parts)
+
+
+def _failure_rows(report: dict) -> list[str | None]:
+    """The row each failure of ``report`` was filed under ("core", "buffer", "a+b", "all
+    features"), None for one no row owns: the failure's own ``row`` where the report gives it,
+    otherwise the rows' own causes (``property`` then ``more``) taken in the order found."""
+    failures = report.get("failures", [])
+    if failures and all("row" in f for f in failures):
+        return [None if f["row"] is None else f["row"].lstrip("+") for f in failures]
+    out: list[str | None] = [None] * len(failures)
+    for row in report.get("rows", []):
+        own = ([row["property"]] if row.get("property") else []) + list(row.get("more") or [])
+        for prop in own:
+            i = next(
+                (i for i, f in enumerate(failures) if out[i] is None and f["property"] == prop),
+                None,
+            )
+            if i is not None:
+                out[i] = row["row"].lstrip("+")
+    return out
+
+
+def _cause_key(f: dict) -> tuple:
+    """The cause of a failure, as ``paracheck.check.verdict.cause_of`` draws it from what the JSON
+    keeps: the first diverging tensor and rank, the hung or raising frames of the target's own
+    files, or the exception's last line."""
+    if f.get("cause") is not None:
+        return ("cause", f["cause"])
+    d = f.get("divergence") or {}
+    if d.get("name") is not None or d.get("index") is not None:
+        return (
+            "tensor",
+            d.get("name") if d.get("name") is not None else d.get("index"),
+            d.get("rank"),
+        )
+    detail = f.get("detail") or ""
+    own = frozenset(re.findall(r'File "[^"]*/corpus/[^"]+", line \d+ in \S+', detail))
+    if f["property"] in ("hang", "died") and own:
+        return (f["property"], own)
+    if f["property"] == "raised":
+        lines = [ln.strip() for ln in detail.splitlines() if ln.strip()]
+        last = next(
+            (ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception)\b", ln)), ""
+        )
+        return ("raised", re.sub(r"\d+", "N", last), own)
+    return (f["property"], re.sub(r"\d+", "N", (f.get("hang") or {}).get("disagreement", "")))
+
+
+def cause_blocks(report: dict) -> list[list[int]]:
+    """The failures of ``report`` grouped by cause, in the order found, each group's printed failure
+    (the most specific property, whose case is shown) first: the verdict table's cause blocks."""
+    from paracheck.check.properties.catalog import PROPERTIES
+
+    keys = list(PROPERTIES)
+    groups: dict[tuple, list[int]] = {}
+    for i, f in enumerate(report.get("failures", [])):
+        groups.setdefault(_cause_key(f), []).append(i)
+
+    def rank(i):
+        p = report["failures"][i]["property"]
+        return keys.index(p) if p in keys else len(keys)
+
+    return [sorted(g, key=rank) for g in groups.values()]
+
+
+def _candidates(bug: dict, failures: list[dict]) -> list[int]:
+    pattern = re.compile(bug["match"], re.IGNORECASE) if bug.get("match") else None
+    return [
+        i
+        for i, f in enumerate(failures)
+        if (not bug["shows"] or f["property"] in bug["shows"])
+        and (pattern is None or pattern.search(_failure_text(f)))
+    ]
+
+
+def judge(design: dict, report: dict | None) -> dict:
+    """What ``report`` (one target of ``paracheck check --json``) did with each planted bug of
+    ``design``: ``bugs`` (one verdict each, below), ``causes`` (each printed cause block: its
+    number, row, property and the bug it is, or None), ``unexplained`` (printed causes no planted
+    bug or CUDA call explains: false failures on a correct design, to judge by hand on a buggy
+    one), ``blame`` (failures called paracheck's harness's), ``cuda`` (whether a printed cause is
+    the design's CUDA call), ``order`` (every in-contract bug printed before every one beyond the
+    contract: None where the design lacks either) and ``first_beyond`` (cause 1 is beyond the
+    contract although an in-contract bug is planted).
+
+    A bug's verdict: "printed" (its own cause block; ``in_row`` where filed under one of its rows),
+    "not printed" (found, but folded under another property's cause block without its case),
+    "as above" (its row failed only "as above" properties it can show), "budget" (its row not
+    reached or stopped by the budget), "not drawn" (its row was not searched), "missed"."""
+    if not report:
+        none = {"status": "no report", "cause": None, "row": None, "in_row": False}
+        return {
+            "bugs": [{**none, "contract": b["contract"]} for b in design.get("bugs", [])],
+            "causes": [],
+            "unexplained": [],
+            "blame": 0,
+            "cuda": None,
+            "order": None,
+            "first_beyond": False,
+        }
+    failures = report.get("failures", [])
+    rows = {r["row"].lstrip("+"): r for r in report.get("rows", [])}
+    blocks = cause_blocks(report) if failures else []
+    number = {i: n + 1 for n, g in enumerate(blocks) for i in g}
+    heads = {g[0] for g in blocks}
+    frows = _failure_rows(report) if failures else []
+    bugs = design.get("bugs", [])
+    taken: dict[int, int] = {}  # failure -> bug
+    verdicts = [None] * len(bugs)
+    # Bugs with a pattern first: a failure that matches one names it more surely.
+    for b in sorted(range(len(bugs)), key=lambda b: bugs[b].get("match") is None):
+        bug = bugs[b]
+        free = [i for i in _candidates(bug, failures) if i not in taken]
+        if free:
+            i = min(free, key=lambda i: (i not in heads, frows[i] not in bug["rows"], i))
+            taken[i] = b
+            verdicts[b] = {
+                "status": "printed" if i in heads else "not printed",
+                "cause": number[i],
+                "row": frows[i],
+                "in_row": frows[i] in bug["rows"],
+            }
+            continue
+        mine = [rows.get(r) for r in bug["rows"] if rows.get(r)]
+        also = {p for r in mine if r["status"] == "FAIL" for p in r.get("also") or []}
+        status = "missed"
+        if also and (not bug["shows"] or also & set(bug["shows"])):
+            status = "as above"
+        elif any(r["status"] == "not reached" or "budget" in (r.get("why") or "") for r in mine):
+            status = "budget"
+        elif mine and all(r["status"] in ("not drawn", "not supported") for r in mine):
+            status = "not drawn"
+        elif not mine and report.get("rows") is not None and not report.get("rows"):
+            status = "budget"
+        verdicts[b] = {"status": status, "cause": None, "row": None, "in_row": False}
+    for v, bug in zip(verdicts, bugs):
+        v["contract"] = bug["contract"]
+    causes = []
+    for n, g in enumerate(blocks):
+        f = failures[g[0]]
+        b = next((taken[i] for i in g if i in taken), None)
+        cuda = b is None and design.get("cuda") and _CUDA_TEXT.search(_failure_text(f))
+        causes.append(
+            {
+                "cause": n + 1,
+                "row": frows[g[0]],
+                "property": f["property"],
+                "bug": b,
+                "cuda": bool(cuda),
+                "line": (f.get("meaning") or "").split("\n")[0][:160],
+            }
+        )
+    printed = [(v["cause"], v["contract"]) for v in verdicts if v["status"] == "printed"]
+    ins = [v for v in verdicts if v["contract"] == "in"]
+    order = None
+    if ins and any(v["contract"] == "beyond" for v in verdicts):
+        last_in = max((c for c, k in printed if k == "in"), default=0)
+        first_beyond = min((c for c, k in printed if k == "beyond"), default=len(blocks) + 1)
+        order = all(v["status"] == "printed" for v in ins) and last_in < first_beyond
+    first_beyond = False
+    if ins and causes:
+        c1 = causes[0]
+        first_beyond = (
+            bugs[c1["bug"]]["contract"] == "beyond"
+            if c1["bug"] is not None
+            else c1["row"] not in (None, "core", ALL_ROW)
+        )
+    return {
+        "bugs": verdicts,
+        "causes": causes,
+        "unexplained": [c for c in causes if c["bug"] is None and not c["cuda"]],
+        "blame": sum((f.get("meaning") or "").startswith(_HARNESS) for f in failures),
+        "cuda": any(c["cuda"] for c in causes) if design.get("cuda") else None,
+        "order": order,
+        "first_beyond": first_beyond,
+    }
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -228,8 +492,6 @@ def run_design(design: dict, args, seed: int, extra: list[str]) -> dict:
         if os.path.exists(out_json):
             with open(out_json) as f:
                 report = json.load(f)["targets"][0]
-    rows = report_rows(report) if report is not None else {}
-    failing = [r for r, v in rows.items() if v == "FAIL"]
     result = {
         "target": design["target"],
         "kind": design["kind"],
@@ -239,71 +501,114 @@ def run_design(design: dict, args, seed: int, extra: list[str]) -> dict:
         "cut_off": cut_off,
         "seconds": round(total, 1),
         "first_failure_s": round(first_fail[0], 1) if first_fail else None,
-        "rows": rows,
-        "failing_rows": failing,
-        "failures": [
-            {
-                "property": f["property"],
-                "needs": f.get("needs"),
-                "row": _row_of_needs(f.get("needs")),
-            }
-            for f in (report or {}).get("failures", [])
-        ],
         # The check's own traceback starts a line; a target's, in a FAIL block, is indented.
         "traceback": any(line.startswith("Traceback (most recent call last)") for line in lines),
+        "report": report,
     }
     if report is None:
         result["output_tail"] = "".join(lines[-30:])
-    if design["expected"] == "correct":
-        result["false_failure"] = bool(failing) or proc.returncode not in (0, None) and not cut_off
-    else:
-        row = design["expected"]
-        result["reported"] = bool(failing) or (report is None and first_fail != [])
-        result["in_row"] = rows.get(row) == "FAIL"
-        result["first"] = bool(failing) and failing[0] == row
     return result
 
 
-def _line(r: dict) -> str:
-    if r["expected"] == "correct":
-        verdict = "FALSE FAILURE " + ",".join(r["failing_rows"]) if r["false_failure"] else "pass"
-    else:
-        verdict = (
-            ("in row" if r["in_row"] else "reported" if r["reported"] else "MISSED")
-            + (", first" if r["first"] else "")
-            + (f" (rows {','.join(r['failing_rows'])})" if r["failing_rows"] else "")
+def verdicts(design: dict, run: dict) -> dict:
+    """``run`` (one ``run_design``) judged against ``design``: its rows and failing rows, and for a
+    correct design whether it failed (a false failure), for a buggy one ``judge``'s verdicts."""
+    report = run.get("report")
+    rows = report_rows(report) if report is not None else {}
+    out = {"rows": rows, "failing_rows": [r for r, v in rows.items() if v == "FAIL"]}
+    if design["expected"] == "correct":
+        out["false_failure"] = bool(out["failing_rows"]) or (
+            run["rc"] not in (0, None) and not run["cut_off"]
         )
+    else:
+        out.update(judge(design, report))
+    return out
+
+
+_SHORT = {
+    "printed": "P",
+    "not printed": "N",
+    "as above": "A",
+    "budget": "B",
+    "not drawn": "D",
+    "missed": "M",
+    "no report": "?",
+}
+
+
+def _line(design: dict, r: dict, v: dict) -> str:
+    if design["expected"] == "correct":
+        verdict = "FALSE FAILURE " + ",".join(v["failing_rows"]) if v["false_failure"] else "pass"
+    else:
+        marks = []
+        for bug, b in zip(design["bugs"], v["bugs"]):
+            mark = _SHORT[b["status"]]
+            if b["status"] == "printed":
+                mark += f"{b['cause']}" + ("" if b["in_row"] else f"@{b['row']}")
+            marks.append(f"{bug['rows'][0]}{'' if bug['contract'] == 'in' else '*'}={mark}")
+        verdict = " ".join(marks)
+        if v["unexplained"]:
+            verdict += f"  +{len(v['unexplained'])} unexplained"
+        if v["order"] is False:
+            verdict += "  ORDER"
+        if v["blame"]:
+            verdict += f"  BLAME x{v['blame']}"
+        if v["cuda"] is not None:
+            verdict += "  cuda " + ("named" if v["cuda"] else "not named")
     ff = "-" if r["first_failure_s"] is None else f"{r['first_failure_s']:.0f}"
     cut = " CUT OFF" if r["cut_off"] else ""
     tb = " TRACEBACK" if r["traceback"] else ""
-    name = r["target"].split("/", 1)[1]
-    return (
-        f"{name:58} {r['expected']:18} s{r['seed']} {ff:>5} {r['seconds']:6.0f}  {verdict}{cut}{tb}"
-    )
+    name = r["target"].split("/", 1)[1].split(":")[0]
+    return f"{name:40} s{r['seed']} {ff:>5} {r['seconds']:6.0f}  {verdict}{cut}{tb}"
 
 
-def summarise(results: list[dict]) -> dict:
-    correct = [r for r in results if r["expected"] == "correct"]
-    bugs = [r for r in results if r["expected"] != "correct"]
-    firsts = sorted(r["first_failure_s"] for r in bugs if r["first_failure_s"] is not None)
-    totals = sorted(r["seconds"] for r in results)
+def _pct(xs, q):
+    xs = sorted(xs)
+    return None if not xs else xs[min(len(xs) - 1, int(q * len(xs)))]
 
-    def pct(xs, q):
-        return None if not xs else xs[min(len(xs) - 1, int(q * len(xs)))]
 
+def summarise(pairs: list[tuple[dict, dict, dict]]) -> dict:
+    """The figures over every (design, run, verdicts): per category of planted bug (over every bug
+    of every run, and for bugs in and beyond the contract), the false and unexplained causes, the
+    order, the blame, the CUDA diagnoses and the times."""
+    correct = [(d, r, v) for d, r, v in pairs if d["expected"] == "correct"]
+    buggy = [(d, r, v) for d, r, v in pairs if d["expected"] != "correct"]
+    bugs = [b for _, _, v in buggy for b in v["bugs"]]
+
+    def tally(bs):
+        out = {s: sum(b["status"] == s for b in bs) for s in _SHORT}
+        out["in_row"] = sum(b["status"] == "printed" and b["in_row"] for b in bs)
+        out["total"] = len(bs)
+        return out
+
+    orders = [v["order"] for _, _, v in buggy if v["order"] is not None]
+    with_in = [v for d, _, v in buggy if any(b["contract"] == "in" for b in d["bugs"])]
+    cuda = [v["cuda"] for _, _, v in buggy if v["cuda"] is not None]
+    firsts = [r["first_failure_s"] for _, r, _ in buggy if r["first_failure_s"] is not None]
     return {
-        "runs": len(results),
-        "false_failures": sum(r["false_failure"] for r in correct),
+        "runs": len(pairs),
         "correct_runs": len(correct),
-        "bug_runs": len(bugs),
-        "bugs_reported": sum(r["reported"] for r in bugs),
-        "bugs_in_row": sum(r["in_row"] for r in bugs),
-        "bugs_first": sum(r["first"] for r in bugs),
-        "cut_off": sum(r["cut_off"] for r in results),
-        "tracebacks": sum(r["traceback"] for r in results),
-        "median_first_failure_s": pct(firsts, 0.5),
-        "median_total_s": pct(totals, 0.5),
-        "p90_total_s": pct(totals, 0.9),
+        "false_failures": sum(v["false_failure"] for _, _, v in correct),
+        "bug_runs": len(buggy),
+        "bugs": tally(bugs),
+        "bugs_in_contract": tally([b for b in bugs if b["contract"] == "in"]),
+        "bugs_beyond_contract": tally([b for b in bugs if b["contract"] == "beyond"]),
+        "order_kept": sum(orders),
+        "order_runs": len(orders),
+        "cause1_beyond": sum(v["first_beyond"] for v in with_in),
+        "runs_with_in_contract_bugs": len(with_in),
+        "unexplained_causes": sum(len(v["unexplained"]) for _, _, v in buggy),
+        "unexplained_in_contract_rows": sum(
+            c["row"] in ("core", None) for _, _, v in buggy for c in v["unexplained"]
+        ),
+        "blame": sum(v.get("blame", 0) for _, _, v in buggy),
+        "cuda_named": sum(cuda),
+        "cuda_runs": len(cuda),
+        "cut_off": sum(r["cut_off"] for _, r, _ in pairs),
+        "tracebacks": sum(r["traceback"] for _, r, _ in pairs),
+        "median_first_cause_s": _pct(firsts, 0.5),
+        "median_total_s": _pct([r["seconds"] for _, r, _ in pairs], 0.5),
+        "p90_total_s": _pct([r["seconds"] for _, r, _ in pairs], 0.9),
     }
 
 
@@ -321,11 +626,18 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="design file stems or targets, comma-separated")
     ap.add_argument("--json", default=None, help="write the summary and every run here")
     ap.add_argument(
+        "--analyse",
+        default=None,
+        metavar="RUNS.json",
+        help="judge the runs of an earlier --json file again (against today's manifest), run none",
+    )
+    ap.add_argument(
         "--paracheck-src",
         default=str(ROOT / "src"),
         help="the paracheck source tree whose check runs (default: this repository's src)",
     )
     args = ap.parse_args(argv)
+    sys.path.insert(0, args.paracheck_src)  # the judging reads its property table
     if args.manifest:
         designs = read_designs()
         MANIFEST.write_text(json.dumps({"designs": designs}, indent=2) + "\n")
@@ -358,25 +670,41 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--only={args.only!r}: no design {sorted(unknown)[0]!r} in {MANIFEST.name}")
         designs = chosen
+    by_target = {d["target"]: d for d in designs}
+    if args.analyse:
+        with open(args.analyse) as f:
+            results = [r for r in json.load(f)["runs"] if r["target"] in by_target]
+        return _report(args, [(by_target[r["target"]], r) for r in results], print_lines=True)
     jobs = [(d, s) for s in seeds for d in designs]
-    print(f"{'design':58} {'expected':18} seed first  total  verdict", flush=True)
+    print(f"{'design':40} seed first  total  verdict per bug (row=..., * beyond {CONTRACT})")
     results = []
     lock = threading.Lock()
 
     def one(job):
         r = run_design(job[0], args, job[1], extra)
         with lock:
-            results.append(r)
-            print(_line(r), flush=True)
+            results.append((job[0], r))
+            print(_line(job[0], r, verdicts(job[0], r)), flush=True)
         return r
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, jobs))
-    summary = summarise(results)
+    return _report(args, results, print_lines=False)
+
+
+def _report(args, results: list[tuple[dict, dict]], *, print_lines: bool) -> int:
+    """Print the summary of ``results`` (and each run's line with ``print_lines``), write the
+    ``--json`` file (every run with its report and verdicts), exit 1 on a false failure."""
+    pairs = [(d, r, verdicts(d, r)) for d, r in results]
+    if print_lines:
+        for d, r, v in pairs:
+            print(_line(d, r, v))
+    summary = summarise(pairs)
     print(json.dumps(summary, indent=2))
     if args.json:
+        runs = [{**r, "design": d, "verdicts": v} for d, r, v in pairs]
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": results}, f, indent=2)
+            json.dump({"summary": summary, "runs": runs}, f, indent=1)
             f.write("\n")
     return 1 if summary["false_failures"] else 0
 

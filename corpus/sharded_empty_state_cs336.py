@@ -1,0 +1,17 @@
+"""bug: reload: state_dict() has an empty state (every rank keeps its own shard), so a reload loses the optimizer state
+    shows: raised, parameters, optimizer-state, state-consolidated
+
+Correct within the CS336 contract, which never saves or reloads the optimizer: the greedy sharded
+optimizer whose state_dict() returns the groups' hyper-parameters and no state, and whose
+load_state_dict() restores only the hyper-parameters. Any failure outside the reload row is a
+false failure.
+"""
+
+from corpus.sharded_greedy import GreedyShardedOptimizer
+
+
+class EmptyStateShardedOptimizer(GreedyShardedOptimizer):
+    def state_dict(self):
+        saved = super().state_dict()
+        saved["state"] = {}
+        return saved
