@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -102,13 +103,14 @@ def test_broken_external_ddp_fails_with_report(tmp_path):
     replay = [
         line
         for line in out.stdout.splitlines()
-        if line.strip().startswith("replay: paracheck check user_impl:MyDDP")
+        if line.strip().startswith("replay: ") and "paracheck check user_impl:MyDDP" in line
     ]
     assert replay
-    # The replay command reproduces exactly that failure, from the case's file.
+    # The replay command reproduces exactly that failure, from the case's file, named by its
+    # absolute path (the command runs from any directory).
     case_file = replay[0].split("--case ", 1)[1].strip()
-    assert case_file.startswith(".paracheck/cases/") and (tmp_path / case_file).is_file()
-    assert '"world_size": 2' in (tmp_path / case_file).read_text()
+    assert case_file.startswith(str(tmp_path / ".paracheck" / "cases")), replay[0]
+    assert '"world_size": 2' in Path(case_file).read_text()
     again = _check(tmp_path, BROKEN, "MyDDP", "--case", case_file)
     assert again.returncode == 1 and "grad '" in again.stdout
 

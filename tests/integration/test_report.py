@@ -149,9 +149,10 @@ def test_json_verdict_lists_failing_properties_and_replay(tmp_path):
     assert not data["passed"] and t["failed_properties"] == ["gradients"]
     f = t["failures"][0]
     assert Case.from_dict(f["case"]) == case
-    assert (
-        "--kind ddp" in f["replay"] and "--timeout 30" in f["replay"] and "--case '" in f["replay"]
-    )
+    assert "--kind ddp" in f["replay"] and "--timeout 30" in f["replay"]
+    # The case from a file named by its absolute path, never its JSON inline.
+    case_file = f["replay"].split("--case ", 1)[1]
+    assert case_file.startswith("/") and Case.from_json(open(case_file).read()) == case
 
 
 def test_pytest_fixture_fails_with_the_report_text(paracheck_check):

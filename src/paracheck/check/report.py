@@ -164,7 +164,7 @@ class CheckReport:
         )
         extra = self.saved_cases()
         return (
-            f"{head} {self.target.name}: verdict table of {len(self.rows)} rows ({', '.join(parts)})"
+            f"{head} {self.target.name}: verdict table of {_count(len(self.rows), 'row')} ({', '.join(parts)})"
             f"{found}; {_count(self.cases_run, 'case')} run (shrinking included), world sizes "
             f"{list(self.world_sizes)}, "
             f"{self.seconds:.1f} s" + (f"; {extra}" if extra else "")
