@@ -364,9 +364,10 @@ def _two_commits(repo) -> list[str]:
     return out.stdout.split()
 
 
-def _gate_run(cfg):
-    """What run_gate returns for one TARGET, with literal readings (head 20% slower, 8 more
-    payload bytes): the gate's recording is under test here, not its measuring."""
+def _gate_run(cfg, head_ms: float = 12.0):
+    """What run_gate returns for one TARGET, with literal readings (base 10 ms, head
+    ``head_ms``, 8 more payload bytes): the gate's recording is under test here, not its
+    measuring."""
     from paracheck.gate import GateRow
 
     shas = {
@@ -376,14 +377,14 @@ def _gate_run(cfg):
         for side, ref in (("base", cfg.base), ("head", cfg.head))
     }
     rows = [
-        GateRow(USER_TARGET, "step wall time (ms)", 10.0, 12.0, "REGRESSION", "12 rounds"),
+        GateRow(USER_TARGET, "step wall time (ms)", 10.0, head_ms, "REGRESSION", "12 rounds"),
         GateRow(USER_TARGET, "payload_bytes", 1000, 1008, "REGRESSION"),
     ]
     record = {
         "base": {"ref": cfg.base, "sha": shas["base"]},
         "head": {"ref": cfg.head, "sha": shas["head"]},
         "timing": "wall",
-        "timings": {USER_TARGET: {"base_s": [0.010] * 12, "head_s": [0.012] * 12}},
+        "timings": {USER_TARGET: {"base_s": [0.010] * 12, "head_s": [head_ms / 1e3] * 12}},
         "rows": [r.__dict__ for r in rows],
     }
     return rows, record
@@ -421,13 +422,13 @@ def user_pages(tmp_path_factory):
         assert main(["gate", "--repo", str(repo), "--base", "HEAD~1", USER_TARGET]) == 1
     proc = _paracheck(["report"], repo, tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return repo / ".paracheck" / "history" / "html", shas
+    return repo / ".paracheck" / "history" / "html", shas, proc.stdout
 
 
 def test_gate_history_lists_both_commits(user_pages):
     """The pages built from the gate's history know both commits, draw the step time at each,
     and the thumbnails draw a series of one point as a point; the history is git-ignored."""
-    html, shas = user_pages
+    html, shas, _ = user_pages
     index = json.loads((html / "index.json").read_text())
     assert sorted(index["revision_to_hash"].values()) == sorted(shas)
     assert {"gate.step.wall_time", "gate.exact.payload_bytes"} <= set(index["benchmarks"])
@@ -438,6 +439,30 @@ def test_gate_history_lists_both_commits(user_pages):
         ["git", "status", "--porcelain"], cwd=html.parents[2], capture_output=True, text=True
     ).stdout
     assert status == "", status
+
+
+def test_report_counts_and_plots_the_gates_readings(user_pages):
+    """``paracheck report`` on the gate's history says how many readings it holds and plots the
+    step time at every recorded commit (not "plots: none"), and lists the exact quantity that
+    changed between the commits."""
+    html, shas, out = user_pages
+    assert "history: 4 reading(s) of 2 quantities at 2 commit(s)" in out, out
+    assert "plots: none" not in out and "history_gate.step.wall_time.png" in out, out
+    plots = html / "paracheck"
+    assert (plots / "history_gate.step.wall_time.png").stat().st_size > 0
+    changes = (plots / "history_changes.md").read_text()
+    assert f"| gate.exact.payload_bytes | {USER_TARGET} |" in changes
+    assert f"{shas[0][:8]}: 1,000, {shas[1][:8]}: 1,008" in changes, changes
+    assert "history_gate.step.wall_time.png" in (plots / "index.html").read_text()
+
+
+def test_report_history_that_is_not_a_directory_is_a_usage_error(tmp_path):
+    """``--history`` naming no directory: exit 2 naming the option and its value, no traceback."""
+    pytest.importorskip("asv")
+    proc = _paracheck(["report", "--history", str(tmp_path / "nowhere")], tmp_path, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--history={str(tmp_path / 'nowhere')!r} is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_report_without_measurements_names_the_command_to_run(tmp_path):
@@ -459,7 +484,7 @@ def test_gate_history_page_shows_both_commits_in_a_browser(user_pages):
     the graph's canvas, its data fetched, both commits in it."""
     from urllib.parse import unquote
 
-    html, shas = user_pages
+    html, shas, _ = user_pages
     dom, requested = _render(html, html.parent, "user", bench="gate.step.wall_time")
     assert "Can not determine continental origin of swallow" not in dom
     assert 'class="flot-base"' in dom, "no graph was drawn"
@@ -500,3 +525,88 @@ def test_bench_history_records_a_clean_commit_only(tmp_path, monkeypatch, capsys
     )
     assert data["benchmarks"]["bench.step.gate.time"]["values"] == {USER_TARGET: 25.0}
     assert data["benchmarks"]["bench.exact.gate.collectives"]["values"] == {USER_TARGET: 3.0}
+
+
+# -- the first screen: every commit and branch, and the regression ---------------------------------
+@pytest.fixture(scope="module")
+def branched_pages(tmp_path_factory):
+    """A user's repository whose ``main`` holds the base and two branches one commit each off
+    it: ``slower`` (step time 10 -> 12 ms) and ``alt`` (10 -> 10 ms), each gated against
+    ``main`` (measuring replaced by literal readings), then ``paracheck report``. Returns the
+    pages and the recorded shas: base, slower, alt."""
+    pytest.importorskip(
+        "asv",
+        reason="the benchmark extras (pip install -c constraints.txt asv asv-runner matplotlib)",
+    )
+    pytest.importorskip("matplotlib")
+    import paracheck.gate
+    from paracheck.cli import main
+
+    tmp = tmp_path_factory.mktemp("branched")
+    repo = tmp / "repo"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+    base = _two_commits(repo)[0]
+    subprocess.run(git + ["checkout", "-q", "--detach"], cwd=repo, check=True)
+    subprocess.run(git + ["branch", "-f", "main", base], cwd=repo, check=True)
+    shas = [base]
+    for branch, head_ms in (("slower", 12.0), ("alt", 10.0)):
+        subprocess.run(git + ["checkout", "-q", "-b", branch, base], cwd=repo, check=True)
+        (repo / "ddp.py").write_text(f"VERSION = {branch!r}\n")
+        subprocess.run(git + ["commit", "-q", "-am", branch], cwd=repo, check=True)
+        shas.append(
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+            ).stdout.strip()
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(paracheck.gate, "run_gate", functools.partial(_gate_run, head_ms=head_ms))
+            argv = ["gate", "--repo", str(repo), "--base", "main", USER_TARGET]
+            assert main(argv) == 1
+    proc = _paracheck(["report"], repo, tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "open on the graph of gate.step.wall_time" in proc.stdout, proc.stdout
+    return repo / ".paracheck" / "history" / "html", shas
+
+
+def test_history_names_the_fewest_branches_holding_every_commit(branched_pages):
+    """The generated configuration names ``alt`` and ``slower`` (together they hold the three
+    recorded commits) and not ``main``, whose one commit both hold; asv placed every commit."""
+    html, shas = branched_pages
+    conf = json.loads((html.parent / "asv.conf.json").read_text())
+    assert conf["branches"] == ["alt", "slower"], conf
+    index = json.loads((html / "index.json").read_text())
+    assert sorted(index["revision_to_hash"].values()) == sorted(shas)
+
+
+@needs_chromium
+def test_first_screen_shows_every_commit_and_branch_and_the_regression(branched_pages):
+    """Opened at its bare address (no view named), the history page draws the step time with
+    both branches in the legend, the data of every recorded commit fetched, and a y axis from
+    the base's 10 ms to the slower branch's 12 ms: the regression is on the first screen."""
+    import re
+    from urllib.parse import unquote
+
+    html, shas = branched_pages
+    dom, requested = _render(html, html.parent, "first", bench="")
+    assert "Can not determine continental origin of swallow" not in dom
+    assert 'class="flot-base"' in dom, "no graph was drawn"
+    assert "branch-slower" in dom and "branch-alt" in dom, "the legend lacks a branch"
+    fetched = {
+        unquote(p.split("?")[0])
+        for p in requested
+        if p.startswith("/graphs/") and "/summary/" not in p
+    }
+    assert {p.split("/branch-")[1].split("/")[0] for p in fetched} == {"alt", "slower"}, fetched
+    assert all(p.endswith("/gate.step.wall_time.json") for p in fetched), fetched
+    index = json.loads((html / "index.json").read_text())
+    drawn = set()
+    for p in fetched:
+        drawn |= {
+            index["revision_to_hash"][str(rev)]
+            for rev, _ in json.loads((html / p.lstrip("/")).read_text())
+        }
+    assert drawn == set(shas), "a recorded commit is not drawn"
+    y_axis = re.search(r'class="flot-y-axis[^"]*"[^>]*>(.*?</div>)\s*</div>', dom, re.S)
+    assert y_axis, "the graph has no y axis"
+    ticks = [float(t) for t in re.findall(r">\s*([0-9.]+)\s*<", y_axis.group(1))]
+    assert ticks and min(ticks) <= 10.0 and max(ticks) >= 12.0, ticks

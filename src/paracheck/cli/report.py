@@ -94,11 +94,12 @@ def _asv_results(config: str) -> bool:
     )
 
 
-def _config(args) -> str | int:
-    """The asv configuration to publish: ``--config``; else ./asv.conf.json when it has results;
-    else one generated from the gate's history (Note [History without asv configuration] in
+def _config(args) -> tuple[str, str | None] | int:
+    """The asv configuration to publish and the history it was generated from (None for an asv
+    configuration's own results): ``--config``; else ./asv.conf.json when it has results; else
+    one generated from the gate's history (Note [History without asv configuration] in
     ``paracheck.report.store``). An exit code, the next step said, when there is nothing."""
-    from paracheck.report.store import asv_tree, has_measurements
+    from paracheck.report.store import asv_tree, has_measurements, summary
 
     if args.config is not None and args.history is not None:
         print(
@@ -110,15 +111,23 @@ def _config(args) -> str | int:
         if not os.path.exists(args.config):
             print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
             return 2
-        return args.config
+        return args.config, None
     top = _toplevel()
     history = args.history or os.path.join(top, ".paracheck", "history")
     own = "asv.conf.json" if os.path.exists("asv.conf.json") else None
     if args.history is None and own and (args.no_publish or _asv_results(own)):
-        return own
+        return own, None
+    if args.history is not None and not os.path.isdir(args.history):
+        print(f"paracheck report: --history={args.history!r} is not a directory", file=sys.stderr)
+        return 2
     if has_measurements(history):
         if own:
             print(f"asv.conf.json has no results yet: showing the gate's history in {history}")
+        held = summary(history)
+        print(
+            f"history: {held['readings']} reading(s) of {len(held['benchmarks'])} quantities at "
+            f"{held['commits']} commit(s) on {', '.join(held['machines'])}, in {history}"
+        )
         config, lost = asv_tree(history, top)
         for sha in lost:
             print(
@@ -126,7 +135,7 @@ def _config(args) -> str | int:
                 f"asv cannot place it, it is left out",
                 file=sys.stderr,
             )
-        return config
+        return config, history
     where = f"{own} has no results and " if own else "no asv.conf.json here and "
     print(
         f"paracheck report: {where}no history in {history}: {_RUN_FIRST}",
@@ -138,7 +147,7 @@ def _config(args) -> str | int:
 def cmd_report(args) -> int:
     """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
     vendoring fails, 2 on a usage error."""
-    from paracheck.report import VendorError, collect, plot_all, serve, vendorize
+    from paracheck.report import VendorError, collect, first_screen, plot_all, serve, vendorize
 
     if not 0 <= args.port <= 65535:
         print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
@@ -147,10 +156,10 @@ def cmd_report(args) -> int:
         if not os.path.exists(path):
             print(f"paracheck report: --from-json={path!r} does not exist", file=sys.stderr)
             return 2
-    config = _config(args)
-    if isinstance(config, int):
-        return config
-    args.config = config
+    chosen = _config(args)
+    if isinstance(chosen, int):
+        return chosen
+    args.config, history = chosen
     conf = _load_conf(args.config)
     base = os.path.dirname(os.path.abspath(args.config))
     html_dir = os.path.join(base, args.html_dir or conf.get("html_dir", "html"))
@@ -172,6 +181,10 @@ def cmd_report(args) -> int:
         except VendorError as exc:
             print(f"paracheck report: {exc}", file=sys.stderr)
             return 1
+        # Note [The history's first screen] in paracheck.report.history.
+        opened = first_screen(html_dir) if history else None
+        if opened:
+            print(f"history pages open on the graph of {opened}, every branch drawn")
         print(
             f"history pages: {html_dir}/index.html ({len(set(replaced))} CDN references served from vendor/); "
             f"view them with `paracheck report --no-publish --serve` (or any static HTTP server): opened as a "
@@ -180,7 +193,7 @@ def cmd_report(args) -> int:
     else:
         print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
     out = args.out or os.path.join(html_dir, "paracheck")
-    written = plot_all(collect(results_dir, args.from_json), out)
+    written = plot_all(collect(results_dir, args.from_json, history), out)
     print(f"plots: {', '.join(written) or 'none (no measurements)'} in {out}")
     if args.serve:
         return serve(html_dir, args.port, plots=os.path.relpath(out, html_dir))

@@ -22,7 +22,7 @@ asv 0.6 lists as regressions the commits where a benchmark's value went *up*: ev
 a time ratio rather than a speed-up) and says so in its unit.
 """
 
-from paracheck.report.history import VendorError, serve, vendorize
+from paracheck.report.history import VendorError, first_screen, serve, vendorize
 from paracheck.report.plots import collect, plot_all
 
-__all__ = ["VendorError", "collect", "plot_all", "serve", "vendorize"]
+__all__ = ["VendorError", "collect", "first_screen", "plot_all", "serve", "vendorize"]

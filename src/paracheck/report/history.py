@@ -11,10 +11,11 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable
 
 from paracheck.errors import VendorError
 
-__all__ = ["VendorError", "serve", "vendorize"]
+__all__ = ["VendorError", "first_screen", "serve", "vendorize"]
 
 _WWW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_www")
 _EXTERNAL = re.compile(
@@ -69,7 +70,38 @@ def vendorize(html_dir: str) -> list[str]:
                 f.write(new)
     shutil.copyfile(os.path.join(_WWW, "LICENSES.txt"), os.path.join(vendor, "LICENSES.txt"))
     _points_in_thumbnails(html_dir)
+    _every_branch_by_default(html_dir)
     return replaced
+
+
+def _patch(
+    html_dir: str,
+    name: str,
+    pattern: re.Pattern,
+    replacement: Callable[[re.Match], str],
+    done: str,
+    lost: str,
+) -> bool:
+    """Apply ``pattern`` -> ``replacement`` once to asv's ``name``; True when patched or already
+    patched (``done`` is in it), False with a warning naming what is ``lost`` where the code
+    is not the asv 0.6 code this knows."""
+    path = os.path.join(html_dir, name)
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if done in text:
+        return True
+    new, n = pattern.subn(replacement, text)
+    if n != 1:
+        print(
+            f"paracheck report: warning: {path} is not the asv 0.6 code paracheck patches; {lost}",
+            file=sys.stderr,
+        )
+        return False
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+    return True
 
 
 # asv's grid of thumbnails draws each series as lines only: a benchmark measured at one commit
@@ -84,24 +116,90 @@ _THUMBNAIL_POINTS = "points: {show: data.length < 2, radius: 3, fill: true},"
 def _points_in_thumbnails(html_dir: str) -> bool:
     """Make asv's ``summarygrid.js`` draw a lone point; False (and a warning) where its code is
     not the one this knows (a newer asv), True when patched or already patched."""
-    path = os.path.join(html_dir, "summarygrid.js")
-    if not os.path.exists(path):
-        return False
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if _THUMBNAIL_POINTS in text:
-        return True
-    new, n = _THUMBNAIL_LINES.subn(lambda m: m.group(1) + " " + _THUMBNAIL_POINTS, text)
+    return _patch(
+        html_dir,
+        "summarygrid.js",
+        _THUMBNAIL_LINES,
+        lambda m: m.group(1) + " " + _THUMBNAIL_POINTS,
+        _THUMBNAIL_POINTS,
+        "thumbnails of a benchmark measured at one commit stay empty",
+    )
+
+
+# Note [The history's first screen]
+#     asv's benchmark page draws one branch, the configuration's first, until another is
+#     clicked: a gate of a feature branch against ``main`` opened on ``main`` with the base's
+#     lone point (every y tick the same number), the slowdown out of sight. So that the first
+#     screen shows every recorded commit, with a regression where there is one:
+#     * the history's configuration names the fewest branches holding every recorded commit,
+#       the one holding the most first (``_branches`` in ``paracheck.report.store``);
+#     * ``graphdisplay.js`` selects every branch by default (``_every_branch_by_default``);
+#     * the pages built from the gate's history open, when their address names no view, on the
+#       graph of the largest regression asv lists, else on the step time's (``first_screen``),
+#       instead of asv's grid of unlabelled thumbnails.
+_FIRST_BRANCH = re.compile(r"(if \(param == 'branch'\) \{\s*state\[param\] = )\[values\[0\]\];")
+_EVERY_BRANCH = "values.slice(); /* paracheck: every branch */"
+
+
+def _every_branch_by_default(html_dir: str) -> bool:
+    """Make asv's ``graphdisplay.js`` draw every branch until the reader deselects some (Note
+    [The history's first screen]); False (and a warning) where its code is unknown."""
+    return _patch(
+        html_dir,
+        "graphdisplay.js",
+        _FIRST_BRANCH,
+        lambda m: m.group(1) + _EVERY_BRANCH,
+        _EVERY_BRANCH,
+        "its graphs show the first branch only until another is selected",
+    )
+
+
+_LANDING = re.compile(r"<!-- paracheck: first screen -->.*?<!-- /paracheck -->\n?", re.S)
+
+
+def first_screen(html_dir: str) -> str | None:
+    """Make ``index.html`` open, when its address names no view, on the graph of the largest
+    regression in asv's ``regressions.json``, else on the first benchmark measuring a step
+    time (Note [The history's first screen]). Returns the benchmark chosen, None when there is
+    none."""
+    index = os.path.join(html_dir, "index.html")
+    try:
+        with open(os.path.join(html_dir, "index.json")) as f:
+            names = sorted(json.load(f)["benchmarks"])
+        with open(index, encoding="utf-8") as f:
+            page = f.read()
+    except (OSError, ValueError, KeyError):
+        return None
+    worst = None
+    try:
+        with open(os.path.join(html_dir, "regressions.json")) as f:
+            # Each entry: [name with parameters, graph path, graph params, index, last, best, jumps].
+            listed = [
+                r
+                for r in json.load(f)["regressions"]
+                if r[5] and any(r[0] == n or r[0].startswith(n + "(") for n in names)
+            ]
+        if listed:
+            worst = max(listed, key=lambda r: r[4] / r[5])[0].split("(")[0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        pass  # no regressions page: the step time's graph
+    chosen = worst or next((n for n in names if ".step." in n), names[0] if names else None)
+    if chosen is None:
+        return None
+    script = (
+        "<!-- paracheck: first screen -->\n<script>\n"
+        "  /* Note [The history's first screen] in paracheck.report.history */\n"
+        "  if (!window.location.hash) {\n"
+        f"    window.history.replaceState(null, '', '#' + {json.dumps(chosen)});\n"
+        "  }\n</script>\n<!-- /paracheck -->\n"
+    )
+    page = _LANDING.sub("", page)
+    page, n = re.subn(r"(<head[^>]*>\n?)", lambda m: m.group(1) + script, page, count=1)
     if n != 1:
-        print(
-            f"paracheck report: warning: {path} is not the asv 0.6 code paracheck patches; "
-            f"thumbnails of a benchmark measured at one commit stay empty",
-            file=sys.stderr,
-        )
-        return False
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)
-    return True
+        return None
+    with open(index, "w", encoding="utf-8") as f:
+        f.write(page)
+    return chosen
 
 
 # -- data ---------------------------------------------------------------------------------------

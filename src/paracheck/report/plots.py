@@ -76,11 +76,27 @@ def _where(machine: str, commit: str | None) -> str:
     return f"commit {commit[:10]}{dirty} on {machine}"
 
 
-def collect(results_dir: str | None, json_files) -> dict:
+def _history(history: str | None) -> list[tuple]:
+    """Every reading of a history that ``paracheck gate`` or ``paracheck bench --history``
+    recorded (Note [History without asv configuration] in ``paracheck.report.store``), as
+    (benchmark, unit, variant, machine, commit, commit date, value)."""
+    from paracheck.report.store import _measurements
+
+    if not history:
+        return []
+    return [
+        (name, b["unit"], variant, d["machine"]["machine"], d["commit"], d["date"], value)
+        for d in _measurements(history)
+        for name, b in d["benchmarks"].items()
+        for variant, value in b["values"].items()
+    ]
+
+
+def collect(results_dir: str | None, json_files, history: str | None = None) -> dict:
     """Series for the plots: ``allreduce`` [(label, W, MB, busbw GB/s)], ``bucket``
     [(label, MB, step ms)], ``memory`` [(label, variant, dict)]; every label ends with
-    ``_where``'s commit and machine."""
-    data = {"allreduce": [], "bucket": [], "memory": []}
+    ``_where``'s commit and machine; ``history``: the readings of ``history`` (``_history``)."""
+    data: dict = {"allreduce": [], "bucket": [], "memory": [], "history": _history(history)}
     for path in json_files:
         with open(path) as f:
             rec = json.load(f)
@@ -136,7 +152,7 @@ def collect(results_dir: str | None, json_files) -> dict:
                 data["bucket"].append(
                     (f"{_unquote(var)}, {model} LM, {where}", _unquote(mb), t * 1e3)
                 )
-        mem = {}
+        mem: dict = {}
         for q, field in (
             ("track_tensor_params", "param_bytes"),
             ("track_tensor_grads", "grad_bytes"),
@@ -208,7 +224,66 @@ def plot_all(data: dict, out: str) -> list[str]:
     if data["bucket"]:
         written += _plot_buckets(plt, data["bucket"], out)
     written += _plot_memory(plt, data["memory"], out)
+    if data.get("history"):
+        written += _plot_history(plt, data["history"], out)
     _write_index(out, written)
+    return written
+
+
+def _plot_history(plt, readings: list, out: str) -> list[str]:
+    """Per step-time benchmark of a recorded history, its value at every recorded commit (in
+    commit-date order), a line per variant and machine; the exact quantities that changed
+    between commits as a table."""
+    order = sorted({(date, commit) for *_, commit, date, _ in readings})
+    x_of = {commit: i for i, (_, commit) in enumerate(order)}
+    ticks = [commit[:8] for _, commit in order]
+    written = []
+    for name in sorted({r[0] for r in readings if ".step." in r[0]}):
+        rows = [r for r in readings if r[0] == name]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(order) + 3), 4.5))
+        for variant, machine in sorted({(r[2], r[3]) for r in rows}):
+            pts = sorted((x_of[r[4]], r[6]) for r in rows if (r[2], r[3]) == (variant, machine))
+            # Points, no line: commits in date order may lie on different branches, and a line
+            # from one branch's commit to another's would draw a change that no commit made.
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                linestyle="none",
+                label=f"{variant}, {machine}",
+            )
+        ax.set_xticks(range(len(order)), ticks, rotation=30, ha="right")
+        ax.set(
+            xlabel="recorded commit (oldest first)",
+            ylabel=rows[0][1],
+            title=f"{name} at every recorded commit\n"
+            + ", ".join(sorted({f"machine {r[3]}" for r in rows})),
+        )
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fname = "history_" + re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".png"
+        fig.savefig(os.path.join(out, fname), dpi=110)
+        plt.close(fig)
+        written.append(fname)
+    changed = []
+    for name, variant, machine in sorted({(r[0], r[2], r[3]) for r in readings}):
+        if ".step." in name:
+            continue
+        values = sorted(
+            (x_of[r[4]], r[6]) for r in readings if (r[0], r[2], r[3]) == (name, variant, machine)
+        )
+        if len({v for _, v in values}) > 1:
+            shown = ", ".join(f"{ticks[i]}: {v:,.0f}" for i, v in values)
+            changed.append(f"| {name} | {variant} | {machine} | {shown} |")
+    if changed:
+        with open(os.path.join(out, "history_changes.md"), "w") as f:
+            f.write(
+                "Exact quantities that changed between recorded commits (lower is better)\n\n"
+                "| quantity | variant | machine | per commit, oldest first |\n"
+                "| --- | --- | --- | --- |\n" + "\n".join(changed) + "\n"
+            )
+        written.append("history_changes.md")
     return written
 
 
@@ -279,7 +354,7 @@ def _plot_buckets(plt, bucket: list, out: str) -> list[str]:
 def _plot_memory(plt, memory: list, out: str) -> list[str]:
     """One memory breakdown per model, per variant."""
     written = []
-    groups = {}
+    groups: dict = {}
     for label, variant, entry in memory:
         groups.setdefault(label, {})[variant] = entry
     for i, (label, by_variant) in enumerate(sorted(groups.items())):

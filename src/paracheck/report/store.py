@@ -9,11 +9,13 @@ Note [History without asv configuration]
     the history never shows as untracked files.
 
     ``paracheck report`` turns the history into what asv publishes (``asv_tree``): a generated
-    ``asv.conf.json`` beside it (the repository as ``repo``, the local branches that hold a
-    recorded commit as ``branches``), a ``benchmarks.json`` in ``results`` naming every benchmark with its
-    variants as one parameter, and one asv result file per machine and commit. The pages are
-    then asv's, built and vendored as for paracheck's own suite. Every recorded quantity is lower
-    is better, and its unit says so (asv lists every rise as a regression).
+    ``asv.conf.json`` beside it (the repository as ``repo``, as ``branches`` the fewest local
+    branches that hold every recorded commit, ``_branches``), a ``benchmarks.json`` in
+    ``results`` naming every benchmark with its variants as one parameter, and one asv result
+    file per machine and commit. The pages are then asv's, built and vendored as for
+    paracheck's own suite, made to open on the step time's graph with every branch drawn
+    (Note [The history's first screen] in ``paracheck.report.history``). Every recorded
+    quantity is lower is better, and its unit says so (asv lists every rise as a regression).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "record",
     "record_bench",
     "record_gate",
+    "summary",
 ]
 
 _UNITS = {"step": "ms per step (lower is better)"}
@@ -76,7 +79,12 @@ def record(history: str, repo: str, sha: str, benchmarks: dict, machine: dict | 
     where = os.path.join(history, "measurements", machine["machine"])
     os.makedirs(where, exist_ok=True)
     path = os.path.join(where, f"{sha}.json")
-    data = {"commit": sha, "date": _commit_date_ms(repo, sha), "machine": machine, "benchmarks": {}}
+    data: dict = {
+        "commit": sha,
+        "date": _commit_date_ms(repo, sha),
+        "machine": machine,
+        "benchmarks": {},
+    }
     if os.path.exists(path):
         with open(path) as f:
             data["benchmarks"] = json.load(f).get("benchmarks", {})
@@ -152,38 +160,75 @@ def has_measurements(history: str) -> bool:
 
 
 def _branches(repo: str, commits: list[str]) -> tuple[list[str], list[str]]:
-    """The local branches holding a recorded commit (HEAD too, for a detached checkout), and
-    the commits on none of them."""
+    """The fewest local branches (HEAD too, for a detached checkout) whose first-parent history
+    holds every recorded commit, the one holding the most first, and the commits on none of them.
 
-    def git(*args):
-        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+    asv places a commit on a branch when ``git rev-list --first-parent BRANCH`` lists it, and its
+    pages show one branch at a time unless told otherwise: a branch chosen merely for holding
+    the base (``main``) drew one point, while the branch of the head held both commits. Chosen
+    greedily by how many of the commits not yet placed a branch holds, ties to the name."""
+    heads = subprocess.run(
+        ["git", "-C", repo, "for-each-ref", "--format=%(refname:short)", "refs/heads"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    wanted = set(commits)
+    holds = {}
+    for b in heads + ["HEAD"]:
+        listed = subprocess.run(
+            ["git", "-C", repo, "rev-list", "--first-parent", b, "--"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        holds[b] = wanted.intersection(listed)
+    lost = [sha for sha in commits if not any(sha in h for h in holds.values())]
+    left = wanted - set(lost)
+    chosen: list[str] = []
+    while left:
+        # max() keeps the first of equals: real branches (sorted by name) before HEAD.
+        best = max(holds, key=lambda b: len(holds[b] & left))
+        chosen.append(best)
+        left -= holds[best]
+    return chosen, lost
 
-    heads = git("for-each-ref", "--format=%(refname:short)", "refs/heads").stdout.split()
-    chosen, lost = [], []
-    for sha in commits:
-        holding = [
-            b
-            for b in heads + ["HEAD"]
-            if git("merge-base", "--is-ancestor", sha, b).returncode == 0
-        ]
-        if not holding:
-            lost.append(sha)
-        elif not set(holding) & set(chosen):
-            chosen.append(holding[0])
-    return sorted(set(chosen)), lost
+
+def summary(history: str) -> dict:
+    """What ``history`` holds: ``commits``, ``machines``, ``readings`` (one per benchmark,
+    variant, commit and machine) and ``benchmarks``."""
+    commits, machines, readings, names = set(), set(), 0, set()
+    for d in _measurements(history):
+        commits.add(d["commit"])
+        machines.add(d["machine"]["machine"])
+        for name, b in d["benchmarks"].items():
+            names.add(name)
+            readings += len(b["values"])
+    return {
+        "commits": len(commits),
+        "machines": sorted(machines),
+        "readings": readings,
+        "benchmarks": sorted(names),
+    }
+
+
+def _measurements(history: str) -> list[dict]:
+    """Every measurement file of ``history`` (Note [History without asv configuration])."""
+    files: list[dict] = []
+    root = os.path.join(history, "measurements")
+    if not os.path.isdir(root):
+        return files
+    for machine in sorted(os.listdir(root)):
+        for name in sorted(os.listdir(os.path.join(root, machine))):
+            if name.endswith(".json"):
+                with open(os.path.join(root, machine, name)) as f:
+                    files.append(json.load(f))
+    return files
 
 
 def asv_tree(history: str, repo: str) -> tuple[str, list[str]]:
     """Write the asv configuration and results of Note [History without asv configuration]
     from ``history``'s measurements; returns the configuration's path and the recorded commits
     no branch holds (asv cannot place them; they are left out of the pages)."""
-    files = []
-    root = os.path.join(history, "measurements")
-    for machine in sorted(os.listdir(root)):
-        for name in sorted(os.listdir(os.path.join(root, machine))):
-            if name.endswith(".json"):
-                with open(os.path.join(root, machine, name)) as f:
-                    files.append(json.load(f))
+    files = _measurements(history)
     results = os.path.join(history, "results")
     units: dict[str, str] = {}
     variants: dict[str, set] = {}
