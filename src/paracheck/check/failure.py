@@ -188,7 +188,7 @@ def saved_case_path(case, folder: str | None = None) -> str | None:
 
 def _replayable_name(name: str) -> str:
     """A target's name as a replay command run from any directory finds it: a file's path made
-    absolute (``corpus/x.py:C`` -> ``/abs/corpus/x.py:C``)."""
+    absolute (``path/to/file.py:C`` names the file from the root of the filesystem)."""
     from paracheck.check.loading import is_file_spec
 
     module, sep, obj = name.rpartition(":")

@@ -151,22 +151,12 @@ def _make_world(
     return World(size, backend=backend, timeout=timeout, rank_memory=rank_memory)
 
 
-def cmd_check(args) -> int:
-    from paracheck.cli._check_summary import (
-        announce,
-        first_line,
-        main_job_examples,
-        main_job_targets,
-    )
-
-    t0 = time.monotonic()
-    to_stdout = args.json == "-"
-    main_job = main_job_targets(args)
-    # Before torch is imported and any rank starts: a new user sees at once what is starting.
-    announce(first_line(args, main_job), to_stdout)
-    from paracheck.check.property import check_target
+def _checked_options(args, main_job: list[str] | None):
+    """The targets, the ``--case`` (or None), the world sizes and the settings of a check, every
+    option checked before any rank starts (a ``UsageError`` names the one that is wrong)."""
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
+    from paracheck.cli._check_summary import main_job_examples
 
     refuse_lockstep(args.attach)
     pool = _attached_pool(args) if args.attach is not None else None
@@ -200,6 +190,20 @@ def cmd_check(args) -> int:
         database=None if case is not None else settings.example_database,
         budget=settings.budget or None,
     )
+    return targets, case, sizes, settings
+
+
+def cmd_check(args) -> int:
+    from paracheck.cli._check_summary import announce, first_line, main_job_targets
+
+    t0 = time.monotonic()
+    to_stdout = args.json == "-"
+    main_job = main_job_targets(args)
+    # Before torch is imported and any rank starts: a new user sees at once what is starting.
+    announce(first_line(args, main_job), to_stdout)
+    from paracheck.check.property import check_target
+
+    targets, case, sizes, settings = _checked_options(args, main_job)
     from paracheck.world import PoolLost
 
     failed = 0
