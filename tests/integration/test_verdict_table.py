@@ -75,14 +75,23 @@ def _failure(prop, what, name, rank, *upstream, step=0):
     return PropertyFailure(prop, CaseResult(Case(seed=0), divergences=others + [d]))
 
 
-def test_failures_of_one_tensor_and_rank_are_one_cause_most_specific_first():
-    """parameters diverging where the case's gradients diverge first (same tensor, same rank):
-    one cause with the gradients, gradients first; another rank is another cause."""
+def test_gradient_divergences_of_one_row_are_one_cause_most_specific_first():
+    """parameters diverging where the case's gradients diverge first, and gradients diverging on
+    another tensor or rank (another model drawn): one cause, gradients first; the same divergence
+    filed in another row (a feature's bug beside the core's) is another cause."""
     params = _failure("parameters", "param", "w", 1, ("grad", "w", 1, 0))
     grads = _failure("gradients", "grad", "w", 1)
-    other = _failure("gradients", "grad", "w", 0)
-    groups = causes_of([params, grads, other])
-    assert [[f.property for f in g] for g in groups] == [["gradients", "parameters"], ["gradients"]]
+    other = _failure("gradients", "grad", "fc1.weight", 0)
+    for f in (params, grads, other):
+        f.row = "core"
+    feature = _failure("gradients", "grad", "w", 0)
+    feature.row = "+accumulation"
+    groups = causes_of([params, grads, other, feature])
+    assert [[f.property for f in g] for g in groups] == [
+        ["gradients", "gradients", "parameters"],
+        ["gradients"],
+    ]
+    assert groups[1] == [feature]
 
 
 def test_parameters_wrong_with_right_gradients_are_another_cause():

@@ -196,26 +196,39 @@ class _Search:
             raise self.lost
         return failure
 
-    def is_known(self, prop: str, result: CaseResult) -> bool:
+    def is_known(self, prop: str, result: CaseResult, row: str | None = None) -> bool:
         """Whether ``result``'s failure of ``prop`` was found already: its property, without the
-        verdict table; its cause, with it (Note [Causes, not properties] in
-        ``paracheck.check.verdict``)."""
+        verdict table; with it, its cause (Note [Causes, not properties] in
+        ``paracheck.check.verdict``) in ``row`` (None: in no row, as far as can be told before
+        the failure is attributed to one)."""
         if not self.settings.table:
             return prop in self.known
         key = cause_key(prop, result, self.own)
-        return any(cause_of(f) == key for f in self.failures)
+        return any(cause_of(f) == key and (row is None or f.row == row) for f in self.failures)
 
-    def run_as_is(self, case: Case, note: str, row=None) -> CaseResult:
+    def run_as_is(self, case: Case, note: str, row=None, attribute=None) -> CaseResult:
+        """``case`` run as it is, each failure not known yet reported under ``row(case)``, or
+        where ``attribute(prop, result)`` says, with the case it gives: (row, result)."""
         result = self.checker.run(case)
         for prop in order(result.failed_properties):
-            if not self.is_known(prop, result):
-                self.finish(
-                    _Hit(prop, result, True, len(self.checker.cache) - 1, [note], shrunk=False),
-                    row=row(case) if row else None,
+            where, shown, notes = row(case) if row else None, result, [note]
+            if attribute is not None:
+                where, shown = attribute(prop, result)
+            if self.is_known(prop, shown, where):
+                continue
+            if shown is not result:
+                gone = sorted(case_features(case) - case_features(shown.case))
+                notes.append(
+                    f"it fails the same way without {', '.join(gone)}: the case shown is without "
+                    f"{'it' if len(gone) == 1 else 'them'}"
                 )
+            self.finish(
+                _Hit(prop, shown, True, len(self.checker.cache) - 1, notes, shrunk=False),
+                row=where,
+            )
         return result
 
-    def replay(self, explicit, row=None) -> None:
+    def replay(self, explicit, row=None, attribute=None) -> None:
         """The saved cases (Note [Saved cases]), then the ``explicit`` ones, each run as it is."""
         first_failure, database = self.settings.first_failure, self.database
         saved = database.cases(self.key) if database is not None else []
@@ -237,6 +250,7 @@ class _Search:
                 entry.case,
                 f"a saved case, replayed from {database.path} before the search (not shrunk again)",
                 row,
+                attribute,
             )
             self.replayed += 1
             if entry.property not in result.failed_properties and (
@@ -249,7 +263,7 @@ class _Search:
         for case in explicit:
             if first_failure and self.failures:
                 break
-            self.run_as_is(case, "a given case, not shrunk", row)
+            self.run_as_is(case, "a given case, not shrunk", row, attribute)
 
     def whole_contract(self, explicit) -> CheckReport:
         """One search over every case the contract draws (Note [One search per property])."""

@@ -103,6 +103,10 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
     return rows
 
 
+def _by_name(planned, name: str) -> RowVerdict:
+    return next(row for row, _ in planned if row.name == name)
+
+
 def _features(row: RowVerdict) -> tuple[str, ...]:
     """The optional features a row's cases all have (none for the core and the whole contract)."""
     return (row.feature,) if row.feature is not None else row.pair
@@ -135,7 +139,13 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
     current: list[RowVerdict] = []
     try:
         # The saved and given cases run whatever the budget: few, and the likeliest to fail.
-        search.replay(explicit, lambda case: _row_of(case, planned))
+        search.replay(
+            explicit,
+            lambda case: _row_of(case, planned),
+            lambda prop, result: _attribute(
+                search, prop, result, _by_name(planned, _row_of(result.case, planned)), planned
+            ),
+        )
         deadline = None if budget is None else search.t0 + budget
         checker.deadline = deadline
         for i, (row, off) in enumerate(planned):
@@ -152,7 +162,6 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
                 _search_row(search, row, off, i, len(rows), planned)
                 current.clear()
                 checker.deadline = deadline
-                _stub_cuda_after(search, row)
             on_row(row, i, len(rows))
     except PoolLost as lost:  # Note [A lost pool]: the rows found so far, and the one line
         for row in rows:
@@ -197,9 +206,9 @@ def _row_deadline(row: RowVerdict, rest, deadline: float | None) -> float | None
 
 def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
     """Where ``row`` found the target calling a CUDA timing or NVTX function on ranks without
-    CUDA, the rows after it run with those calls stubbed (``--stub-cuda-timing``): each would
-    fail on the same call first, and the bugs behind it would never be reached. Said in a note;
-    the cached failures the call caused are run again."""
+    CUDA, the rest of its search and the rows after it run with those calls stubbed
+    (``--stub-cuda-timing``): each would fail on the same call first, and the bugs behind it
+    would never be reached. Said in a note; the cached failures the call caused are run again."""
     from paracheck.check.failure import _diagnosis
 
     target = search.target
@@ -217,8 +226,8 @@ def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
         for key in [k for k, r in search.checker.cache.items() if r.error is not None]:
             del search.checker.cache[key]
         search.notes.append(
-            f"{hint.split(';')[0]}: the rows after {row.name} ran with --stub-cuda-timing (CUDA "
-            "timing and NVTX calls are no-ops), so that the bugs behind it are reached"
+            f"{hint.split(';')[0]}: from row {row.name} on, the cases ran with --stub-cuda-timing "
+            "(CUDA timing and NVTX calls are no-ops), so that the bugs behind it are reached"
         )
         return
 
@@ -341,7 +350,7 @@ def _file(search: _Search, hit, row: RowVerdict, planned) -> None:
             ],
         )
     failure = search.finish(hit, row=home)
-    target = next((r for r, _ in planned if r.name == home), row)
+    target = _by_name(planned, home)
     _add_own(target, failure)
     if target is not row:
         row.also.append(failure)
@@ -429,6 +438,7 @@ def _search_row(search: _Search, row: RowVerdict, off, index: int, total: int, p
             if hit is None:
                 break
             _file(search, hit, row, planned)
+            _stub_cuda_after(search, row)  # then this row is searched again, stubbed
     except (Unsatisfiable, _NeverDrawn):
         row.status = "not drawn"
         row.why = f"the {search.target.kind} kind does not draw it (none of {_TRIES} cases had it)"

@@ -89,11 +89,15 @@ class RowVerdict:
 #   frame of the target's own code that raised it; for a hang or a dead rank, the frames of the
 #   target's code where the stuck ranks wait (or the collectives they disagree on), one cause
 #   whether a rank died or not (a rank that aborts in a collective its peers never reach leaves
-#   the others hung: one bug); for a divergence, the first diverging tensor and rank of the
-#   property the divergence starts from (``_FOLLOWS``): parameters stepped with a wrong gradient
-#   are the gradient's cause, parameters wrong with right gradients another. The verdict table
-#   searches each row for causes not yet known (``paracheck.check.table``), so two bugs of one
-#   property are two blocks, and "as above" means the same cause.
+#   the others hung: one bug); for a divergence, the property the divergence starts from
+#   (``_FOLLOWS``): parameters stepped with a wrong gradient are the gradient's cause, parameters
+#   wrong with right gradients another. Not the diverging tensor or rank: one bug diverges first
+#   on a different tensor in each model drawn (``layers.0.weight`` of an MLP, ``fc1.weight`` of
+#   a toy model), and was reported once per model. In the verdict table a cause is also its row
+#   (``causes_of``): a divergence of the core and one only a feature adds are two bugs, told
+#   apart by running the feature's case without it (Note [Finding every cause] in
+#   ``paracheck.check.table``). So two bugs of one property are two blocks, and "as above" means
+#   the same cause.
 
 # A divergence of the key's property at a step follows from one of these at the same step or
 # before (a parameter stepped with a wrong gradient, a state built from one): its cause is theirs.
@@ -145,9 +149,7 @@ def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
     earlier = [x for x in result.divergences if x.property in upstream and x.step <= d.step]
     if earlier:
         d = min(earlier, key=lambda x: (x.step, keys.index(x.property)))
-    if d.name is None and d.index is None:
-        return (d.property,)
-    return ("tensor", d.property, d.name if d.name is not None else d.index, d.rank)
+    return ("diverged", d.property)
 
 
 def cause_of(failure: PropertyFailure) -> tuple:
@@ -166,13 +168,14 @@ def _headline_rank(f: PropertyFailure) -> tuple:
 
 
 def causes_of(failures, first=None) -> list[list[PropertyFailure]]:
-    """``failures`` grouped by ``cause_of``, in the order found (with ``first``, a function of a
+    """``failures`` grouped by ``cause_of`` and row (Note [Causes, not properties]), in the order
+    found (with ``first``, a function of a
     failure, groups whose least ``first`` is smaller come before, the order found otherwise);
     within a group, the most specific property first (``PROPERTIES`` order, a hang before a
     dead rank)."""
     groups: dict[tuple, list[PropertyFailure]] = {}
     for f in failures:
-        groups.setdefault(cause_of(f), []).append(f)
+        groups.setdefault((f.row, cause_of(f)), []).append(f)
     out = [sorted(group, key=_headline_rank) for group in groups.values()]
     if first is not None:
         out.sort(key=lambda group: min(first(f) for f in group))

@@ -1,0 +1,107 @@
+"""DDP targets with two bugs each, for the verdict table's causes (tests/integration/test_causes.py):
+two exceptions, a core bug beside a feature's of the same property, a bug that needs two features
+together, a bug behind a CUDA timing call."""
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class SimpleDDP(nn.Module):
+    """A correct DDP: parameters and buffers broadcast from rank 0, and one all-reduce per
+    trainable parameter of its gradient (zeros where this rank has none) and a presence flag, so
+    that a gradient no rank produced stays None."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t.data, src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield  # nothing is communicated before finish_gradient_synchronization()
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self):
+        for p in self.params:
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            flag = (
+                torch.ones(1, dtype=p.dtype)
+                if p.grad is not None
+                else torch.zeros(1, dtype=p.dtype)
+            )
+            buf = torch.cat([grad.reshape(-1), flag])
+            dist.all_reduce(buf)
+            if buf[-1].item() > 0:
+                p.grad = self._average(buf[:-1]).view_as(p).clone()
+
+    def _average(self, summed):
+        return summed / self.world_size
+
+
+class TwoRaisesDDP(SimpleDDP):
+    """Raises a KeyError on two ranks and a RuntimeError on one: two bugs of one property."""
+
+    def finish_gradient_synchronization(self):
+        if self.world_size == 1:
+            raise RuntimeError("planted: a single rank is not handled")
+        if self.world_size == 2:
+            raise KeyError("planted: two ranks")
+        super().finish_gradient_synchronization()
+
+
+class CoreAndAccumulationDDP(SimpleDDP):
+    """Sums the gradients without dividing by the world size (a core bug, seen on two ranks) and
+    clears the gradients at every forward (an accumulation bug: only the last micro-batch counts,
+    on one rank too)."""
+
+    def forward(self, *args, **kwargs):
+        for p in self.params:
+            p.grad = None  # BUG: the earlier micro-batches' gradients are dropped
+        return self.module(*args, **kwargs)
+
+    def _average(self, summed):
+        return summed  # BUG: no division by the world size
+
+
+class AccumulatedUnusedDDP(SimpleDDP):
+    """Correct but in a micro-step after the first of an accumulation window (a forward that finds
+    gradients already accumulated) over a parameter no rank used: then it gives that parameter a
+    gradient of zeros (its .grad must stay None). Neither feature alone shows it."""
+
+    _accumulating = False
+
+    def forward(self, *args, **kwargs):
+        if any(p.grad is not None and bool(p.grad.any()) for p in self.params):
+            self._accumulating = True
+        return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self):
+        if self._accumulating:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # BUG: an unused parameter gets a gradient
+        self._accumulating = False
+        super().finish_gradient_synchronization()
+
+
+class CudaTimedDDP(SimpleDDP):
+    """Times its synchronisation with torch.cuda.synchronize() (which raises on a machine without
+    CUDA) and sums the gradients without dividing by the world size."""
+
+    def finish_gradient_synchronization(self):
+        torch.cuda.synchronize()
+        super().finish_gradient_synchronization()
+
+    def _average(self, summed):
+        return summed  # BUG: no division by the world size

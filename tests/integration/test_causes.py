@@ -1,0 +1,172 @@
+"""Every cause of failure found is printed in its own block, in its row, the contract's rows
+first (Note [Finding every cause] in paracheck.check.table, Note [Causes, not properties] in
+paracheck.check.verdict): two bugs of one property are two causes, a core bug beside a feature's
+is filed in each row, a bug that needs two features is found in their pair's row, a CUDA timing
+call diagnosed once is stubbed so that the bug behind it is reached."""
+
+from dataclasses import replace
+
+from paracheck.cases import Case
+from paracheck.check.features import optional_features
+from paracheck.check.property import check_target
+from paracheck.check.report import BEYOND_HEADING
+from paracheck.check.settings import CheckSettings
+from paracheck.check.targets import Target
+
+_PATH = "tests.integration._cause_targets:"
+
+
+def _target(name: str) -> Target:
+    return Target(name, _PATH + name, "ddp")
+
+
+def _only(*names: str) -> str:
+    """--features that leave only ``names`` of the optional features drawn."""
+    return ",".join(f"-{f}" for f in optional_features() if f not in names) or None
+
+
+def _settings(**changes) -> CheckSettings:
+    base = CheckSettings(
+        world_sizes=(1, 2), max_examples=8, database=None, budget=None, timeout=None
+    )
+    return base.replace(**changes)
+
+
+def _blocks(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("cause ")]
+
+
+def test_two_exceptions_of_one_property_are_two_causes(world):
+    """A KeyError on two ranks and a RuntimeError on one, both in the core: two blocks, each
+    with its own case (the one-rank case is not shrunk into the two-rank exception)."""
+    report = check_target(_target("TwoRaisesDDP"), world, _settings(features=_only()))
+    text = report.text()
+    raised = [f for f in report.failures if f.property == "raised"]
+    assert len(raised) == 2, text
+    assert {f.case.world_size for f in raised} == {1, 2}, text
+    assert {f.row for f in raised} == {"core"}, text
+    assert len(_blocks(text)) == 2, text
+    assert "KeyError" in text and "RuntimeError" in text, text
+    core = next(r for r in report.rows if r.name == "core")
+    assert core.status == "FAIL" and len(core.own) == 2, text
+
+
+def test_core_bug_and_a_features_bug_of_one_property_are_each_in_their_row(world):
+    """Gradients summed, not averaged (the core, two ranks) and the earlier micro-batches dropped
+    (accumulation, one rank too): both diverge first on a gradient; each is its own cause, in its
+    own row, the core's first; the accumulation row is beyond the CS336 contract."""
+    report = check_target(
+        _target("CoreAndAccumulationDDP"), world, _settings(features=_only("accumulation"))
+    )
+    text = report.text()
+    rows = {r.name: r for r in report.rows}
+    core, acc = rows["core"], rows["+accumulation"]
+    assert core.status == "FAIL" and core.failure.property == "gradients", text
+    assert acc.status == "FAIL" and acc.failure is not None, text
+    assert acc.failure.property == "gradients" and acc.failure.case.accumulation > 1, text
+    assert acc.beyond and not core.beyond, text
+    blocks = _blocks(text)
+    assert len(blocks) == 2, text
+    assert "(1 within the contract, 1 beyond it)" in report.summary(), text
+    assert BEYOND_HEADING in text, text
+    # The core's cause is printed first, its row above the heading.
+    assert text.index("rows: core") < text.index("rows: +accumulation"), text
+    assert text.index("  core ") < text.index(BEYOND_HEADING) < text.index("  +accumulation "), text
+
+
+def test_bug_that_needs_two_features_is_found_in_their_pair_row(world):
+    """Accumulation over a parameter no rank used gives it a gradient of zeros: neither feature's
+    row finds it, their pair's row does."""
+    report = check_target(
+        _target("AccumulatedUnusedDDP"),
+        world,
+        _settings(features=_only("accumulation", "unused-always")),
+    )
+    text = report.text()
+    rows = {r.name: r for r in report.rows}
+    pair = rows["+accumulation+unused-always"]
+    assert rows["core"].status == "PASS", text
+    assert rows["+accumulation"].status == "PASS", text
+    assert rows["+unused-always"].status == "PASS", text
+    assert pair.status == "FAIL" and pair.failure is not None, text
+    assert pair.failure.property == "gradients", text
+    assert pair.failure.row == "+accumulation+unused-always", text
+    case = pair.failure.case
+    assert case.accumulation > 1 and case.model.unused == "always", text
+
+
+def test_cuda_timing_call_is_stubbed_after_its_diagnosis(world):
+    """torch.cuda.synchronize() in the target's synchronisation raises on every case of a CPU
+    machine; once diagnosed, the cases run with it stubbed, and the gradients summed without
+    dividing are reported too, with a replay that stubs it."""
+    report = check_target(_target("CudaTimedDDP"), world, _settings(features=_only()))
+    text = report.text()
+    props = [f.property for f in report.failures]
+    assert props[0] == "raised" and "gradients" in props, text
+    assert any("--stub-cuda-timing" in n for n in report.notes), text
+    grads = next(f for f in report.failures if f.property == "gradients")
+    assert "--stub-cuda-timing" in report.to_dict()["failures"][props.index("gradients")]["replay"]
+    assert grads.row == "core", text
+
+
+def test_causes_found_beyond_the_contract_first_are_numbered_after_the_contracts(world):
+    """Two given cases: one with a buffer breaks its broadcast (beyond the contract), found first;
+    one of the core breaks the division. The core's cause is cause 1, printed first."""
+    core = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    buffered = replace(core, model=replace(core.model, buffer=True), rank_dependent_init=True)
+    two_bugs = Target("two-bugs", "tests.integration._report_targets:TwoBugsDDP", "ddp")
+    report = check_target(
+        two_bugs,
+        world,
+        _settings(features=_only("buffer"), budget=1e-9),
+        explicit=[buffered, core],
+    )
+    text = report.text()
+    assert [f.property for f in report.failures] == ["initial-state", "gradients"], text
+    assert [f.row for f in report.failures] == ["+buffer", "core"], text
+    blocks = _blocks(text)
+    assert blocks[0].startswith("cause 1: FAIL two-bugs: gradients"), text
+    assert blocks[1].startswith("cause 2: FAIL two-bugs: initial-state"), text
+    assert "(1 within the contract, 1 beyond it)" in report.summary(), text
+
+
+def test_a_dead_rank_and_a_hang_in_one_collective_of_the_target_are_one_cause_headed_by_the_hang():
+    """One rank aborts in an all-reduce its peer called with another size (the peer raises there),
+    and in another case the peer hangs in that same call: one cause, the hang's words first."""
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import causes_of
+    from paracheck.world import RankFailure
+    from paracheck.world._failures import RankDied, RankHang
+
+    own = ("/home/u/mypkg/",)
+    call = '  File "/home/u/mypkg/ddp.py", line 42, in finish_gradient_synchronization\n'
+    raised = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/src/paracheck/check/ranks/_drive.py", line 40, in run_steps\n'
+        + call
+        + "    dist.all_reduce(flat)\n"
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+    )
+    died = RankDied(
+        "1 rank(s) died",
+        [RankFailure(0, "died", "killed by signal SIGABRT (6)"), RankFailure(1, "raised", raised)],
+    )
+    dump = (
+        "Current thread 0x00007e (most recent call first):\n"
+        '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2978 in all_reduce\n'
+        '  File "/home/u/mypkg/ddp.py", line 42 in finish_gradient_synchronization\n'
+        '  File "/x/src/paracheck/check/ranks/_drive.py", line 40 in run_steps\n'
+    )
+    hang = RankHang(
+        "hung", [RankFailure(1, "hung", dump)], disagreement="rank 1 is in its 3rd all_reduce"
+    )
+    dead = PropertyFailure("died", CaseResult(Case(seed=0), error=died), own=own, row="core")
+    hung = PropertyFailure("hang", CaseResult(Case(seed=1), error=hang), own=own, row="core")
+    assert causes_of([dead, hung]) == [[hung, dead]]
+    elsewhere = dump.replace("line 42", "line 77")
+    other = RankHang(
+        "hung", [RankFailure(1, "hung", elsewhere)], disagreement="rank 1 is in its 3rd"
+    )
+    third = PropertyFailure("hang", CaseResult(Case(seed=2), error=other), own=own, row="core")
+    assert causes_of([dead, hung, third]) == [[hung, dead], [third]]
