@@ -310,11 +310,11 @@ class _Stream:
         print(text, flush=True)
 
     def failure(self, failure) -> None:
-        from paracheck.check.verdict import cause_of, cause_text, causes_of
+        from paracheck.check.verdict import cause_text, causes_of
 
         self.failures.append(failure)
         groups = causes_of(self.failures)
-        n = next(i for i, g in enumerate(groups) if cause_of(failure) == cause_of(g[0])) + 1
+        n = next(i for i, g in enumerate(groups) if any(f is failure for f in g)) + 1
         if len(groups[n - 1]) > 1:
             where = f" in row {failure.row}" if failure.row else ""
             self._print(f"  {failure.property}{where}: cause {n} again")
@@ -332,18 +332,22 @@ class _Stream:
         )
 
     def row(self, row, index: int, total: int) -> None:
+        from paracheck.check.report import BEYOND_HEADING
         from paracheck.check.verdict import causes_of
 
         groups = causes_of(self.failures)
         number = {id(f): i + 1 for i, g in enumerate(groups) for f in g}
         width = max(len("+" + n) for n in _row_names())
+        if row.beyond and not getattr(self, "beyond_said", False):
+            self.beyond_said = True  # the rows beyond the target's contract come last
+            self._print(f"  {BEYOND_HEADING}")
         self._print(f"  [{index + 1}/{total}] " + row.line(width, number))
 
 
 def _row_names():
-    from paracheck.check.features import optional_features
+    from paracheck.check.features import PAIRS, optional_features
 
-    return ("core", "all features", *optional_features())
+    return ("core", "all features", *optional_features(), *("+".join(p) for p in PAIRS))
 
 
 def _write_json(path: str, reports, backend: str, total: int | None = None) -> None:
