@@ -7,22 +7,28 @@ Note [The verdict table]
     parameter used on some ranks only, a state reload), and every bug behind it stayed hidden.
     So the cases are searched by rows: the core (no optional feature: ``optional_features``, what
     some contract leaves undrawn), then each optional feature on its own on top of the core
-    (``row_off``), then every feature the contract draws together (the search of the whole
-    contract, same cases as ``CheckSettings(table=False)``). Each row searches for a property no
-    earlier row broke (Note [One search per property]) and shrinks the first it finds; a row whose
-    cases break only properties found earlier fails "as above". A feature row draws only cases
-    that have its feature (a filter: a kind that never draws it makes the row "not drawn"); a
-    feature turned off by the contract or ``--features`` is "not drawn", one the target's
-    interface cannot take is "not supported" (``paracheck.check.interface``). A kind may name
-    cases its core row runs first, as they are, before its search (``Kind.first_cases``: Note [A
-    partition by count] in ``paracheck.strategies._sharding``): a bug the search rarely draws,
-    found in the first case.
+    (``row_off``), then the pairs of features a bug may need together (``PAIRS``), then every
+    feature the contract draws together (the search of the whole contract, same cases as
+    ``CheckSettings(table=False)``). The rows within the target's contract (the one named, else
+    the CS336 handout's for the kinds with its interfaces: ``beyond_contract``) come first, and
+    those beyond it after, under their own heading; their causes are numbered after the
+    contract's, and the summary counts both. Each row searches for causes of failure no earlier
+    row found (Note [Finding every cause]); a row whose cases break only causes found earlier
+    fails "as above". A feature row draws only cases that have its feature (a filter: a kind that
+    never draws it makes the row "not drawn"); a feature turned off by the contract or
+    ``--features`` is "not drawn", one the target's interface cannot take is "not supported"
+    (``paracheck.check.interface``). A kind may name cases its core row runs first, as they are,
+    before its search (``Kind.first_cases``: Note [A partition by count] in
+    ``paracheck.strategies._sharding``): a bug the search rarely draws, found in the first case.
 
     Every case runs once (the checker caches results), so rows share the cost of the cases they
     share. The budget (``CheckSettings.budget``) covers the whole table: the saved and given
-    cases run first whatever it is, then past it no new case runs (``BudgetSpent``), a failure being shrunk is reported as found so far, and the rows not
-    reached say so. A Ctrl-C or SIGTERM ends the table the same way, and the report of what was
-    found goes with the exception (``KeyboardInterrupt.report``) for the command to print.
+    cases run first whatever it is, then past it no new case runs (``BudgetSpent``), a failure
+    being shrunk is reported as found so far, and the rows not reached say so. A row beyond the
+    contract gets at most an equal share of what is left among those rows (``_row_deadline``), so
+    that one row whose cases crash ranks, each a restart, cannot starve the rows after it. A
+    Ctrl-C or SIGTERM ends the table the same way, and the report of what was found goes with
+    the exception (``KeyboardInterrupt.report``) for the command to print.
 """
 
 from __future__ import annotations
