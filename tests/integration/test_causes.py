@@ -158,6 +158,7 @@ def test_a_dead_rank_and_a_hang_in_one_collective_of_the_target_are_one_cause_he
         '  File "/home/u/mypkg/ddp.py", line 42 in finish_gradient_synchronization\n'
         '  File "/x/src/paracheck/check/ranks/_drive.py", line 40 in run_steps\n'
     )
+    died.disagreement = "their 3rd all_reduce got tensors of different sizes: rank 0 (died) 12"
     hang = RankHang(
         "hung", [RankFailure(1, "hung", dump)], disagreement="rank 1 is in its 3rd all_reduce"
     )
@@ -170,3 +171,11 @@ def test_a_dead_rank_and_a_hang_in_one_collective_of_the_target_are_one_cause_he
     )
     third = PropertyFailure("hang", CaseResult(Case(seed=2), error=other), own=own, row="core")
     assert causes_of([dead, hung, third]) == [[hung, dead], [third]]
+    # Two ranks dead in that all-reduce in two cases, no frame of the target's known: one cause.
+    again = RankDied("1 rank(s) died", [RankFailure(1, "died", "killed by signal SIGABRT (6)")])
+    again.disagreement = "their 5th all_reduce got tensors of different sizes: rank 1 (died) 8"
+    alone = RankDied("1 rank(s) died", [RankFailure(0, "died", "killed by signal SIGABRT (6)")])
+    alone.disagreement = "their 2nd all_reduce got tensors of different sizes: rank 0 (died) 4"
+    a = PropertyFailure("died", CaseResult(Case(seed=3), error=again), own=own, row="core")
+    b = PropertyFailure("died", CaseResult(Case(seed=4), error=alone), own=own, row="core")
+    assert causes_of([a, b]) == [[a, b]]

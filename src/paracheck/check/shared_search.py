@@ -29,7 +29,7 @@ from paracheck.check.report import (
 from paracheck.check.run import CaseResult
 from paracheck.check.search import CaseTimeouts, _Checker, _Hit, declared_features, sequence_name
 from paracheck.check.targets import load_object
-from paracheck.check.verdict import cause_key, cause_of
+from paracheck.check.verdict import cause_key, cause_of, same_cause
 from paracheck.strategies._core import nominal_dtype, precision_settings, world_size_draws
 from paracheck.world import PoolLost
 
@@ -204,7 +204,9 @@ class _Search:
         if not self.settings.table:
             return prop in self.known
         key = cause_key(prop, result, self.own)
-        return any(cause_of(f) == key and (row is None or f.row == row) for f in self.failures)
+        return any(
+            same_cause(cause_of(f), key) and (row is None or f.row == row) for f in self.failures
+        )
 
     def run_as_is(self, case: Case, note: str, row=None, attribute=None) -> CaseResult:
         """``case`` run as it is, each failure not known yet reported under ``row(case)``, or

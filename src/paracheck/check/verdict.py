@@ -19,7 +19,7 @@ from paracheck.check.failure import (
     target_frame,
 )
 
-__all__ = ["RowVerdict", "cause_key", "cause_of", "cause_text", "causes_of"]
+__all__ = ["RowVerdict", "cause_key", "cause_of", "cause_text", "causes_of", "same_cause"]
 
 
 @dataclass
@@ -109,6 +109,20 @@ _FOLLOWS = {
     "rank-agreement": ("initial-state", "gradients", "parameters"),
 }
 _STUCK = ("hang", "died")
+# "their 2nd all_reduce got tensors of different sizes", "rank 1 is in its 7th broadcast; ...".
+_COLLECTIVE = re.compile(r"\b\d+(?:st|nd|rd|th) (\w+)")
+
+
+def same_cause(a: tuple, b: tuple) -> bool:
+    """Whether two ``cause_key``s are one cause: equal, or for stuck ranks the same collective
+    with the same frames of the target's code, or no frame known on one side (a rank that died
+    in a mismatched all-reduce, beside a peer hung in that all-reduce: Note [Causes, not
+    properties])."""
+    if a == b:
+        return True
+    if a[0] != "stuck" or b[0] != "stuck" or a[2] != b[2]:
+        return False
+    return not a[1] or not b[1] or a[1] == b[1]
 
 
 def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
@@ -137,9 +151,14 @@ def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
                 for frame in [target_frame(f.detail, own)]
                 if frame
             }
+        disagreement = getattr(err, "disagreement", "") or ""
+        if group == "stuck":
+            # The collective the ranks disagree on: a rank that died in it often leaves no frame
+            # of the target's (its peers' tracebacks are not kept), a hang names its waits.
+            op = _COLLECTIVE.search(disagreement)
+            return (group, frames, op.group(1) if op else re.sub(r"\d+", "N", disagreement))
         if frames:
             return (group, frames)
-        disagreement = getattr(err, "disagreement", "") or ""
         return (group, re.sub(r"\d+", "N", disagreement) or prop)
     d = result.divergence_of(prop)
     if d is None:
@@ -173,10 +192,15 @@ def causes_of(failures, first=None) -> list[list[PropertyFailure]]:
     failure, groups whose least ``first`` is smaller come before, the order found otherwise);
     within a group, the most specific property first (``PROPERTIES`` order, a hang before a
     dead rank)."""
-    groups: dict[tuple, list[PropertyFailure]] = {}
+    groups: list[tuple[str | None, tuple, list[PropertyFailure]]] = []
     for f in failures:
-        groups.setdefault((f.row, cause_of(f)), []).append(f)
-    out = [sorted(group, key=_headline_rank) for group in groups.values()]
+        key = cause_of(f)
+        group = next((g for row, k, g in groups if row == f.row and same_cause(k, key)), None)
+        if group is None:
+            groups.append((f.row, key, [f]))
+        else:
+            group.append(f)
+    out = [sorted(group, key=_headline_rank) for _, _, group in groups]
     if first is not None:
         out.sort(key=lambda group: min(first(f) for f in group))
     return out
