@@ -150,3 +150,20 @@ def test_loss_option_applies_to_loop_targets(inner):
     """``--paracheck-loss`` declares a loop target's loss semantics, as ``--loss`` does."""
     inner.makepyfile(test_loss=LOSS_TEST)
     inner.runpytest(*ARGS, "--paracheck-loss", "batch-mean").assert_outcomes(passed=3)
+
+
+INCOMPLETE_TEST = """
+def test_table_out_of_budget(paracheck_check):
+    paracheck_check("naive", world_sizes=(1, 2), table=True, budget=1e-9)
+"""
+
+
+def test_a_table_with_rows_not_reached_fails_unless_the_option_accepts_it(inner):
+    """A verdict table (table=True) whose budget reached no row is INCOMPLETE: the test fails,
+    as paracheck check exits 3; --paracheck-incomplete pass lets the rows reached decide."""
+    inner.makepyfile(test_incomplete=INCOMPLETE_TEST)
+    result = inner.runpytest(*ARGS)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*INCOMPLETE naive: verdict table of*not reached*"])
+    result.stdout.fnmatch_lines(["*--paracheck-incomplete pass accepts the rows reached*"])
+    inner.runpytest(*ARGS, "--paracheck-incomplete", "pass").assert_outcomes(passed=1)

@@ -170,6 +170,10 @@ def test_pytest_fixture_fails_with_the_report_text(paracheck_check):
         in text
     )
     assert "replay exactly this case:" in text
+    # The case is printed once (its JSON); the replay reads it from a file, by absolute path.
+    assert text.count('"world_size"') == 1, text
+    replay = text.split("replay exactly this case:", 1)[1].strip().splitlines()[0]
+    assert " --case /" in replay and len(replay) < 300, replay
 
 
 def test_hang_report_says_which_collective_the_ranks_disagree_on(world):

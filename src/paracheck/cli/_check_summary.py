@@ -124,13 +124,17 @@ def verdict_of(reports: list, total: int) -> tuple[str, int]:
     return f"PASS: {len(reports)} of {total} {noun}{tail}", 0
 
 
-def summary_lines(reports: list, total: int, seconds: float) -> list[str]:
+def summary_lines(
+    reports: list, total: int, seconds: float, started: float | None = None
+) -> list[str]:
     """A row per target (its verdict, its rows passed, failed and not reached, its seconds),
-    then the verdict line (``verdict_of``)."""
+    then the verdict line (``verdict_of``); ``started``: the seconds before the first target
+    (loading torch and the targets, starting the ranks)."""
     width = max([len("target")] + [len(r.target.name) for r in reports])
     noun = "target" if total == 1 else "targets"
+    start = "" if started is None else f" ({started:.1f} s of them starting the ranks)"
     out = [
-        f"summary of {len(reports)} {noun} in {seconds:.1f} s:",
+        f"summary of {len(reports)} {noun} in {seconds:.1f} s{start}:",
         f"  {'target':<{width}}  {'verdict':<10}  rows PASS/FAIL/not reached  seconds",
     ]
     for r in reports:
