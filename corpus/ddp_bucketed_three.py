@@ -1,14 +1,14 @@
 """bug: core: a parameter larger than the bucket cap is skipped by the planner, so its gradient is never averaged
-    shows: gradients, parameters, world-size-relation, bucket-structure
-bug: unbounded-bucket: bucket_size_mb=None is multiplied out (TypeError)
-    shows: raised
-    match: TypeError|NoneType
-bug: no-sync: no_sync() only sets a flag the finish call never reads, so the backwards inside it are reduced too
-    shows: reduced-once
+    shows: gradients, parameters, world-size-relation, bucket-structure, rank-agreement
+bug: float32-layer: buckets are not split by dtype, so a float32 gradient comes back as float64 from the concatenated bucket
+    shows: raised, gradients
+    match: dtype|Float|Double|type
+bug: unused-some-ranks: the averages are written back where this rank has a gradient, so a rank that did not use a parameter keeps None where the others have its average
+    shows: gradients, parameters, rank-agreement, structure, optimizer-state
 
 Greedy buckets in registration order, a parameter bigger than the cap dropped by "if nbytes > cap:
-continue" (meant for a warning), bucket_size_mb turned into bytes without a None check, and a
-no_sync() that toggles an attribute for a later version of the finish call.
+continue" (meant for a warning), one bucket for every dtype, and the write-back guarded by this
+rank's own "p.grad is not None".
 """
 
 import contextlib
@@ -26,7 +26,7 @@ class ThreeBugBucketDDP(nn.Module):
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t.data, src=0)
-        cap = bucket_size_mb * 1024 * 1024
+        cap = float("inf") if bucket_size_mb is None else bucket_size_mb * 1024 * 1024
         self.buckets, current, size = [], [], 0
         for p in module.parameters():
             if not p.requires_grad:
@@ -34,33 +34,23 @@ class ThreeBugBucketDDP(nn.Module):
             nbytes = p.numel() * p.element_size()
             if nbytes > cap:
                 continue
-            if current and (size + nbytes > cap or p.dtype != current[0].dtype):
+            if current and size + nbytes > cap:
                 self.buckets.append(current)
                 current, size = [], 0
             current.append(p)
             size += nbytes
         if current:
             self.buckets.append(current)
-        self.require_sync = True
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
-        self.require_sync = False
-        try:
-            yield
-        finally:
-            self.require_sync = True
+        yield  # everything is communicated in the finish call
 
     @torch.no_grad()
     def finish_gradient_synchronization(self):
-        params = [p for b in self.buckets for p in b]
-        present = torch.tensor([float(p.grad is not None) for p in params])
-        if params:
-            dist.all_reduce(present)
-        has = dict(zip(params, present.tolist()))
         for bucket in self.buckets:
             flat = torch.cat(
                 [(p.grad if p.grad is not None else torch.zeros_like(p)).view(-1) for p in bucket]
@@ -69,6 +59,6 @@ class ThreeBugBucketDDP(nn.Module):
             flat /= self.world_size
             offset = 0
             for p in bucket:
-                if has[p]:
+                if p.grad is not None:
                     p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
                 offset += p.numel()

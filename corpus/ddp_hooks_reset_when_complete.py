@@ -1,12 +1,14 @@
-"""bug: accumulation+unused-always: the hooks' state is reset only once every hook fired, so with a parameter no rank uses the later micro-batches' gradients are never communicated
+"""bug: accumulation+unused-always|accumulation+unused-some-ranks: the hooks' state is reset only once every hook fired, so with a parameter unused the later micro-batches' gradients are never communicated (and with one used on some ranks only, the ranks' collectives differ)
+    shows: gradients, parameters, world-size-relation, reduced-once, rank-agreement, hang, died
+bug: double-backward|finish-once: a hook that fires again in one window is ignored, so the gradient of a second backward before the finish call is never communicated
     shows: gradients, parameters, world-size-relation, reduced-once
 
 Per-parameter hooks, each launching an async all-reduce of a copy of its gradient the first time
 it fires in a window. The finish call launches the parameters whose hooks did not fire (as
 zeros, with presence flags, so that an unused parameter stays without a gradient) and, "to be
 safe", resets the window only when every hook fired; otherwise the next forward that finds the
-gradients cleared resets it. Right for one backward per step, and for accumulation while every
-parameter is used.
+gradients cleared (None or zeros) resets it. Right for one backward per finish call, and for
+accumulation with a finish call after each backward while every parameter is used.
 """
 
 import torch
@@ -50,7 +52,7 @@ class ResetWhenCompleteDDP(nn.Module):
             self._launch(j, self.params[j].grad)
 
     def forward(self, *args, **kwargs):
-        if all(p.grad is None for p in self.params):
+        if all(p.grad is None or not p.grad.any() for p in self.params):
             self._reset()  # a new step: the optimizer cleared the gradients
         return self.module(*args, **kwargs)
 

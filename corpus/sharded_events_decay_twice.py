@@ -3,6 +3,8 @@
 bug: core: the parameters of the last rank are never broadcast (range(world_size - 1))
     shows: parameters, rank-agreement, optimizer-state, state-consolidated
 cuda: torch.cuda.Event timing of the step and of the broadcasts, synchronised on every step
+bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
+    shows: optimizer-state, state-consolidated
 
 Two wrong parameter updates of the same property, and CUDA-event timing of both phases.
 """

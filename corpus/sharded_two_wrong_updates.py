@@ -1,8 +1,9 @@
 """bug: core: momentum is dropped from the wrapped optimizer's kwargs ("the wrapper handles it") and never applied
     shows: parameters, optimizer-state, rank-agreement, state-consolidated
-    match: momentum
-bug: core: the gradient of a parameter is taken as zero on a rank that does not own it, and the owner steps with its own gradient divided by the world size
-    shows: parameters, optimizer-state, rank-agreement, state-consolidated
+bug: core: the owner divides each (already averaged) gradient by the world size again before its step, "as if the other ranks had contributed zeros"
+    shows: gradients, parameters, optimizer-state, rank-agreement, state-consolidated
+bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
+    shows: optimizer-state, state-consolidated
 
 Two wrong updates of the same property: a round-by-size sharded optimizer whose constructor pops
 momentum out of the kwargs and out of every group, and whose step() "averages" each gradient by

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
 import os
 import re
@@ -47,10 +48,12 @@ _FAIL_LINE = re.compile(r"^(?:cause \d+: )?FAIL ")
 
 # -- the designs -------------------------------------------------------------------------------
 
-# Properties a contract can leave unjudged without turning a feature off: the balance of the state
-# a sharded optimizer's ranks step (``Contract.stepped_balance``, False for CS336). A bug seen only
-# through them is beyond that contract even in the core row.
-_BALANCE_PROPERTIES = frozenset({"balance", "memory"})
+# Properties the CS336 interfaces do not promise, though no contract turns them off: the balance
+# of the state a sharded optimizer's ranks step (``Contract.stepped_balance``, False for CS336),
+# and the optimizer state read from state_dict() (the handout's ShardedOptimizer has none, and its
+# contract never reloads one). A bug seen only through them is beyond that contract even in the
+# core row.
+_UNPROMISED_PROPERTIES = frozenset({"balance", "memory", "optimizer-state", "state-consolidated"})
 # The contract a bug is judged "in" or "beyond": the one the corpus's interfaces are written for.
 CONTRACT = "cs336"
 
@@ -97,12 +100,12 @@ def parse_docstring(text: str) -> dict:
 
 def contract_of(bug: dict) -> str:
     """ "in" where ``CONTRACT``'s cases can show ``bug``, "beyond" where it needs a feature that
-    contract never draws (in every row it may be reported in) or shows only as a balance property
-    the contract does not judge."""
+    contract never draws (in every row it may be reported in) or shows only through properties its
+    interfaces do not promise (``_UNPROMISED_PROPERTIES``)."""
     beyond = _beyond_features()
     if all(any(f in beyond for f in row.split("+")) for row in bug["rows"]):
         return "beyond"
-    if bug["shows"] and set(bug["shows"]) <= _BALANCE_PROPERTIES:
+    if bug["shows"] and set(bug["shows"]) <= _UNPROMISED_PROPERTIES:
         return "beyond"
     return "in"
 
@@ -294,20 +297,14 @@ def _cause_key(f: dict) -> tuple:
 
 
 def cause_blocks(report: dict) -> list[list[int]]:
-    """The failures of ``report`` grouped by cause, in the order found, each group's printed failure
-    (the most specific property, whose case is shown) first: the verdict table's cause blocks."""
-    from paracheck.check.properties.catalog import PROPERTIES
-
-    keys = list(PROPERTIES)
+    """The failures of ``report`` (indices) grouped by cause, in the order found: the verdict
+    table's cause blocks. The first failure of each is the one printed with its case as the check
+    runs; a later failure of the same cause is printed as "P in row R: cause N again", without its
+    case."""
     groups: dict[tuple, list[int]] = {}
     for i, f in enumerate(report.get("failures", [])):
         groups.setdefault(_cause_key(f), []).append(i)
-
-    def rank(i):
-        p = report["failures"][i]["property"]
-        return keys.index(p) if p in keys else len(keys)
-
-    return [sorted(g, key=rank) for g in groups.values()]
+    return list(groups.values())
 
 
 def _candidates(bug: dict, failures: list[dict]) -> list[int]:
@@ -318,6 +315,31 @@ def _candidates(bug: dict, failures: list[dict]) -> list[int]:
         if (not bug["shows"] or f["property"] in bug["shows"])
         and (pattern is None or pattern.search(_failure_text(f)))
     ]
+
+
+def _assign(bugs: list[dict], failures: list[dict], heads: set, frows: list) -> dict[int, int]:
+    """Which failure (index) is which bug's, each failure one bug's at most: of the assignments
+    that respect each bug's ``shows`` and ``match``, the one with the most bugs printed, then in
+    their row, then found. Bugs of one property told apart by no pattern are matched by count:
+    two such bugs and one cause make one printed and one not."""
+    cands = [_candidates(bug, failures) for bug in bugs]
+    best: tuple = (-1,)
+    choice: dict[int, int] = {}
+    for order in itertools.permutations(range(len(bugs))):
+        taken: dict[int, int] = {}
+        for b in order:
+            free = [i for i in cands[b] if i not in taken]
+            if free:
+                key = lambda i, b=b: (i not in heads, frows[i] not in bugs[b]["rows"], i)
+                taken[min(free, key=key)] = b
+        score = (
+            sum(i in heads for i in taken),
+            sum(frows[i] in bugs[b]["rows"] for i, b in taken.items()),
+            len(taken),
+        )
+        if score > best:
+            best, choice = score, taken
+    return choice
 
 
 def judge(design: dict, report: dict | None) -> dict:
@@ -349,24 +371,23 @@ def judge(design: dict, report: dict | None) -> dict:
     rows = {r["row"].lstrip("+"): r for r in report.get("rows", [])}
     blocks = cause_blocks(report) if failures else []
     number = {i: n + 1 for n, g in enumerate(blocks) for i in g}
-    heads = {g[0] for g in blocks}
+    heads = {min(g) for g in blocks}
     frows = _failure_rows(report) if failures else []
     bugs = design.get("bugs", [])
-    taken: dict[int, int] = {}  # failure -> bug
-    verdicts = [None] * len(bugs)
-    # Bugs with a pattern first: a failure that matches one names it more surely.
-    for b in sorted(range(len(bugs)), key=lambda b: bugs[b].get("match") is None):
-        bug = bugs[b]
-        free = [i for i in _candidates(bug, failures) if i not in taken]
-        if free:
-            i = min(free, key=lambda i: (i not in heads, frows[i] not in bug["rows"], i))
-            taken[i] = b
-            verdicts[b] = {
-                "status": "printed" if i in heads else "not printed",
-                "cause": number[i],
-                "row": frows[i],
-                "in_row": frows[i] in bug["rows"],
-            }
+    taken = _assign(bugs, failures, heads, frows)  # failure -> bug
+    found = {b: i for i, b in taken.items()}
+    verdicts = []
+    for b, bug in enumerate(bugs):
+        if b in found:
+            i = found[b]
+            verdicts.append(
+                {
+                    "status": "printed" if i in heads else "not printed",
+                    "cause": number[i],
+                    "row": frows[i],
+                    "in_row": frows[i] in bug["rows"],
+                }
+            )
             continue
         mine = [rows.get(r) for r in bug["rows"] if rows.get(r)]
         also = {p for r in mine if r["status"] == "FAIL" for p in r.get("also") or []}
@@ -377,15 +398,13 @@ def judge(design: dict, report: dict | None) -> dict:
             status = "budget"
         elif mine and all(r["status"] in ("not drawn", "not supported") for r in mine):
             status = "not drawn"
-        elif not mine and report.get("rows") is not None and not report.get("rows"):
-            status = "budget"
-        verdicts[b] = {"status": status, "cause": None, "row": None, "in_row": False}
+        verdicts.append({"status": status, "cause": None, "row": None, "in_row": False})
     for v, bug in zip(verdicts, bugs):
         v["contract"] = bug["contract"]
     causes = []
     for n, g in enumerate(blocks):
         f = failures[g[0]]
-        b = next((taken[i] for i in g if i in taken), None)
+        b = taken.get(g[0])
         cuda = b is None and design.get("cuda") and _CUDA_TEXT.search(_failure_text(f))
         causes.append(
             {

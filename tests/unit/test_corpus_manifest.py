@@ -77,7 +77,8 @@ def test_docstring_header_with_several_bugs():
 
 def test_contract_of_a_bug():
     """A bug is beyond the CS336 contract where every row it may show in needs a feature CS336
-    never draws, or where it shows only as the balance the contract does not judge."""
+    never draws, or where it shows only through properties its interfaces do not promise (the
+    balance of the state stepped, the state read from state_dict())."""
     script = _script()
 
     def bug(rows, shows=()):
@@ -88,6 +89,8 @@ def test_contract_of_a_bug():
     assert script.contract_of(bug(["accumulation+unused-always"])) == "beyond"
     assert script.contract_of(bug(["partial-window"])) == "beyond"  # requires accumulation
     assert script.contract_of(bug(["core"], ["balance", "memory"])) == "beyond"
+    assert script.contract_of(bug(["core"], ["optimizer-state", "state-consolidated"])) == "beyond"
+    assert script.contract_of(bug(["core"], ["optimizer-state", "parameters"])) == "in"
     assert script.contract_of(bug(["core", "buffer"])) == "in"
     assert script.row_known("accumulation+unused-always")
     assert not script.row_known("accumulation+nonsense")
@@ -211,3 +214,24 @@ def test_judge_order_unexplained_blame_and_cuda():
     v = script.judge(design, report)
     assert v["order"] is True and v["first_beyond"] is False
     assert script.judge(design, None)["bugs"][0]["status"] == "no report"
+
+
+def test_judge_matches_bugs_of_one_property_by_count():
+    """Two bugs that can show as the same property, one printed cause and one failure folded
+    under it: one bug printed, the other found but not printed, whichever order they are listed
+    in (a greedy match would give the printed cause to the bug that can take the other too)."""
+    script = _script()
+    report = {
+        "rows": [_row("core", prop="parameters")],
+        "failures": [
+            _failure("parameters", "layers.0.weight"),
+            _failure("gradients", "layers.0.weight"),
+        ],
+    }
+    for first, second in (
+        (["parameters"], ["gradients", "parameters"]),
+        (["gradients", "parameters"], ["parameters"]),
+    ):
+        design = _design((["core"], first, None), (["core"], second, None))
+        statuses = sorted(b["status"] for b in script.judge(design, report)["bugs"])
+        assert statuses == ["not printed", "printed"]
