@@ -179,3 +179,15 @@ def test_a_dead_rank_and_a_hang_in_one_collective_of_the_target_are_one_cause_he
     a = PropertyFailure("died", CaseResult(Case(seed=3), error=again), own=own, row="core")
     b = PropertyFailure("died", CaseResult(Case(seed=4), error=alone), own=own, row="core")
     assert causes_of([a, b]) == [[a, b]]
+
+
+def test_cuda_timing_call_shown_by_a_given_case_is_stubbed_before_the_search(world):
+    """The CUDA call found by a given case, run before any row: every row's search runs with it
+    stubbed, and the core's search reaches the gradients summed without dividing."""
+    case = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    report = check_target(
+        _target("CudaTimedDDP"), world, _settings(features=_only()), explicit=[case]
+    )
+    text = report.text()
+    assert [f.property for f in report.failures] == ["raised", "gradients"], text
+    assert report.failures[1].row == "core" and report.failures[1].shrunk, text

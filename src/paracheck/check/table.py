@@ -164,6 +164,7 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
                 row.why = f"the budget of {budget:g} s ran out (--budget)"
             else:
                 checker.deadline = _row_deadline(row, planned[i:], deadline)
+                _stub_cuda_after(search, row)  # a saved case may have shown the call already
                 current[:] = [row]
                 share = None
                 if checker.deadline is not None and checker.deadline < deadline:
@@ -222,16 +223,17 @@ def _row_deadline(row: RowVerdict, rest, deadline: float | None) -> float | None
 
 
 def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
-    """Where ``row`` found the target calling a CUDA timing or NVTX function on ranks without
-    CUDA, the rest of its search and the rows after it run with those calls stubbed
-    (``--stub-cuda-timing``): each would fail on the same call first, and the bugs behind it
-    would never be reached. Said in a note; the cached failures the call caused are run again."""
+    """Where a failure found so far (in ``row``'s search, or a saved case replayed before it) is
+    the target calling a CUDA timing or NVTX function on ranks without CUDA, the rest of the
+    table runs with those calls stubbed (``--stub-cuda-timing``): each row would fail on the same
+    call first, and the bugs behind it would never be reached. Said in a note; the cached
+    failures the call caused are run again."""
     from paracheck.check.failure import _diagnosis
 
     target = search.target
     if target.stub_cuda_timing or getattr(search.world, "backend", "gloo") == "nccl":
         return
-    for f in row.own:
+    for f in search.failures:
         err = f.result.error
         if f.property != "raised" or err is None:
             continue
