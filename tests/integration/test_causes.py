@@ -191,3 +191,23 @@ def test_cuda_timing_call_shown_by_a_given_case_is_stubbed_before_the_search(wor
     text = report.text()
     assert [f.property for f in report.failures] == ["raised", "gradients"], text
     assert report.failures[1].row == "core" and report.failures[1].shrunk, text
+
+
+def test_a_rounding_and_a_wrong_value_of_one_gradient_are_two_causes():
+    """A float32 buffer rounds a float64 gradient (within 1e-3 of it); a wrong weighting gives
+    another value: two causes of one property in one row; two wrong values are one."""
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import causes_of
+
+    def failure(got, expected, name="w"):
+        detail = f"worst element #0 (of the finite ones): got {got}, expected {expected}, ..."
+        d = Divergence(0, "grad", 0, 0, name, abs(got - expected), 1e-15, detail=detail)
+        result = CaseResult(Case(seed=0), divergences=[d])
+        return PropertyFailure("gradients", result, row="core")
+
+    rounded = failure(1.0000000596e00, 1.0e00)
+    weighted = failure(1.5e00, 1.0e00)
+    again = failure(-2.5e-01, 1.25e-01, name="fc1.weight")
+    assert causes_of([rounded, weighted, again]) == [[rounded], [weighted, again]]

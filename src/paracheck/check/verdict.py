@@ -4,6 +4,7 @@ its rows (``RowVerdict``), and the failures grouped by cause (``causes_of``), on
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -91,7 +92,8 @@ class RowVerdict:
 #   whether a rank died or not (a rank that aborts in a collective its peers never reach leaves
 #   the others hung: one bug); for a divergence, the property the divergence starts from
 #   (``_FOLLOWS``): parameters stepped with a wrong gradient are the gradient's cause, parameters
-#   wrong with right gradients another. Not the diverging tensor or rank: one bug diverges first
+#   wrong with right gradients another; and how it diverged (``_how``: a rounding, a wrong value,
+#   a gradient where none is due). Not the diverging tensor or rank: one bug diverges first
 #   on a different tensor in each model drawn (``layers.0.weight`` of an MLP, ``fc1.weight`` of
 #   a toy model), and was reported once per model. In the verdict table a cause is also its row
 #   (``causes_of``): a divergence of the core and one only a feature adds are two bugs, told
@@ -111,6 +113,33 @@ _FOLLOWS = {
 _STUCK = ("hang", "died")
 # "their 2nd all_reduce got tensors of different sizes", "rank 1 is in its 7th broadcast; ...".
 _COLLECTIVE = re.compile(r"\b\d+(?:st|nd|rd|th) (\w+)")
+
+
+_GOT = re.compile(r"got ([-+0-9.eE]+|[-+]?inf|nan), expected ([-+0-9.eE]+|[-+]?inf|nan)")
+
+
+def _how(detail: str) -> str:
+    """How a tensor diverged, in a word: a gradient present or absent where the oracle's is
+    not, another shape, non-finite values, a rounding (the worst element within 1e-3 of its
+    expected value: a buffer of a narrower dtype) or a wrong value. Two bugs of one property in
+    one row are told apart by it (a float32 buffer beside a wrong weighting, both diverging on
+    a gradient)."""
+    if detail.startswith(("expected no gradient", "expected a gradient")):
+        return "presence"
+    if detail.startswith("shape"):
+        return "shape"
+    if "non-finite" in detail:
+        return "non-finite"
+    m = _GOT.search(detail)
+    if m is None:
+        return ""
+    try:
+        got, expected = float(m.group(1)), float(m.group(2))
+    except ValueError:
+        return ""
+    if not (math.isfinite(got) and math.isfinite(expected)):
+        return "non-finite"
+    return "rounding" if abs(got - expected) <= 1e-3 * abs(expected) else "value"
 
 
 def same_cause(a: tuple, b: tuple) -> bool:
@@ -168,7 +197,7 @@ def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
     earlier = [x for x in result.divergences if x.property in upstream and x.step <= d.step]
     if earlier:
         d = min(earlier, key=lambda x: (x.step, keys.index(x.property)))
-    return ("diverged", d.property)
+    return ("diverged", d.property, _how(d.detail))
 
 
 def cause_of(failure: PropertyFailure) -> tuple:
