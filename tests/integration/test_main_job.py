@@ -133,3 +133,32 @@ def test_a_no_sync_row_of_a_class_without_no_sync_is_not_supported():
     assert row.line(10).endswith(
         "not supported: by the target's interface: NoSyncLessDDP has no no_sync()"
     )
+
+
+def test_a_row_the_kind_never_draws_is_drawn_once_per_kind(world, monkeypatch):
+    """The second DDP of a check reuses the first's "not drawn" for a row its kind never draws
+    (a scheduler): the same seeded strategy draws the same cases (20% of the main job's time
+    went to drawing such rows again for each target)."""
+    from paracheck.check import table
+    from paracheck.check.property import check_target
+
+    monkeypatch.setattr(table, "_NOT_DRAWN", set())
+    only = ",".join(f"-{f}" for f in optional_features() if f != "scheduler")
+    settings = CheckSettings(
+        world_sizes=(1, 2), max_examples=1, database=None, budget=None, features=only
+    )
+    first = check_target(resolve_target("naive"), world, settings)
+    row = next(r for r in first.rows if r.name == "+scheduler")
+    assert row.status == "not drawn" and "does not draw it" in row.why
+    assert len(table._NOT_DRAWN) == 1
+
+    def drawn_again(names):
+        raise AssertionError(f"{names} drawn again")
+
+    monkeypatch.setattr(table, "_drawn_with", drawn_again)
+    second = check_target(resolve_target("flat"), world, settings)
+    row = next(r for r in second.rows if r.name == "+scheduler")
+    assert row.status == "not drawn" and "does not draw it" in row.why
+    # A search at random draws anew.
+    with pytest.raises(AssertionError, match="drawn again"):
+        check_target(resolve_target("flat"), world, settings.replace(random=True))
