@@ -162,3 +162,23 @@ def test_a_row_the_kind_never_draws_is_drawn_once_per_kind(world, monkeypatch):
     # A search at random draws anew.
     with pytest.raises(AssertionError, match="drawn again"):
         check_target(resolve_target("flat"), world, settings.replace(random=True))
+
+
+def test_counts_say_what_they_count_in_the_right_number():
+    """ "1 case run", not "1 cases run"; the first failure is "found in case #N run", the count
+    that the rows' (shrinking included) and the total share."""
+    from paracheck.cases import Case
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.report import CheckReport
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import RowVerdict
+
+    target = resolve_target("naive")
+    failure = PropertyFailure("gradients", CaseResult(Case(seed=0)))
+    one = CheckReport(target, False, 1, 1.0, [failure], world_sizes=(2,), cases_run=1)
+    assert "first found in case #1 run, 1 case run in 1.0 s" in one.summary(), one.summary()
+    row = RowVerdict("core", None, status="FAIL", failure=failure, cases=1)
+    table = CheckReport(target, False, 1, 1.0, [failure], world_sizes=(2,), cases_run=1, rows=[row])
+    line = table.summary()
+    assert "verdict table of 1 row (1 FAIL)" in line, line
+    assert "the first found in case #1 run; 1 case run (shrinking included)" in line, line
