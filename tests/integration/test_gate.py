@@ -177,7 +177,13 @@ def test_exit_code_says_the_verdict(
     record = {"base": {"sha": "b" * 40}, "head": {"sha": "h" * 40}, "timings": {}, "rows": []}
     monkeypatch.setattr(paracheck.gate, "run_gate", lambda cfg: (_rows(timing, exact), record))
     out = tmp_path / "v.json"
-    argv = ["gate", "--base", "HEAD", "--no-history", "--json", str(out), *extra]
+    repo = tmp_path / "repo"  # a repository of one commit: refs are checked before measuring
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "one"], cwd=repo, check=True)
+    argv = ["gate", "--repo", str(repo), "--base", "HEAD", "--no-history", "--json", str(out)]
+    argv += extra
     assert main(argv) == code
     text = capsys.readouterr().out
     assert f"\n{says}: " in text

@@ -167,15 +167,28 @@ def _verdict(rows) -> str:
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
+# The exact error of the sequential plan (Note [Sequential sign test]) costs the square of the
+# budget: 400 rounds take seconds to plan, and at seconds per round far more than a gate needs.
+MAX_ROUNDS = 400
+
+
 def _usage_error(args, error_rate: float) -> str | None:
     """What is wrong with the options (the message after ``paracheck gate: ``), or None."""
     for name in ("world_size", "rounds", "steps", "fresh_every"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1"
-    if not args.threshold > 0:
-        return f"--threshold={args.threshold} must be > 0"
-    if not args.seconds > 0:
-        return f"--seconds={args.seconds} must be > 0"
+    if args.rounds > MAX_ROUNDS:
+        return f"--rounds={args.rounds} must be <= {MAX_ROUNDS}"
+    for name in ("threshold", "seconds", "timeout"):
+        if not getattr(args, name) > 0:
+            return f"--{name}={getattr(args, name)} must be > 0"
+    if args.model is not None:
+        from paracheck.bench.suites import model_for
+
+        try:
+            model_for(args.model)
+        except ValueError as exc:  # "model='x' must be one of [...]"
+            return f"--{exc}"
     if not 0 < error_rate < 0.5:
         return f"--error-rate={error_rate} must be in (0, 0.5)"
     if args.bucket_mb is not None and not args.bucket_mb > 0:
@@ -195,6 +208,39 @@ def _usage_error(args, error_rate: float) -> str | None:
             f"--variants={args.variants!r} names built-in variants; with TARGETs "
             f"({' '.join(args.targets)}) the TARGETs are what is measured"
         )
+    return _path_error(args)
+
+
+def _path_error(args) -> str | None:
+    """What is wrong with the repository, the refs and the output paths, or None: found before
+    any worker starts, not after minutes of rounds."""
+    import subprocess
+
+    if not os.path.isdir(args.repo):
+        return f"--repo={args.repo!r} is not a directory"
+    inside = subprocess.run(
+        ["git", "-C", args.repo, "rev-parse", "--git-dir"], capture_output=True, text=True
+    )
+    if inside.returncode != 0:
+        return f"--repo={args.repo!r} is not a git repository"
+    for name in ("base", "head"):
+        ref = getattr(args, name)
+        found = subprocess.run(
+            ["git", "-C", args.repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            capture_output=True,
+            text=True,
+        )
+        if found.returncode != 0:
+            return f"--{name}={ref!r} is not a commit of {os.path.abspath(args.repo)}"
+    if args.json_path is not None:
+        parent = os.path.dirname(os.path.abspath(args.json_path))
+        if os.path.isdir(args.json_path):
+            return f"--json={args.json_path!r} is a directory, not a file to write"
+        if not os.path.isdir(parent):
+            return f"--json={args.json_path!r} cannot be written: {parent} is not a directory"
+    if args.history is not None and os.path.exists(args.history):
+        if not os.path.isdir(args.history):
+            return f"--history={args.history!r} is not a directory"
     return None
 
 

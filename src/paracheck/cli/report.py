@@ -111,6 +111,17 @@ def _config(args) -> tuple[str, str | None] | int:
         if not os.path.exists(args.config):
             print(f"paracheck report: --config={args.config!r} does not exist", file=sys.stderr)
             return 2
+        try:
+            conf = _load_conf(args.config)
+        except Exception as exc:  # asv's reader raises plain ValueErrors and its own errors
+            conf = exc
+        if not isinstance(conf, dict):
+            print(
+                f"paracheck report: --config={args.config!r} is not an asv configuration "
+                f"(a JSON object): {conf}",
+                file=sys.stderr,
+            )
+            return 2
         return args.config, None
     top = _toplevel()
     history = args.history or os.path.join(top, ".paracheck", "history")
@@ -144,6 +155,28 @@ def _config(args) -> tuple[str, str | None] | int:
     return 2
 
 
+def _json_error(path: str) -> str | None:
+    """Why ``path`` is not a ``paracheck bench --json`` record, or None."""
+    import json
+
+    if not os.path.isfile(path):
+        return "does not exist" if not os.path.exists(path) else "is not a file"
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"is not a JSON file: {exc}"
+    if not isinstance(record, dict):
+        return f"holds a JSON {type(record).__name__}, not the object paracheck bench --json writes"
+    from paracheck.report import collect
+
+    try:
+        collect(None, [path])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return f"is not in the form paracheck bench --json writes ({type(exc).__name__}: {exc})"
+    return None
+
+
 def cmd_report(args) -> int:
     """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
     vendoring fails, 2 on a usage error."""
@@ -153,9 +186,13 @@ def cmd_report(args) -> int:
         print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
         return 2
     for path in args.from_json:
-        if not os.path.exists(path):
-            print(f"paracheck report: --from-json={path!r} does not exist", file=sys.stderr)
+        error = _json_error(path)
+        if error:
+            print(f"paracheck report: --from-json={path!r} {error}", file=sys.stderr)
             return 2
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"paracheck report: --out={args.out!r} is not a directory", file=sys.stderr)
+        return 2
     chosen = _config(args)
     if isinstance(chosen, int):
         return chosen

@@ -87,13 +87,25 @@ class SequentialPlan:
 
 def _tail(n: int, c: int) -> float:
     """P(Binomial(n, 1/2) >= c)."""
-    return sum(math.comb(n, k) for k in range(max(c, 0), n + 1)) / 2**n
+    return _tails(n)[min(max(c, 0), n + 1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tails(n: int) -> tuple[float, ...]:
+    """P(Binomial(n, 1/2) >= c) for c = 0 .. n + 1, each the exact integer sum divided once by
+    2**n (the same floats as summing per c, computed once rather than per look and level)."""
+    suffix, total = [0] * (n + 2), 0
+    for k in range(n, -1, -1):
+        total += math.comb(n, k)
+        suffix[k] = total
+    return tuple(x / 2**n for x in suffix)
 
 
 def _boundaries(max_rounds: int, level: float) -> tuple[int, ...]:
     need = [1] * (max_rounds + 1)
     for n in range(max_rounds + 1):
-        need[n] = next((c for c in range(n + 1) if _tail(n, c) <= level), n + 1)
+        tails = _tails(n)
+        need[n] = next((c for c in range(n + 1) if tails[c] <= level), n + 1)
     return tuple(need)
 
 
