@@ -214,7 +214,25 @@ class CheckReport:
                 )
         return "\n".join(out)
 
+    def _failure_dicts(self, backend: str) -> list[dict]:
+        """Each failure's dict; with the verdict table, in the order of its causes (``causes``),
+        each with its row and its cause's number."""
+
+        def one(f: PropertyFailure) -> dict:
+            return f.to_dict(
+                self.target, backend, timeout=self.timeout, rank_memory=self.rank_memory
+            )
+
+        if not self.rows:
+            return [one(f) for f in self.failures]
+        return [
+            {**one(f), "row": f.row, "cause": n + 1}
+            for n, group in enumerate(self.causes())
+            for f in group
+        ]
+
     def to_dict(self, backend: str = "gloo") -> dict:
+        failures = self._failure_dicts(backend)
         return {
             "rows": [r.to_dict() for r in self.rows],
             "target": self.target.name,
@@ -229,11 +247,8 @@ class CheckReport:
             "world_sizes": list(self.world_sizes),
             "worst_relative_error": self.worst_ratio,
             "worst_float64_bound_ratio": self.worst_bound,
-            "failed_properties": [f.property for f in self.failures],
-            "failures": [
-                f.to_dict(self.target, backend, timeout=self.timeout, rank_memory=self.rank_memory)
-                for f in self.failures
-            ],
+            "failed_properties": [f["property"] for f in failures],
+            "failures": failures,
             "notes": list(self.notes),
             "database": None
             if self.database is None
