@@ -128,6 +128,11 @@ def test_causes_found_beyond_the_contract_first_are_numbered_after_the_contracts
     assert blocks[0].startswith("cause 1: FAIL two-bugs: gradients"), text
     assert blocks[1].startswith("cause 2: FAIL two-bugs: initial-state"), text
     assert "(1 within the contract, 1 beyond it)" in report.summary(), text
+    failures = report.to_dict()["failures"]  # in the order of their causes, each numbered
+    assert [(f["property"], f["row"], f["cause"]) for f in failures] == [
+        ("gradients", "core", 1),
+        ("initial-state", "+buffer", 2),
+    ]
 
 
 def test_a_dead_rank_and_a_hang_in_one_collective_of_the_target_are_one_cause_headed_by_the_hang():
