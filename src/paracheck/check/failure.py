@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from paracheck.check.properties.catalog import PROPERTIES, Property, Words
 from paracheck.check.run import CaseResult
+from paracheck.world._failures import HARNESS_PATHS, LIBRARY_PATHS
 
 __all__ = [
     "PROPERTIES",
@@ -61,17 +62,11 @@ def order(props) -> list[str]:
 # -- where the target's code raised -----------------------------------------------------------
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
-# Frames of these are paracheck's harness, never the target's.
-_HARNESS = (
-    "/paracheck/check/",
-    "/paracheck/world/",
-    "/paracheck/oracle/",
-    "/paracheck/cases/",
-    "/paracheck/workloads/",
-    "/paracheck/accounting/",
-)
-# Frames of these are a library's, unless the target itself lives there (``own_fragments``).
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen", "<string>")
+# Frames of these are paracheck's harness, never the target's; frames of ``_LIBRARY`` are a
+# library's, unless the target itself lives there (``own_fragments``). The rank reads frames by
+# the same lists (Note [A rank's traceback] in paracheck.world._failures).
+_HARNESS = HARNESS_PATHS
+_LIBRARY = LIBRARY_PATHS
 
 
 def own_fragments(target_path: str) -> tuple[str, ...]:
@@ -158,6 +153,7 @@ def _diagnosis(traceback_text: str) -> str | None:
 # (beside the example database, ``.paracheck/examples``); without a database, in a folder of the
 # temporary directory (``scratch_cases_dir``). Either way the replay names it by its absolute path.
 CASES_DIR = os.path.join(".paracheck", "cases")
+
 
 def scratch_cases_dir() -> str:
     """The folder of the case files of checks without an example database (``--no-database``,
@@ -306,8 +302,13 @@ class PropertyFailure:
                     "dtype than the parameter's (a gradient, a buffer or a shard)"
                 )
             if target_frame(first.detail, self.own) is None and "Traceback" in first.detail:
-                # No frame of the target's own code: paracheck's harness raised while reading
-                # it, which must not be blamed on the target.
+                called_on = getattr(first, "called_on", None)
+                if called_on:
+                    # torch raised on an object of the target's that paracheck handed it (Note
+                    # [Raised on the target's objects] in paracheck.world._blame).
+                    return f"your code's objects raised on rank {first.rank}: {called_on}"
+                # No frame of the target's own code, and torch raised on no object of its:
+                # paracheck's harness raised, which must not be blamed on the target.
                 return (
                     f"paracheck's harness raised on rank {first.rank}, with no frame of your code "
                     f"in the traceback: an interface it could not read, or a bug in paracheck "
@@ -334,7 +335,19 @@ class PropertyFailure:
     def fix(self) -> str:
         """What usually fixes it: the property's hint, or where paracheck's harness raised, how
         to find out what it called; a dtype mistake of the target, its own fix."""
-        if self.meaning.startswith("paracheck's harness raised"):
+        meaning = self.meaning
+        if meaning.startswith("your code's objects raised") and "param_groups lack" in meaning:
+            return (
+                "keep every key of a torch.optim param group (lr and the optimizer's defaults) in "
+                "the target's param_groups: torch's LR schedulers, GradScaler and the user's own "
+                "code read them there, not from the optimizer it wraps"
+            )
+        if meaning.startswith("your code's objects raised"):
+            return (
+                "torch read or called something of the target's object that it lacks or refuses "
+                "(the traceback's last frames say what): give it what torch expects of that object"
+            )
+        if meaning.startswith("paracheck's harness raised"):
             return (
                 "the last frames say what was called: a call into torch or your package from "
                 "paracheck's rank program is a way of calling the target that it does not support "

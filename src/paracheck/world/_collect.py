@@ -23,6 +23,7 @@ from paracheck.world._failures import (
     RankHang,
     RankOverMemory,
     WorldError,
+    WorldStartError,
     _collective_of,
     _collective_of_tb,
     _order_failures,
@@ -101,9 +102,14 @@ class _Collection:
             )
         self.world = world
         self.job, self.fn, self.w = job, fn, w
-        self.deadline = deadline  # moved on while a late job is judged (Note [Timeout verdicts])
         self.started = world._submitted_at
-        # A late case that still makes progress waits up to this.
+        # The case's timeout counts from the moment the last rank started the job's code (Note
+        # [Started ranks]); until then the deadline is the World's start timeout.
+        self.timeout = deadline - self.started
+        self.began: float | None = None
+        # Moved on while a late job is judged (Note [Timeout verdicts]).
+        self.deadline = self.started + self._begin_limit()
+        # A late case that still makes progress waits up to this (Note [Timeout verdicts]).
         self.hard = self.started + world.timeout
         self.results: dict[int, object] = {}
         self.failures: list[RankFailure] = []
@@ -148,16 +154,22 @@ class _Collection:
         or the job is judged late."""
         while self.pending:
             now = time.monotonic()
+            if self.began is None:
+                self._begin()
             if now >= self.deadline:
+                if self.began is None:
+                    self._not_started()
                 if self._judged_late(now):
                     break
                 continue
             # Poll the ranks' collective counts while some have answered and others not (where a
-            # deadlock shows), and in the last second before the deadline.
+            # deadlock shows), in the last second before the deadline, and until every rank
+            # started the job (Note [Started ranks]).
             polling = (
                 (self.results and any(r < self.w for r in self.pending))
                 or self.deadline - now < 1.5
                 or now >= self.started + 0.5
+                or self.began is None
             )
             ready = wait(
                 list(self.pending.values()),
@@ -174,6 +186,34 @@ class _Collection:
                     or self.watch.stalled(running)
                 ):
                     break  # Note [Definite deadlock], Note [Timeout verdicts]
+
+    def _begin(self) -> None:
+        """Arm the case's timeout once every rank of the job started its code, or once a rank
+        failed (a failure is the job's verdict whether its peers started or not): Note [Started
+        ranks]."""
+        began = self.watch.began(self.started)
+        if began is None and self.failures:
+            began = self.started
+        if began is not None:
+            self.began = began
+            self.deadline = began + self.timeout
+            self.hard = began + self.world.timeout
+
+    def _begin_limit(self) -> float:
+        limit = self.world.begin_timeout
+        return self.world.start_timeout if limit is None else limit
+
+    def _not_started(self) -> NoReturn:
+        """Some rank of the job did not start its code within the World's start timeout, and no
+        rank failed: no verdict on the job (Note [Started ranks]). The pool is restarted."""
+        world = self.world
+        late = [r for r in range(self.w) if self.watch.status(r) is None]
+        world.restart()
+        raise WorldStartError(
+            f"rank(s) {late} did not start {self.fn} (world size {self.w}) within "
+            f"{self._begin_limit():g} s of its submission (creating its process group and "
+            f"importing its function); {world.restarted_words}"
+        )
 
     def _judged_late(self, now: float) -> bool:
         """Past the deadline: True where the job is judged now; False where it is waited for
@@ -196,7 +236,7 @@ class _Collection:
         # A case past its timeout whose ranks still run or issue collectives is slow, not hung
         # (a loaded machine): give it another timeout's worth, up to the World's.
         if watch.progressed(within=1.0) and now < self.hard:
-            self.deadline = min(self.hard, now + (self.deadline - self.started))
+            self.deadline = min(self.hard, now + (self.deadline - (self.began or self.started)))
             return False
         return True
 
@@ -220,8 +260,16 @@ class _Collection:
             if msg[1] == "ok":
                 self.results[rank] = msg[2]
             elif msg[1] == "error":
+                called_on = msg[4] if len(msg) > 4 else None
                 self.failures.append(
-                    RankFailure(rank, "raised", msg[2], _collective_of_tb(msg[2]), output)
+                    RankFailure(
+                        rank,
+                        "raised",
+                        msg[2],
+                        _collective_of_tb(msg[2]),
+                        output,
+                        called_on=called_on,
+                    )
                 )
 
     # -- deaths -----------------------------------------------------------------------------

@@ -174,6 +174,8 @@ class CollectiveCounter:
             "world_total": self.world_total,
             "counts": dict(self.counts),  # a copy: the watchdog thread may write while it grows
             "step": self.step,
+            # When the job's code started (Note [Started ranks] in paracheck.world._watch).
+            "began_ns": self.began_ns,
         }
         data = json.dumps(rec, separators=(",", ":")).encode()
         os.pwrite(self._fd, data.ljust(_RECORD)[:_RECORD], 0)

@@ -7,6 +7,7 @@ order in which failures are reported (the rank whose own code failed first).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -42,6 +43,10 @@ class RankFailure:
     collective: str | None = None
     output: str = ""  # what the rank printed during the job, clipped (Note [Captured output])
     status: dict | None = None  # its collective counts (paracheck.world._collectives), where read
+    # Where a library raised on an object of the user's code that paracheck's harness handed it,
+    # one sentence naming the object (Note [Raised on the target's objects] in
+    # paracheck.world._blame); None otherwise.
+    called_on: str | None = None
 
 
 class WorldError(ParacheckError):
@@ -54,11 +59,16 @@ class WorldError(ParacheckError):
         self.failures = failures
         self.disagreement = ""  # RankHang: what the ranks disagree on, in one sentence
 
-    def report(self) -> str:
+    def report(self, *, full: bool | None = None) -> str:
+        """Every rank's failure: a raised rank's traceback from the user's code on (Note [A
+        rank's traceback]; ``full``, or ``PARACHECK_FULL_TRACEBACK=1``: every frame)."""
+        if full is None:
+            full = os.environ.get(FULL_TRACEBACK, "") not in ("", "0")
         parts = [str(self)]
         for f in self.failures:
             where = f" in collective {f.collective}" if f.collective else ""
-            parts.append(f"--- rank {f.rank} {f.kind}{where} ---\n{f.detail.rstrip()}")
+            detail = f.detail if full or f.kind != "raised" else hide_harness_frames(f.detail)
+            parts.append(f"--- rank {f.rank} {f.kind}{where} ---\n{detail.rstrip()}")
             if f.output:
                 parts.append(f"--- rank {f.rank} printed ---\n{f.output.rstrip()}")
         return "\n".join(parts)
@@ -159,3 +169,93 @@ def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
         )
 
     return sorted(failures, key=lambda f: (secondary(f), f.rank))
+
+
+# Note [A rank's traceback]
+#   A rank's traceback opens with the frames of paracheck's rank program (``world/_rank.py``, the
+#   kind's ``check/ranks/...``, the case builders): four to six of them before the first line of
+#   the user's code, on every raised failure. They are left out of the report, as pytest leaves
+#   out its own, with a line that counts them: a traceback starts at the user's code. Where no
+#   frame is the user's, the last frame of paracheck's before a library's (torch's) is kept, for
+#   it shows what paracheck called on the target's objects (an LR scheduler built on the
+#   target's optimizer); where paracheck raised in its own code, every frame is kept (the
+#   evidence of a bug in paracheck). ``PARACHECK_FULL_TRACEBACK=1`` keeps every frame. The
+#   failure's ``detail`` keeps them all: the diagnoses read it whole.
+# Path fragments of paracheck's harness: its frames are never the target's. (paracheck's own
+# designs, ``paracheck/ddp``, ``paracheck/zero``, ..., and its mutants are targets.)
+HARNESS_PATHS = (
+    "/paracheck/check/",
+    "/paracheck/world/",
+    "/paracheck/oracle/",
+    "/paracheck/cases/",
+    "/paracheck/workloads/",
+    "/paracheck/accounting/",
+)
+# Path fragments of a library's frames (torch, the standard library, an installed package).
+LIBRARY_PATHS = (
+    "/torch/",
+    "/site-packages/",
+    "/dist-packages/",
+    "/lib/python3",
+    "<frozen",
+    "<string>",
+)
+FULL_TRACEBACK = "PARACHECK_FULL_TRACEBACK"  # set (not 0): reports keep paracheck's frames
+_TB_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in \S+')
+
+
+def _frame_kind(path: str) -> str:
+    """ "harness", "library" or "user" (Note [A rank's traceback])."""
+    path = path.replace("\\", "/")
+    if "/paracheck/mutants/" not in path and any(s in path for s in HARNESS_PATHS):
+        return "harness"
+    return "library" if any(s in path for s in LIBRARY_PATHS) else "user"
+
+
+def hide_harness_frames(text: str) -> str:
+    """``text`` (Python tracebacks, chained ones included) with the leading frames of paracheck's
+    harness left out of each, and a line counting them (Note [A rank's traceback])."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        if not lines[i].startswith("Traceback (most recent call last):"):
+            i += 1
+            continue
+        # The frames of this traceback: a "File" line and its source lines, up to the first
+        # line that is not indented (the exception's).
+        frames: list[tuple[str, list[str]]] = []
+        j = i + 1
+        while j < len(lines) and lines[j].startswith(" "):
+            m = _TB_FRAME.match(lines[j])
+            if m:
+                frames.append((_frame_kind(m.group(1)), [lines[j]]))
+            elif frames:
+                frames[-1][1].append(lines[j])
+            else:
+                frames.append(("user", [lines[j]]))  # not a frame: kept as it is
+            j += 1
+        kinds = [k for k, _ in frames]
+        lead = 0
+        while lead < len(kinds) and kinds[lead] == "harness":
+            lead += 1
+        if "user" in kinds[lead:]:
+            first_user = kinds.index("user", lead)
+            hidden = kinds[:first_user]
+        elif lead < len(kinds):
+            hidden = kinds[: lead - 1] if lead else []  # keep paracheck's call into the library
+        else:
+            hidden = []  # raised inside paracheck: every frame is evidence
+        if hidden:
+            ours, others = hidden.count("harness"), len(hidden) - hidden.count("harness")
+            words = f"{ours} paracheck frame{'' if ours == 1 else 's'}"
+            if others:
+                words += (
+                    f" and {others} library frame{'' if others == 1 else 's'} calling your code"
+                )
+            out.append(f"  ... {words} hidden ({FULL_TRACEBACK}=1 shows them)")
+        for _, block in frames[len(hidden) :]:
+            out.extend(block)
+        i = j
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")

@@ -5,8 +5,9 @@ Protocol (driver -> rank over a Pipe):
 ``("reset",)`` or ``("stop",)``. The rank (re)creates its default process group when the requested
 world size or generation changes (Note [One default group per world size]), calls ``fn(payload)``
 if its rank is below the world size, and answers ``(job_id, "ok", result, output)`` or
-``(job_id, "error", text, output)``, where ``output`` is what the job printed (Note [Captured
-output]). ``("reset",)`` drops the process group without an answer: a rank that finished a job
+``(job_id, "error", text, output, called_on)``, where ``output`` is what the job printed (Note
+[Captured output]) and ``called_on`` whose objects a library raised on (Note [Raised on the
+target's objects] in ``paracheck.world._blame``). ``("reset",)`` drops the process group without an answer: a rank that finished a job
 whose peers are stuck in a collective closes its connections, so their collective fails at once
 (Note [Definite deadlock] in ``paracheck.world._watch``).
 
@@ -391,6 +392,11 @@ def _serve(
         stack_file.seek(0)
         stack_file.truncate()
         try:
+            # Imported before the group's rendezvous, which every rank of the job joins: a rank
+            # slow to import the job's function (its first job, on a loaded machine) then keeps
+            # its peers in the rendezvous, not inside their first collective, whose timeout is
+            # the group's (Note [Started ranks] in paracheck.world._watch).
+            fn = _resolve(fn_path) if rank < world_size else None
             if current != (world_size, generation):
                 if dist.is_initialized():
                     dist.destroy_process_group()
@@ -412,7 +418,6 @@ def _serve(
             if rank >= world_size:
                 _send(conn, (job_id, "idle", None))
                 continue
-            fn = _resolve(fn_path)
             output.begin()
             watchdog.cap = cap
             counter.begin(job_id)
@@ -431,7 +436,13 @@ def _serve(
             _drop_group(backend)
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             try:
-                _send(conn, (job_id, "error", text, output.take()))
+                from paracheck.world._blame import blame
+
+                called_on = blame(exc)  # Note [Raised on the target's objects]
+            except Exception:  # noqa: BLE001 - a reading of the frames must never lose the answer
+                called_on = None
+            try:
+                _send(conn, (job_id, "error", text, output.take(), called_on))
             except Exception:
                 return False
 

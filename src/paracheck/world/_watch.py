@@ -32,6 +32,20 @@ if TYPE_CHECKING:
 #   such a job was a stall at best (3 s of no progress; measured 4 s a case with the rank's
 #   recovery), and on NCCL or attached ranks, which are never judged stalled, a timeout run twice.
 #   Polled the same way once a job has run for half a second.
+
+# Note [Started ranks]
+#   A rank starts a job's code when its status record names the job (``CollectiveCounter.begin``,
+#   just before it calls the job's function); before that it creates the job's process group,
+#   which waits for every rank of the job, and imports the job's function. On two cores shared
+#   with other checks and busy processes that took seconds, with no rank running the job's code,
+#   and a watch that judged the job from its submission called it a stall 3.7 s in, with each
+#   rank "not started": a hang the target was told to fix. A job that has not started is slow,
+#   not stuck. So nothing is judged of a job before every rank of it started: no deadlock, no
+#   stall, and the case's timeout counts from the moment the last rank started (its record's
+#   ``began_ns``, on the driver's clock: ``_Watch.began``), not from the submission. A job whose
+#   ranks do not all start within the World's ``start_timeout`` is no verdict on the target
+#   either: paracheck could not start it (``WorldStartError``), unless a rank of it has already
+#   failed, which is the job's verdict, judged from the submission as before.
 _RUNNING = 0.02  # the share of one CPU above which a rank counts as running
 
 
@@ -74,10 +88,34 @@ class _Watch:
         self._cpu: list[tuple[float, dict[int, int]]] = []
         self._ran: float | None = None
         self._blind = False  # a rank's activity could not be read: never a stall
+        # When each rank of the job started its code, on the driver's clock, and when the last
+        # of them did (None until every rank of the job has): Note [Started ranks].
+        self._began: dict[int, float] = {}
+        self.began_at: float | None = None
 
     def status(self, rank: int) -> dict | None:
         st = self._world._status(rank)
         return st if st is not None and st.get("job") == self.job else None
+
+    def began(self, since: float) -> float | None:
+        """When the last rank of the job started the job's code (Note [Started ranks]), on the
+        driver's monotonic clock and no earlier than ``since`` (the submission); None while some
+        rank of the job has not. A rank's start is read from its status record, which it writes
+        on the wall clock: converted here, and kept within [since, now] (an attached rank's
+        machine has a clock of its own)."""
+        if self.began_at is not None:
+            return self.began_at
+        for r in range(self.w):
+            if r in self._began:
+                continue
+            st = self.status(r)
+            if st is None:
+                return None
+            now = time.monotonic()
+            ago = (time.time_ns() - int(st.get("began_ns") or 0)) / 1e9
+            self._began[r] = min(now, max(since, now - ago))
+        self.began_at = max(self._began.values())
+        return self.began_at
 
     def poll(self, ranks: list[int]) -> None:
         now = time.monotonic()
@@ -132,13 +170,19 @@ class _Watch:
         window = self._world.stall_seconds
         if window is None or self._blind or not running or self._first is None:
             return False
-        if self.answering(running):
-            return False
+        if self.began_at is None or self.answering(running):
+            return False  # a rank has not started the job: slow, not stuck (Note [Started ranks])
         now = time.monotonic()
-        last = max([self._first, self._ran or 0.0] + [self._changed.get(r, 0.0) for r in running])
+        last = max(
+            [self._first, self.began_at, self._ran or 0.0]
+            + [self._changed.get(r, 0.0) for r in running]
+        )
         return now - last >= window
 
     def deadlocked(self, finished: list[int], running: list[int]) -> bool:
+        if self.began_at is None:  # Note [Started ranks]: no proof while a rank has not started
+            self._suspect = 0
+            return False
         ok = (
             self._past_the_finished(finished, running)
             or (

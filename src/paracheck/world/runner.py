@@ -8,7 +8,8 @@ the per-rank return values come back as a list.
 Failures are results, not crashes of the driver:
 
 * a rank that raises -> ``RankError`` with every failing rank's traceback; the pool stays usable;
-* a job that does not finish within ``timeout`` -> ``RankHang`` naming every rank's Python stack,
+* a job that does not finish within ``timeout`` of its last rank starting the job's code (Note
+  [Started ranks]) -> ``RankHang`` naming every rank's Python stack,
   the collective it is blocked in and how many of each collective every rank issued; ranks that
   do not recover are killed and restarted. A deadlock that is certain (Note [Definite deadlock])
   is reported as soon as it is, without waiting for the timeout;
@@ -118,6 +119,10 @@ class World:
     stall_seconds: float | None = 3.0
     answer_seconds = 60.0
     reruns_timeouts = True
+    # How long every rank of a job may take to start the job's code before paracheck gives up on
+    # the job (None: ``start_timeout``); the job's own timeout counts from then (Note [Started
+    # ranks] in paracheck.world._watch).
+    begin_timeout: float | None = None
 
     def __init__(
         self,
@@ -465,7 +470,8 @@ class World:
         cap = self._cap_bytes()
         for conn in self._conns:
             _send(conn, ("run", job, w, self._generation, fn, payload, cap))
-        # The timeout runs from submission: time the driver spends elsewhere counts.
+        # The job's timeout counts from the moment its last rank started the job's code (Note
+        # [Started ranks] in paracheck.world._watch), time the driver spends elsewhere included.
         self._submitted_at = time.monotonic()
         return (job, fn, w, self._submitted_at + timeout)
 
