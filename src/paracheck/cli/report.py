@@ -230,7 +230,7 @@ def cmd_report(args) -> int:
     else:
         print(f"history pages: none in {html_dir} (run asv publish, or drop --no-publish)")
     out = args.out or os.path.join(html_dir, "paracheck")
-    written = plot_all(collect(results_dir, args.from_json, history), out)
+    written = plot_all(collect(results_dir, args.from_json, history, _toplevel()), out)
     print(f"plots: {', '.join(written) or 'none (no measurements)'} in {out}")
     if args.serve:
         return serve(html_dir, args.port, plots=os.path.relpath(out, html_dir))

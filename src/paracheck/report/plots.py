@@ -76,27 +76,57 @@ def _where(machine: str, commit: str | None) -> str:
     return f"commit {commit[:10]}{dirty} on {machine}"
 
 
-def _history(history: str | None) -> list[tuple]:
+def _history(history: str | None, repo: str | None = None) -> list[tuple]:
     """Every reading of a history that ``paracheck gate`` or ``paracheck bench --history``
     recorded (Note [History without asv configuration] in ``paracheck.report.store``), as
-    (benchmark, unit, variant, machine, commit, commit date, value)."""
+    (benchmark, unit, variant, machine, commit, order, value). ``order`` sorts the commits as
+    asv's pages do, by ``git rev-list --all --date-order`` in ``repo`` (commit dates are whole
+    seconds: two commits of one second would tie), then by commit date."""
+    import subprocess
+
     from paracheck.report.store import _measurements
 
     if not history:
         return []
+    listed = (
+        subprocess.run(
+            ["git", "-C", repo, "rev-list", "--all", "--date-order", "--reverse"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if repo
+        else []
+    )
+    position = {sha: i for i, sha in enumerate(listed)}
     return [
-        (name, b["unit"], variant, d["machine"]["machine"], d["commit"], d["date"], value)
+        (
+            name,
+            b["unit"],
+            variant,
+            d["machine"]["machine"],
+            d["commit"],
+            (position.get(d["commit"], len(position)), d["date"]),
+            value,
+        )
         for d in _measurements(history)
         for name, b in d["benchmarks"].items()
         for variant, value in b["values"].items()
     ]
 
 
-def collect(results_dir: str | None, json_files, history: str | None = None) -> dict:
+def collect(
+    results_dir: str | None, json_files, history: str | None = None, repo: str | None = None
+) -> dict:
     """Series for the plots: ``allreduce`` [(label, W, MB, busbw GB/s)], ``bucket``
     [(label, MB, step ms)], ``memory`` [(label, variant, dict)]; every label ends with
-    ``_where``'s commit and machine; ``history``: the readings of ``history`` (``_history``)."""
-    data: dict = {"allreduce": [], "bucket": [], "memory": [], "history": _history(history)}
+    ``_where``'s commit and machine; ``history``: the readings of ``history`` in ``repo``
+    (``_history``)."""
+    data: dict = {
+        "allreduce": [],
+        "bucket": [],
+        "memory": [],
+        "history": _history(history, repo),
+    }
     for path in json_files:
         with open(path) as f:
             rec = json.load(f)
@@ -231,10 +261,10 @@ def plot_all(data: dict, out: str) -> list[str]:
 
 
 def _plot_history(plt, readings: list, out: str) -> list[str]:
-    """Per step-time benchmark of a recorded history, its value at every recorded commit (in
-    commit-date order), a line per variant and machine; the exact quantities that changed
+    """Per step-time benchmark of a recorded history, its value at every recorded commit (in the
+    order asv places them), a point per variant and machine; the exact quantities that changed
     between commits as a table."""
-    order = sorted({(date, commit) for *_, commit, date, _ in readings})
+    order = sorted({(key, commit) for *_, commit, key, _ in readings})
     x_of = {commit: i for i, (_, commit) in enumerate(order)}
     ticks = [commit[:8] for _, commit in order]
     written = []
@@ -243,7 +273,7 @@ def _plot_history(plt, readings: list, out: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(order) + 3), 4.5))
         for variant, machine in sorted({(r[2], r[3]) for r in rows}):
             pts = sorted((x_of[r[4]], r[6]) for r in rows if (r[2], r[3]) == (variant, machine))
-            # Points, no line: commits in date order may lie on different branches, and a line
+            # Points, no line: commits in this order may lie on different branches, and a line
             # from one branch's commit to another's would draw a change that no commit made.
             ax.plot(
                 [p[0] for p in pts],
