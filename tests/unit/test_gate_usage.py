@@ -84,3 +84,17 @@ def test_report_bad_files_are_exit_2_naming_them(tmp_path, capsys):
     out = str(tmp_path / "list.json")
     assert main(["report", "--config", str(conf), "--no-publish", "--out", out]) == 2
     assert f"--out={out!r} is not a directory" in capsys.readouterr().err
+
+
+def test_report_without_asv_says_what_to_install(monkeypatch, capsys):
+    """Without the benchmark extras ``paracheck report`` is exit 2 naming what to install, not
+    an ImportError's traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "asv" else real(name, *a)
+    )
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err
+    assert "needs asv, not installed" in err and "[bench]" in err, err

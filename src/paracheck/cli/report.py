@@ -180,8 +180,18 @@ def _json_error(path: str) -> str | None:
 def cmd_report(args) -> int:
     """``paracheck report``: 0 when the pages and plots are written, 1 when asv publish or the
     vendoring fails, 2 on a usage error."""
+    import importlib.util
+
     from paracheck.report import VendorError, collect, first_screen, plot_all, serve, vendorize
 
+    missing = [m for m in ("asv", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"paracheck report: needs {' and '.join(missing)}, not installed: pip install "
+            f"'paracheck[bench]' (in a clone: pip install -c constraints.txt -e '.[bench]')",
+            file=sys.stderr,
+        )
+        return 2
     if not 0 <= args.port <= 65535:
         print(f"paracheck report: --port={args.port} must be in 0..65535", file=sys.stderr)
         return 2
