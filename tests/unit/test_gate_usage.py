@@ -97,4 +97,4 @@ def test_report_without_asv_says_what_to_install(monkeypatch, capsys):
     )
     assert main(["report"]) == 2
     err = capsys.readouterr().err
-    assert "needs asv, not installed" in err and "[bench]" in err, err
+    assert "needs asv, not installed" in err and "-e '.[bench]'" in err, err

@@ -187,8 +187,9 @@ def cmd_report(args) -> int:
     missing = [m for m in ("asv", "matplotlib") if importlib.util.find_spec(m) is None]
     if missing:
         print(
-            f"paracheck report: needs {' and '.join(missing)}, not installed: pip install "
-            f"'paracheck[bench]' (in a clone: pip install -c constraints.txt -e '.[bench]')",
+            f"paracheck report: needs {' and '.join(missing)}, not installed: paracheck's "
+            f"benchmark extras (in its clone: pip install -c constraints.txt -e '.[bench]'; "
+            f"else pip install 'asv>=0.6,<0.7' asv-runner matplotlib)",
             file=sys.stderr,
         )
         return 2
