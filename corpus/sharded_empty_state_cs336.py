@@ -1,5 +1,5 @@
-"""bug: reload: state_dict() has an empty state (every rank keeps its own shard), so a reload loses the optimizer state
-    shows: raised, parameters, optimizer-state, state-consolidated
+"""bug: core|reload: state_dict() has an empty state (every rank keeps its own shard), so a reload loses the optimizer state
+    shows: optimizer-state, state-consolidated
 
 Correct within the CS336 contract, which never saves or reloads the optimizer: the greedy sharded
 optimizer whose state_dict() returns the groups' hyper-parameters and no state, and whose

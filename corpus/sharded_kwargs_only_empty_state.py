@@ -1,7 +1,7 @@
 """bug: core: each rank's wrapped optimizer is built from the constructor's kwargs over one group, so the groups' own lr, momentum and weight decay are lost
     shows: parameters, optimizer-state, rank-agreement, state-consolidated
-bug: reload: state_dict() returns an empty dict and load_state_dict() does nothing ("the shards rebuild themselves")
-    shows: raised, parameters, optimizer-state, state-consolidated
+bug: core|reload: state_dict() returns an empty dict and load_state_dict() does nothing ("the shards rebuild themselves")
+    shows: optimizer-state, state-consolidated
 
 A sharded optimizer that owns parameters greedily by size, steps a wrapped optimizer made as
 optimizer_cls(my_params, **kwargs), times step() with time.perf_counter() and prints it on

@@ -1,7 +1,7 @@
 """bug: core: a group added by add_param_group() after construction gets owners and broadcasts, but its parameters are never handed to the owner's wrapped optimizer, so they are never stepped
     shows: parameters, optimizer-state, rank-agreement, structure, state-consolidated
-bug: reload: state_dict() is this rank's wrapped optimizer's own state_dict() (local indices, local groups)
-    shows: raised, parameters, optimizer-state, state-consolidated
+bug: core|reload: state_dict() is this rank's wrapped optimizer's own state_dict() (local indices, local groups)
+    shows: optimizer-state, state-consolidated
 
 The wrapped optimizer is built once, in the constructor, over the parameters this rank owns;
 add_param_group() is Optimizer's own plus the owner bookkeeping. state_dict() and

@@ -1,7 +1,7 @@
 """bug: core: each rank sizes the reduce-scatter chunks by its own shard's length, so ranks owning shards of different sizes issue tensors of different sizes
     shows: hang, died, raised
-bug: reload: state_dict() is the wrapped optimizer's own state_dict(), keyed by its local indices
-    shows: raised, parameters, optimizer-state, state-consolidated
+bug: core|reload: state_dict() is the wrapped optimizer's own state_dict(), keyed by its local indices
+    shows: optimizer-state, state-consolidated
 
 The owner-by-size ZeRO-1 wrapper with the chunk length written as the sum of this rank's own
 parameters' sizes ("every chunk is as long as mine": true only when the shards are equal) and a
