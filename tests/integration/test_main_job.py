@@ -18,9 +18,11 @@ from paracheck.check.targets import BUILTIN_TARGETS, Target, resolve_target
 from paracheck.cli import main
 from paracheck.cli._check_summary import (
     MAIN_JOB_EXAMPLES,
+    MAIN_JOB_WORLD_SIZES,
     first_line,
     main_job_examples,
     main_job_targets,
+    main_job_world_sizes,
     peers,
 )
 from tests.integration._borrowed import Borrowed
@@ -47,7 +49,11 @@ def test_the_main_job_checks_paracheck_own_built_ins_and_says_how_to_check_all()
     assert main_job_examples(args) == MAIN_JOB_EXAMPLES
     line = first_line(args, names)
     assert f"paracheck's {len(names)} built-ins, {MAIN_JOB_EXAMPLES} examples per search" in line
+    assert f"world sizes {MAIN_JOB_WORLD_SIZES} (" in line
     assert "--all checks all 15" in line and "starting the ranks (gloo)" in line
+    assert main_job_world_sizes(args) == MAIN_JOB_WORLD_SIZES == "1,2,3"
+    assert main_job_world_sizes(_args("--world-sizes", "2")) is None
+    assert main_job_world_sizes(_args("--all")) is None
     every = _args("--all")
     assert main_job_targets(every) == list(BUILTIN_TARGETS)
     assert main_job_examples(every) is None

@@ -12,6 +12,13 @@ Note [The main job]
     searched and judged as any check's is (its count of cases says how many); the first line says
     what the main job covers, and ``--all`` checks every built-in at the profile's examples, as
     before. A given ``--max-examples`` or ``--profile`` other than ci applies as given.
+
+    On gloo the main job draws world sizes 1, 2 and 3 (``MAIN_JOB_WORLD_SIZES``), not 4: four
+    ranks on two cores cost a tenth of its time, and the bugs of the mutant catalogue need at
+    most three ranks (docs/measurements.md: at world sizes 1 and 2 every mutant but the one that
+    needs three was killed); a given ``--world-sizes`` applies as given. Measured on the 2-core
+    machine under other work (2026-12-07): 407 s of CPU for the 15 built-ins before, 170 s for
+    the main job at world sizes 1-4, about 150 s at 1-3.
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ from paracheck.cli._common import UsageError
 
 __all__ = [
     "MAIN_JOB_EXAMPLES",
+    "MAIN_JOB_WORLD_SIZES",
     "first_line",
     "main_job_targets",
+    "main_job_world_sizes",
     "peers",
     "summary_lines",
     "verdict_of",
 ]
 
-# Examples per search of the main job (Note [The main job]).
+# Examples per search and world sizes of the main job on gloo (Note [The main job]).
 MAIN_JOB_EXAMPLES = 10
+MAIN_JOB_WORLD_SIZES = "1,2,3"
 
 
 def peers() -> tuple[str, ...]:
@@ -69,6 +79,15 @@ def main_job_examples(args) -> int | None:
     return MAIN_JOB_EXAMPLES
 
 
+def main_job_world_sizes(args) -> str | None:
+    """The world sizes the main job draws where none are given (None: the check's default)."""
+    if args.all or args.world_sizes is not None or args.attach is not None:
+        return None
+    if args.backend not in (None, "gloo"):
+        return None
+    return MAIN_JOB_WORLD_SIZES
+
+
 def first_line(args, names: list[str] | None) -> str:
     """The command's first line: what it checks and that the ranks are starting."""
     backend = args.backend or ("the agents' backend" if args.attach else "gloo")
@@ -88,10 +107,12 @@ def first_line(args, names: list[str] | None) -> str:
     if args.all:
         return f"paracheck check: every built-in ({len(names)}), {per} examples per search; {where}"
     left = peers()
+    sizes = main_job_world_sizes(args)
+    at = f", world sizes {sizes}" if sizes else ""
     return (
         f"paracheck check: the main job: paracheck's {len(names)} built-ins, {per} examples per "
-        f"search (torch's {', '.join(left)} left out; --all checks all {len(names) + len(left)} "
-        f"at the profile's examples); {where}"
+        f"search{at} (torch's {', '.join(left)} left out; --all checks all "
+        f"{len(names) + len(left)} at the profile's examples and world sizes 1-4); {where}"
     )
 
 

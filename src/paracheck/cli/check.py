@@ -156,9 +156,11 @@ def _checked_options(args, main_job: list[str] | None):
     option checked before any rank starts (a ``UsageError`` names the one that is wrong)."""
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
-    from paracheck.cli._check_summary import main_job_examples
+    from paracheck.cli._check_summary import main_job_examples, main_job_world_sizes
 
     refuse_lockstep(args.attach)
+    if main_job is not None and main_job_world_sizes(args) is not None:
+        args.world_sizes = main_job_world_sizes(args)
     pool = _attached_pool(args) if args.attach is not None else None
     args.backend = args.backend or "gloo"
     try:
