@@ -216,3 +216,22 @@ def test_a_rounding_and_a_wrong_value_of_one_gradient_are_two_causes():
     weighted = failure(1.5e00, 1.0e00)
     again = failure(-2.5e-01, 1.25e-01, name="fc1.weight")
     assert causes_of([rounded, weighted, again]) == [[rounded], [weighted, again]]
+
+
+def test_a_bucket_structure_failure_is_one_cause_in_every_row():
+    """A bucket-structure failure in the core and one in a feature row (whose sizes it changes)
+    are one cause; a gradient divergence in each is two (the row is part of its cause)."""
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import causes_of
+
+    def failure(prop, what, row):
+        d = Divergence(0, what, 0, None, None, 1.0, 2.0, detail="1 all-reduce calls")
+        return PropertyFailure(prop, CaseResult(Case(seed=0), divergences=[d]), row=row)
+
+    core = failure("bucket-structure", "bucket-structure", "core")
+    pair = failure("bucket-structure", "bucket-structure", "+accumulation+unused-some-ranks")
+    grads = failure("gradients", "grad", "core")
+    more = failure("gradients", "grad", "+accumulation")
+    assert causes_of([core, pair, grads, more]) == [[core, pair], [grads], [more]]

@@ -54,7 +54,7 @@ from paracheck.check.interface import unsupported
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
-from paracheck.check.verdict import RowVerdict, cause_key, cause_of, same_cause
+from paracheck.check.verdict import RowVerdict, by_row, cause_key, cause_of, same_cause
 from paracheck.world import PoolLost
 
 __all__ = ["fill_table", "plan_rows"]
@@ -291,10 +291,10 @@ def _is_new(search: _Search, prop, result, row, planned, *, run: bool = True) ->
     (Note [Finding every cause]); ``run`` False: without running the cases it would take."""
     key = cause_key(prop, result, search.own)
     homes = {f.row for f in search.failures if same_cause(cause_of(f), key)}
-    if not homes:
-        return True
-    if row.name in homes or row.name == "core" or not run:
+    if homes and (row.name in homes or row.name == "core" or not run or not by_row(key)):
         return False
+    if row.name == "core" or not run:
+        return True
     keeps = _keeps(planned)
     have = case_features(result.case)
     for home in homes:
@@ -307,6 +307,18 @@ def _is_new(search: _Search, prop, result, row, planned, *, run: bool = True) ->
         again = _quiet_run(search, simpler)
         if prop in again.failed_properties and same_cause(cause_key(prop, again, search.own), key):
             return False
+    if key[0] == "diverged" and key[2] in ("rounding", "value", ""):
+        # A feature that rescales what diverges (a clipped gradient, Adam's normalised step)
+        # turns a known wrong value into what looks like a rounding: the case without the row's
+        # features failing the property with a known cause is that cause.
+        mine = closure(set(_features(row)) or set(optional_features()))
+        simpler = without_all(result.case, mine)
+        if simpler != result.case:
+            again = _quiet_run(search, simpler)
+            if prop in again.failed_properties:
+                known = cause_key(prop, again, search.own)
+                if any(same_cause(cause_of(f), known) for f in search.failures):
+                    return False
     return True
 
 

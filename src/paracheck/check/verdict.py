@@ -20,7 +20,16 @@ from paracheck.check.failure import (
     target_frame,
 )
 
-__all__ = ["RowVerdict", "cause_key", "cause_of", "cause_text", "causes_of", "same_cause"]
+__all__ = [
+    "BY_ROW",
+    "RowVerdict",
+    "by_row",
+    "cause_key",
+    "cause_of",
+    "cause_text",
+    "causes_of",
+    "same_cause",
+]
 
 
 @dataclass
@@ -142,6 +151,30 @@ def _how(detail: str) -> str:
     return "rounding" if abs(got - expected) <= 1e-3 * abs(expected) else "value"
 
 
+# The properties compared with the oracle's trajectory, where one row's divergence and
+# another's are two bugs when the other row's case without its feature passes (Note [Finding
+# every cause] in ``paracheck.check.table``). Any other property (a bucket structure, a balance,
+# a traffic count) is one cause wherever it is found: a feature changes only the sizes at which
+# it shows.
+BY_ROW = frozenset(
+    {
+        "initial-state",
+        "gradients",
+        "parameters",
+        "master-weights",
+        "optimizer-state",
+        "state-consolidated",
+        "rank-agreement",
+    }
+)
+
+
+def by_row(key: tuple) -> bool:
+    """Whether a cause is also its row (``BY_ROW``): a divergence of the oracle's trajectory,
+    an exception, stuck ranks."""
+    return key[0] != "diverged" or key[1] in BY_ROW
+
+
 def same_cause(a: tuple, b: tuple) -> bool:
     """Whether two ``cause_key``s are one cause: equal, or for stuck ranks the same collective
     with the same frames of the target's code, or no frame known on one side (a rank that died
@@ -224,7 +257,10 @@ def causes_of(failures, first=None) -> list[list[PropertyFailure]]:
     groups: list[tuple[str | None, tuple, list[PropertyFailure]]] = []
     for f in failures:
         key = cause_of(f)
-        group = next((g for row, k, g in groups if row == f.row and same_cause(k, key)), None)
+        group = next(
+            (g for row, k, g in groups if (row == f.row or not by_row(key)) and same_cause(k, key)),
+            None,
+        )
         if group is None:
             groups.append((f.row, key, [f]))
         else:
