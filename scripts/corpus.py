@@ -536,8 +536,9 @@ def verdicts(design: dict, run: dict) -> dict:
     rows = report_rows(report) if report is not None else {}
     out = {"rows": rows, "failing_rows": [r for r, v in rows.items() if v == "FAIL"]}
     if design["expected"] == "correct":
+        # Exit 3 is INCOMPLETE (rows the budget did not reach), not a failure.
         out["false_failure"] = bool(out["failing_rows"]) or (
-            run["rc"] not in (0, None) and not run["cut_off"]
+            run["rc"] not in (0, 3, None) and not run["cut_off"]
         )
     else:
         out.update(judge(design, report))
