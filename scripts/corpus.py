@@ -267,6 +267,16 @@ def _failure_rows(report: dict) -> list[str | None]:
             )
             if i is not None:
                 out[i] = row["row"].lstrip("+")
+    # A failure of a case run before a row's search (a saved case, a kind's first case) that the
+    # row did not take as its own is listed among its "as above": the first such row is its.
+    for row in report.get("rows", []):
+        for prop in row.get("also") or []:
+            i = next(
+                (i for i, f in enumerate(failures) if out[i] is None and f["property"] == prop),
+                None,
+            )
+            if i is not None:
+                out[i] = row["row"].lstrip("+")
     return out
 
 

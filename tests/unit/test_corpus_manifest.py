@@ -235,3 +235,17 @@ def test_judge_matches_bugs_of_one_property_by_count():
         design = _design((["core"], first, None), (["core"], second, None))
         statuses = sorted(b["status"] for b in script.judge(design, report)["bugs"])
         assert statuses == ["not printed", "printed"]
+
+
+def test_failure_rows_of_a_case_run_before_the_search():
+    """A failure found by a case run before a row's search (a kind's first case) is not the row's
+    own cause but is listed among its "as above": it is filed under that row, not under none."""
+    script = _script()
+    report = {
+        "rows": [
+            _row("core", prop="gradients", also=["parameters"]),
+            _row("+buffer", prop="raised"),
+        ],
+        "failures": [_failure("parameters", "a"), _failure("gradients", "a"), _failure("raised")],
+    }
+    assert script._failure_rows(report) == ["core", "core", "buffer"]
