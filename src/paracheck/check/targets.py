@@ -542,7 +542,10 @@ def targets_help() -> str:
     for name, (_, kind) in BUILTIN_TARGETS.items():
         by_kind.setdefault(kind, []).append(name)
     width = max(len(k) for k in by_kind)
-    lines = ["TARGET is a built-in name (default: every one), by kind:"]
+    lines = [
+        "TARGET is a built-in name (default: the main job, every one but the torch-* peers; "
+        "--all: every one), by kind:"
+    ]
     lines += [f"  {k:<{width}}  {', '.join(names)}" for k, names in by_kind.items()]
     lines += [
         "or an import path, its kind read from its interface (or given with --kind):",

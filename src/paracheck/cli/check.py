@@ -61,7 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument(
-        "targets", nargs="*", help="built-in name or package.module:Class (default: all built-ins)"
+        "targets",
+        nargs="*",
+        help="built-in name or package.module:Class (default: the main job, paracheck's own "
+        "built-ins; --all: every built-in)",
     )
     add_arguments(c, CHECK, choices={"kind": list(KINDS)})
     s = sub.add_parser("selftest", help="run the check against every mutant and built-in target")
