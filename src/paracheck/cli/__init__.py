@@ -13,8 +13,9 @@
 Exit status: 0 every property holds; 1 a property failed (the shrunk case is printed as JSON
 with a command that replays it); 2 usage errors (unknown target, a module that does not import,
 a world size below 1, above the GPUs present with nccl or above what the machine runs with gloo,
-a constructor with required arguments paracheck does not supply); 130 Ctrl-C, 143 SIGTERM (the
-verdicts of the targets finished so far are printed, the ranks ended).
+a constructor with required arguments paracheck does not supply); 3 INCOMPLETE: no property
+failed but rows of a verdict table were not reached (``--incomplete pass`` makes it 0); 130
+Ctrl-C, 143 SIGTERM (the verdicts of the targets finished so far are printed, the ranks ended).
 """
 
 from __future__ import annotations
