@@ -43,9 +43,11 @@ if TYPE_CHECKING:
 #   not stuck. So nothing is judged of a job before every rank of it started: no deadlock, no
 #   stall, and the case's timeout counts from the moment the last rank started (its record's
 #   ``began_ns``, on the driver's clock: ``_Watch.began``), not from the submission. A job whose
-#   ranks do not all start within the World's ``start_timeout`` is no verdict on the target
-#   either: paracheck could not start it (``WorldStartError``), unless a rank of it has already
-#   failed, which is the job's verdict, judged from the submission as before.
+#   ranks do not all start within the World's ``begin_timeout`` (default: its ``start_timeout``)
+#   is no verdict on the target either: paracheck could not start it (``WorldStartError``),
+#   unless a rank of it has already failed, which is the job's verdict, judged from the
+#   submission as before. The job's function is imported before the group's rendezvous, so that
+#   a rank slow to import it keeps its peers there, not inside their first collective.
 _RUNNING = 0.02  # the share of one CPU above which a rank counts as running
 
 
