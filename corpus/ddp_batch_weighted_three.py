@@ -1,7 +1,9 @@
-"""bug: core: each rank's gradient is weighted by its share of the global batch, but the loss is already a mean per rank, so unequal batches are averaged wrongly
+r"""bug: core: each rank's gradient is weighted by its share of the global batch, but the loss is already a mean per rank, so unequal batches are averaged wrongly
     shows: gradients, parameters, world-size-relation, rank-agreement
+    match: max \|got - expected\| = [0-9.]+e(\+|-0[0-4])
 bug: core: the flat buffer is torch.zeros(n) (float32 by default), so float64 gradients lose their precision on the way
     shows: float64-bound, gradients, parameters
+    match: exact \(float64\)|max \|got - expected\| = [0-9.]+e-(0[5-9]|1[0-9])
 bug: unused-always: a parameter no rank used gets a zero gradient, so momentum and weight decay move it
     shows: gradients, parameters, optimizer-state, structure
 

@@ -357,7 +357,7 @@ def judge(design: dict, report: dict | None) -> dict:
     ``design``: ``bugs`` (one verdict each, below), ``causes`` (each printed cause block: its
     number, row, property and the bug it is, or None), ``unexplained`` (printed causes no planted
     bug or CUDA call explains: false failures on a correct design, to judge by hand on a buggy
-    one), ``blame`` (failures called paracheck's harness's), ``cuda`` (whether a printed cause is
+    one), ``split`` (printed causes that another cause's bug explains too: one bug printed twice), ``blame`` (failures called paracheck's harness's), ``cuda`` (whether a printed cause is
     the design's CUDA call), ``order`` (every in-contract bug printed before every one beyond the
     contract: None where the design lacks either) and ``first_beyond`` (cause 1 is beyond the
     contract although an in-contract bug is planted).
@@ -372,6 +372,7 @@ def judge(design: dict, report: dict | None) -> dict:
             "bugs": [{**none, "contract": b["contract"]} for b in design.get("bugs", [])],
             "causes": [],
             "unexplained": [],
+            "split": 0,
             "blame": 0,
             "cuda": None,
             "order": None,
@@ -385,6 +386,7 @@ def judge(design: dict, report: dict | None) -> dict:
     frows = _failure_rows(report) if failures else []
     bugs = design.get("bugs", [])
     taken = _assign(bugs, failures, heads, frows)  # failure -> bug
+    cands = [_candidates(bug, failures) for bug in bugs]
     found = {b: i for i, b in taken.items()}
     verdicts = []
     for b, bug in enumerate(bugs):
@@ -415,6 +417,10 @@ def judge(design: dict, report: dict | None) -> dict:
     for n, g in enumerate(blocks):
         f = failures[g[0]]
         b = taken.get(g[0])
+        # A printed cause that another of a bug's failures was matched to: the bug split in two.
+        again = (
+            None if b is not None else next((c for c, ids in enumerate(cands) if g[0] in ids), None)
+        )
         cuda = b is None and design.get("cuda") and _CUDA_TEXT.search(_failure_text(f))
         causes.append(
             {
@@ -422,6 +428,7 @@ def judge(design: dict, report: dict | None) -> dict:
                 "row": frows[g[0]],
                 "property": f["property"],
                 "bug": b,
+                "again": again,
                 "cuda": bool(cuda),
                 "line": (f.get("meaning") or "").split("\n")[0][:160],
             }
@@ -444,7 +451,10 @@ def judge(design: dict, report: dict | None) -> dict:
     return {
         "bugs": verdicts,
         "causes": causes,
-        "unexplained": [c for c in causes if c["bug"] is None and not c["cuda"]],
+        "unexplained": [
+            c for c in causes if c["bug"] is None and c["again"] is None and not c["cuda"]
+        ],
+        "split": sum(c["again"] is not None for c in causes),
         "blame": sum((f.get("meaning") or "").startswith(_HARNESS) for f in failures),
         "cuda": any(c["cuda"] for c in causes) if design.get("cuda") else None,
         "order": order,
@@ -628,6 +638,7 @@ def summarise(pairs: list[tuple[dict, dict, dict]]) -> dict:
         "cause1_beyond": sum(v["first_beyond"] for v in with_in),
         "runs_with_in_contract_bugs": len(with_in),
         "unexplained_causes": sum(len(v["unexplained"]) for _, _, v in buggy),
+        "split_causes": sum(v.get("split", 0) for _, _, v in buggy),
         "unexplained_in_contract_rows": sum(
             c["row"] in ("core", None) for _, _, v in buggy for c in v["unexplained"]
         ),

@@ -249,3 +249,20 @@ def test_failure_rows_of_a_case_run_before_the_search():
         "failures": [_failure("parameters", "a"), _failure("gradients", "a"), _failure("raised")],
     }
     assert script._failure_rows(report) == ["core", "core", "buffer"]
+
+
+def test_judge_a_bug_printed_twice_is_split_not_unexplained():
+    """A second printed cause that only a bug already matched explains (a hang, then a death, of
+    one mismatch of collectives) is that bug split in two, not a cause no bug explains."""
+    script = _script()
+    design = _design((["unused-some-ranks"], ["hang", "died"], None))
+    report = {
+        "rows": [_row("+unused-some-ranks", prop="hang"), _row("all features", prop="died")],
+        "failures": [
+            _failure("hang", detail='File "/w/corpus/x.py", line 3 in f'),
+            _failure("died", detail="rank 1 killed by signal SIGABRT"),
+        ],
+    }
+    v = script.judge(design, report)
+    assert [b["status"] for b in v["bugs"]] == ["printed"]
+    assert v["split"] == 1 and v["unexplained"] == []
