@@ -322,7 +322,8 @@ def _candidates(bug: dict, failures: list[dict]) -> list[int]:
     return [
         i
         for i, f in enumerate(failures)
-        if (not bug["shows"] or f["property"] in bug["shows"])
+        if not f.get("_cuda")
+        and (not bug["shows"] or f["property"] in bug["shows"])
         and (pattern is None or pattern.search(_failure_text(f)))
     ]
 
@@ -385,6 +386,10 @@ def judge(design: dict, report: dict | None) -> dict:
     heads = {min(g) for g in blocks}
     frows = _failure_rows(report) if failures else []
     bugs = design.get("bugs", [])
+    if design.get("cuda"):  # the design's CUDA call is no planted bug's failure
+        failures = [
+            {**f, "_cuda": True} if _CUDA_TEXT.search(_failure_text(f)) else f for f in failures
+        ]
     taken = _assign(bugs, failures, heads, frows)  # failure -> bug
     cands = [_candidates(bug, failures) for bug in bugs]
     found = {b: i for i, b in taken.items()}
@@ -417,11 +422,11 @@ def judge(design: dict, report: dict | None) -> dict:
     for n, g in enumerate(blocks):
         f = failures[g[0]]
         b = taken.get(g[0])
-        # A printed cause that another of a bug's failures was matched to: the bug split in two.
-        again = (
-            None if b is not None else next((c for c, ids in enumerate(cands) if g[0] in ids), None)
-        )
-        cuda = b is None and design.get("cuda") and _CUDA_TEXT.search(_failure_text(f))
+        cuda = f.get("_cuda", False)
+        # A printed cause that a bug matched to another cause explains too: the bug split in two.
+        again = None
+        if b is None and not cuda:
+            again = next((c for c, ids in enumerate(cands) if g[0] in ids), None)
         causes.append(
             {
                 "cause": n + 1,

@@ -266,3 +266,19 @@ def test_judge_a_bug_printed_twice_is_split_not_unexplained():
     v = script.judge(design, report)
     assert [b["status"] for b in v["bugs"]] == ["printed"]
     assert v["split"] == 1 and v["unexplained"] == []
+
+
+def test_judge_the_cuda_call_is_no_bugs_failure():
+    """The design's CUDA-only call raising is named as such, never matched to a planted bug that
+    can raise, nor counted as that bug printed again."""
+    script = _script()
+    design = _design((["unused-some-ranks"], ["raised", "died"], None), cuda="events")
+    report = {
+        "rows": [_row("core", prop="raised")],
+        "failures": [
+            _failure("raised", detail="RuntimeError: Tried to instantiate dummy base class Event")
+        ],
+    }
+    v = script.judge(design, report)
+    assert [b["status"] for b in v["bugs"]] == ["missed"]
+    assert v["cuda"] is True and v["split"] == 0 and v["unexplained"] == []
