@@ -1,7 +1,7 @@
 """bug: core: weight decay is applied twice, once by the wrapper (decoupled, p *= 1 - lr * wd) and once by the wrapped optimizer
     shows: parameters, optimizer-state, rank-agreement, state-consolidated
 bug: core: the parameters of the last rank are never broadcast (range(world_size - 1))
-    shows: parameters, rank-agreement, optimizer-state, state-consolidated
+    shows: parameters, rank-agreement
 cuda: torch.cuda.Event timing of the step and of the broadcasts, synchronised on every step
 bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
     shows: optimizer-state, state-consolidated

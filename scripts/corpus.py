@@ -237,7 +237,9 @@ def _row_of_needs(needs) -> str:
 # -- judging a report against the planted bugs ---------------------------------------------------
 
 _HARNESS = "paracheck's harness raised"
-_CUDA_TEXT = re.compile(r"cuda|nvtx|nvidia|dummy base class Event", re.IGNORECASE)
+# What torch says of a CUDA-only call on a CPU build (case-sensitive: paracheck's own module that
+# stubs those calls, ``_cuda_stub``, is named in its ranks' tracebacks).
+_CUDA_TEXT = re.compile(r"torch\.cuda|CUDA|NVTX|nvtx|NVIDIA|dummy base class Event")
 
 
 def _failure_text(f: dict) -> str:
