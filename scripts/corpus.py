@@ -6,17 +6,26 @@ against what the design's docstring expects.
         [-- extra check options]
     python scripts/corpus.py --manifest     # regenerate corpus/MANIFEST.json from the docstrings
 
-Each design's module docstring opens with ``correct`` or ``bug: <row>: <what>``, where ``<row>``
-is ``core`` (a bug no optional case feature is needed for) or the optional feature
-(``paracheck.check.features``) whose row of the verdict table must report it.
+    python scripts/corpus.py --analyse RUNS.json [--only ...] [--json out.json]
+                                            # judge an earlier --json file's runs again
 
-Reported per design and seed: a false failure (a correct design failed), or for a planted bug
-whether it was reported at all, whether in its expected row, and whether its row was the first to
-fail; the seconds to the first ``FAIL`` line on the check's output and in total; whether the check
-printed a traceback of its own (one that starts a line: a target's is indented in its FAIL block).
-A check past ``--limit`` seconds is sent SIGTERM (SIGKILL 20 s later) and counted as cut off.
-``--json`` keeps every run with its rows and its failures' needed features. Exits 1 if a correct
-design failed, 0 otherwise.
+Each design's module docstring opens with a header (``parse_docstring``; ``corpus/README.md``):
+``correct``, or one ``bug: <row>: <what>`` line per planted bug, each with the properties it
+``shows:`` and a ``match:`` pattern below it, and a ``cuda:`` line where the design calls
+CUDA-only code. ``<row>`` is ``core`` (no optional case feature needed), an optional feature
+(``paracheck.check.features``), two joined by "+", or alternatives joined by "|". Each bug is "in"
+the CS336 contract or "beyond" it (``contract_of``).
+
+Reported per design and seed: a false failure (a correct design failed), or for each planted bug
+(``judge``) whether it was printed with its own cause block (and in its row), found but folded
+under another cause, reported only "as above", left in a row the budget never reached, or
+missed; the printed causes no bug explains, a bug printed twice, whether every in-contract bug
+came before every one beyond the contract, failures called paracheck's harness's, whether the
+CUDA call was named; the seconds to the first ``FAIL`` line on the check's output and in total;
+whether the check printed a traceback of its own (one that starts a line: a target's is
+indented in its FAIL block). A check past ``--limit`` seconds is sent SIGTERM (SIGKILL 20 s
+later) and counted as cut off. ``--json`` keeps every run with its report and verdicts, and the
+totals per category. Exits 1 if a correct design failed, 0 otherwise.
 """
 
 from __future__ import annotations
