@@ -206,7 +206,9 @@ def test_cli_prints_only_its_own_lines_and_leaves_no_directory(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     assert all(line.startswith("paracheck:") for line in out.stderr.splitlines()), out.stderr
-    passed, failed = out.stdout.split(f"paracheck {NOISY_WRONG}: verdict table", 1)
+    first, rest = out.stdout.split("\n", 1)
+    assert first.startswith("paracheck check: ") and "NOISE" not in first, out.stdout
+    passed, failed = rest.split(f"paracheck {NOISY_WRONG}: verdict table", 1)
     assert passed.startswith(f"paracheck {NOISY}: verdict table"), out.stdout
     assert f"\nPASS {NOISY}: " in passed and "NOISE" not in passed, out.stdout
     printed = failed.split("  rank 0 printed:", 1)[1].split("  replay:", 1)
