@@ -235,3 +235,26 @@ def test_a_bucket_structure_failure_is_one_cause_in_every_row():
     grads = failure("gradients", "grad", "core")
     more = failure("gradients", "grad", "+accumulation")
     assert causes_of([core, pair, grads, more]) == [[core, pair], [grads], [more]]
+
+
+def test_a_pair_row_takes_a_cause_of_one_of_its_features_rows_as_known():
+    """The pair row looks for bugs neither feature's row shows: a divergence the accumulation
+    row found is not a new cause of +accumulation+unused-always, nor of the whole contract's row;
+    it is one of another pair's."""
+    from types import SimpleNamespace
+
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.table import ALL, _is_new
+    from paracheck.check.verdict import RowVerdict
+
+    d = Divergence(0, "grad", 0, 0, "w", 1.0, 1e-15, detail="")
+    result = CaseResult(Case(seed=0), divergences=[d])
+    known = PropertyFailure("gradients", result, row="+accumulation")
+    search = SimpleNamespace(failures=[known], own=(), declared=frozenset())
+    pair = RowVerdict("+accumulation+unused-always", None, pair=("accumulation", "unused-always"))
+    other = RowVerdict("+buffer+clip", None, pair=("buffer", "clip"))
+    assert not _is_new(search, "gradients", result, pair, [])
+    assert not _is_new(search, "gradients", result, RowVerdict(ALL, None), [])
+    assert _is_new(search, "gradients", result, other, [])
