@@ -172,7 +172,7 @@ def test_sigterm_after_a_failure_prints_it(tmp_path):
     out = seen.decode() + out
     assert proc.returncode == 143, out + err
     assert "cause 1: FAIL slow_target.py:FailsThenSleeps: raised: your code raised on rank 0" in out
-    assert "RuntimeError: planted failure" in out and "--case '" in out, out
+    assert "RuntimeError: planted failure" in out and "--case /" in out, out
     assert "  core" in out and "FAIL  raised (cause 1)" in out, out
     assert err.splitlines()[0] == "paracheck: terminated after 0 of 1 target", err
     assert "  FAIL slow_target.py:FailsThenSleeps: verdict table of " in err, err
@@ -255,7 +255,7 @@ def test_interrupt_before_any_target_still_exits_quietly(monkeypatch, capsys):
         (Terminated, 143, "terminated"),
     ):
 
-        def interrupted(args, exc=exc):
+        def interrupted(*args, exc=exc):
             raise exc()
 
         monkeypatch.setattr(cli_check, "_resolve_targets", interrupted)

@@ -144,9 +144,11 @@ def live_tensor_bytes() -> int:
         if issubclass(type(obj), tensor) and obj.device.type == "cpu":
             try:
                 st = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, sparse)
+                # A tensor without storage (meta, sparse), or a fake one that a compiled graph's
+                # tracing left reachable in this process: it holds no bytes.
+                seen[st.data_ptr()] = st.nbytes()
+            except (RuntimeError, NotImplementedError):
                 continue
-            seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
 
