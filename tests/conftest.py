@@ -19,14 +19,50 @@ def world(paracheck_world):
     return paracheck_world
 
 
+# The two tiers of tests.
+#   The README's test command is a newcomer's first answer: it must end within minutes on the
+#   2-core machine, so the longest suites run in the second tier, which `.ci/run` runs right
+#   after it (`-m ci`): nothing is left out of CI, and the first tier still covers every area
+#   (each kind's built-ins against the oracle, the selftest's mutants, the CLI, the gate, the
+#   runner's failures). Each entry is a test file or a test (parametrised ones whole), with why
+#   it waits for the second tier; a test marked ``slow`` runs in neither (``-m slow``).
+SECOND_TIER = {
+    "tests/property/test_sharding_mutants.py::test_sharding_mutant_is_killed": "every sharding mutant",
+    "tests/property/test_sharding_mutants.py::test_protocol_mutant_survives_without_its_protocol": "every sharding mutant",
+    "tests/property/test_fsdp.py::test_fsdp_mutant_is_killed": "every FSDP mutant",
+    "tests/property/test_ddp_mutants.py::test_ddp_mutant_is_killed": "every DDP mutant",
+    "tests/property/test_loop.py::test_loop_mutant_is_killed": "every loop mutant",
+    "tests/property/test_two_world_sizes.py": "mutants at world sizes 1 and 2",
+    "tests/property/test_sharding.py::test_designs_that_round_otherwise_pass_the_derived_update_bound": "a search per design",
+    "tests/property/test_float64_bound.py::test_the_matched_oracle_lies_inside_the_bound": "a search per precision",
+    "tests/integration/test_history_page.py": "a headless browser",
+    "tests/integration/test_attached.py": "torchrun agents",
+    "tests/integration/test_interrupts.py": "signals sent to whole checks",
+    "tests/integration/test_gate_workflow.py": "a fresh environment and a gate",
+}
+_TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
+
+
+def _second_tier(nodeid: str) -> str | None:
+    path, _, rest = nodeid.partition("::")
+    name = rest.split("[", 1)[0]
+    return SECOND_TIER.get(f"{path}::{name}") or SECOND_TIER.get(path)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """A test marked ``slow`` is skipped, and counted as skipped with its mark's reason, unless
-    ``-m`` selects slow tests (``-m slow``; ``-m "not slow"`` does not)."""
-    selected = (config.getoption("markexpr") or "").replace("not slow", "")
-    if "slow" in selected:
-        return
+    """A test of the second tier (the comment above SECOND_TIER) is marked ``ci``. A test marked
+    ``slow`` or ``ci`` is skipped, and counted as skipped with its mark's reason, unless ``-m``
+    selects that mark (``-m slow``, ``-m ci``; ``-m "not slow"`` does not)."""
     for item in items:
-        mark = item.get_closest_marker("slow")
-        if mark is not None:
-            reason = mark.kwargs.get("reason", "slow: run with -m slow")
-            item.add_marker(pytest.mark.skip(reason=reason))
+        why = _second_tier(item.nodeid)
+        if why is not None and item.get_closest_marker("ci") is None:
+            item.add_marker(pytest.mark.ci(reason=f"second tier ({why}): runs in .ci/run, -m ci"))
+    expr = config.getoption("markexpr") or ""
+    for name, default in _TIERS.items():
+        if name in expr.replace(f"not {name}", ""):
+            continue
+        for item in items:
+            mark = item.get_closest_marker(name)
+            if mark is not None:
+                item.add_marker(pytest.mark.skip(reason=mark.kwargs.get("reason", default)))
