@@ -39,6 +39,12 @@ SECOND_TIER = {
     "tests/integration/test_attached.py": "torchrun agents",
     "tests/integration/test_interrupts.py": "signals sent to whole checks",
     "tests/integration/test_gate_workflow.py": "a fresh environment and a gate",
+    "tests/integration/test_contracts.py": "whole contracts' tables",
+    "tests/integration/test_external_target.py::test_broken_external_ddp_fails_with_report": "a whole table of a broken design",
+    "tests/integration/test_rank_hygiene.py::test_cli_prints_only_its_own_lines_and_leaves_no_directory": "two checks from the command line",
+    "tests/integration/test_gate.py::test_gate_catches_extra_gradient_buffer": "two worker trees measured",
+    "tests/property/test_sharding.py::test_master_weight_designs_match_oracle_in_bf16": "a search per design",
+    "tests/property/test_rmsnorm.py::test_rms_norm_matches_oracle": "the Triton interpreter over many shapes",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 
