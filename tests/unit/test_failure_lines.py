@@ -90,9 +90,7 @@ def _replay_parts(command: str) -> list[str]:
     return shlex.split(command.split(" && ", 1)[-1])
 
 
-def test_replay_names_the_case_file_by_its_absolute_path_without_a_database(
-    tmp_path, monkeypatch
-):
+def test_replay_names_the_case_file_by_its_absolute_path_without_a_database(tmp_path, monkeypatch):
     """No case_file given (no database, the pytest plugin): the case goes to a file of the
     temporary directory, named by its absolute path, and the command stays short."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))

@@ -418,6 +418,7 @@ def _serve(
             if rank >= world_size:
                 _send(conn, (job_id, "idle", None))
                 continue
+            assert fn is not None  # resolved above for every rank of the job
             output.begin()
             watchdog.cap = cap
             counter.begin(job_id)
