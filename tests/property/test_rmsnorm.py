@@ -31,8 +31,8 @@ from hypothesis import strategies as st  # noqa: E402
 from paracheck.kernels.rmsnorm import (  # noqa: E402
     MAX_WIDTH,
     TritonRMSNorm,
-    _interpreting,
     _poisoned_outputs,
+    interpreting,
     rms_norm,
     rms_norm_tolerance,
     rounding_depth,
@@ -201,7 +201,7 @@ def check_rms_norm(fn, case: RMSNormCase) -> list[str]:
     dx_scale = rstd * (wdy + xhat.abs() * (xhat.abs() * wdy).mean(-1, keepdim=True))
     dw_scale = (dy64 * xhat).abs().reshape(-1, case.width).sum(0)
     d_depth = rounding_depth(case.width)
-    interp = _interpreting()
+    interp = interpreting()
     tol_x = rms_norm_tolerance(x.dtype, interpreted=interp)
     tol_w = rms_norm_tolerance(weight.dtype, interpreted=interp)
     problems += _violations("y", y.detach(), y_ref, y_ref.abs(), d_depth, tol_x)

@@ -21,6 +21,7 @@ __all__ = [
     "Property",
     "PropertyFailure",
     "case_line",
+    "diagnosis",
     "order",
     "own_fragments",
     "property_info",
@@ -135,7 +136,7 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _diagnosis(traceback_text: str) -> str | None:
+def diagnosis(traceback_text: str) -> str | None:
     try:
         from paracheck.check.diagnose import cpu_tensor_on_nccl, cuda_only_call
     except ImportError:
@@ -400,7 +401,7 @@ class PropertyFailure:
             out.append(f"  {_last_line(first.detail)}")
             if frame:
                 out.append(f"  at {frame}")
-            hint = _diagnosis(err.report())
+            hint = diagnosis(err.report())
             if hint:
                 out.append(f"  {hint}")
         elif (

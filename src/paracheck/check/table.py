@@ -38,6 +38,7 @@ import time
 
 from hypothesis.errors import Unsatisfiable
 
+from paracheck.check.failure import diagnosis
 from paracheck.check.features import (
     CONTRACTS,
     PAIRS,
@@ -228,8 +229,6 @@ def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
     table runs with those calls stubbed (``--stub-cuda-timing``): each row would fail on the same
     call first, and the bugs behind it would never be reached. Said in a note; the cached
     failures the call caused are run again."""
-    from paracheck.check.failure import _diagnosis
-
     target = search.target
     if target.stub_cuda_timing or getattr(search.world, "backend", "gloo") == "nccl":
         return
@@ -237,7 +236,7 @@ def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
         err = f.result.error
         if f.property != "raised" or err is None:
             continue
-        hint = _diagnosis(err.report()) or ""
+        hint = diagnosis(err.report()) or ""
         if "--stub-cuda-timing" not in hint:
             continue
         stubbed = dataclasses.replace(target, stub_cuda_timing=True)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from paracheck.check.failure import (
     PROPERTIES,
     PropertyFailure,
-    _diagnosis,
     _last_line,
     case_line,
+    diagnosis,
     replay_command,
     saved_case_path,
     stack_frames,
@@ -301,7 +301,7 @@ def cause_text(
         frame = target_frame(first.detail, f.own)
         if frame:
             out.append(f"  at {frame}")
-        hint = _diagnosis(err.report())
+        hint = diagnosis(err.report())
         if hint:
             out.append(f"  {hint}")
     elif err is not None and f.property in ("hang", "died") and getattr(err, "disagreement", ""):

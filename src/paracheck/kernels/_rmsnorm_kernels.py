@@ -35,7 +35,7 @@ def triton_available() -> bool:
     return triton is not None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     # Same source of truth as triton.jit itself (Note [interpreter mode]).
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
@@ -64,7 +64,7 @@ class _LazyJit:
     def jitted(self):
         """The ``triton.jit`` function for the current mode (Note [interpreter mode])."""
         _require_triton()
-        mode = _interpreting()
+        mode = interpreting()
         jitted = self._by_mode.get(mode)
         if jitted is None:
             jitted = self._by_mode[mode] = triton.jit(self.fn)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from paracheck.kernels._rmsnorm_kernels import _interpreting, triton
+from paracheck.kernels._rmsnorm_kernels import interpreting, triton
 
 __all__ = ["register_ops"]
 
@@ -101,7 +101,7 @@ def register_ops(forward, backward, check):
     @triton_op("paracheck::rms_norm_forward", mutates_args=())
     def forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list[torch.Tensor]:
         check(x, weight, eps)
-        if _interpreting():
+        if interpreting():
             return ops.rms_norm_forward_opaque(x, weight, eps)
         return list(forward(x, weight, eps, wrap_triton))
 
@@ -109,7 +109,7 @@ def register_ops(forward, backward, check):
     def backward_op(
         dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
     ) -> list[torch.Tensor]:
-        if _interpreting():
+        if interpreting():
             return ops.rms_norm_backward_opaque(dy, x, weight, rstd)
         return list(backward(dy, x, weight, rstd, wrap_triton))
 

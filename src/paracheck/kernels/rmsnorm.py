@@ -40,10 +40,10 @@ import torch
 from paracheck.kernels._rmsnorm_kernels import (  # noqa: F401
     _KERNELS,
     RMSNormKernels,
-    _interpreting,
     _LazyJit,
     _require_triton,
     gdc_wait,
+    interpreting,
     lazy_jit,
     tl,
     triton,
@@ -132,7 +132,7 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
             )
     if x.device != weight.device:
         raise ValueError(f"x.device={x.device} and weight.device={weight.device} must be the same")
-    if x.device.type != "cuda" and not (triton is not None and _interpreting()):
+    if x.device.type != "cuda" and not (triton is not None and interpreting()):
         raise ValueError(
             f"x.device={x.device}: Triton kernels need CUDA tensors, or "
             f"TRITON_INTERPRET=1 to interpret them on CPU"
@@ -399,7 +399,7 @@ class RMSNormFunction(torch.autograd.Function):
         # Prepared only where x2 is x viewed as rows (no copy; a non-empty copy has its own
         # storage) and weight needed no copy either.
         viewed = x2.data_ptr() == x.data_ptr()
-        if compiled and weight is given and viewed and not _interpreting():
+        if compiled and weight is given and viewed and not interpreting():
             try:
                 launch = _Launch(
                     kernels.forward, compiled["forward"], -(-x2.shape[0] // plan.fwd_rows)

@@ -84,7 +84,7 @@ def _history(history: str | None, repo: str | None = None) -> list[tuple]:
     seconds: two commits of one second would tie), then by commit date."""
     import subprocess
 
-    from paracheck.report.store import _measurements
+    from paracheck.report.store import measurements
 
     if not history:
         return []
@@ -108,7 +108,7 @@ def _history(history: str | None, repo: str | None = None) -> list[tuple]:
             (position.get(d["commit"], len(position)), d["date"]),
             value,
         )
-        for d in _measurements(history)
+        for d in measurements(history)
         for name, b in d["benchmarks"].items()
         for variant, value in b["values"].items()
     ]

@@ -31,6 +31,7 @@ __all__ = [
     "asv_tree",
     "default_history",
     "has_measurements",
+    "measurements",
     "record",
     "record_bench",
     "record_gate",
@@ -196,7 +197,7 @@ def summary(history: str) -> dict:
     """What ``history`` holds: ``commits``, ``machines``, ``readings`` (one per benchmark,
     variant, commit and machine) and ``benchmarks``."""
     commits, machines, readings, names = set(), set(), 0, set()
-    for d in _measurements(history):
+    for d in measurements(history):
         commits.add(d["commit"])
         machines.add(d["machine"]["machine"])
         for name, b in d["benchmarks"].items():
@@ -210,7 +211,7 @@ def summary(history: str) -> dict:
     }
 
 
-def _measurements(history: str) -> list[dict]:
+def measurements(history: str) -> list[dict]:
     """Every measurement file of ``history`` (Note [History without asv configuration])."""
     files: list[dict] = []
     root = os.path.join(history, "measurements")
@@ -228,7 +229,7 @@ def asv_tree(history: str, repo: str) -> tuple[str, list[str]]:
     """Write the asv configuration and results of Note [History without asv configuration]
     from ``history``'s measurements; returns the configuration's path and the recorded commits
     no branch holds (asv cannot place them; they are left out of the pages)."""
-    files = _measurements(history)
+    files = measurements(history)
     results = os.path.join(history, "results")
     units: dict[str, str] = {}
     variants: dict[str, set] = {}

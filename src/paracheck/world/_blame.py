@@ -22,13 +22,13 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
-from paracheck.world._failures import _frame_kind
+from paracheck.world._failures import frame_kind
 
 __all__ = ["blame"]
 
 
 def _class_kind(obj) -> str:
-    """The frame kind (``_frame_kind``) of the file that defines ``obj``'s class: its module's,
+    """The frame kind (``frame_kind``) of the file that defines ``obj``'s class: its module's,
     or (a module loaded from a file and not registered) that of one of its functions."""
     cls = type(obj)
     if cls.__module__ == "builtins":
@@ -38,7 +38,7 @@ def _class_kind(obj) -> str:
     if path is None:
         code = next((v.__code__ for v in vars(cls).values() if hasattr(v, "__code__")), None)
         path = code.co_filename if code is not None else None
-    return "library" if path is None else _frame_kind(path)
+    return "library" if path is None else frame_kind(path)
 
 
 def _target_objects(values: dict) -> list[tuple[str, object]]:
@@ -80,7 +80,7 @@ def blame(exc: BaseException) -> str | None:
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    kinds = [_frame_kind(f.f_code.co_filename) for f in frames]
+    kinds = [frame_kind(f.f_code.co_filename) for f in frames]
     if "harness" not in kinds:
         return None
     last = len(kinds) - 1 - kinds[::-1].index("harness")

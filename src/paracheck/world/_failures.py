@@ -204,7 +204,7 @@ FULL_TRACEBACK = "PARACHECK_FULL_TRACEBACK"  # set (not 0): reports keep parache
 _TB_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in \S+')
 
 
-def _frame_kind(path: str) -> str:
+def frame_kind(path: str) -> str:
     """ "harness", "library" or "user" (Note [A rank's traceback])."""
     path = path.replace("\\", "/")
     if "/paracheck/mutants/" not in path and any(s in path for s in HARNESS_PATHS):
@@ -230,7 +230,7 @@ def hide_harness_frames(text: str) -> str:
         while j < len(lines) and lines[j].startswith(" "):
             m = _TB_FRAME.match(lines[j])
             if m:
-                frames.append((_frame_kind(m.group(1)), [lines[j]]))
+                frames.append((frame_kind(m.group(1)), [lines[j]]))
             elif frames:
                 frames[-1][1].append(lines[j])
             else:
