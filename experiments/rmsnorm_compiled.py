@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from paracheck.bench.lm import _graphed_step
+from paracheck.bench.lm import graphed_step, timed_call
 from paracheck.kernels import TritonRMSNorm
 from paracheck.workloads.lm import LMSpec, TransformerLM
 
@@ -118,7 +118,7 @@ def build(size, group, bf16, xb, yb, log):
         steps[f"{MODES[group][0]}/{norm}"] = _step(model, opt, xb, yb, bf16)
     for norm, model in runs.items():
         try:
-            steps[f"{MODES[group][1]}/{norm}"] = _graphed_step(model, opt, xb, yb, bf16)
+            steps[f"{MODES[group][1]}/{norm}"] = graphed_step(model, opt, xb, yb, bf16)
         except Exception as e:  # the unreplayed variants are still timed
             log(dict(capture_failed=f"{MODES[group][1]}/{norm}", size=size, error=repr(e)[:500]))
             torch.cuda.synchronize()
@@ -134,15 +134,10 @@ def interleave(steps, rounds, warmup, deadline):
             break
         k = r % len(names)
         for n in names[k:] + names[:k]:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            steps[n]()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
+            total, host = timed_call(steps[n])
             if r >= warmup:
-                times[n].append((t2 - t0) * 1e3)
-                hosts[n].append((t1 - t0) * 1e3)
+                times[n].append(total)
+                hosts[n].append(host)
     return times, hosts
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from paracheck.workloads.lm import LMSpec, TransformerLM
 
-__all__ = ["LM_NORMS", "LMTiming", "time_lm", "time_lm_steps"]
+__all__ = ["LM_NORMS", "LMTiming", "graphed_step", "time_lm", "time_lm_steps", "timed_call"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,19 @@ def _lm_with_norm(size: str, norm: str):
     return net
 
 
-def _graphed_step(net, opt, xb, yb, bf16: bool):
+def timed_call(fn) -> tuple[float, float]:
+    """``fn()`` from an idle device: its milliseconds until the device is done, and until the
+    host returned (what the host spent enqueueing)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) * 1e3, (t1 - t0) * 1e3
+
+
+def graphed_step(net, opt, xb, yb, bf16: bool):
     """The whole step captured in one CUDA graph (static inputs, capturable fused AdamW)."""
 
     def body():
@@ -175,7 +187,7 @@ def time_lm_steps(
         net = _lm_with_norm(size, norm)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=True, capturable=mode == "graph")
         if mode == "graph":
-            runs[norm] = _graphed_step(net, opt, xb, yb, bf16)
+            runs[norm] = graphed_step(net, opt, xb, yb, bf16)
             keep.append((net, opt))
             continue
         model = torch.compile(net) if mode == "compile" else net
@@ -192,15 +204,10 @@ def time_lm_steps(
     hosts: dict[str, list[float]] = {n: [] for n in norms}
     for i in range(warmup + steps):
         for norm in norms:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            runs[norm]()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
+            total, host = timed_call(runs[norm])
             if i >= warmup:
-                times[norm].append((t2 - t0) * 1e3)
-                hosts[norm].append((t1 - t0) * 1e3)
+                times[norm].append(total)
+                hosts[norm].append(host)
     del runs, keep
     torch.cuda.empty_cache()
     return {n: (statistics.median(times[n]), statistics.median(hosts[n])) for n in norms}
