@@ -95,6 +95,30 @@ def _called_api(text: str, deeper) -> str:
 def cuda_only_call(traceback_text: str) -> str | None:
     """The diagnosis of a rank traceback in which the target's own code calls a CUDA-only API on a
     machine without CUDA, or None (another failure, or a CUDA error raised by paracheck itself)."""
+    found = _cuda_call(traceback_text)
+    if found is None:
+        return None
+    api, where, stubbable = found
+    if stubbable:
+        return (
+            f"your code calls a CUDA-only API ({api} at {where}); on CPU pass --stub-cuda-timing or run "
+            f"with --backend nccl"
+        )
+    return (
+        f"your code uses CUDA ({api} at {where}) on a machine without it; run with --backend nccl on a "
+        f"machine with GPUs"
+    )
+
+
+def stubbable_cuda_call(traceback_text: str) -> bool:
+    """Whether the rank traceback is the target's code calling a CUDA timing or NVTX API that
+    ``--stub-cuda-timing`` makes a no-op on the ranks."""
+    found = _cuda_call(traceback_text)
+    return found is not None and found[2]
+
+
+def _cuda_call(traceback_text: str) -> tuple[str, str, bool] | None:
+    """The CUDA-only API the target's own code called, where, and whether the stub covers it."""
     if not any(marker in traceback_text for marker in _CUDA_MISSING):
         return None
     frames = _frames(traceback_text)
@@ -117,15 +141,7 @@ def cuda_only_call(traceback_text: str) -> str | None:
     stubbable = any(s in api for s in _STUBBED_APIS) or any(
         f[0].replace("\\", "/").endswith(_STUBBED_FILES) for f in frames[user + 1 :]
     )
-    if stubbable:
-        return (
-            f"your code calls a CUDA-only API ({api} at {where}); on CPU pass --stub-cuda-timing or run "
-            f"with --backend nccl"
-        )
-    return (
-        f"your code uses CUDA ({api} at {where}) on a machine without it; run with --backend nccl on a "
-        f"machine with GPUs"
-    )
+    return api, where, stubbable
 
 
 _CPU_ON_NCCL = "No backend type associated with device type cpu"

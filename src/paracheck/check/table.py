@@ -38,7 +38,7 @@ import time
 
 from hypothesis.errors import Unsatisfiable
 
-from paracheck.check.failure import diagnosis
+from paracheck.check.diagnose import cuda_only_call, stubbable_cuda_call
 from paracheck.check.features import (
     CONTRACTS,
     PAIRS,
@@ -236,15 +236,15 @@ def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
         err = f.result.error
         if f.property != "raised" or err is None:
             continue
-        hint = diagnosis(err.report()) or ""
-        if "--stub-cuda-timing" not in hint:
+        report = err.report()
+        if not stubbable_cuda_call(report):
             continue
         stubbed = dataclasses.replace(target, stub_cuda_timing=True)
         search.target = search.checker.target = stubbed
         for key in [k for k, r in search.checker.cache.items() if r.error is not None]:
             del search.checker.cache[key]
         search.notes.append(
-            f"{hint.split(';')[0]}: from row {row.name} on, the cases ran with --stub-cuda-timing "
+            f"{(cuda_only_call(report) or '').split(';')[0]}: from row {row.name} on, the cases ran with --stub-cuda-timing "
             "(CUDA timing and NVTX calls are no-ops), so that the bugs behind it are reached"
         )
         return
