@@ -6,10 +6,9 @@ only in the case's file."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from paracheck.cases._case import Case
+from paracheck.cases._optimizer import OptimizerSpec
 
 __all__ = ["describe"]
 
@@ -75,7 +74,32 @@ def _optimizer(opt) -> str:
     return " ".join(parts)
 
 
-def describe(case: Case) -> str:
+class _Described(Protocol):
+    """What ``describe`` reads of a case, besides its dataclass fields. (A ``Case`` is one;
+    naming the protocol, not ``Case``, keeps this module below ``paracheck.cases._case``, which
+    calls it.)"""
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def model(self) -> object: ...
+    @property
+    def optimizer(self) -> OptimizerSpec: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def accumulation(self) -> int: ...
+    @property
+    def loss(self) -> str: ...
+    @property
+    def unbounded_bucket(self) -> bool: ...
+    @property
+    def bucket_mb(self) -> float: ...
+    @property
+    def batch_sizes(self) -> tuple[int, ...]: ...
+
+
+def describe(case: _Described) -> str:
     """``case`` in one line: world size, model and its options, optimizer with each group's
     hyper-parameters, steps, accumulation, the bucket (a wrapper's case), then every other field
     that differs from its default (``name=value``, flags by name), values with every digit."""
