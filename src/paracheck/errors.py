@@ -14,6 +14,7 @@ importable from here too, without importing the runner until one is asked for.
 from __future__ import annotations
 
 import importlib
+import re
 
 # A leaf: this module imports no other module of paracheck, not even for type checking. The
 # classes defined elsewhere (``_ELSEWHERE``, below) are imported on first use by name.
@@ -21,6 +22,7 @@ __all__ = [
     "ParacheckError",
     # the command line and what it names
     "UsageError",
+    "InvalidArgument",
     "TargetError",
     "ExitAtImport",
     "ImportTimeout",
@@ -54,6 +56,47 @@ class UsageError(ParacheckError):
     """A command line that cannot run: printed as ``paracheck: error: <message>``, exit 2."""
 
 
+class InvalidArgument(ParacheckError, ValueError):
+    """An option of a check that cannot be used: its ``option`` (a field of ``CheckSettings``:
+    ``world_sizes``), its ``value`` and the ``rule`` it breaks (``"must be > 0"``, or a clause
+    said after a colon). Each surface names the option its own way (``text``): the command line
+    as ``--world-sizes``, the pytest plugin as ``--paracheck-world-sizes``, a keyword as
+    itself."""
+
+    # Between ``option=value`` and the rule: None, a space before "must ...", else a colon.
+    separator: str | None = None
+
+    def __init__(self, option: str, value, rule: str):
+        self.option, self.value, self.rule = option, value, rule
+        super().__init__(self.text())
+
+    def text(self, prefix: str | None = None) -> str:
+        """``option=value rule``, the option named as a keyword (``prefix`` None; the value as
+        Python writes it) or as the flag ``prefix`` + its dashed name (the value as typed; an
+        empty one as ''). Another option the rule names, written ``{option:name}``, is named the
+        same way; a part after a space (``case world_size``) is a field of the value, kept."""
+        if prefix is None:
+            named = f"{self.option}={self.value!r}"
+        else:
+            named = f"{_flag(prefix, self.option)}={self.value if self.value != '' else repr('')}"
+        rule = _OTHER_OPTION.sub(
+            lambda m: m[1] if prefix is None else _flag(prefix, m[1]), self.rule
+        )
+        separator = self.separator
+        if separator is None:
+            separator = " " if rule.startswith("must ") else ": "
+        return named + separator + rule
+
+
+# Another option named in a rule: ``{option:allow_large_world}``.
+_OTHER_OPTION = re.compile(r"\{option:(\w+)\}")
+
+
+def _flag(prefix: str, option: str) -> str:
+    name, space, field = option.partition(" ")
+    return prefix + name.replace("_", "-") + space + field
+
+
 class TargetError(ParacheckError, ValueError):
     """A target that cannot be used: unknown name, import failure, or unusable interface."""
 
@@ -70,13 +113,15 @@ class ImportTimeout(ParacheckError):
     """A target's import ran past ``IMPORT_SECONDS`` (Note [Importing a target])."""
 
 
-class FeatureError(ParacheckError, ValueError):
-    """A feature selection that cannot be drawn: names the ``argument``, its ``value`` and the
-    ``rule`` (the command line prints it as ``--features=-nope: ...``)."""
+class FeatureError(InvalidArgument):
+    """A feature selection that cannot be drawn: names the option (``contract`` or ``features``),
+    its ``value`` and the ``rule`` (the command line prints it as ``--features=-nope: ...``)."""
 
-    def __init__(self, argument: str, value, rule: str):
-        super().__init__(f"{argument}={value!r}: {rule}")
-        self.argument, self.value, self.rule = argument, value, rule
+    separator = ": "
+
+    @property
+    def argument(self) -> str:
+        return self.option
 
 
 class GateError(ParacheckError, RuntimeError):

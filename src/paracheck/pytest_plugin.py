@@ -41,6 +41,7 @@ report).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -60,41 +61,13 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
     config.addinivalue_line("markers", "gpu: the test needs CUDA devices")
-    text = config.getoption("--paracheck-world-sizes")
-    if text is not None:
-        try:
-            sizes = [int(s) for s in text.split(",") if s.strip()]
-        except ValueError:
-            raise pytest.UsageError(
-                f"--paracheck-world-sizes={text!r} must be comma-separated integers"
-            ) from None
-        if not sizes or min(sizes) < 1:
-            raise pytest.UsageError(
-                f"--paracheck-world-sizes={text!r}: every world size must be >= 1"
-            )
-        if config.getoption("--paracheck-backend") == "gloo" and not config.getoption(
-            "--paracheck-allow-large-world"
-        ):
-            from paracheck.check.limits import world_size_error
+    # The options a check is planned from, checked here, at once, rather than in every test that
+    # checks a target (Note [One plan per check]); the features only when given, as their table
+    # imports torch.
+    from paracheck.check.plan import settled
 
-            error = world_size_error(
-                "--paracheck-world-sizes", text, sizes, "--paracheck-allow-large-world"
-            )
-            if error is not None:
-                raise pytest.UsageError(error)
-    # Checked here, at once, rather than in every test that checks a target; only when given, as
-    # the features table imports torch.
-    contract, features = (
-        config.getoption("--paracheck-contract"),
-        config.getoption("--paracheck-features"),
-    )
-    if contract is not None or features is not None:
-        from paracheck.check.features import FeatureError, features_off
-
-        try:
-            features_off(contract or "full", features)
-        except FeatureError as exc:
-            raise pytest.UsageError(f"--paracheck-{exc.argument}={exc.value}: {exc.rule}") from None
+    with _usage_errors():
+        settled(from_pytest(config))
     names = _properties(config)
     if names is not None:
         from paracheck.check.kinds import KINDS
@@ -108,9 +81,17 @@ def pytest_configure(config):
                 f"{sorted(every)}"
             )
 
-    memory = config.getoption("--paracheck-rank-memory")
-    if memory is not None and not memory > 0:
-        raise pytest.UsageError(f"--paracheck-rank-memory={memory!r} must be > 0 (GB)")
+
+@contextlib.contextmanager
+def _usage_errors():
+    """An ``InvalidArgument`` of the plan as a pytest usage error naming the ``--paracheck-*``
+    option."""
+    from paracheck.errors import InvalidArgument
+
+    try:
+        yield
+    except InvalidArgument as exc:
+        raise pytest.UsageError(exc.text("--paracheck-")) from None
 
 
 def _properties(config) -> list[str] | None:
@@ -170,11 +151,12 @@ def _attached_pool(config) -> dict | None:
 
 
 def _world_sizes(config) -> tuple[int, ...]:
-    text = config.getoption("--paracheck-world-sizes")
-    pool = _attached_pool(config)
-    if text is None:
-        return tuple(range(1, pool["size"] + 1)) if pool else (1, 2, 3, 4)
-    return tuple(int(s) for s in text.split(",") if s.strip())
+    """The world sizes of the session's checks, as the plan gives them (Note [One plan per
+    check]): ``--paracheck-world-sizes``, else every agent attached, else its default."""
+    from paracheck.check.plan import world_sizes
+
+    with _usage_errors():
+        return world_sizes(from_pytest(config), pool=_attached_pool(config))
 
 
 def _cuda_count() -> int:
@@ -385,7 +367,8 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             *_items(features),
         ]
         # One search over the whole contract, every failing property labelled with the features
-        # it needs (keywords override any setting).
+        # it needs (the plugin's own settings: Note [One set of defaults]; keywords override
+        # any setting). The World is started: no rank limit to apply again (``backend``).
         given = from_pytest(pytestconfig)
         settings = given.replace(
             world_sizes=tuple(world_sizes or paracheck_world_sizes),
@@ -395,10 +378,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
             features=spec or None,
             precision=precision or given.precision,
             database=_database(pytestconfig),
-            table=False,
-            budget=None,
-            first_failure=False,
-            labels=True,
+            backend=None,
         )
         report = check_target(t, paracheck_world, settings, **kwargs)
         report.incomplete_passes = kwargs.get("incomplete", settings.incomplete) == "pass"

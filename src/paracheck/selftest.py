@@ -28,14 +28,16 @@ def selftest_rows(
     *,
     profile: str = "ci",
     only=None,
-    world_sizes=(1, 2, 3, 4),
+    world_sizes=None,
     timeout: float = 10.0,
     world=None,
     max_examples: int | None = None,
     dtype: str = "float64",
 ):
-    """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case)."""
+    """Yield one row per mutant / built-in target: dict(name, kind, expected, verdict, ok, examples, seconds, case).
+    ``world_sizes`` None: the plan's default (``paracheck.check.plan``)."""
     from paracheck.check.kinds import KINDS
+    from paracheck.check.plan import world_sizes as planned_world_sizes
     from paracheck.check.property import check_target
     from paracheck.check.report import case_line
     from paracheck.check.settings import PROFILES
@@ -55,7 +57,7 @@ def selftest_rows(
             )
     settings = selftest_settings(world_sizes, max_examples=n, timeout=timeout, dtype=dtype)
     own = world is None
-    world = world or World(max(world_sizes), timeout=timeout)
+    world = world or World(max(planned_world_sizes(settings)), timeout=timeout)
     try:
         items = [("target", name, resolve_target(name), None) for name in BUILTIN_TARGETS]
         items += [
@@ -67,6 +69,7 @@ def selftest_rows(
             if only and name not in only:
                 continue
             t0 = time.monotonic()
+            # A mutant's own precision replaces the selftest's dtype.
             report = check_target(target, world, settings.replace(precision=precision))
             seconds = time.monotonic() - t0
             if role == "target":
@@ -167,24 +170,18 @@ def markdown_table(rows: list[dict], dtype: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def selftest_settings(world_sizes, *, max_examples: int, timeout: float = 10.0, dtype="float64"):
-    """The selftest's ``CheckSettings``: one search over the whole contract (no verdict table: the
-    same cases as the figures of the mutants were measured on), no time budget, seed 0, no example
-    database; a mutant is killed by its first failing property: the rest of the search is not
-    needed. A mutant's own precision replaces ``dtype`` (``.replace(precision=...)``)."""
+def selftest_settings(
+    world_sizes=None, *, max_examples: int, timeout: float = 10.0, dtype="float64"
+):
+    """The selftest's ``CheckSettings``: ``check_target``'s defaults (Note [One set of defaults]:
+    one search over the whole contract, the same cases as the figures of the mutants were
+    measured on, no time budget, seed 0, no example database; a mutant is killed by its first
+    failing property: the rest of the search is not needed) at ``world_sizes`` (None: the plan's
+    default), ``max_examples``, ``timeout`` and ``dtype``."""
     from paracheck.check.settings import CheckSettings
 
     return CheckSettings(
-        world_sizes=tuple(world_sizes),
-        max_examples=max_examples,
-        seed=0,
-        timeout=timeout,
-        dtype=dtype,
-        table=False,
-        budget=None,
-        first_failure=True,
-        labels=False,
-        database=None,
+        world_sizes=world_sizes, max_examples=max_examples, timeout=timeout, dtype=dtype
     )
 
 
@@ -223,7 +220,7 @@ def run_selftest(
     *,
     profile="ci",
     only=None,
-    world_sizes=(1, 2, 3, 4),
+    world_sizes=None,
     timeout=10.0,
     world=None,
     dtype="float64",

@@ -17,6 +17,7 @@ BEFORE = {
     "ExitAtImport": ("paracheck.check.targets", Exception),
     "ImportTimeout": ("paracheck.check.targets", Exception),
     "FeatureError": ("paracheck.check.features", ValueError),
+    "InvalidArgument": ("paracheck.check.plan", ValueError),
     "UsageError": ("paracheck.cli._common", Exception),
     "GateError": ("paracheck.gate.run", RuntimeError),
     "VendorError": ("paracheck.report.history", RuntimeError),

@@ -35,13 +35,24 @@ def test_every_option_is_a_settings_field():
 
 def test_check_and_selftest_parsers_are_built_from_the_table():
     """check offers every check row (and nothing else but its targets), selftest its rows plus
-    --only and --table; parsing nothing gives the settings' defaults."""
+    --only and --table; parsing nothing gives the settings' defaults with the command line's own
+    (Note [One set of defaults]): the verdict table, labels, a 90 s budget, a 20 s timeout."""
     check = _subparser("check")
     assert _flags(check) == {o.flag for o in options(CHECK)}
     selftest = _subparser("selftest")
     assert _flags(selftest) == {o.flag for o in options(SELFTEST)} | {"--only", "--table"}
     parsed = from_namespace(check.parse_args([]))
-    assert parsed == CheckSettings()
+    assert parsed == CheckSettings(
+        table=True,
+        labels=True,
+        first_failure=False,
+        budget=90.0,
+        timeout=20.0,
+        database=".paracheck/examples",
+    )
+    assert from_namespace(selftest.parse_args([]), SELFTEST) == CheckSettings(
+        timeout=10.0, backend="gloo", dtype="float64"
+    )
     assert parsed.budget == 90.0 and parsed.timeout == 20.0 and parsed.examples == 40
     given = from_namespace(check.parse_args(["--budget", "5", "--first-failure", "--seed", "3"]))
     assert (given.budget, given.first_failure, given.seed) == (5.0, True, 3)

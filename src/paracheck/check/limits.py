@@ -35,6 +35,7 @@ __all__ = [
     "gloo_rank_limit",
     "rank_limit",
     "world_size_error",
+    "world_size_rule",
 ]
 
 RANKS_PER_CORE = 4
@@ -125,17 +126,24 @@ def gloo_rank_limit() -> RankLimit:
     return rank_limit(_cores(), _memory_mib())
 
 
-def world_size_error(option: str, value: str, sizes, override: str | None) -> str | None:
-    """The usage error for gloo world sizes ``sizes`` above this machine's limit, naming
-    ``option``, its ``value`` and the flag ``override`` that lifts it (None: nothing does); None
-    when they fit."""
+def world_size_rule(sizes, override: str | None) -> str | None:
+    """Why gloo world sizes ``sizes`` are refused on this machine, naming the flag ``override``
+    that lifts the limit (None: nothing does); None when they fit (Note [Gloo rank limit])."""
     limit = gloo_rank_limit()
     if max(sizes) <= limit.ranks:
         return None
     return (
-        f"{option}={value}: world size {max(sizes)} is more gloo ranks than this machine runs "
+        f"world size {max(sizes)} is more gloo ranks than this machine runs "
         f"(at most {limit.ranks}: {limit.reason()}); every rank is a process of its own that "
         f"takes about {RANK_MIB} MiB and seconds of CPU to start, and a world that large "
         f"outlasts the start timeout or makes correct cases time out as hangs"
         + (f". Pass {override} to run it anyway" if override else "")
     )
+
+
+def world_size_error(option: str, value: str, sizes, override: str | None) -> str | None:
+    """The usage error for gloo world sizes ``sizes`` above this machine's limit, naming
+    ``option``, its ``value`` and the flag ``override`` that lifts it (None: nothing does); None
+    when they fit."""
+    rule = world_size_rule(sizes, override)
+    return None if rule is None else f"{option}={value}: {rule}"

@@ -32,6 +32,7 @@ Note [Hang timeouts]
 from __future__ import annotations
 
 from paracheck.cases import Case
+from paracheck.check.plan import DTYPE_PRECISIONS, CheckPlan, plan_target
 from paracheck.check.report import CheckReport, PropertyFailure, replay_command
 from paracheck.check.search import (
     BudgetSpent,
@@ -41,7 +42,7 @@ from paracheck.check.search import (
     sequence_name,
 )
 from paracheck.check.settings import PROFILES, CheckSettings
-from paracheck.check.shared_search import DTYPE_PRECISIONS, _Search, declared_mismatch
+from paracheck.check.shared_search import _Search, declared_mismatch
 from paracheck.check.table import fill_table
 from paracheck.check.targets import Target
 from paracheck.world import World
@@ -63,22 +64,10 @@ __all__ = [
 ]
 
 
-_KEYWORD_DEFAULTS = dict(
-    max_examples=40,
-    seed=0,
-    database=None,
-    timeout=None,
-    first_failure=True,
-    labels=False,
-    table=False,
-    budget=None,
-)
-
-
 def check_target(
     target: Target,
     world: World,
-    settings: CheckSettings | None = None,
+    settings: CheckSettings | CheckPlan | None = None,
     *,
     strategy=None,
     device_fn=None,
@@ -86,20 +75,24 @@ def check_target(
     progress=None,
     on_failure=None,
     on_row=None,
-    **keywords,
+    **changes,
 ) -> CheckReport:
-    """Check ``target`` as ``settings`` say (``paracheck.check.settings.CheckSettings``) and report
-    what it breaks. With ``settings.table`` (the default of the command line), one search per row
-    of the verdict table (Note [The verdict table] in ``paracheck.check.table``); else one search
-    over the whole contract, each failing property shrunk on its own (Note [One search per
-    property]): ``first_failure`` stops at the first, ``labels`` works out the case features each
-    failure needs and, with ``search_without``, searches the cases without them too.
+    """Check ``target`` as ``settings`` say (``paracheck.check.settings.CheckSettings``), changed
+    by the keywords (any field: ``world_sizes=(1, 2)``, ``max_examples=8``), and report what it
+    breaks. One signature, one set of defaults, the fields' (Note [One set of defaults]): what a
+    pytest user expects, one search over the whole contract (Note [One search per property])
+    stopping at the first failing property, unlabelled, no time budget, seed 0 and the ci
+    profile's 40 examples, world sizes 1,2,3,4 on gloo (``paracheck.check.plan``), no example
+    database, the World's hang timeout. ``table=True`` fills the command line's verdict table
+    instead (Note [The verdict table] in ``paracheck.check.table``), within ``budget`` seconds;
+    ``first_failure=False`` goes on after the first failing property, ``labels=True`` works out
+    the case features each failure needs and, with ``search_without``, searches the cases without
+    them too. Settings that cannot run are an ``InvalidArgument`` naming the field. A
+    ``CheckPlan`` (``paracheck.check.plan``) is checked as planned.
 
-    Without ``settings``, the keywords are settings (``world_sizes`` among them) over the older
-    defaults: one search over the contract, 40 examples, stopping at the first failing property,
-    no labels, no database. ``strategy`` replaces the kind's; ``explicit`` cases run first, as
-    given; ``on_failure(failure)`` is called with each failure the moment it is found, and
-    ``on_row(row, index, rows)`` with each row of the table as it is filled.
+    ``strategy`` replaces the kind's; ``explicit`` cases run first, as given; ``on_failure(failure)``
+    is called with each failure the moment it is found, and ``on_row(row, index, rows)`` with each
+    row of the table as it is filled.
 
     ``seed`` makes the run reproducible: 0 is Hypothesis's derandomised sequence (the ci profile,
     the selftest and paracheck's own tests), any other value ``hypothesis.seed(seed)``; None draws
@@ -111,14 +104,13 @@ def check_target(
     (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
     (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
-    if settings is None:
-        if "world_sizes" not in keywords:
-            raise TypeError("check_target() needs settings, or world_sizes= and other keywords")
-        settings = CheckSettings(**{**_KEYWORD_DEFAULTS, **keywords})
-    elif keywords:
-        settings = settings.replace(**keywords)
-    search = _Search(target, world, settings, strategy, device_fn, progress, on_failure)
+    if isinstance(settings, CheckPlan) and not changes:
+        planned = settings  # planned already (the command line's), not planned again
+    else:
+        base = settings.settings if isinstance(settings, CheckPlan) else settings
+        planned = plan_target((base or CheckSettings()).replace(**changes), target)
+    search = _Search(target, world, planned, strategy, device_fn, progress, on_failure)
     search.on_row = on_row
-    if settings.table:
+    if search.settings.table:
         return fill_table(search, explicit)
     return search.whole_contract(explicit)

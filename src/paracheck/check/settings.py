@@ -9,8 +9,20 @@ Note [One declaration per option]
     An option is one row of ``OPTIONS`` and one field of ``CheckSettings`` of the same name: its
     flag (``--max-examples``; ``--paracheck-max-examples`` in pytest), help, type, choices and the
     surfaces that offer it. Its default is the field's, unless a surface names its own
-    (``Option.defaults``: selftest's shorter hang timeout). A test checks that every row names a
-    field and that the parsers built from the table offer exactly the rows of their surface.
+    (``Option.defaults``: the command line's verdict-table budget, the selftest's shorter hang
+    timeout). A test checks that every row names a field and that the parsers built from the
+    table offer exactly the rows of their surface.
+
+Note [One set of defaults]
+    The fields' defaults are ``check_target``'s, whichever way it is called: what a pytest user
+    expects of a check inside a test, a verdict that does not depend on how loaded the machine
+    is and leaves nothing behind: one search over the whole contract stopping at the first
+    failing property (``table=False``, ``first_failure=True``, no labels), no time budget, the
+    derandomised sequence (seed 0, the ci profile's 40 examples), no example database, the
+    World's hang timeout. The command line's verdict table, labels, 90 s budget, 20 s timeout
+    and database are its own (``Option.defaults`` and ``SURFACE_SETTINGS``), and so are the
+    pytest fixture's labels. What none of them gives is worked out by ``paracheck.check.plan``
+    (the world sizes: Note [One plan per check]).
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ __all__ = [
     "CheckSettings",
     "OPTIONS",
     "Option",
+    "PRECISIONS",
     "PROFILES",
+    "SURFACE_SETTINGS",
     "add_arguments",
     "add_pytest_options",
     "from_namespace",
@@ -44,7 +58,8 @@ CHECK, SELFTEST, PYTEST = "check", "selftest", "pytest"
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """Every option of a check, with the defaults of ``paracheck check``. ``check_target`` reads
+    """Every option of a check, with the defaults of ``check_target`` (Note [One set of
+    defaults]); ``paracheck.check.plan`` settles them for each target. ``check_target`` reads
     the search's (world sizes, examples, seed, precision, contract and features, the verdict
     table and its budget, timeouts, the example database); the command line and the pytest plugin
     read the others (how targets are resolved, which ranks run them, where the verdict goes).
@@ -57,7 +72,8 @@ class CheckSettings:
     search the cases without them."""
 
     # What the cases draw.
-    world_sizes: tuple[int, ...] | None = None  # None: 1,2,3,4 on gloo, the devices on nccl
+    # "1,2,4" as typed or integers; None: paracheck.check.plan's default (1,2,3,4 on gloo).
+    world_sizes: tuple[int, ...] | str | None = None
     max_examples: int | None = None  # None: the profile's
     profile: str = "ci"
     seed: int | None = 0  # 0: Hypothesis's derandomised sequence; None: random
@@ -68,18 +84,18 @@ class CheckSettings:
     features: object = None  # "-name,+name" or a list of such items
     properties: str | None = None
     # How the search runs and reports.
-    table: bool = True
-    budget: float | None = 90.0
-    first_failure: bool = False
+    table: bool = False
+    budget: float | None = None
+    first_failure: bool = True
     incomplete: str = "incomplete"  # a table with rows not reached: INCOMPLETE, or "pass"
     all: bool = False  # the main job: every built-in at the profile's examples
-    labels: bool = True
+    labels: bool = False
     search_without: bool = True
-    timeout: float | None = 20.0
+    timeout: float | None = None  # None: the World's
     timeout_floor: float = 5.0
     hang_shrink_seconds: float = 10.0
     shrink_seconds: float | None = None
-    database: str | None = ".paracheck/examples"
+    database: str | None = None
     no_database: bool = False
     # Which ranks run the cases.
     backend: str | None = None
@@ -97,8 +113,12 @@ class CheckSettings:
     finish: str | None = None
     gather: str | None = None
     batch_start: str | None = None
+    # The user's own model (Note [A user's model] in paracheck.workloads.user): import paths.
+    model: str | None = None
+    batch: str | None = None
+    loss_fn: str | None = None
     # What is checked and where the verdict goes.
-    case: str | None = None
+    case: object = None  # the JSON a failure printed or a file (a Case once the CLI read it)
     json: str | None = None
 
     def replace(self, **changes) -> CheckSettings:
@@ -144,7 +164,7 @@ class Option:
         return _FIELDS[self.name].default
 
 
-_PRECISIONS = ("fp64", "fp32", "bf16", "fp16", "mixed")
+PRECISIONS = ("fp64", "fp32", "bf16", "fp16", "mixed")
 _BOTH = frozenset({CHECK, SELFTEST, PYTEST})
 
 OPTIONS: tuple[Option, ...] = (
@@ -152,7 +172,6 @@ OPTIONS: tuple[Option, ...] = (
         "world_sizes",
         "comma-separated world sizes (default 1,2,3,4 on gloo, every device on nccl)",
         surfaces=_BOTH,
-        defaults={SELFTEST: "1,2,3,4"},
     ),
     Option(
         "allow_large_world",
@@ -199,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
         "slowest passing case of their world size, at least 5 s (default %(default)s)",
         float,
         surfaces=_BOTH,
-        defaults={SELFTEST: 10.0},
+        defaults={CHECK: 20.0, PYTEST: 20.0, SELFTEST: 10.0},
         replay=True,
     ),
     Option(
@@ -209,6 +228,7 @@ OPTIONS: tuple[Option, ...] = (
         float,
         metavar="SECONDS",
         surfaces=frozenset({CHECK}),
+        defaults={CHECK: 90.0},
     ),
     Option(
         "rank_memory",
@@ -277,6 +297,24 @@ OPTIONS: tuple[Option, ...] = (
         surfaces=frozenset({CHECK}),
     ),
     Option(
+        "model",
+        "check the target on your own model: build(seed, dtype) -> torch.nn.Module, the same "
+        "seed giving the same weights (needs --batch; default: paracheck's generated models)",
+        metavar="pkg.mod:build",
+    ),
+    Option(
+        "batch",
+        "with --model: batch(seed, n, dtype) -> (inputs, targets), n rows each, split by rows "
+        "over ranks and micro-batches",
+        metavar="pkg.mod:batch",
+    ),
+    Option(
+        "loss_fn",
+        "with --model: loss(output, targets) -> a scalar tensor, the mean over the rows it is "
+        "given (default: the mean squared error)",
+        metavar="pkg.mod:loss",
+    ),
+    Option(
         "stub_cuda_timing",
         "on CPU, make torch.cuda.synchronize/Event/Stream/nvtx no-ops in the ranks",
         bool,
@@ -303,7 +341,7 @@ OPTIONS: tuple[Option, ...] = (
         "(bfloat16 autocast over float32 parameters, or bfloat16 parameters; a loop: bfloat16 "
         "parameters), fp16 (float16 autocast, with or without a GradScaler) or mixed (all of "
         "them); the oracle applies the same casts",
-        choices=_PRECISIONS,
+        choices=PRECISIONS,
     ),
     Option(
         "case",
@@ -336,7 +374,7 @@ OPTIONS: tuple[Option, ...] = (
         "check of the same target and dropped once they pass (default %(default)s; in pytest, "
         "under the rootdir)",
         metavar="PATH",
-        defaults={PYTEST: None},
+        defaults={CHECK: ".paracheck/examples", PYTEST: None},
     ),
     Option("no_database", "do not save or replay failing cases", bool),
     Option(
@@ -411,26 +449,34 @@ def add_pytest_options(group) -> None:
         group.addoption("--paracheck-" + option.flag[2:], **kw)
 
 
+# What a surface decides that none of its options sets (Note [One set of defaults]): the command
+# line fills the verdict table and labels its failures; the pytest fixture searches the whole
+# contract and reports every failing property, labelled.
+SURFACE_SETTINGS: dict[str, dict] = {
+    CHECK: dict(table=True, labels=True, first_failure=False),
+    SELFTEST: {},
+    PYTEST: dict(labels=True, first_failure=False),
+}
+
+
 def from_namespace(ns, surface: str = CHECK, **changes) -> CheckSettings:
-    """The settings an argparse namespace of ``surface`` gives (its options as parsed, the rest
-    the defaults), with ``changes``. World sizes stay text here: the caller parses them, to name
-    its own option in an error."""
-    values = {o.name: getattr(ns, o.name) for o in options(surface) if hasattr(ns, o.name)}
-    values.pop("world_sizes", None)
+    """The settings an argparse namespace of ``surface`` gives (its options as parsed, the
+    surface's own settings, the rest the defaults), with ``changes``. Nothing is parsed or checked
+    here: ``paracheck.check.plan`` does it (the world sizes stay text)."""
+    values = dict(SURFACE_SETTINGS[surface])
+    values.update({o.name: getattr(ns, o.name) for o in options(surface) if hasattr(ns, o.name)})
     values.update(changes)
     return CheckSettings(**values)
 
 
 def from_pytest(config, **changes) -> CheckSettings:
-    """The settings the pytest plugin's ``--paracheck-*`` options give, with ``changes``."""
-    values = {}
+    """The settings the pytest plugin's ``--paracheck-*`` options give (an option not given that
+    has no default of its own leaves the field's), with ``changes``."""
+    values = dict(SURFACE_SETTINGS[PYTEST])
     for o in options(PYTEST):
-        if o.name == "world_sizes":
-            continue
         value = config.getoption("--paracheck-" + o.flag[2:])
-        if value is not None or o.default(PYTEST) is None:
+        if value is not None or _FIELDS[o.name].default is None:
             values[o.name] = value
-    values = {k: v for k, v in values.items() if v is not None or _FIELDS[k].default is None}
     values.update(changes)
     return CheckSettings(**values)
 

@@ -15,11 +15,11 @@ from paracheck.check.features import (
     CONTRACTS,
     case_features,
     feature,
-    features_off,
     without,
     without_all,
 )
-from paracheck.check.kinds import KINDS, resolve_properties
+from paracheck.check.kinds import KINDS
+from paracheck.check.plan import DTYPE_PRECISIONS, CheckPlan, plan_target
 from paracheck.check.report import (
     CheckReport,
     PropertyFailure,
@@ -30,7 +30,7 @@ from paracheck.check.run import CaseResult
 from paracheck.check.search import CaseTimeouts, _Checker, _Hit, declared_features, sequence_name
 from paracheck.check.targets import load_object
 from paracheck.check.verdict import cause_key, cause_of, same_cause
-from paracheck.strategies._core import nominal_dtype, precision_settings, world_size_draws
+from paracheck.strategies._core import precision_settings, world_size_draws
 from paracheck.world import PoolLost
 
 __all__ = ["DTYPE_PRECISIONS", "declared_mismatch"]
@@ -43,34 +43,19 @@ class _Search:
     caches their results), the failures found so far and how they are reported."""
 
     def __init__(self, target, world, settings, strategy, device_fn, progress, on_failure):
-        self.target, self.settings = target, settings
-        self.sizes = sizes = tuple(sorted(set(settings.world_sizes or (1, 2, 3, 4))))
-        dtype, precision = settings.dtype, settings.precision
-        if precision is None and dtype is None:
-            # A declared reduction dtype (Note [Declared reduction dtype]) is judged on parameters
-            # no wider than it: float32 parameters for a float32 reduction.
-            dtype = getattr(target, "reduce_dtype", None) or KINDS[target.kind].dtype
-        if precision is None:
-            precision = DTYPE_PRECISIONS.get(dtype)
-            if precision is None:
-                raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_PRECISIONS)}")
-        if getattr(target, "autocast", None) is not None:
-            # A loop's own autocast fixes its precision (Note [A loop's own precision]).
-            from paracheck.strategies._loop import loop_precision
-
-            precision = loop_precision(precision, target.autocast)
-        self.precision = precision
-        dtype = nominal_dtype(precision)
-        off = features_off(settings.contract, settings.features, dtype=dtype)
-        self.declared = declared = declared_features(target)
-        self.off = off = tuple(f for f in off if f not in declared)
-        database = settings.database
+        # Decided once, by the plan (Note [One plan per check] in paracheck.check.plan).
+        plan = settings if isinstance(settings, CheckPlan) else plan_target(settings, target)
+        self.target, self.settings = target, plan.settings
+        settings = plan.settings
+        self.sizes = sizes = plan.world_sizes
+        self.precision = precision = plan.precision
+        self.declared = declared_features(target)
+        self.off = off = plan.features_off
+        database = plan.database
         if database is not None and not isinstance(database, CaseDatabase):
             database = CaseDatabase(database)
         self.database = database
-        self.checked = resolve_properties(
-            target.kind, target.properties, takes_bucket=target.takes_bucket
-        )
+        self.checked = plan.properties
         own_cases = strategy is None
         if strategy is None:
             # The kind's strategy (paracheck.check.kinds) draws the world size first, from `sizes`:
@@ -109,7 +94,7 @@ class _Search:
                 if _not_drawn(case, sizes, precision, off) is None
                 and declared_mismatch(case, target) is None
             ]
-        timeout = settings.timeout
+        timeout = plan.timeout
         cap = min(timeout, world.timeout) if timeout is not None else world.timeout
         self.progress = progress or (lambda text: None)
         self.on_failure = on_failure or (lambda failure: None)
@@ -122,7 +107,7 @@ class _Search:
             verbosity=Verbosity.quiet,
             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         )
-        seed = settings.search_seed
+        seed = plan.seed
         if seed == 0:
             cfg["derandomize"] = True
         self.key = f"{target.path}|{target.kind}"  # the database's key: one target, one folder
@@ -409,7 +394,3 @@ def _setting_text(setting) -> str:
         + (f" under {autocast} autocast" if autocast else "")
         + (f" with loss scale {scale:g}" if scale else "")
     )
-
-
-# The precision a --dtype stands for.
-DTYPE_PRECISIONS = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}

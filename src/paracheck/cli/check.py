@@ -9,15 +9,12 @@ import sys
 import time
 
 from paracheck.cli._check_options import (
-    _case_and_sizes,
+    _case,
     _check_case_fits,
-    _check_numbers,
-    _check_rank_limit,
+    _check_flags,
     _chosen,
     _positive,
-    _precision,
     _without_refused_loops,
-    _world_sizes,
     _writable,
 )
 from paracheck.cli._common import UsageError, ignore_signals, report_stop
@@ -155,8 +152,11 @@ def _make_world(
 
 
 def _checked_options(args, main_job: list[str] | None):
-    """The targets, the ``--case`` (or None), the world sizes and the settings of a check, every
-    option checked before any rank starts (a ``UsageError`` names the one that is wrong)."""
+    """The plan of each target, the ``--case`` (or None) and the world sizes of a check, every
+    option checked before any rank starts (a ``UsageError`` names the one that is wrong): the
+    command line only maps its options onto ``CheckSettings`` and calls ``plan`` (Note [One plan
+    per check])."""
+    from paracheck.check.plan import InvalidArgument, plan, world_sizes
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
     from paracheck.cli._check_summary import main_job_examples, main_job_world_sizes
@@ -178,24 +178,21 @@ def _checked_options(args, main_job: list[str] | None):
             )
         raise UsageError(text) from None
     targets = _chosen(args, targets)
-    case, sizes = _case_and_sizes(args, pool)
-    _check_numbers(args)
-    settings = from_namespace(args)
+    case = _case(args)
+    _check_flags(args)
+    changes: dict = {"case": case}
     if main_job is not None and main_job_examples(args) is not None:
-        settings = settings.replace(max_examples=main_job_examples(args))
-    _positive("--max-examples", settings.examples)
-    explicit, precision = _precision(args)
-    targets = _without_refused_loops(args, targets, explicit, precision)
+        changes["max_examples"] = main_job_examples(args)
+    settings = from_namespace(args, **changes)
+    try:
+        plans = list(plan(settings, targets, pool=pool))
+        sizes = plans[0].world_sizes if plans else world_sizes(settings, pool=pool)
+    except InvalidArgument as exc:
+        raise UsageError(exc.text("--")) from None
+    plans = _without_refused_loops(args, plans)
     if case is not None:
-        _check_case_fits(args, case, targets)
-    settings = settings.replace(
-        world_sizes=sizes,
-        precision=explicit,
-        dtype=None,
-        database=None if case is not None else settings.example_database,
-        budget=settings.budget or None,
-    )
-    return targets, case, sizes, settings
+        _check_case_fits(args, case, [p.target for p in plans])
+    return plans, case, sizes
 
 
 def cmd_check(args) -> int:
@@ -208,7 +205,8 @@ def cmd_check(args) -> int:
     announce(first_line(args, main_job), to_stdout)
     from paracheck.check.property import check_target
 
-    targets, case, sizes, settings = _checked_options(args, main_job)
+    plans, case, sizes = _checked_options(args, main_job)
+    targets = [p.target for p in plans]
     from paracheck.world import PoolLost
 
     failed = 0
@@ -226,7 +224,7 @@ def cmd_check(args) -> int:
             args.attach_timeout,
         )
         started = time.monotonic() - t0  # torch imported, the targets read, the ranks started
-        for i, target in enumerate(targets):
+        for i, (target, planned) in enumerate(zip(targets, plans)):
             try:
                 if case is not None:
                     from paracheck.check.report import case_report
@@ -244,14 +242,16 @@ def cmd_check(args) -> int:
 
                     progress = Progress()
                     stream = (
-                        None if to_stdout else _Stream(target, args.backend, settings, progress)
+                        None
+                        if to_stdout
+                        else _Stream(target, args.backend, planned.settings, progress)
                     )
                     if stream is not None:
                         stream.begin()
                     report = check_target(
                         target,
                         world,
-                        settings,
+                        planned,
                         progress=progress,
                         on_failure=stream.failure if stream else None,
                         on_row=stream.row if stream else None,
@@ -425,6 +425,34 @@ def _resolve_targets(args, main_job: list[str] | None = None) -> list:
     for t in targets:
         for note in t.notes:
             print(f"paracheck: note: {note}", file=sys.stderr)
+    return _on_user_model(args, targets)
+
+
+def _on_user_model(args, targets: list) -> list:
+    """``targets`` checked on the model of ``--model``, ``--batch`` and ``--loss-fn``, checked
+    first (Note [A user's model]); a model that cannot run in float64 moves the check to fp32
+    (Note [A float32 oracle for a user's model])."""
+    from paracheck.check.user_model import info, user_model_of, with_user_model
+    from paracheck.errors import ParacheckError
+
+    try:
+        user = user_model_of(args.model, args.batch, args.loss_fn)
+        targets = [with_user_model(t, user) for t in targets]
+    except ParacheckError as exc:
+        text = exc.text("--") if hasattr(exc, "text") else str(exc)
+        raise UsageError(text) from None
+    if user is not None and not info(user).float64:
+        if args.precision not in (None, "fp32") or args.dtype not in (None, "float32"):
+            raise UsageError(
+                f"--model={user.build}: does not run in float64 ({info(user).why_not}); check "
+                "it at --precision fp32"
+            )
+        print(
+            f"paracheck: note: --model={user.build} does not run in float64 "
+            f"({info(user).why_not}): checked in float32, against a float32 oracle",
+            file=sys.stderr,
+        )
+        args.precision = "fp32"
     return targets
 
 
@@ -458,12 +486,15 @@ def _stop(world, progress) -> None:
 
 
 def cmd_selftest(args) -> int:
+    from paracheck.check.plan import InvalidArgument, settled, world_sizes
+    from paracheck.check.settings import SELFTEST, from_namespace
     from paracheck.selftest import markdown_table, row_line, run_selftest
 
     refuse_lockstep(None)
-    sizes = _world_sizes(args.world_sizes)
-    _check_rank_limit(args, "--world-sizes", args.world_sizes, sizes)
-    _positive("--timeout", args.timeout)
+    try:  # the selftest's options, settled as a check's are (Note [One plan per check])
+        sizes = world_sizes(settled(from_namespace(args, SELFTEST)))
+    except InvalidArgument as exc:
+        raise UsageError(exc.text("--")) from None
     _writable("--table", args.table)
     if args.only is not None:
         from paracheck.check.targets import BUILTIN_TARGETS
