@@ -13,6 +13,7 @@ import torch
 from paracheck.cases._optimizer import GroupSpec, OptimizerSpec
 from paracheck.workloads import model_spec_from_dict, model_spec_to_dict
 from paracheck.workloads.mlp import MLPSpec
+from paracheck.workloads.user import UserModel
 
 __all__ = ["AUTOCAST_DTYPES", "DELAY_POINTS", "DTYPES", "IGNORE_INDEX", "LOSSES", "Case"]
 
@@ -106,6 +107,13 @@ class Case:
     ``delay_at`` (one of ``DELAY_POINTS``, or None): rank ``delay_rank`` sleeps ``delay_s``
     seconds at each such point of its forward and backward passes (Note [Schedule
     perturbation]); what the case computes is unchanged, only when each rank gets there.
+
+    ``user_model`` (a ``UserModel``, or None): the model, batches and loss are the user's
+    (``--model``, ``--batch``, ``--loss-fn``: Note [A user's model] in
+    ``paracheck.workloads.user``), built from the same seeds the generated ones are (the model
+    from ``init_seed``, each batch from its step, micro-step and rank), and ``model`` is unused.
+    Added last, and left out of the JSON where None: every case without it, its hash and every
+    derandomised sequence are what they were.
     """
 
     model: object = field(default_factory=MLPSpec)
@@ -143,6 +151,7 @@ class Case:
     delay_at: str | None = None
     delay_rank: int = 0
     delay_s: float = 0.0
+    user_model: UserModel | None = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -230,7 +239,7 @@ class Case:
             )
         if self.loss not in LOSSES:
             raise ValueError(f"loss={self.loss!r} must be one of {list(LOSSES)}")
-        lm = getattr(self.model, "kind", None) == "lm"
+        lm = getattr(self.model, "kind", None) == "lm" and self.user_model is None
         if (self.loss != "rank-mean" or self.padded) and not lm:
             raise ValueError(
                 f"loss={self.loss!r}, padded={self.padded}: token losses and padding need the "
@@ -276,6 +285,8 @@ class Case:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["model"] = model_spec_to_dict(self.model)
+        if self.user_model is None:
+            del d["user_model"]  # a case without it is the JSON it always was
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -300,6 +311,8 @@ class Case:
         )
         d["optimizer"] = OptimizerSpec(**opt)
         d["batch_sizes"] = tuple(d["batch_sizes"])
+        if d.get("user_model") is not None:
+            d["user_model"] = UserModel.from_dict(d["user_model"])
         return cls(**d)
 
     @classmethod

@@ -103,12 +103,17 @@ def describe(case: _Described) -> str:
     """``case`` in one line: world size, model and its options, optimizer with each group's
     hyper-parameters, steps, accumulation, the bucket (a wrapper's case), then every other field
     that differs from its default (``name=value``, flags by name), values with every digit."""
-    head = [f"W={case.world_size}", _model(case.model), _optimizer(case.optimizer)]
+    user = getattr(case, "user_model", None)  # Note [A user's model]: its model, not ``model``
+    model = _model(case.model) if user is None else user.describe()
+    head = [f"W={case.world_size}", model, _optimizer(case.optimizer)]
     head += [f"steps={case.steps}", f"acc={case.accumulation}"]
     if case.loss == "rank-mean":  # a training loop's case has no bucket
         bucket = "None" if case.unbounded_bucket else f"{case.bucket_mb:.2g}MB"
         head.append(f"bucket={bucket}")
     if len(set(case.batch_sizes)) > 1 or case.batch_sizes[0] != 2:
         head.append(f"batches={_value(case.batch_sizes)}")
-    rest = _changed(case, lambda f: dataclasses.MISSING if f.name in _HEAD else _default(f))
+    rest = _changed(
+        case,
+        lambda f: dataclasses.MISSING if f.name in _HEAD or f.name == "user_model" else _default(f),
+    )
     return " ".join(head + rest)

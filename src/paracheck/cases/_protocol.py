@@ -16,6 +16,7 @@ import torch
 
 from paracheck.cases._case import IGNORE_INDEX
 from paracheck.workloads import build_model
+from paracheck.workloads.user import build_user_model, user_batch, user_loss
 
 if TYPE_CHECKING:
     from paracheck.cases._case import Case
@@ -47,7 +48,12 @@ def init_seed(case: Case, rank: int) -> int:
 
 def build_case_model(case: Case, rank: int, device="cpu", *, masters: bool = False):
     """Rank ``rank``'s model of ``case``, in ``case.dtype``; with ``case.masters_from_float32``
-    built in float32 and then rounded (or, with ``masters``, left in float32: the masters)."""
+    built in float32 and then rounded (or, with ``masters``, left in float32: the masters). A
+    case's ``user_model`` is built by the user's builder (Note [A user's model])."""
+    if case.user_model is not None:
+        dtype = torch.float32 if case.masters_from_float32 else case.torch_dtype
+        model = build_user_model(case.user_model, init_seed(case, rank), dtype, device)
+        return model if masters or not case.masters_from_float32 else model.to(case.torch_dtype)
     if not case.masters_from_float32:
         return build_model(
             case.model, seed=init_seed(case, rank), dtype=case.torch_dtype, device=device
@@ -74,6 +80,9 @@ def batch_for(case: Case, step: int, micro: int, rank: int, device="cpu"):
 
 
 def _batch(case: Case, step: int, micro: int, rank: int, n: int, device):
+    if case.user_model is not None:
+        seed = _mix(case.seed, 2, step, micro, rank)
+        return user_batch(case.user_model, seed, n, case.torch_dtype, device)
     g = torch.Generator().manual_seed(_mix(case.seed, 2, step, micro, rank))
     spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
     if spec.kind == "lm":
@@ -129,6 +138,8 @@ def loss_fn(case: Case, output: torch.Tensor, target: torch.Tensor) -> torch.Ten
     """The per-rank loss: a mean over the local batch (MSE, or cross-entropy for the LM), computed
     outside autocast in the targets' dtype (float32 for the LM's logits), whatever dtype the
     forward produced."""
+    if case.user_model is not None:
+        return user_loss(case.user_model, output, target)
     spec: Any = case.model  # an MLPSpec, ToySpec or LMSpec
     if spec.kind == "lm":
         return torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), target.flatten())

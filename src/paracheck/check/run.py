@@ -16,6 +16,7 @@ from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
+from paracheck.check.user_model import fitted_case
 from paracheck.errors import ParacheckError
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
@@ -228,6 +229,7 @@ def _prepared(case: Case, target: Target) -> Case:
     """``case`` as ``target``'s kind runs it (``Kind.prepare_case``), with SGD for Adam below
     float32 where the step is not judged on the target's own gradients."""
     row = KINDS[target.kind]
+    case = fitted_case(case, target.user_model)  # Note [Cases drawn around a user's model]
     if row.prepare_case is not None:
         case = row.prepare_case(case, target)
     if anchored(case) and case.optimizer.name != "sgd" and not target.reports_gradients:

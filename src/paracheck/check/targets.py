@@ -31,6 +31,7 @@ import dataclasses
 import inspect
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from paracheck.check.interfaces import (
     ADAPTER_SHARDED_PROPERTIES,
@@ -57,6 +58,9 @@ from paracheck.check.loading import (
     is_file_spec,
     load_object,
 )
+
+if TYPE_CHECKING:
+    from paracheck.workloads.user import UserModel
 
 __all__ = [
     "Target",
@@ -115,6 +119,9 @@ class Target:
     # fsdp: how the check reads the parameters whole (Note [Reading an FSDP]): a method name, or
     # "module:function" called as f(wrapper); None: the first of GATHER_METHODS the wrapper has.
     gather: str | None = None
+    # The user's model every case trains (``--model``, ``--batch``, ``--loss-fn``; a
+    # ``paracheck.workloads.user.UserModel``), None: the generated ones.
+    user_model: UserModel | None = None
 
     @property
     def master_weights(self) -> bool:
@@ -171,6 +178,10 @@ class Target:
             out += f" --reduce-dtype {self.reduce_dtype}"
         if self.gather is not None:
             out += f" --gather {self.gather}"
+        if self.user_model is not None:
+            from paracheck.check.user_model import model_options
+
+            out += model_options(self.user_model)
         return out
 
 

@@ -1,0 +1,120 @@
+"""A check of a target on the user's own model (``--model``, ``--batch``, ``--loss-fn``; Note [A
+user's model] in ``paracheck.workloads.user``): the options read into a ``UserModel`` and checked
+before any rank starts (``user_model_of``), the target that carries it (``with_user_model``), and
+each drawn case fitted to it before it runs (``fitted_case``).
+
+Note [Cases drawn around a user's model]
+    The kinds' strategies draw a case as they always do (world size, batch sizes, micro-batches,
+    steps, precision, protocol, bucket size, optimizer and parameter groups) and ``fitted_case``
+    puts the user's model in it: ``user_model`` set, ``model`` back to its default (unused, so
+    that the case's line does not name a generated model's features). The groups name parameters
+    by index into ``model.parameters()``: an index past the user's model is dropped, a group left
+    with none is dropped, and where no constructor group is left, one group holds every
+    parameter (with the first group's hyper-parameters). The model's seed is the case's
+    (``init_seed``), drawn and shrunk with it. Kinds whose cases need a generated model are
+    refused with a usage error (``UNSUPPORTED_KINDS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paracheck.cases import Case
+from paracheck.workloads.mlp import MLPSpec
+from paracheck.workloads.user import (
+    MODEL_OPTIONS,
+    UserModel,
+    UserModelInfo,
+    check_user_model,
+    invalid,
+)
+
+__all__ = [
+    "UNSUPPORTED_KINDS",
+    "fitted_case",
+    "info",
+    "model_options",
+    "user_model_of",
+    "with_user_model",
+]
+
+# kind -> why a user's model is not checked with it.
+UNSUPPORTED_KINDS = {
+    "loop": "a training loop's cases minimise a language model's token-mean or batch-mean "
+    "cross-entropy (Note [Loss semantics]), which a user's model and loss do not define",
+}
+
+_INFO: dict[UserModel, UserModelInfo] = {}
+
+
+def user_model_of(model: str | None, batch: str | None, loss_fn: str | None) -> UserModel | None:
+    """The ``UserModel`` the options name, checked (Note [A user's model]); None without
+    ``--model``. Raises a usage error naming the option that is wrong."""
+    if model is None:
+        for option, value in ((MODEL_OPTIONS["batch"], batch), (MODEL_OPTIONS["loss"], loss_fn)):
+            if value is not None:
+                raise invalid(option, value, "needs {option:model} (the model it feeds)")
+        return None
+    if batch is None:
+        raise invalid(
+            MODEL_OPTIONS["build"],
+            model,
+            "needs {option:batch} pkg.mod:batch, a function batch(seed, n, dtype) -> "
+            "(inputs, targets)",
+        )
+    user = UserModel(build=model, batch=batch, loss=loss_fn)
+    info(user)
+    return user
+
+
+def info(user: UserModel) -> UserModelInfo:
+    """What ``check_user_model`` found of ``user``, checked once per process."""
+    if user not in _INFO:
+        _INFO[user] = check_user_model(user)
+    return _INFO[user]
+
+
+def with_user_model(target, user: UserModel | None):
+    """``target`` checked on ``user``'s model (the target itself without one); a usage error for a
+    kind that cannot be (``UNSUPPORTED_KINDS``)."""
+    if user is None:
+        return target
+    if target.kind in UNSUPPORTED_KINDS:
+        raise invalid(
+            MODEL_OPTIONS["build"],
+            user.build,
+            f"not supported for {target.name} (kind {target.kind}): {UNSUPPORTED_KINDS[target.kind]}",
+        )
+    return replace(target, user_model=user)
+
+
+def model_options(user: UserModel | None) -> str:
+    """The command-line options that name ``user``'s model (a replay's)."""
+    if user is None:
+        return ""
+    out = f" --model {user.build} --batch {user.batch}"
+    return out + (f" --loss-fn {user.loss}" if user.loss else "")
+
+
+def fitted_case(case: Case, user: UserModel | None) -> Case:
+    """``case`` with ``user``'s model (Note [Cases drawn around a user's model]); ``case`` itself
+    without one, or where it carries its user model already (a replayed case)."""
+    if user is None or case.user_model is not None:
+        return case
+    n = info(user).parameters
+    groups = []
+    for g in case.optimizer.groups:
+        kept = tuple(i for i in g.params if i < n)
+        if g.params and not kept:
+            continue
+        groups.append(replace(g, params=kept))
+    named = {i for g in groups for i in g.params}
+    if len(named) == n:  # nothing left for a group of "every parameter no other group names"
+        groups = [g for g in groups if g.params]
+    if not any(g.add_at_step is None for g in groups):
+        # The first group given to the constructor: every parameter no other group names, or the
+        # first late group's where those are none.
+        first = groups.pop(0) if len(named) == n else replace(case.optimizer.groups[0], params=())
+        groups = [replace(first, add_at_step=None)] + [g for g in groups if g.params]
+    optimizer = replace(case.optimizer, groups=tuple(groups))
+    return replace(case, model=MLPSpec(), optimizer=optimizer, user_model=user)
