@@ -151,7 +151,13 @@ def test_a_row_the_kind_never_draws_is_drawn_once_per_kind(world, monkeypatch):
     monkeypatch.setattr(table, "_NOT_DRAWN", set())
     only = ",".join(f"-{f}" for f in optional_features() if f != "scheduler")
     settings = CheckSettings(
-        world_sizes=(1, 2), max_examples=1, database=None, budget=None, features=only
+        world_sizes=(1, 2),
+        max_examples=1,
+        table=True,
+        labels=True,
+        first_failure=False,
+        database=None,
+        features=only,
     )
     first = check_target(resolve_target("naive"), world, settings)
     row = next(r for r in first.rows if r.name == "+scheduler")

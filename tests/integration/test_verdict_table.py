@@ -20,7 +20,18 @@ ONLY_BUFFERS = ",".join(f"-{f}" for f in optional_features() if f != "buffer")
 
 
 def _settings(**changes) -> CheckSettings:
-    base = CheckSettings(world_sizes=(2,), max_examples=5, database=None, budget=None, timeout=None)
+    # The command line's verdict table (check_target's defaults are one search: Note [One set
+    # of defaults]).
+    base = CheckSettings(
+        world_sizes=(2,),
+        max_examples=5,
+        table=True,
+        labels=True,
+        first_failure=False,
+        database=None,
+        budget=None,
+        timeout=None,
+    )
     return base.replace(**changes)
 
 
