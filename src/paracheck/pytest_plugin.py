@@ -2,7 +2,8 @@
 
 Options:
     --paracheck-backend gloo|nccl      backend of the shared runner (default gloo)
-    --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default 1,2,3,4)
+    --paracheck-world-sizes 1,2,4      world sizes the properties draw from (default: the plan's,
+                                       paracheck.check.settings.DEFAULT_WORLD_SIZES)
     --paracheck-profile ci|dev|nightly Hypothesis settings for paracheck properties (ci: derandomised;
                                        the default, unless --hypothesis-profile names a profile)
     --paracheck-max-examples N         generated cases per search (default: the profile's)

@@ -28,7 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from paracheck.check.kinds import KINDS, STEP, resolve_properties
-from paracheck.check.settings import PRECISIONS, PROFILES, CheckSettings, replay_options
+from paracheck.check.settings import (
+    DEFAULT_WORLD_SIZES,
+    PRECISIONS,
+    PROFILES,
+    CheckSettings,
+    replay_options,
+)
 from paracheck.check.targets import Target
 from paracheck.errors import InvalidArgument
 
@@ -42,10 +48,6 @@ __all__ = [
     "settled",
     "world_sizes",
 ]
-
-# The world sizes a gloo check draws where none are given: every size up to four, which fits
-# the 2-core machine's rank limit (Note [Gloo rank limit] in ``paracheck.check.limits``).
-DEFAULT_WORLD_SIZES = (1, 2, 3, 4)
 
 # The precision a ``dtype`` stands for.
 DTYPE_PRECISIONS = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}
@@ -122,22 +124,20 @@ def world_sizes(settings: CheckSettings, *, pool: Mapping | None = None) -> tupl
     sizes: tuple[int, ...]
     if settings.case is not None and hasattr(settings.case, "world_size"):
         option, sizes = "case world_size", (settings.case.world_size,)
-        text = str(sizes[0])
+        value: object = sizes[0]
     elif given is None:
         option, sizes = "world_sizes", _default_world_sizes(settings.backend, pool)
-        text = ",".join(map(str, sizes))
+        value = ",".join(map(str, sizes))
     else:
-        option = "world_sizes"
-        text = given if isinstance(given, str) else ",".join(map(str, given))
-        sizes = _parse_sizes(given)
+        option, sizes, value = "world_sizes", _parse_sizes(given), given
     bad = [s for s in sizes if s < 1]
     if bad:
-        raise InvalidArgument(option, text, f"world size {bad[0]} must be >= 1")
+        raise InvalidArgument(option, value, f"world size {bad[0]} must be >= 1")
     if pool is not None:
         if max(sizes) > pool["size"]:
             raise InvalidArgument(
                 option,
-                text,
+                value,
                 f"world size {max(sizes)} exceeds the {pool['size']} agents at "
                 f"{{option:attach}}={settings.attach}",
             )
@@ -146,7 +146,7 @@ def world_sizes(settings: CheckSettings, *, pool: Mapping | None = None) -> tupl
 
         rule = world_size_rule(sizes, "{option:allow_large_world}")
         if rule is not None:
-            raise InvalidArgument(option, text, rule)
+            raise InvalidArgument(option, value, rule)
     return tuple(sorted(set(sizes)))
 
 

@@ -82,7 +82,7 @@ def check_target(
     breaks. One signature, one set of defaults, the fields' (Note [One set of defaults]): what a
     pytest user expects, one search over the whole contract (Note [One search per property])
     stopping at the first failing property, unlabelled, no time budget, seed 0 and the ci
-    profile's 40 examples, world sizes 1,2,3,4 on gloo (``paracheck.check.plan``), no example
+    profile's 40 examples, ``DEFAULT_WORLD_SIZES`` on gloo (``paracheck.check.plan``), no example
     database, the World's hang timeout. ``table=True`` fills the command line's verdict table
     instead (Note [The verdict table] in ``paracheck.check.table``), within ``budget`` seconds;
     ``first_failure=False`` goes on after the first failing property, ``labels=True`` works out

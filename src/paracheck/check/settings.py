@@ -35,6 +35,7 @@ from paracheck.check.kinds import properties_help
 
 __all__ = [
     "CheckSettings",
+    "DEFAULT_WORLD_SIZES",
     "OPTIONS",
     "Option",
     "PRECISIONS",
@@ -55,6 +56,12 @@ PROFILES = {
 
 CHECK, SELFTEST, PYTEST = "check", "selftest", "pytest"
 
+# The world sizes a gloo check draws where none are given, the one default
+# (``paracheck.check.plan.world_sizes`` applies it): every size up to four, which fits the 2-core
+# machine's rank limit (Note [Gloo rank limit] in ``paracheck.check.limits``).
+DEFAULT_WORLD_SIZES = (1, 2, 3, 4)
+_DEFAULT_SIZES_TEXT = ",".join(map(str, DEFAULT_WORLD_SIZES))
+
 
 @dataclass(frozen=True)
 class CheckSettings:
@@ -72,7 +79,7 @@ class CheckSettings:
     search the cases without them."""
 
     # What the cases draw.
-    # "1,2,4" as typed or integers; None: paracheck.check.plan's default (1,2,3,4 on gloo).
+    # "1,2,4" as typed or integers; None: the plan's default (DEFAULT_WORLD_SIZES on gloo).
     world_sizes: tuple[int, ...] | str | None = None
     max_examples: int | None = None  # None: the profile's
     profile: str = "ci"
@@ -170,7 +177,8 @@ _BOTH = frozenset({CHECK, SELFTEST, PYTEST})
 OPTIONS: tuple[Option, ...] = (
     Option(
         "world_sizes",
-        "comma-separated world sizes (default 1,2,3,4 on gloo, every device on nccl)",
+        f"comma-separated world sizes (default {_DEFAULT_SIZES_TEXT} on gloo, every device on "
+        "nccl, every agent with --attach)",
         surfaces=_BOTH,
     ),
     Option(
