@@ -152,6 +152,10 @@ class Case:
     delay_rank: int = 0
     delay_s: float = 0.0
     user_model: UserModel | None = None
+    # Note [Resuming at another world size] (paracheck.check.properties.reshard): saved after
+    # ``reshard_at_step`` steps, the training goes on in a fresh world of ``reshard_world_size``.
+    reshard_at_step: int | None = None
+    reshard_world_size: int = 1
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -177,6 +181,13 @@ class Case:
             raise ValueError(
                 f"reload_at_step={self.reload_at_step} must be None or in 1..steps-1={self.steps - 1}"
             )
+        if self.reshard_at_step is not None and not 1 <= self.reshard_at_step < self.steps:
+            raise ValueError(
+                f"reshard_at_step={self.reshard_at_step} must be None or in "
+                f"1..steps-1={self.steps - 1}"
+            )
+        if self.reshard_world_size < 1:
+            raise ValueError(f"reshard_world_size={self.reshard_world_size} must be >= 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
         if self.clip_norm is not None:
@@ -287,6 +298,8 @@ class Case:
         d["model"] = model_spec_to_dict(self.model)
         if self.user_model is None:
             del d["user_model"]  # a case without it is the JSON it always was
+        if self.reshard_at_step is None:  # the same: a case that is not resumed
+            del d["reshard_at_step"], d["reshard_world_size"]
         return d
 
     def to_json(self, indent: int | None = None) -> str:

@@ -273,6 +273,13 @@ FEATURES: tuple[Feature, ...] = (
         "with the optimizer state reloaded mid-training",
         requires=("several-steps",),
     ),
+    _flag(
+        "reshard_at_step",
+        None,
+        "reshard",
+        "when training is saved and resumed at another world size",
+        requires=("several-steps",),
+    ),
     _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),
     _flag(
         "finish_once",
@@ -400,6 +407,7 @@ CONTRACTS: dict[str, Contract] = {
                 "scheduler",
                 "groups-generators",
                 "reload",
+                "reshard",
                 "unbounded-bucket",
                 "clip",
             }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER
+from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER, PARAMETERS
 
 __all__ = ["kind_mismatch", "unsupported"]
 
@@ -70,17 +70,26 @@ def kind_mismatch(target) -> str | None:
 # the gradients (without one, the rank program synchronises every micro-step, and the row would
 # check plain accumulation under the no-sync name).
 def _needed(kind: str, feature: str) -> tuple[str, ...]:
-    if feature == "reload" and _steps_optimizer(kind):
+    if feature in ("reload", "reshard") and _steps_optimizer(kind):
         return ("state_dict", "load_state_dict")
     if feature == "no-sync" and kind in KINDS and GRADIENTS in KINDS[kind].owns:
         return ("no_sync",)
     return ()
 
 
+# Note [Resuming at another world size] in paracheck.check.properties.reshard.
+RESHARD_PER_RANK = (
+    "its optimizer steps each rank's own shard parameters, so its state is per-rank by contract "
+    "and cannot be loaded at another world size"
+)
+
+
 def unsupported(target, feature: str) -> str | None:
     """Why ``target`` cannot be asked for the optional case ``feature`` (None: it can): the method
     its class lacks, as "Class has no no_sync()". A target that is not a class (a function that
     builds the wrapper: an adapter) is not read here: the rank program runs what it returns."""
+    if feature == "reshard" and target.kind in KINDS and PARAMETERS in KINDS[target.kind].owns:
+        return RESHARD_PER_RANK
     needed = _needed(target.kind, feature)
     if not needed:
         return None

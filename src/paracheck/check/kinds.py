@@ -173,7 +173,15 @@ _ZERO_CONSTRUCTOR = Constructor(
     by_name=frozenset({"params", "bucket_size_mb"}),
 )
 
-_SHARDING_PROPERTIES = ("equivalence", "float64-bound", "state", "memory", "balance", "traffic")
+_SHARDING_PROPERTIES = (
+    "equivalence",
+    "float64-bound",
+    "state",
+    "memory",
+    "balance",
+    "traffic",
+    "reshard",
+)
 
 KINDS: dict[str, Kind] = {
     "ddp": Kind(

@@ -164,6 +164,7 @@ try:  # later catalogues (sharding, ...) are optional until they land
     from paracheck.mutants import sharding as _sharding  # noqa: F401
 except ImportError:
     pass
+from paracheck.mutants import resharding as _resharding  # noqa: E402,F401
 
 for _name, _fn, _bug in (
     (

@@ -65,6 +65,7 @@ from paracheck.strategies._core import (
     sharding_clip_norm_for_seed,
     with_precision,
 )
+from paracheck.strategies._reshard import reshard_draws
 from paracheck.workloads import MLPSpec, build_model
 
 __all__ = ["count_partition_cases", "sharding_cases"]
@@ -197,6 +198,10 @@ def sharding_cases(
     )
     if case.model.kind == "mlp" and case.model.unused == "none" and draw(st.integers(0, 2)) == 0:
         case = _with_idle_parameters(case)
+    # Drawn last, so that the draws before are those of the plain sharding cases (Note [Resuming
+    # at another world size] in paracheck.check.properties.reshard).
+    if case.steps >= 2 and draw(st.booleans()):
+        case = replace(case, **draw(reshard_draws(case, **kw)))
     if precision is not None:
         case = with_precision(case, precision, adam=True)  # Note [Precision from the seed]
     return case

@@ -432,6 +432,22 @@ _ROWS = (
         check=_REDUCE_DTYPE,
     ),
     Property(
+        "reshard",
+        "training saved at one world size and resumed at another does not go on as the oracle's",
+        "state_dict() must hold every parameter's state (consolidated), keyed as a single-process "
+        "optimizer keys it, and load_state_dict() must give each rank of any world size the state "
+        "of what it owns now: every piece at its offset in the parameter, every key (moments, "
+        "step counts, masters), the saved groups' hyper-parameters",
+        holds="saved after k steps at world size W and loaded into a fresh world of W' (drawn, "
+        "another than W where one is drawn), parameters, gradients, optimizer state and masters "
+        "after every step equal the oracle's (`check/properties/reshard.py`, Note [Resuming at "
+        "another world size])",
+        catches="a piece past the first bucket read at the wrong offset, state not restored "
+        "when the number of ranks changes, Adam's moments dropped on load",
+        oracle="yes",
+        check=_rerun("paracheck.check.properties.reshard:check_reshard"),
+    ),
+    Property(
         "world-size-relation",
         "W ranks fed equal batches do not train like one rank fed all of them",
         "average the summed gradients over the world size, and reduce every trainable "

@@ -1,0 +1,208 @@
+"""The ``reshard`` property (the sharding kinds): training saved at one world size and resumed in a
+fresh world of another goes on as if it had never stopped, against the single-process oracle.
+
+Reads, for a case with ``reshard_at_step`` (the ``reshard`` feature), two more runs of the target:
+its kind's rank program on the first k steps at world size W, whose ``RankRecord`` carries the
+parameters and ``final_state_dict``, and ``paracheck.check.ranks.reshard.run_resumed`` on the
+steps k.. at W'. Judges the trajectory they make together with
+``paracheck.check.properties.equivalence.compare``: parameters, gradients where readable,
+optimizer state and masters after every step, ranks bitwise alike.
+
+Note [Resuming at another world size]
+    Checkpoints that change world size are where sharded optimizers lose state silently: a
+    reshardable checkpoint that reads every parameter past the first bucket from the wrong
+    offset, unseen while every test used one bucket; optimizer state not restored when the
+    number of ranks changed; Adam's moments dropped on load. A reload at the same world size
+    (the ``reload`` feature) sees none of them. So a case of the ``reshard`` row is trained k
+    steps at its world size W (``reshard_at_step``: k in 1..steps-1), saved as users save it
+    (the model's parameters, whole on every rank of these kinds, and the target's
+    ``state_dict()``, consolidated: Note [State dict conventions]), loaded into a fresh world of
+    W' (``reshard_world_size``, drawn among the check's world sizes, another than W wherever there
+    is one, 1 included), which trains the remaining steps (``paracheck.check.ranks.reshard``).
+    Around it the sharding cases draw what decides where state lives: bucket sizes from below
+    one parameter to above the model (state spanning several buckets), frozen and unused
+    parameters, uneven and empty shards (more ranks than parameters), several groups with their
+    own hyper-parameters, groups added before and after the save, a scheduler, Adam and SGD with
+    momentum, bfloat16 parameters with float32 masters. Hypothesis shrinks k toward 1 and W'
+    toward the smallest world.
+
+    The oracle never changes world size, so the data must not either: the global batch of a
+    step must be the same at W and W'. Both runs therefore take the same U = lcm(W, W') equal
+    batches per micro-step, rank r of a world of size w receiving U/w of them concatenated
+    (``Case.merged_ranks``, as the world-size relation feeds one rank): each rank's mean over
+    its rows, averaged over ranks, is the mean over the U batches at either size. That is why a
+    resumed case has equal batch sizes and no branch whose use depends on the data (its use would
+    depend on which batch comes first), and why it starts from rank 0's initial parameters; the
+    protocols that leave the result unchanged (``closure``, ``reload_at_step``, a held-back
+    rank) and float16 loss scaling (whose scale a checkpoint would have to carry) are left out
+    of the two runs. The reference is the oracle of the case at W', anchored where the kind's
+    steps are (Note [Anchored steps], Note [Comparing an update]); a rank at W and one at W'
+    compute their local gradients on differently concatenated rows, not by the oracle's
+    operations, so no gradient is judged at the derived step-0 bound (``derived=False``), only at
+    the dtype's tolerance.
+
+    A target whose ``state_dict()`` is each rank's own shard (ranks hold different parameters'
+    state) cannot be loaded at another world size by construction: such a case is not judged (no
+    failure), and a class says so up front with ``unsupported_case_features =
+    {"reshard_at_step": why}``, which makes every case of the row skipped with its reason. A fully
+    sharded wrapper's optimizer steps each rank's own shard parameters: its state is per-rank by
+    contract, and its row says "not supported" (``paracheck.check.interface``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import replace
+
+import torch
+
+from paracheck.cases import Case
+from paracheck.check.features import without
+from paracheck.check.kinds import KINDS
+from paracheck.check.properties._case import case_params, group_of, param_names
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.properties.equivalence import compare
+from paracheck.check.ranks.record import RankRecord
+from paracheck.oracle import train
+from paracheck.oracle.tolerance import anchored
+
+__all__ = ["NAME", "RESUME_FN", "check_reshard", "reshard_cases", "reshardable"]
+
+NAME = "reshard"
+RESUME_FN = "paracheck.check.ranks.reshard:run_resumed"
+
+
+def reshard_cases(case: Case) -> tuple[Case, Case]:
+    """The two halves' cases of a resumed ``case`` (Note [Resuming at another world size]): at its
+    world size W and at ``reshard_world_size`` W', fed the same U = lcm(W, W') equal batches."""
+    if case.reshard_at_step is None:
+        raise ValueError("case.reshard_at_step=None: the case is not resumed")
+    base = without(case, "unused-some-ranks")
+    base = replace(
+        base,
+        rank_dependent_init=False,
+        closure=False,
+        reload_at_step=None,
+        loss_scale=None,
+        delay_at=None,
+        delay_rank=0,
+        delay_s=0.0,
+        merged_ranks=1,
+    )
+    w, w2, b = base.world_size, base.reshard_world_size, base.batch_sizes[0]
+    u = math.lcm(w, w2)
+    at_w = replace(base, batch_sizes=(b,) * w, merged_ranks=u // w)
+    at_w2 = replace(base, world_size=w2, batch_sizes=(b,) * w2, merged_ranks=u // w2)
+    return at_w, at_w2
+
+
+def reshardable(dicts: list) -> bool:
+    """Whether the ``state_dict()`` each rank returned can be loaded at another world size: every
+    rank holds the same parameters' state (consolidated, or no state at all), or the dicts are not
+    torch's format (the target's own, loaded as it is). Per-rank shards cannot be (Note [State
+    dict conventions])."""
+    held = []
+    for sd in dicts:
+        if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict):
+            return True
+        held.append({i for i, st in sd["state"].items() if st})
+    return all(h == held[0] for h in held)
+
+
+@contextlib.contextmanager
+def _single_thread():
+    # As the ranks and the check's own oracle run (paracheck.oracle.tolerance).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _stitched(saved: list[RankRecord], resumed: list[RankRecord]) -> list[RankRecord]:
+    """One record per rank of the resumed world: the saving world's steps (rank r mod W's, all
+    alike in a correct target), then its own."""
+    w = len(saved)
+    return [
+        RankRecord(
+            saved[r % w].initial_params,
+            saved[r % w].initial_buffers,
+            tuple(saved[r % w].steps) + tuple(rec.steps),
+        )
+        for r, rec in enumerate(resumed)
+    ]
+
+
+def _judged_from(case: Case) -> dict[int, int]:
+    """Parameter index -> the step its group is added at (Note [Gradients outside the groups])."""
+    _, added = group_of(case, case_params(case))
+    return {i: at for i, at in added.items() if at is not None}
+
+
+def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergence | None:
+    """The property on a checked case (``ranks``: its run, not read): None where the case is not
+    resumed, the target skips it or returns per-rank shards."""
+    if case.reshard_at_step is None:
+        return None
+    k = case.reshard_at_step
+    at_w, at_w2 = reshard_cases(case)
+    payload = {**target.driver_payload(), "device": None}
+    first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
+    saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
+    if saved[0].skipped is not None:
+        return None
+    dicts = [rec.final_state_dict for rec in saved]
+    if not reshardable(dicts):
+        return None  # per-rank shards: not loadable elsewhere (Note [Resuming at another ...])
+    checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
+    second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
+    resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
+    if resumed[0].skipped is not None:
+        return None
+    stitched = _stitched(saved, resumed)
+    return judge(target.kind, at_w2, stitched, k, at_w.world_size, on_gpus=_on_gpus(world))
+
+
+def _on_gpus(world) -> bool:
+    return getattr(world, "backend", "gloo") == "nccl"
+
+
+def judge(
+    kind: str, case: Case, ranks: list[RankRecord], k: int, saved_at: int, *, on_gpus: bool = False
+) -> Divergence | None:
+    """The trajectory ``ranks`` saved after ``k`` steps at world size ``saved_at`` and resumed at
+    ``case``'s, against the oracle of ``case``; the divergence, reported as ``reshard``, or None."""
+    row = KINDS[kind]
+    on_gradients = row.on_target_gradients or case.master_weights
+    by_step = anchored(case) or on_gradients
+    local_on = "cuda" if on_gpus and anchored(case) else None
+    anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
+    with _single_thread():
+        traj = train(case, anchors, target_gradients=on_gradients, device=local_on)
+    d, _ = compare(
+        traj,
+        ranks,
+        param_names(case),
+        check_state=row.compares_state,
+        device="cuda" if on_gpus else "cpu",
+        anchored=by_step,
+        derived=False,  # local gradients on other rows than the oracle's (Note [Resuming ...])
+        judged_from=_judged_from(case) if row.syncs_its_groups else None,
+    )
+    if d is None:
+        return None
+    when = "before the save" if d.step < k else "after the load"
+    return Divergence(
+        d.step,
+        NAME,
+        d.rank,
+        d.index,
+        d.name,
+        d.max_abs_diff,
+        d.tolerance,
+        f"{d.what} {when}: saved after step {k - 1} at world size {saved_at}, resumed at world "
+        f"size {case.world_size}. {d.detail}".rstrip(),
+        d.worst_ratio,
+    )
