@@ -26,8 +26,16 @@ def _only(*names: str) -> str:
 
 
 def _settings(**changes) -> CheckSettings:
+    # The command line's verdict table (check_target's defaults are one search).
     base = CheckSettings(
-        world_sizes=(1, 2), max_examples=8, database=None, budget=None, timeout=None
+        world_sizes=(1, 2),
+        max_examples=8,
+        table=True,
+        labels=True,
+        first_failure=False,
+        database=None,
+        budget=None,
+        timeout=None,
     )
     return base.replace(**changes)
 
@@ -110,20 +118,33 @@ def test_cuda_timing_call_is_stubbed_after_its_diagnosis(world):
 
 
 def test_causes_found_beyond_the_contract_first_are_numbered_after_the_contracts(world):
-    """Two given cases: one with a buffer breaks its broadcast (beyond the contract), found first;
-    one of the core breaks the division. The core's cause is cause 1, printed first."""
+    """Two given cases: one with a buffer breaks its broadcast (beyond the contract), run first;
+    one of the core breaks the division. The core's cause is cause 1, printed first, as it
+    streams and at the end; the buffer's is held back until the rows beyond the contract."""
     core = Case(world_size=2, batch_sizes=(1, 1), steps=1)
     buffered = replace(core, model=replace(core.model, buffer=True), rank_dependent_init=True)
     two_bugs = Target("two-bugs", "tests.integration._report_targets:TwoBugsDDP", "ddp")
+    streamed: list[str] = []
     report = check_target(
         two_bugs,
         world,
         _settings(features=_only("buffer"), budget=1e-9),
         explicit=[buffered, core],
+        on_failure=lambda f: streamed.append(f"cause: {f.property}"),
+        on_row=lambda row, i, n: (
+            streamed.append(f"row: {row.name}") if row.status != "not drawn" else None
+        ),
     )
     text = report.text()
-    assert [f.property for f in report.failures] == ["initial-state", "gradients"], text
-    assert [f.row for f in report.failures] == ["+buffer", "core"], text
+    assert streamed == [
+        "cause: gradients",
+        "row: core",
+        "cause: initial-state",
+        "row: +buffer",
+        "row: all features",
+    ], text
+    assert [f.property for f in report.failures] == ["gradients", "initial-state"], text
+    assert [f.row for f in report.failures] == ["core", "+buffer"], text
     blocks = _blocks(text)
     assert blocks[0].startswith("cause 1: FAIL two-bugs: gradients"), text
     assert blocks[1].startswith("cause 2: FAIL two-bugs: initial-state"), text
@@ -243,10 +264,10 @@ def test_a_pair_row_takes_a_cause_of_one_of_its_features_rows_as_known():
     it is one of another pair's."""
     from types import SimpleNamespace
 
+    from paracheck.check.attribution import ALL, is_new
     from paracheck.check.failure import PropertyFailure
     from paracheck.check.properties import Divergence
     from paracheck.check.run import CaseResult
-    from paracheck.check.table import ALL, _is_new
     from paracheck.check.verdict import RowVerdict
 
     d = Divergence(0, "grad", 0, 0, "w", 1.0, 1e-15, detail="")
@@ -255,6 +276,141 @@ def test_a_pair_row_takes_a_cause_of_one_of_its_features_rows_as_known():
     search = SimpleNamespace(failures=[known], own=(), declared=frozenset())
     pair = RowVerdict("+accumulation+unused-always", None, pair=("accumulation", "unused-always"))
     other = RowVerdict("+buffer+clip", None, pair=("buffer", "clip"))
-    assert not _is_new(search, "gradients", result, pair, [])
-    assert not _is_new(search, "gradients", result, RowVerdict(ALL, None), [])
-    assert _is_new(search, "gradients", result, other, [])
+    assert not is_new(search, "gradients", result, pair, [])
+    assert not is_new(search, "gradients", result, RowVerdict(ALL, None), [])
+    assert is_new(search, "gradients", result, other, [])
+
+
+def _raised(detail: str, row: str):
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.run import CaseResult
+    from paracheck.world import RankFailure
+    from paracheck.world._failures import RankError
+
+    err = RankError("2 rank(s) raised", [RankFailure(0, "raised", detail)])
+    return PropertyFailure(
+        "raised", CaseResult(Case(seed=0), error=err), own=("/home/u/mypkg/",), row=row
+    )
+
+
+def test_an_exception_at_one_line_of_the_target_is_one_cause_in_every_row():
+    """The same line of the target's code raising the same type (its message naming the case's
+    dtypes one way, then the other) is one cause, in the core and in a feature row alike;
+    another type, or the same message at another line, is another cause; an exception with no
+    frame of the target's is one cause per row."""
+    from paracheck.check.verdict import causes_of
+
+    def tb(line: int, last: str) -> str:
+        return (
+            "Traceback (most recent call last):\n"
+            f'  File "/home/u/mypkg/ddp.py", line {line}, in finish_gradient_synchronization\n'
+            "    p.grad = flat.view(p.shape)\n" + last + "\n"
+        )
+
+    one = "RuntimeError: assign a gradient with dtype 'float' to grad_dtype 'Double'"
+    other = "RuntimeError: assign a gradient with dtype 'double' to grad_dtype 'Float'"
+    a = _raised(tb(42, one), "+float32-layer")
+    b = _raised(tb(42, other), "core")
+    c = _raised(tb(42, "KeyError: 'lr'"), "core")
+    d = _raised(tb(50, one), "core")
+    torch_only = "Traceback (most recent call last):\nRuntimeError: a torch error\n"
+    e, f = _raised(torch_only, "core"), _raised(torch_only, "+buffer")
+    assert causes_of([a, b, c, d, e, f]) == [[a, b], [c], [d], [e], [f]]
+
+
+def test_a_rank_killed_with_nothing_recorded_is_the_stuck_cause_known():
+    """A rank killed in gloo with no frame and no collective recorded is the stuck cause found
+    before (a hang in the same collective, in another row); a hang in another collective with no
+    frame in common is another cause."""
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import causes_of
+    from paracheck.world import RankFailure
+    from paracheck.world._failures import RankDied, RankHang
+
+    hang = RankHang("hung", [RankFailure(0, "hung", "")], disagreement="rank 0 is in its 1st wait")
+    died = RankDied("1 rank(s) died", [RankFailure(1, "died", "killed by signal SIGABRT (6)")])
+    other = RankHang(
+        "hung", [RankFailure(0, "hung", "")], disagreement="rank 0 is in its 2nd broadcast"
+    )
+    own = ("/home/u/mypkg/",)
+
+    def failure(prop, err, row):
+        return PropertyFailure(prop, CaseResult(Case(seed=0), error=err), own=own, row=row)
+
+    hung = failure("hang", hang, "+unused-some-ranks")
+    dead = failure("died", died, "core")
+    third = failure("hang", other, "+unused-some-ranks")
+    assert causes_of([hung, dead, third]) == [[hung, dead], [third]]
+
+
+def test_a_removal_that_takes_the_late_group_with_it_says_nothing():
+    """A known core divergence found again in +unused-always, on a case whose late group holds
+    the branch's parameters only: the case without the branch loses the late group (the bug's
+    trigger), so its passing says nothing and the failure is the known cause."""
+    from types import SimpleNamespace
+
+    from paracheck.cases import GroupSpec
+    from paracheck.check.attribution import is_new
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import RowVerdict
+
+    detail = "worst element #0 (of the finite ones): got 1.5, expected 1.0, ..."
+    d = Divergence(1, "param", 0, 0, "layers.0.weight", 0.5, 1e-15, detail=detail)
+    base = Case(world_size=2, batch_sizes=(1, 1), steps=2)
+    late = replace(
+        base,
+        model=replace(base.model, unused="always"),
+        optimizer=replace(
+            base.optimizer,
+            groups=(GroupSpec(params=(2, 3)), GroupSpec(params=(0, 1), add_at_step=1)),
+        ),
+    )
+    known = PropertyFailure("parameters", CaseResult(base, divergences=[d]), row="core")
+
+    def ran(case):
+        raise AssertionError(f"no case needs to run: {case}")
+
+    search = SimpleNamespace(
+        failures=[known], own=(), declared=frozenset(), checker=SimpleNamespace(run=ran)
+    )
+    row = RowVerdict("+unused-always", "unused-always")
+    every = optional_features()
+    planned = [
+        (RowVerdict("core", None), every),
+        (row, tuple(f for f in every if f != "unused-always")),
+    ]
+    result = CaseResult(late, divergences=[d])
+    assert not is_new(search, "parameters", result, row, planned)
+
+
+def test_a_cause_filed_under_a_row_printed_already_prints_the_row_again(monkeypatch):
+    """A cause found in a feature row that fails the same way without the feature is filed under
+    the core, printed PASS already: the core's row is printed again, FAIL, saying where its cause
+    was found; the feature row lists it as above."""
+    from types import SimpleNamespace
+
+    from paracheck.check import table
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import RowVerdict
+
+    d = Divergence(0, "grad", 0, 0, "w", 1.0, 1e-15, detail="")
+    result = CaseResult(Case(seed=0), divergences=[d])
+    core = RowVerdict("core", None, status="PASS", shown=True)
+    buffer = RowVerdict("+buffer", "buffer")
+    planned = [(core, ()), (buffer, ())]
+    printed = []
+    failure = PropertyFailure("gradients", result, row="core")
+    search = SimpleNamespace(
+        finish=lambda hit, row: failure,
+        on_row=lambda row, i, n: printed.append((row.name, i, row.status, row.why)),
+    )
+    monkeypatch.setattr(table, "attribute", lambda *args: ("core", result))
+    hit = SimpleNamespace(prop="gradients", result=result, notes=[])
+    table._file(search, hit, buffer, planned)
+    assert printed == [("core", 0, "FAIL", "a cause found later, in row +buffer, filed here")]
+    assert core.own == [failure] and buffer.also == [failure]

@@ -178,9 +178,9 @@ class CheckReport:
         return any(r.beyond for r in self.rows if r.name == failure.row)
 
     def causes(self) -> list[list[PropertyFailure]]:
-        """The failures grouped by cause (``causes_of``), those within the target's contract
-        first (Note [The verdict table] in ``paracheck.check.table``), then in the order found."""
-        return causes_of(self.failures, first=self._beyond if self.rows else None)
+        """The failures grouped by cause (``causes_of``), in the order found, as the table
+        streams them (Note [Numbered once, as printed] in ``paracheck.check.table``)."""
+        return causes_of(self.failures)
 
     def table_text(self, backend: str = "gloo", *, blocks: bool = True, rows: bool = True) -> str:
         """The verdict table, one line per row (``rows``), then one block per cause of failure

@@ -11,10 +11,10 @@ Note [The verdict table]
     feature the contract draws together (the search of the whole contract, same cases as
     ``CheckSettings(table=False)``). The rows within the target's contract (the one named, else
     the CS336 handout's for the kinds with its interfaces: ``beyond_contract``) come first, and
-    those beyond it after, under their own heading; their causes are numbered after the
-    contract's, and the summary counts both. Each row searches for causes of failure no earlier
-    row found (Note [Finding every cause]); a row whose cases break only causes found earlier
-    fails "as above". A feature row draws only cases that have its feature (a filter: a kind that
+    those beyond it after, under their own heading; their causes are printed and numbered as
+    found (Note [Numbered once, as printed]), and the summary counts both. Each row searches for
+    causes of failure no earlier row found (Note [Finding every cause]); a row whose cases break
+    only causes found earlier fails "as above". A feature row draws only cases that have its feature (a filter: a kind that
     never draws it makes the row "not drawn"); a feature turned off by the contract or
     ``--features`` is "not drawn", one the target's interface cannot take is "not supported"
     (``paracheck.check.interface``). A kind may name cases its core row runs first, as they are,
@@ -38,13 +38,13 @@ import time
 
 from hypothesis.errors import Unsatisfiable
 
+from paracheck.check.attribution import ALL, attribute, is_new, row_features, row_of
 from paracheck.check.diagnose import cuda_only_call, stubbable_cuda_call
 from paracheck.check.features import (
     CONTRACTS,
     PAIRS,
     beyond_contract,
     case_features,
-    closure,
     feature,
     optional_features,
     parse_features,
@@ -55,12 +55,10 @@ from paracheck.check.interface import unsupported
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
-from paracheck.check.verdict import RowVerdict, by_row, cause_key, cause_of, same_cause
+from paracheck.check.verdict import RowVerdict, cause_key, cause_of, same_cause
 from paracheck.world import PoolLost
 
 __all__ = ["fill_table", "plan_rows"]
-
-ALL = "all features"
 
 
 def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]]:
@@ -114,48 +112,27 @@ def _by_name(planned, name: str) -> RowVerdict:
     return next(row for row, _ in planned if row.name == name)
 
 
-def _features(row: RowVerdict) -> tuple[str, ...]:
-    """The optional features a row's cases all have (none for the core and the whole contract)."""
-    return (row.feature,) if row.feature is not None else row.pair
-
-
-def _keeps(planned) -> dict[str, set[str]]:
-    """Each searched row's name -> the optional features its cases may have."""
-    every = set(optional_features())
-    return {row.name: every - set(off) for row, off in planned if off is not None}
-
-
-def _row_of(case, planned) -> str:
-    """The row a case belongs to: the searched row with the fewest optional features that allows
-    all of the case's (the core, one feature's, a pair's), or the whole contract's."""
-    have = case_features(case) & set(optional_features())
-    keeps = _keeps(planned)
-    fits = [(len(keep), name) for name, keep in keeps.items() if have <= keep and name != ALL]
-    if not fits:
-        return ALL if ALL in keeps else "core"
-    return min(fits)[1]
-
-
 def fill_table(search: _Search, explicit=()) -> CheckReport:
     """Search ``search``'s target row by row (Note [The verdict table]) and report the table."""
     s, checker = search.settings, search.checker
     planned = plan_rows(search)
     rows = [row for row, _ in planned]
-    on_row = getattr(search, "on_row", None) or (lambda row, i, n: None)
+    shown = getattr(search, "on_row", None) or (lambda row, i, n: None)
+
+    def on_row(row, i, n):
+        row.shown = True
+        shown(row, i, n)
+
     budget = s.budget if s.budget else None
     current: list[RowVerdict] = []
+    held: list = []
     try:
-        # The saved and given cases run whatever the budget: few, and the likeliest to fail.
-        search.replay(
-            explicit,
-            lambda case: _row_of(case, planned),
-            lambda prop, result: _attribute(
-                search, prop, result, _by_name(planned, _row_of(result.case, planned)), planned
-            ),
-        )
+        _replay(search, explicit, planned, held)
         deadline = None if budget is None else search.t0 + budget
         checker.deadline = deadline
         for i, (row, off) in enumerate(planned):
+            if row.beyond:
+                _release(search, held)
             if off is None:
                 on_row(row, i, len(rows))
                 continue
@@ -173,18 +150,21 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
                 _search_row(search, row, off, i, len(rows), planned, share)
                 current.clear()
                 checker.deadline = deadline
+            _fill_unsearched(search, row)
             on_row(row, i, len(rows))
+        _release(search, held)
     except PoolLost as lost:  # Note [A lost pool]: the rows found so far, and the one line
         for row in rows:
             if row.status == "not reached" and not row.why:
                 row.why = "the attached pool was lost"
         search.stopped_by(lost)
     except KeyboardInterrupt as exc:
+        _release(search, held)
         how = "terminated (SIGTERM)" if type(exc).__name__ == "Terminated" else "interrupted"
         if current:
             row = current[0]
             hit = getattr(exc, "hit", None)
-            if hit is not None and _is_new(search, hit.prop, hit.result, row, planned, run=False):
+            if hit is not None and is_new(search, hit.prop, hit.result, row, planned, run=False):
                 _add_own(row, search.finish(hit, row=row.name))
             else:
                 row.why = f"{how} while this row was searched"
@@ -197,11 +177,64 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
         raise
     finally:
         checker.deadline = None
-    for row in rows:  # a row not searched whose saved or given case failed
-        mine = [f for f in search.failures if f.row == row.name]
-        if row.status == "not reached" and mine:
-            row.status, row.failure, row.more = "FAIL", mine[0], mine[1:]
+    _release(search, held)
+    for row in rows:
+        _fill_unsearched(search, row)
     return search.report(len(checker.cache), rows=rows)
+
+
+def _fill_unsearched(search: _Search, row: RowVerdict) -> None:
+    """A row not searched whose saved or given cases failed: FAIL with those causes."""
+    mine = [f for f in search.failures if f.row == row.name]
+    if row.status == "not reached" and mine:
+        row.status, row.failure, row.more = "FAIL", mine[0], mine[1:]
+
+
+# Note [Numbered once, as printed]
+#   A cause is numbered when it is first printed (``on_failure``, as the table streams), and the
+#   table printed at the end keeps those numbers: the causes in the order found. So that the
+#   contract's causes come first, a cause a saved or given case shows beyond the contract (they
+#   run before any row) is held back and printed when the first row beyond the contract starts
+#   (``_replay``, ``_release``). A cause found in a later row but filed under a row printed
+#   already (it fails the same way without the later row's features) changes that row: the row
+#   is printed again, saying where its new cause was found (``_file``); a row printed PASS
+#   otherwise stays PASS.
+
+
+def _replay(search: _Search, explicit, planned, held: list) -> None:
+    """The saved and given cases, run whatever the budget (few, and the likeliest to fail), each
+    failure filed under its row; those of rows beyond the contract go to ``held``, not printed
+    yet (Note [Numbered once, as printed])."""
+    announce = search.on_failure
+
+    def hold(failure) -> None:
+        if _by_name(planned, failure.row).beyond:
+            held.append(failure)
+        else:
+            announce(failure)
+
+    search.on_failure = hold
+    try:
+        search.replay(
+            explicit,
+            lambda case: row_of(case, planned),
+            lambda prop, result: attribute(
+                search, prop, result, _by_name(planned, row_of(result.case, planned)), planned
+            ),
+        )
+    finally:
+        search.on_failure = announce
+
+
+def _release(search: _Search, held: list) -> None:
+    """The held causes printed now, and moved to the end of the failures found (their order is
+    their numbers: Note [Numbered once, as printed])."""
+    if not held:
+        return
+    search.failures[:] = [f for f in search.failures if all(f is not h for h in held)] + held
+    for failure in held:
+        search.on_failure(failure)
+    held.clear()
 
 
 # A row beyond the contract may take at most this part of the budget left when it starts (or
@@ -265,111 +298,11 @@ def _stub_cuda_after(search: _Search, row: RowVerdict) -> None:
 #   causes known (each costing a restart of the ranks) stops after ``_CRASHES`` of them.
 _CAUSES_PER_ROW = 4
 _CRASHES = 3
-_ATTRIBUTION_RUNS = 8
-_ATTRIBUTION_GRACE = 10.0  # seconds past the budget the attribution of a cause may take
 
 
 class _RowCrashing(BaseException):
     """The row's cases crashed ranks ``_CRASHES`` times with causes known: the row stops with
     what it found (a BaseException, so that Hypothesis ends the search at once)."""
-
-
-def _quiet_run(search: _Search, case):
-    """``case`` run (or read from the cache) without changing the checker's last result, which
-    the search in progress compares (Note [A cause searched by its property's name])."""
-    checker = search.checker
-    last = checker.last
-    try:
-        return checker.run(case)
-    finally:
-        checker.last = last
-
-
-def _is_new(search: _Search, prop, result, row, planned, *, run: bool = True) -> bool:
-    """Whether ``result``'s failure of ``prop``, in ``row``'s search, is a cause not yet known
-    (Note [Finding every cause]); ``run`` False: without running the cases it would take."""
-    key = cause_key(prop, result, search.own)
-    homes = {f.row for f in search.failures if same_cause(cause_of(f), key)}
-    if homes and (row.name in homes or row.name == "core" or not run or not by_row(key)):
-        return False
-    if homes and (row.name == ALL or homes & {"+" + f for f in row.pair}):
-        # The rows of combinations look for bugs no single feature's row shows: a cause one of
-        # their own features' rows (or, for the whole contract, any row) found is that cause,
-        # whether or not the case without the other features fails exactly so.
-        return False
-    if row.name == "core" or not run:
-        return True
-    keeps = _keeps(planned)
-    have = case_features(result.case)
-    for home in homes:
-        keep = keeps.get(home)
-        if keep is None or not (keep - search.declared) <= have:
-            continue  # that cause's row has a feature this case lacks: not the same bug
-        simpler = without_all(result.case, [f for f in optional_features() if f not in keep])
-        if simpler == result.case:
-            return False
-        again = _quiet_run(search, simpler)
-        if prop in again.failed_properties and same_cause(cause_key(prop, again, search.own), key):
-            return False
-    if key[0] == "diverged" and key[2] in ("rounding", "value", ""):
-        # A feature that rescales what diverges (a clipped gradient, Adam's normalised step)
-        # turns a known wrong value into what looks like a rounding: the case without the row's
-        # features failing the property with a known cause is that cause.
-        mine = closure(set(_features(row)) or set(optional_features()))
-        simpler = without_all(result.case, mine)
-        if simpler != result.case:
-            again = _quiet_run(search, simpler)
-            if prop in again.failed_properties:
-                known = cause_key(prop, again, search.own)
-                if any(same_cause(cause_of(f), known) for f in search.failures):
-                    return False
-    return True
-
-
-def _attribute(search: _Search, prop: str, result, row: RowVerdict, planned):
-    """The row a new cause found in ``row`` belongs to, and its simplest case: the case's
-    optional features removed while it still fails ``prop`` the same way (at most
-    ``_ATTRIBUTION_RUNS`` cases; Note [Finding every cause])."""
-    if row.name == "core":
-        return row.name, result
-    key = cause_key(prop, result, search.own)
-    tries = 0
-    # A few cases past the budget: a failure filed under a feature it does not need (its case
-    # left as found when the budget ran out while it was shrunk) misleads more than it costs.
-    checker, deadline = search.checker, search.checker.deadline
-    if deadline is not None:
-        checker.deadline = max(deadline, time.monotonic() + _ATTRIBUTION_GRACE)
-    try:
-        while tries < _ATTRIBUTION_RUNS:
-            have = [
-                f
-                for f in optional_features()
-                if f in case_features(result.case) and f not in search.declared
-            ]
-            if not have:
-                break
-            tries_before = tries
-            candidates = [without_all(result.case, closure(have))] if len(have) > 1 else []
-            candidates += [without_all(result.case, closure({f})) for f in reversed(have)]
-            for simpler in candidates:
-                if simpler == result.case or tries >= _ATTRIBUTION_RUNS:
-                    continue
-                tries += 1
-                again = _quiet_run(search, simpler)
-                if prop in again.failed_properties and same_cause(
-                    cause_key(prop, again, search.own), key
-                ):
-                    result = again
-                    break
-            else:
-                break
-            if tries == tries_before:
-                break
-    except BudgetSpent:
-        pass  # what was found so far
-    finally:
-        checker.deadline = deadline
-    return _row_of(result.case, planned), result
 
 
 def _add_own(row: RowVerdict, failure) -> None:
@@ -382,7 +315,7 @@ def _add_own(row: RowVerdict, failure) -> None:
 
 def _file(search: _Search, hit, row: RowVerdict, planned) -> None:
     """A new cause found in ``row``'s search, attributed (``_attribute``) and filed in its row."""
-    home, result = _attribute(search, hit.prop, hit.result, row, planned)
+    home, result = attribute(search, hit.prop, hit.result, row, planned)
     if result is not hit.result:
         gone = sorted(case_features(hit.result.case) - case_features(result.case))
         hit = dataclasses.replace(
@@ -399,6 +332,14 @@ def _file(search: _Search, hit, row: RowVerdict, planned) -> None:
     _add_own(target, failure)
     if target is not row:
         row.also.append(failure)
+        if target.shown:
+            # Printed already: printed again, saying why (Note [Numbered once, as printed]).
+            later = f"a cause found later, in row {row.name}, filed here"
+            target.why = f"{target.why}; {later}" if target.why else later
+            on_row = getattr(search, "on_row", None)
+            if on_row is not None:
+                index = next(i for i, (r, _) in enumerate(planned) if r is target)
+                on_row(target, index, len(planned))
 
 
 # Cases drawn for a feature row before the feature is taken as never drawn by the target's kind:
@@ -453,7 +394,7 @@ def _search_row(
     """Search one row for causes not yet known (Note [Finding every cause]) and fill it;
     ``share``: the seconds of the budget it may take, where less than the table's rest."""
     s, checker = search.settings, search.checker
-    features = _features(row)
+    features = row_features(row)
     key = _drawn_key(search, features, off)
     if key is not None and key in _NOT_DRAWN:
         row.status = "not drawn"
@@ -474,7 +415,7 @@ def _search_row(
     crashed: set[int] = set()
 
     def new(prop, result) -> bool:
-        return _is_new(search, prop, result, row, planned)
+        return is_new(search, prop, result, row, planned)
 
     def wanted(failed):
         result = checker.last

@@ -29,6 +29,7 @@ __all__ = [
     "cause_text",
     "causes_of",
     "same_cause",
+    "uninformative",
 ]
 
 
@@ -52,6 +53,7 @@ class RowVerdict:
     more: list[PropertyFailure] = field(default_factory=list)
     beyond: bool = False
     pair: tuple[str, ...] = ()  # a row of two features together: both
+    shown: bool = False  # printed as the table streams (Note [Numbered once, as printed])
 
     @property
     def own(self) -> list[PropertyFailure]:
@@ -108,7 +110,12 @@ class RowVerdict:
 #   (``causes_of``): a divergence of the core and one only a feature adds are two bugs, told
 #   apart by running the feature's case without it (Note [Finding every cause] in
 #   ``paracheck.check.table``). So two bugs of one property are two blocks, and "as above" means
-#   the same cause.
+#   the same cause. What names a line of the target's code is one cause in every row
+#   (``by_row``): an exception's type at the line that raised it (its message may carry the
+#   case's values: a dtype, a size), ranks stuck at a line of it; a rank killed with nothing
+#   recorded (no frame, no collective) is the stuck cause known, if one is (``uninformative``).
+#   A feature row's divergence that is a known one moved by the feature (another tensor or way
+#   first, a rescaled value) is found so by running the case without the feature (``_is_new``).
 
 # A divergence of the key's property at a step follows from one of these at the same step or
 # before (a parameter stepped with a wrong gradient, a state built from one): its cause is theirs.
@@ -170,21 +177,39 @@ BY_ROW = frozenset(
 
 
 def by_row(key: tuple) -> bool:
-    """Whether a cause is also its row (``BY_ROW``): a divergence of the oracle's trajectory,
-    an exception, stuck ranks."""
-    return key[0] != "diverged" or key[1] in BY_ROW
+    """Whether a cause is also its row (``BY_ROW``): a divergence of the oracle's trajectory, an
+    exception raised outside the target's own code, stuck ranks with no frame of the target's
+    known but the collective. An exception raised at a line of the target's code, or ranks stuck
+    at lines of it (or with nothing recorded: ``uninformative``), is one cause in every row
+    (Note [Causes, not properties])."""
+    if key[0] == "diverged":
+        return key[1] in BY_ROW
+    if key[0] == "raised":
+        return not key[2]
+    if key[0] == "stuck":
+        return not key[1] and not uninformative(key)
+    return True
+
+
+def uninformative(key: tuple) -> bool:
+    """Whether a ``cause_key`` of stuck ranks names neither a frame of the target's code nor a
+    collective (a rank killed in gloo with no disagreement recorded): nothing tells it apart from
+    another stuck cause."""
+    return key[0] == "stuck" and not key[1] and not key[2]
 
 
 def same_cause(a: tuple, b: tuple) -> bool:
     """Whether two ``cause_key``s are one cause: equal, or for stuck ranks the same collective
-    with the same frames of the target's code, or no frame known on one side (a rank that died
-    in a mismatched all-reduce, beside a peer hung in that all-reduce: Note [Causes, not
-    properties])."""
+    (or none known on one side) with a frame of the target's code in common (or none known on
+    one side): a rank that died in a mismatched all-reduce, whose disagreement was not recorded,
+    beside a peer hung in that all-reduce (Note [Causes, not properties])."""
     if a == b:
         return True
-    if a[0] != "stuck" or b[0] != "stuck" or a[2] != b[2]:
+    if a[0] != "stuck" or b[0] != "stuck":
         return False
-    return not a[1] or not b[1] or a[1] == b[1]
+    if a[2] and b[2] and a[2] != b[2]:
+        return False
+    return not a[1] or not b[1] or bool(a[1] & b[1])
 
 
 def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
@@ -195,7 +220,13 @@ def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
         if prop == "raised" and failures:
             first = failures[0]
             text = re.sub(r"\d+", "N", _last_line(first.detail))
-            return ("raised", text, target_frame(first.detail, own))
+            frame = target_frame(first.detail, own)
+            if frame:
+                # The line of the target's code that raised, and the exception's type: its
+                # message may name the case's values ("dtype 'float' ... 'Double'" in one case,
+                # "'double' ... 'Float'" in another, one bug).
+                text = re.match(r"[\w.]*", text).group(0) or text
+            return ("raised", text, frame)
         # A hang: where in the target's own code the hung ranks wait tells two hangs apart (the
         # same wait in a later case is the same cause; the counts in the ranks' disagreement
         # differ from case to case).
@@ -248,27 +279,26 @@ def _headline_rank(f: PropertyFailure) -> tuple:
     return (keys.index(f.property) if f.property in keys else len(keys), 1)
 
 
-def causes_of(failures, first=None) -> list[list[PropertyFailure]]:
+def causes_of(failures) -> list[list[PropertyFailure]]:
     """``failures`` grouped by ``cause_of`` and row (Note [Causes, not properties]), in the order
-    found (with ``first``, a function of a
-    failure, groups whose least ``first`` is smaller come before, the order found otherwise);
-    within a group, the most specific property first (``PROPERTIES`` order, a hang before a
-    dead rank)."""
+    found (Note [Numbered once, as printed] in ``paracheck.check.table``); within a group, the
+    most specific property first (``PROPERTIES`` order, a hang before a dead rank)."""
     groups: list[tuple[str | None, tuple, list[PropertyFailure]]] = []
     for f in failures:
         key = cause_of(f)
         group = next(
-            (g for row, k, g in groups if (row == f.row or not by_row(key)) and same_cause(k, key)),
+            (
+                g
+                for row, k, g in groups
+                if (row == f.row or not by_row(key) or not by_row(k)) and same_cause(k, key)
+            ),
             None,
         )
         if group is None:
             groups.append((f.row, key, [f]))
         else:
             group.append(f)
-    out = [sorted(group, key=_headline_rank) for _, _, group in groups]
-    if first is not None:
-        out.sort(key=lambda group: min(first(f) for f in group))
-    return out
+    return [sorted(group, key=_headline_rank) for _, _, group in groups]
 
 
 def cause_text(
