@@ -3,7 +3,7 @@
     match: AttributeError|NoneType
 bug: core: parameters are averaged over one rank fewer than there are (a divisor of world_size - 1, with a guard for one rank)
     shows: gradients, parameters, world-size-relation
-bug: double-backward: the hooks assert that they fire once per synchronisation
+bug: double-backward|finish-once: the hooks assert that they fire once per synchronisation (two backward passes, or two micro-steps before one finish call)
     shows: raised
     match: AssertionError|fired twice
 
