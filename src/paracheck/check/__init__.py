@@ -5,7 +5,8 @@
 * ``properties/``: what runs in the driver on the ``RankRecord``s, one module per property;
 * ``kinds``: the table that says, per kind, which rank program, case strategy and properties
   belong together (``resolve_properties``);
-* ``targets`` (what can be checked, and how its interface is read), ``run`` (one case),
+* ``plan`` (everything a check decides before it runs: ``plan.plan`` gives one ``CheckPlan``
+  per target from the ``settings``), ``targets`` (what can be checked, and how its interface is read), ``run`` (one case),
   ``property`` (the Hypothesis search, ``check_target``), ``features`` (what a failing case
   needs), ``report`` (the one formatter of what a check found), ``adapters``, ``diagnose`` and
   ``limits`` (how many gloo ranks the machine runs).
@@ -19,7 +20,10 @@ from __future__ import annotations
 import importlib
 
 __all__ = [
+    "CheckPlan",
     "CheckReport",
+    "CheckSettings",
+    "InvalidArgument",
     "Target",
     "TargetError",
     "check_target",
@@ -29,7 +33,10 @@ __all__ = [
 ]
 
 _WHERE = {
+    "CheckPlan": "paracheck.check.plan",
     "CheckReport": "paracheck.check.report",
+    "CheckSettings": "paracheck.check.settings",
+    "InvalidArgument": "paracheck.check.plan",
     "Target": "paracheck.check.targets",
     "TargetError": "paracheck.check.targets",
     "check_target": "paracheck.check.property",
