@@ -266,9 +266,9 @@ def test_interrupt_before_any_target_still_exits_quietly(monkeypatch, capsys):
 def test_rank_processes_ignore_ctrl_c_from_their_first_instruction(tmp_path):
     """A Ctrl-C that reaches the zygote (or a rank) while its interpreter is still starting, the
     moment after a World returns, prints nothing: it is blocked until the process ignores it."""
-    from paracheck.world._processes import _sigint_blocked
+    from paracheck.world._processes import sigint_blocked
 
-    with _sigint_blocked():
+    with sigint_blocked():
         zygote = subprocess.Popen(
             [sys.executable, "-m", "paracheck.world._entry", "zygote", str(tmp_path)],
             stdin=subprocess.PIPE,

@@ -148,7 +148,7 @@ def test_collected_world_leaves_no_directory_or_process(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     w = World(1, timeout=5)
-    pids = w.pids + [w._zygote.pid]
+    pids = w.pids + [w.pool.zygote.pid]
     assert len(_leftovers(tmp_path)) == 1
     del w
     gc.collect()
@@ -161,14 +161,14 @@ import sys, time
 from paracheck.world import RankDied, World
 
 w = World(2, timeout=10)
-while not w._zygote.ready():
+while not w.pool.zygote.ready():
     time.sleep(0.05)
 try:  # rank 1 dies and is replaced by a rank the zygote forks
     w.run("tests.integration._hygiene_jobs:exit_on", 1, world_size=2)
 except RankDied:
     pass
 w.submit("tests.integration._hygiene_jobs:leak", (0, 10**9, []), world_size=1)  # rank 0 busy
-print(*w.pids, w._zygote.pid, flush=True)
+print(*w.pids, w.pool.zygote.pid, flush=True)
 time.sleep(120)
 """
 

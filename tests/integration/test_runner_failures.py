@@ -257,8 +257,8 @@ def test_bad_world_size_is_refused(small_world):
 def _finished(world, ranks):
     """Whether every rank of ``ranks`` says, in its status file, that it finished the last job."""
     for r in ranks:
-        st = world._status(r)
-        if st is None or st.get("job") != world._job or st["state"] == "running":
+        st = world.pool.status(r)
+        if st is None or st.get("job") != world.job or st["state"] == "running":
             return False
     return True
 

@@ -10,27 +10,31 @@ import pytest
 
 from paracheck.world import RankHang, World
 from paracheck.world._failures import WorldStartError
-from paracheck.world._watch import _Watch
+from paracheck.world._watch import Watch
 
 # -- the watch alone, on statuses the test writes ----------------------------------------------
 
 
-class _FakeWorld:
-    """What ``_Watch`` reads of a World: statuses set by the test, ranks that use no CPU."""
-
-    stall_seconds = 0.0  # any rank idle at all is a stall, once every rank started
+class _FakePool:
+    """What ``Watch`` reads of a pool: statuses set by the test, ranks that use no CPU."""
 
     def __init__(self, statuses):
         self.statuses = statuses
 
-    def _status(self, rank):
+    def status(self, rank):
         return self.statuses.get(rank)
 
-    def _activity(self, rank):
+    def activity(self, rank):
         return (0, False)
 
-    def _alive(self, rank):
+    def alive(self, rank):
         return True
+
+
+def _watch(statuses, job, w):
+    """A watch over ``statuses`` for which any rank idle at all is a stall (a window of 0 s),
+    once every rank started."""
+    return Watch(_FakePool(statuses), job, w, stall_seconds=0.0)
 
 
 def _running(job, total, inside=None, sized=None):
@@ -53,7 +57,7 @@ def test_no_deadlock_proof_while_a_rank_has_not_started():
     by the counts, unless rank 2 has not started the job, whose collectives may still come."""
     done = dict(_running(5, 1), state="returned")
     statuses = {0: done, 1: _running(5, 2, inside="all_reduce")}
-    watch = _Watch(_FakeWorld(statuses), 5, 3)
+    watch = _watch(statuses, 5, 3)
     for _ in range(3):
         assert watch.began(time.monotonic()) is None
         watch.poll([1, 2])
@@ -67,7 +71,7 @@ def test_no_stall_while_a_rank_has_not_started():
     """No rank uses a CPU and the stall window is 0 s: a stall, but only once every rank of the
     job started; a status of an earlier job is not a start."""
     statuses = {0: _running(7, 1, inside="all_reduce"), 1: _running(6, 3)}
-    watch = _Watch(_FakeWorld(statuses), 7, 2)
+    watch = _watch(statuses, 7, 2)
     watch.poll([0, 1])
     assert watch.began(time.monotonic()) is None
     assert not watch.stalled([0, 1])
@@ -82,7 +86,7 @@ def test_a_start_is_read_on_the_drivers_clock_within_the_job():
     attached rank's clock may be off)."""
     since = time.monotonic()
     early = dict(_running(3, 0), began_ns=time.time_ns() - 10**12)  # 1000 s ago
-    watch = _Watch(_FakeWorld({0: early}), 3, 1)
+    watch = _watch({0: early}, 3, 1)
     assert since <= watch.began(since) <= time.monotonic()
 
 

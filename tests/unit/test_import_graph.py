@@ -1,10 +1,11 @@
 """No import circle in ``src/paracheck``: read from the source with ``ast``, never by importing.
 
-Two graphs, each required to have no cycle: every import statement (at module level or inside a
-function, where a lazy import only hides a circle), edges going to the module named; and the
-module-level imports as Python runs them, where importing ``a.b.c`` first runs the packages
-``a`` and ``a.b`` (a module's own packages are already running and do not count). Imports under
-``if TYPE_CHECKING:`` never run and are left out of both.
+Two graphs, each required to have no cycle: every import statement (at module level, inside a
+function, where a lazy import only hides a circle, or under ``if TYPE_CHECKING:``, where a
+type-only import hides one from the interpreter but not from a reader or a type checker), edges
+going to the module named; and the module-level imports as Python runs them, where importing
+``a.b.c`` first runs the packages ``a`` and ``a.b`` (a module's own packages are already running
+and do not count), type-only imports left out (they never run).
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ def _known(name: str) -> str | None:
 
 
 def _statements(tree: ast.Module, *, nested: bool):
-    """The import statements of ``tree`` outside ``if TYPE_CHECKING:`` blocks: every one
-    (``nested``), or those that run when the module is imported."""
+    """The import statements of ``tree``: every one, type-only ones included (``nested``), or
+    those that run when the module is imported."""
 
     def walk(nodes):
         for node in nodes:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                yield from walk(node.orelse)
+                yield from walk(node.body if nested else node.orelse)
+                if nested:
+                    yield from walk(node.orelse)
                 continue
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 yield node
@@ -151,6 +154,31 @@ def test_graph_reads_the_source():
     assert "paracheck.check.property" not in top["paracheck.cli.check"]
     # from paracheck.accounting.traffic import ...: the package runs first.
     assert "paracheck.accounting" in top["paracheck.check.ranks._common"]
+
+
+def test_a_type_only_import_is_an_edge_of_the_first_graph_only(tmp_path):
+    """An import under ``if TYPE_CHECKING:`` is read as an edge of every import, never of those
+    that run; its ``else:`` branch runs."""
+    path = tmp_path / "typed.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from paracheck.errors import UsageError\n"
+        "else:\n"
+        "    from paracheck.oracle.exact import exact_mean\n"
+    )
+    every = _imported("paracheck.typed", path, nested=True)
+    assert every == {"paracheck.errors", "paracheck.oracle.exact"}
+    assert _imported("paracheck.typed", path, nested=False) == {
+        "paracheck.oracle",
+        "paracheck.oracle.exact",
+    }
+
+
+def test_errors_module_is_a_leaf():
+    """``paracheck.errors`` imports no module of paracheck, not even for type checking: every
+    module may import it, so anything it imported would close a circle."""
+    assert _imported("paracheck.errors", MODULES["paracheck.errors"], nested=True) == set()
 
 
 def test_no_import_circle_among_all_imports():

@@ -41,12 +41,12 @@ from typing import NoReturn
 from paracheck.errors import ParacheckError
 from paracheck.world._rank import (
     _Output,
-    _recv,
-    _send,
     _serve,
     _Watchdog,
     hold_lock,
     read_output,
+    recv,
+    send,
 )
 
 POOL_KEY = "paracheck/pool"
@@ -163,7 +163,7 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
     dump_path = os.path.join(stack_dir, f"rank{rank}.dump")
     while True:
         try:
-            seq, what, arg = _recv(ctl)
+            seq, what, arg = recv(ctl)
         except (EOFError, OSError):
             return
         answer: object = None
@@ -187,7 +187,7 @@ def _control(ctl, rank: int, stack_dir: str, counter, interrupt: _Interrupt, mai
         elif what == "abort":
             answer = bool(counter.active and counter.job == arg) and abort_group()
         try:
-            _send(ctl, (seq, answer))
+            send(ctl, (seq, answer))
         except (EOFError, OSError):
             return
 
@@ -270,9 +270,9 @@ def agent_main(backend: str | None, wait: float, driver_args: list[str]) -> NoRe
     dhost, dport = claim["address"].rsplit(":", 1)
     authkey = bytes.fromhex(claim["authkey"])
     conn = Client((dhost, int(dport)), authkey=authkey)
-    _send(conn, ("ready", rank, os.getpid()))
+    send(conn, ("ready", rank, os.getpid()))
     ctl = Client((dhost, int(dport)), authkey=authkey)
-    _send(ctl, ("control", rank, os.getpid()))
+    send(ctl, ("control", rank, os.getpid()))
     threading.Thread(
         target=_control,
         args=(ctl, rank, stack_dir, counter, interrupt, threading.main_thread().ident),

@@ -4,19 +4,21 @@ A rank that raised -> ``RankError``; a rank that died or stopped itself over its
 ``RankDied``/``RankOverMemory``, once the dead ranks are replaced; a job whose ranks deadlocked
 (Note [Definite deadlock]), stalled, or did not finish within its timeout -> ``RankHang``, once
 the stuck ranks are freed or replaced (Note [Timeout verdicts]). ``World.collect`` calls
-``collect``; what the driver reads of a rank comes through the World's methods (``_status``,
-``_output``, ``_stacks``, ``_abandon``, ``_unstick``, ...), which an ``AttachedWorld`` answers
-from its agents.
+``collect_once``, and runs a job again where it says so; what the driver reads of a rank comes
+through the pool's methods (``paracheck.world._pool.Pool``: ``status``, ``output``, ``stacks``,
+``free``, ...), which a ``LocalPool`` answers from its processes and an ``AgentPool`` from its
+agents.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, NoReturn
+from typing import NamedTuple, NoReturn
 
 from paracheck.world._failures import (
-    _DEATHS,
+    DEATHS,
     RankDied,
     RankError,
     RankFailure,
@@ -24,16 +26,47 @@ from paracheck.world._failures import (
     RankOverMemory,
     WorldError,
     WorldStartError,
-    _collective_of,
-    _collective_of_tb,
-    _order_failures,
+    collective_of,
+    collective_of_traceback,
+    order_failures,
 )
-from paracheck.world._memory import _exceeded
-from paracheck.world._rank import _recv, _send
-from paracheck.world._watch import _Watch, describe_death, describe_disagreement
+from paracheck.world._memory import exceeded
+from paracheck.world._pool import Pool, await_answers
+from paracheck.world._rank import recv, send
+from paracheck.world._watch import Watch, describe_death, describe_disagreement
 
-if TYPE_CHECKING:
-    from paracheck.world.runner import World
+__all__ = ["JobLimits", "Ticket", "collect_once"]
+
+
+class Ticket(NamedTuple):
+    """A job submitted (``World.submit``), for ``World.collect``: its number, function, world
+    size, the deadline (monotonic) its timeout gives from the submission, when it was submitted,
+    its payload and timeout, whether every rank of it was a fresh process, and whether it is a
+    timeout's run again (Note [Timeout verdicts])."""
+
+    job: int
+    fn: str
+    world_size: int
+    deadline: float
+    submitted: float
+    payload: object
+    timeout: float
+    fresh: bool
+    rerun: bool
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """The World's limits a collection judges a job by (Note [Timeout verdicts], Note [Started
+    ranks]): its whole ``timeout``, how long its ranks may take to start the job's code
+    (``begin_timeout``), how long a rank that finished may take to answer past the timeout, and
+    how long no rank may run before the job is a stall (None: never)."""
+
+    timeout: float
+    begin_timeout: float
+    answer_seconds: float
+    stall_seconds: float | None
+
 
 # Note [Timeout verdicts]
 #   A job is hung when its ranks can no longer finish it, not when a clock says so. Three things
@@ -63,76 +96,60 @@ if TYPE_CHECKING:
 #   is reported; a pass then is the case's verdict.
 
 
-def collect(world: World, ticket) -> list:
-    """``World.collect``: the results of the job of ``ticket``, in rank order, or its failure
-    raised. A job past its timeout that nothing proves hung is run again on fresh ranks with the
-    World's whole timeout before it is reported (Note [Timeout verdicts])."""
-    try:
-        return _Collection(world, ticket).run()
-    except RankHang as hang:
-        if hang.confirmed or world._rerunning or not world.reruns_timeouts:
-            raise
-        first = hang
-    fn, payload, w, _ = world._submitted
-    if not world._respawn(list(range(w))):
-        world.restart()
-    world._rerunning = True
-    try:
-        again_ticket = world.submit(fn, payload, world_size=w, timeout=world.timeout)
-        return _Collection(world, again_ticket).run()
-    except RankHang as again:
-        again.rerun = True
-        again.args = (
-            f"{again.args[0]} (run again on fresh ranks with a limit of {world.timeout:g} s "
-            f"after it first did not finish within {first.seconds:.1f} s)",
-        )
-        raise
-    finally:
-        world._rerunning = False
+def collect_once(
+    pool: Pool, ticket: Ticket, limits: JobLimits, outputs: dict[int, str]
+) -> list | None:
+    """The results of the job of ``ticket``, in rank order, or its failure raised; None where a
+    rank of it went over its memory cap on a process that ran earlier jobs, and the job is to be
+    run again with every rank of it fresh (Note [Rank memory cap]; its ranks have been replaced).
+    ``outputs`` is filled with what each rank of the job printed."""
+    return _Collection(pool, ticket, limits, outputs).run()
+
+
+# How long the survivors of a death may take to fail out of the job (their peers are gone), and
+# how long stuck ranks may take to answer once freed, before they are replaced.
+_FAIL_OUT_SECONDS = 3.0
+_FREED_SECONDS = 2.0
 
 
 class _Collection:
     """The answers to one job as they come in, and the job's verdict once they stop coming."""
 
-    def __init__(self, world: World, ticket):
-        job, fn, w, deadline = ticket
-        if job != world._job:
-            raise RuntimeError(
-                f"ticket for job {job} is stale (job {world._job} was submitted since)"
-            )
-        self.world = world
-        self.job, self.fn, self.w = job, fn, w
-        self.started = world._submitted_at
+    def __init__(self, pool: Pool, ticket: Ticket, limits: JobLimits, outputs: dict[int, str]):
+        self.pool, self.ticket, self.limits, self.outputs = pool, ticket, limits, outputs
+        self.job, self.fn, self.w = ticket.job, ticket.fn, ticket.world_size
+        self.started = ticket.submitted
         # The case's timeout counts from the moment the last rank started the job's code (Note
         # [Started ranks]); until then the deadline is the World's start timeout.
-        self.timeout = deadline - self.started
+        self.timeout = ticket.deadline - self.started
         self.began: float | None = None
         # Moved on while a late job is judged (Note [Timeout verdicts]).
-        self.deadline = self.started + self._begin_limit()
+        self.deadline = self.started + limits.begin_timeout
         # A late case that still makes progress waits up to this (Note [Timeout verdicts]).
-        self.hard = self.started + world.timeout
+        self.hard = self.started + limits.timeout
         self.results: dict[int, object] = {}
         self.failures: list[RankFailure] = []
-        world.last_outputs = {}
-        self.pending = dict(enumerate(world._conns))
-        self.watch = _Watch(world, job, w)
+        self.pending = dict(enumerate(pool.conns))
+        self.watch = Watch(pool, self.job, self.w, limits.stall_seconds)
 
-    def run(self) -> list:
-        """The job's results in rank order; raise its failure."""
+    def run(self) -> list | None:
+        """The job's results in rank order, or None to run it again (``collect_once``); raise its
+        failure."""
         self._wait()
-        dead = [f for f in self.failures if f.kind in _DEATHS]
+        dead = [f for f in self.failures if f.kind in DEATHS]
         if dead:
-            return self._after_deaths(dead)
+            self._after_deaths(dead)
+            return None  # a rank over its memory cap on a used process: run again
         stuck = self._running()
         if stuck:
             self._hang(stuck)
         w, fn = self.w, self.fn
         if self.failures:
             # Ranks that finished still hold the old group: re-create it everywhere.
-            self.world._generation += 1
+            self.pool.regroup()
             raise RankError(
                 f"{len(self.failures)} rank(s) raised during {fn} (world size {w})",
-                _order_failures(self.failures),
+                order_failures(self.failures),
             )
         missing = [r for r in range(w) if r not in self.results]
         if missing:
@@ -176,7 +193,7 @@ class _Collection:
                 timeout=min(self.deadline - now, 0.1 if polling else self.started + 0.5 - now),
             )
             self._receive(ready)
-            if any(f.kind in _DEATHS for f in self.failures):
+            if any(f.kind in DEATHS for f in self.failures):
                 break
             if polling:
                 running = self._running()
@@ -197,22 +214,17 @@ class _Collection:
         if began is not None:
             self.began = began
             self.deadline = began + self.timeout
-            self.hard = began + self.world.timeout
-
-    def _begin_limit(self) -> float:
-        limit = self.world.begin_timeout
-        return self.world.start_timeout if limit is None else limit
+            self.hard = began + self.limits.timeout
 
     def _not_started(self) -> NoReturn:
         """Some rank of the job did not start its code within the World's start timeout, and no
         rank failed: no verdict on the job (Note [Started ranks]). The pool is restarted."""
-        world = self.world
         late = [r for r in range(self.w) if self.watch.status(r) is None]
-        world.restart()
+        self.pool.restart()
         raise WorldStartError(
             f"rank(s) {late} did not start {self.fn} (world size {self.w}) within "
-            f"{self._begin_limit():g} s of its submission (creating its process group and "
-            f"importing its function); {world.restarted_words}"
+            f"{self.limits.begin_timeout:g} s of its submission (creating its process group and "
+            f"importing its function); {self.pool.restarted_words}"
         )
 
     def _judged_late(self, now: float) -> bool:
@@ -227,7 +239,7 @@ class _Collection:
             return False
         running = self._running()
         watch.poll(running)
-        if watch.answering(running) and now < self.hard + self.world.answer_seconds:
+        if watch.answering(running) and now < self.hard + self.limits.answer_seconds:
             self.deadline = now + 0.1
             return False
         if watch.watched_for() < 1.0:
@@ -242,13 +254,13 @@ class _Collection:
 
     def _receive(self, ready) -> None:
         """Read the answers on the connections ``ready``; a connection that ended is a death."""
-        world = self.world
+        pool = self.pool
         for conn in ready:
-            rank = world._conns.index(conn)
+            rank = pool.conns.index(conn)
             try:
-                msg = _recv(conn)
+                msg = recv(conn)
             except (EOFError, OSError):
-                self.failures.append(world._death(rank, self.job))
+                self.failures.append(pool.death(rank, self.job))
                 del self.pending[rank]
                 continue
             if msg[0] != self.job:
@@ -256,7 +268,7 @@ class _Collection:
             del self.pending[rank]
             output = msg[3] if len(msg) > 3 else ""
             if output:
-                world.last_outputs[rank] = output
+                self.outputs[rank] = output
             if msg[1] == "ok":
                 self.results[rank] = msg[2]
             elif msg[1] == "error":
@@ -266,40 +278,69 @@ class _Collection:
                         rank,
                         "raised",
                         msg[2],
-                        _collective_of_tb(msg[2]),
+                        collective_of_traceback(msg[2]),
                         output,
                         called_on=called_on,
                     )
                 )
 
     # -- deaths -----------------------------------------------------------------------------
-    def _after_deaths(self, dead: list[RankFailure]) -> list:
+    def _after_deaths(self, dead: list[RankFailure]) -> None:
         """Ranks ended during the job (``dead``): replace them, then raise ``RankOverMemory`` or
         ``RankDied``; or, where a rank went over its memory cap on a process that served earlier
-        jobs, run the job again with every rank of it fresh and return that (Note [Rank memory
+        jobs, return None: the job is run again with every rank of it fresh (Note [Rank memory
         cap])."""
-        world, w = self.world, self.w
+        pool, w = self.pool, self.w
         ranks = sorted(f.rank for f in dead)
         # Read before the dead ranks are replaced (a new process truncates its status).
         mismatch = describe_death({r: self.watch.status(r) for r in range(w)}, ranks)
-        rerun = any(f.kind == "memory" for f in dead) and not world._fresh
+        rerun = any(f.kind == "memory" for f in dead) and not self.ticket.fresh
         stale = tuple(r for r in range(w) if r not in ranks) if rerun else ()
         # Replacing only the dead ranks costs one process start instead of the pool's; ranks
         # found dead meanwhile are added to ``ranks``.
         known = set(ranks)
-        replaced = world._replace_dead(ranks, self.pending, also=stale)
-        dead += [
-            world._exits.pop(r, RankFailure(r, "died", "died")) for r in ranks if r not in known
-        ]
+        replaced, exits = self._replace_dead(ranks, also=stale)
+        dead += [exits.get(r, RankFailure(r, "died", "died")) for r in ranks if r not in known]
         if replaced:
             action = f"rank(s) {sorted(set(ranks) | set(stale))} were restarted"
         else:
-            world.restart()
-            action = world.restarted_words
+            pool.restart()
+            action = pool.restarted_words
         if rerun:
-            fn, payload, w, timeout = world._submitted
-            return world.collect(world.submit(fn, payload, world_size=w, timeout=timeout))
+            return None
         raise self._death_error(dead, mismatch, action)
+
+    def _replace_dead(
+        self, dead: list[int], also: tuple[int, ...]
+    ) -> tuple[bool, dict[int, RankFailure]]:
+        """After ranks ``dead`` died in the job: let the survivors still in it fail out (their
+        peers are gone, so their collectives fail), have every survivor drop its group, and start
+        new processes for the dead ranks and the ranks ``also``; ranks found dead meanwhile are
+        added to ``dead``, with how they ended. False if that did not work (then restart the
+        pool)."""
+        pool = self.pool
+        known = set(dead)
+        waiting = {r: c for r, c in self.pending.items() if r not in dead}
+        deadline = time.monotonic() + _FAIL_OUT_SECONDS
+        while waiting and time.monotonic() < deadline:
+            for conn in wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic())):
+                rank = pool.conns.index(conn)  # type: ignore[arg-type]
+                try:
+                    msg = recv(conn)
+                except (EOFError, OSError):
+                    dead.append(rank)  # a mismatched collective can abort every rank of the pair
+                    waiting.pop(rank, None)
+                    continue
+                if msg[0] == self.job:
+                    waiting.pop(rank, None)
+        dead += [r for r in range(pool.size) if r not in dead and not pool.alive(r)]
+        exits = {r: pool.death(r, self.job) for r in dead if r not in known}
+        if waiting:
+            return False, exits
+        for r in range(pool.size):
+            if r not in dead:
+                send(pool.conns[r], ("reset",))
+        return pool.replace(sorted(set(dead) | set(also))), exits
 
     def _death_error(self, dead: list[RankFailure], mismatch: str, action: str) -> WorldError:
         """The failure of a job whose ranks ``dead`` ended: the first over its memory cap, else
@@ -308,7 +349,7 @@ class _Collection:
         over = [f for f in dead if f.kind == "memory"]  # in the order they were found
         dead.sort(key=lambda f: (f.kind != "memory", f.rank))
         if over:
-            summary = f"rank {over[0].rank} {_exceeded(over[0].status or {})}"
+            summary = f"rank {over[0].rank} {exceeded(over[0].status or {})}"
             return RankOverMemory(
                 f"{summary} during {fn} (world size {w}); {action}", dead, summary=summary
             )
@@ -327,18 +368,18 @@ class _Collection:
         """Ranks ``stuck`` did not answer: a deadlock, a stall or a timeout (Note [Definite
         deadlock], Note [Timeout verdicts]). Record their stacks and statuses, free or replace
         them, and raise ``RankHang``."""
-        world, w = self.world, self.w
+        pool, w = self.pool, self.w
         definite = self.watch.deadlocked(sorted(self.results), stuck)
         stalled = not definite and self.watch.stalled(stuck)
-        stacks = world._stacks(stuck)
+        stacks = pool.stacks(stuck)
         statuses = {r: self.watch.status(r) for r in range(w)}
         seconds = time.monotonic() - self.started
         hung = []
         for r in stuck:
             stack = stacks.get(r) or "(no stack)"
-            output = world._output(r)
+            output = pool.output(r)
             hung.append(
-                RankFailure(r, "hung", stack, _collective_of(stack), output, statuses.get(r))
+                RankFailure(r, "hung", stack, collective_of(stack), output, statuses.get(r))
             )
         done = [
             RankFailure(
@@ -346,7 +387,7 @@ class _Collection:
                 "finished",
                 "returned normally",
                 None,
-                world.last_outputs.get(r, ""),
+                self.outputs.get(r, ""),
                 statuses.get(r),
             )
             for r in sorted(self.results)
@@ -362,7 +403,7 @@ class _Collection:
         elif stalled:
             head = (
                 f"{what} stalled on rank(s) {stuck} after {seconds:.1f} s: none of "
-                f"them ran or issued a collective for {world.stall_seconds:g} s"
+                f"them ran or issued a collective for {self.limits.stall_seconds:g} s"
                 + (f"; {disagreement}" if disagreement else "")
                 + f"; {action}"
             )
@@ -383,28 +424,24 @@ class _Collection:
 
     def _recover(self, stuck: list[int]) -> str:
         """Free the stuck ranks, or replace them, or restart the pool; say which."""
-        world = self.world
+        pool = self.pool
         # Recovery, fastest first: ranks that finished drop their process group, which closes
         # their connections, so a peer stuck in a collective with them fails out of it at once
         # (measured on gloo: 1 s after the peer's destroy_process_group, against the group's
-        # timeout).
-        for r in range(world.size):
-            if r not in stuck and world._procs[r].poll() is None:
-                try:
-                    _send(world._conns[r], ("reset",))
-                except (BrokenPipeError, OSError):
-                    pass
-        # Only a peer that finished or raised can free a stuck rank by dropping its group, or an
-        # interruption of its job.
-        freed = world._abandon(stuck) or bool(self.results or self.failures)
-        recovered = freed and world._await_stuck(stuck, time.monotonic() + 2.0)
-        recovered = (recovered or world._unstick(stuck, self.started)) and all(
-            p.poll() is None for p in world._procs
+        # timeout). Only a peer that finished or raised can free a stuck rank so, or an
+        # interruption of its job where the pool can make one.
+        interrupted = pool.free(stuck, self.job)
+        freed = interrupted or bool(self.results or self.failures)
+        recovered = freed and await_answers(
+            pool, stuck, self.job, time.monotonic() + _FREED_SECONDS
         )
-        if recovered:
-            world._generation += 1
+        if not recovered:
+            until = pool.unstick_deadline(self.started)
+            recovered = until is not None and await_answers(pool, stuck, self.job, until)
+        if recovered and all(pool.alive(r) for r in range(pool.size)):
+            pool.regroup()
             return "ranks recovered"
-        if world._respawn(stuck):
+        if pool.replace(stuck):
             return f"rank(s) {stuck} were killed and restarted"
-        world.restart()
-        return world.restarted_words
+        pool.restart()
+        return pool.restarted_words

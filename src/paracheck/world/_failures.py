@@ -132,10 +132,16 @@ class PeerFailed(ParacheckError, RuntimeError):
     error). The runner lists such ranks after the rank whose own code failed."""
 
 
-_DEATHS = ("died", "memory")  # a rank process that ended during a job
+class PoolLost(ParacheckError, RuntimeError):
+    """The attached agents cannot run another job: an agent is gone, or one stayed stuck in a job
+    that no timeout or abort freed. Not a ``WorldError``: no case failed for it (Note [A lost
+    pool] in paracheck.world.attached)."""
 
 
-def _collective_of(stack: str) -> str | None:
+DEATHS = ("died", "memory")  # a rank process that ended during a job
+
+
+def collective_of(stack: str) -> str | None:
     """The innermost torch.distributed collective in a faulthandler stack dump (most recent first)."""
     for line in stack.splitlines():
         m = re.search(r'File "([^"]+)", line \d+ in (\w+)', line)
@@ -148,7 +154,7 @@ def _collective_of(stack: str) -> str | None:
     return None
 
 
-def _collective_of_tb(text: str) -> str | None:
+def collective_of_traceback(text: str) -> str | None:
     """The innermost torch.distributed collective in a Python traceback (most recent last)."""
     frames = re.findall(r'File "([^"]+)", line \d+, in (\w+)', text)
     for path, name in reversed(frames):
@@ -157,7 +163,7 @@ def _collective_of_tb(text: str) -> str | None:
     return None
 
 
-def _order_failures(failures: list[RankFailure]) -> list[RankFailure]:
+def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     # The rank whose own code raised comes first; peers that merely lost their connection after.
     def secondary(f: RankFailure) -> bool:
         if f"{PeerFailed.__name__}:" in f.detail:  # the exception's line of the traceback

@@ -68,17 +68,15 @@ def default_rank_memory(size: int) -> float:
     return max(1.0, _machine_memory() / (size + 1) / 2**30)
 
 
-def _gb(n: float) -> str:
+def gb(n: float) -> str:
     return f"{n / 2**30:.3g} GB"
 
 
-def _exceeded(record: dict) -> str:
+def exceeded(record: dict) -> str:
     """The words "exceeded 0.5 GB at step 3", from a rank's memory record (Note [Rank memory
     cap])."""
     step = record.get("step")
-    return f"exceeded {_gb(record.get('cap', 0))}" + (
-        f" at step {step}" if step is not None else ""
-    )
+    return f"exceeded {gb(record.get('cap', 0))}" + (f" at step {step}" if step is not None else "")
 
 
 def memory_record(stack_dir: str, rank: int, job: int) -> dict | None:

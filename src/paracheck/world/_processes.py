@@ -14,7 +14,7 @@ import sys
 import time
 from multiprocessing.connection import Listener
 
-from paracheck.world._rank import _recv
+from paracheck.world._rank import recv
 
 
 # Note [Cleaning up]
@@ -30,7 +30,7 @@ from paracheck.world._rank import _recv
 #   directory only if it then gets the lock exclusively, which it does when no other process of
 #   the World is left. (prctl's PR_SET_PDEATHSIG would tie a rank to the driver thread that
 #   started it, not to the driver process, and exists on Linux only.)
-def _remove_dir(path: str, lock: int) -> None:
+def remove_dir(path: str, lock: int) -> None:
     shutil.rmtree(path, ignore_errors=True)
     try:
         os.close(lock)
@@ -55,10 +55,10 @@ def hellos(listener: Listener, deadline: float, give_up, late: str):
         conn = listener.accept()
         if not conn.poll(max(0.0, deadline - time.monotonic())):
             raise RuntimeError(late)
-        yield conn, _recv(conn)
+        yield conn, recv(conn)
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
     if code < 0:
@@ -81,7 +81,7 @@ def rank_env(authkey: bytes) -> dict:
 
 
 @contextlib.contextmanager
-def _sigint_blocked():
+def sigint_blocked():
     """SIGINT blocked in this thread while a rank or the zygote is started: the child inherits the
     mask, so a Ctrl-C during its interpreter's start stays pending until ``_entry`` ignores it
     (which discards it) instead of printing a KeyboardInterrupt from the middle of an import.
@@ -96,7 +96,7 @@ def _sigint_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _wait_code(p) -> int | None:
+def wait_code(p) -> int | None:
     try:
         return p.wait(timeout=2)
     except subprocess.TimeoutExpired:
@@ -110,10 +110,10 @@ def _wait_code(p) -> int | None:
 #   zygote: a process that has imported torch once and forks a new rank on request (tens of
 #   milliseconds). The pool itself is forked from it too: six ranks that each imported torch
 #   took 7.6 s to start on two idle cores, forked 3.7 s, and every World a test suite or a
-#   command starts pays that. Its children are not the driver's, so ``_Forked`` stands in for
+#   command starts pays that. Its children are not the driver's, so ``Forked`` stands in for
 #   ``subprocess.Popen`` and the zygote writes their exit status to a file. The listener the
 #   ranks connect to has a backlog for all of them: forked ranks connect at once.
-class _Zygote:
+class Zygote:
     """The process that forks a gloo World's ranks (Note [Forked ranks]); ready once it has
     imported torch. CPU only: a process forked after torch is imported must not be used with
     CUDA devices by a parent that might have touched them; NCCL worlds start new processes."""
@@ -130,7 +130,7 @@ class _Zygote:
     def start(self) -> None:
         """Start the zygote, unless one runs."""
         if self._proc is None or self._proc.poll() is not None:
-            with _sigint_blocked():
+            with sigint_blocked():
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "paracheck.world._entry", "zygote", self._dir],
                     env=rank_env(b""),
@@ -166,7 +166,7 @@ class _Zygote:
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._proc.kill()
-            _wait_code(self._proc)
+            wait_code(self._proc)
             self._proc = None
             try:
                 os.remove(self._ready)
@@ -174,7 +174,7 @@ class _Zygote:
                 pass
 
 
-class _Forked:
+class Forked:
     """The part of ``subprocess.Popen`` the World uses, for a rank forked by the zygote."""
 
     def __init__(self, pid: int, stack_dir: str):
@@ -184,7 +184,7 @@ class _Forked:
 
     def poll(self):
         if self.returncode is None and os.path.exists(self._exit):
-            self.returncode = int(_read(self._exit) or -1)
+            self.returncode = int(read_text(self._exit) or -1)
         elif self.returncode is None:
             try:
                 os.kill(self.pid, 0)
@@ -195,7 +195,7 @@ class _Forked:
                 while not os.path.exists(self._exit) and time.monotonic() < until:
                     time.sleep(0.01)
                 self.returncode = (
-                    int(_read(self._exit) or -signal.SIGKILL)
+                    int(read_text(self._exit) or -signal.SIGKILL)
                     if os.path.exists(self._exit)
                     else -signal.SIGKILL
                 )
@@ -216,14 +216,14 @@ class _Forked:
         return self.returncode
 
 
-def _size(path: str) -> int:
+def file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path) as f:
             return f.read()

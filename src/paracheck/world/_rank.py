@@ -287,7 +287,7 @@ def rank_main(
     if device is not None:
         torch.cuda.set_device(torch.device(device))
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-    _send(conn, ("ready", rank, os.getpid()))
+    send(conn, ("ready", rank, os.getpid()))
     if not _serve(
         rank, conn, store, stack_file, backend, device, pg_timeout, counter, output, watchdog
     ):
@@ -375,13 +375,13 @@ def _serve(
     current = None  # (world_size, generation) of the live default group
     while True:
         try:
-            msg = _recv(conn)
+            msg = recv(conn)
         except (EOFError, OSError):
             return False
         if msg[0] == "stop":
             if dist.is_initialized():
                 dist.destroy_process_group()
-            _send(conn, ("stopped", rank))
+            send(conn, ("stopped", rank))
             return True
         if msg[0] == "reset":
             current = None
@@ -416,7 +416,7 @@ def _serve(
                     )
                 current = (world_size, generation)
             if rank >= world_size:
-                _send(conn, (job_id, "idle", None))
+                send(conn, (job_id, "idle", None))
                 continue
             assert fn is not None  # resolved above for every rank of the job
             output.begin()
@@ -430,7 +430,7 @@ def _serve(
             finally:
                 with watchdog.guard:
                     counter.end(state)
-            _send(conn, (job_id, "ok", result, output.take()))
+            send(conn, (job_id, "ok", result, output.take()))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
             # A failed collective leaves the group unusable: drop it, the next job re-creates it.
             current = None
@@ -443,7 +443,7 @@ def _serve(
             except Exception:  # noqa: BLE001 - a reading of the frames must never lose the answer
                 called_on = None
             try:
-                _send(conn, (job_id, "error", text, output.take(), called_on))
+                send(conn, (job_id, "error", text, output.take(), called_on))
             except Exception:
                 return False
 
@@ -473,9 +473,9 @@ def _drop_group(backend: str) -> None:
 # Plain pickle over the connection: multiprocessing's ForkingPickler would hand torch tensors over
 # as shared-memory file descriptors (torch.multiprocessing's reductions), which needs the
 # multiprocessing authkey of a parent/child pair that these independent processes do not share.
-def _send(conn, obj) -> None:
+def send(conn, obj) -> None:
     conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _recv(conn):
+def recv(conn):
     return pickle.loads(conn.recv_bytes())

@@ -1,5 +1,5 @@
 """What the driver reads of the ranks while a job is late: their collective counts and activity
-(``_Watch``), whether they are deadlocked (Note [Definite deadlock]), and the sentence a hang or
+(``Watch``, through the pool's methods: ``paracheck.world._pool.Pool``), whether they are deadlocked (Note [Definite deadlock]), and the sentence a hang or
 death report gives of what they disagree on (``describe_disagreement``, ``describe_death``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from paracheck.world.runner import World
+    from paracheck.world._pool import Pool
 
 # Note [Definite deadlock]
 #   Every rank of a correct program issues the same sequence of collectives on a group. So when a
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 #   rank "not started": a hang the target was told to fix. A job that has not started is slow,
 #   not stuck. So nothing is judged of a job before every rank of it started: no deadlock, no
 #   stall, and the case's timeout counts from the moment the last rank started (its record's
-#   ``began_ns``, on the driver's clock: ``_Watch.began``), not from the submission. A job whose
+#   ``began_ns``, on the driver's clock: ``Watch.began``), not from the submission. A job whose
 #   ranks do not all start within the World's ``begin_timeout`` (default: its ``start_timeout``)
 #   is no verdict on the target either: paracheck could not start it (``WorldStartError``),
 #   unless a rank of it has already failed, which is the job's verdict, judged from the
@@ -73,12 +73,14 @@ def process_activity(pid: int) -> tuple[int, bool] | None:
     return ns, busy
 
 
-class _Watch:
+class Watch:
     """The ranks' collective counts and activity while one job is late (see Note [Definite
     deadlock], Note [Timeout verdicts])."""
 
-    def __init__(self, world: World, job: int, w: int):
-        self._world = world
+    def __init__(self, pool: Pool, job: int, w: int, stall_seconds: float | None):
+        self._pool = pool
+        # No rank's activity is read where no stall is judged (None).
+        self._stall_seconds = stall_seconds
         self.job = job
         self.w = w
         self._last: dict[int, tuple | None] = {}
@@ -96,7 +98,7 @@ class _Watch:
         self.began_at: float | None = None
 
     def status(self, rank: int) -> dict | None:
-        st = self._world._status(rank)
+        st = self._pool.status(rank)
         return st if st is not None and st.get("job") == self.job else None
 
     def began(self, since: float) -> float | None:
@@ -130,7 +132,7 @@ class _Watch:
             if self._last.get(r) != key:
                 self._last[r] = key
                 self._changed[r] = now
-            act = self._world._activity(r)
+            act = None if self._stall_seconds is None else self._pool.activity(r)
             if act is None:
                 self._blind = True
                 continue
@@ -162,14 +164,14 @@ class _Watch:
         out = []
         for r in running:
             st = self.status(r)
-            if st is not None and st["state"] != "running" and self._world._alive(r):
+            if st is not None and st["state"] != "running" and self._pool.alive(r):
                 out.append(r)
         return out
 
     def stalled(self, running: list[int]) -> bool:
         """Whether no rank of ``running`` (the ranks still in the job, one at least) ran, issued a
         collective or changed state for the World's ``stall_seconds`` (Note [Timeout verdicts])."""
-        window = self._world.stall_seconds
+        window = self._stall_seconds
         if window is None or self._blind or not running or self._first is None:
             return False
         if self.began_at is None or self.answering(running):

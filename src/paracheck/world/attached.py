@@ -1,5 +1,8 @@
 """``AttachedWorld("HOST:PORT")``: a ``World`` whose ranks torchrun started, on any number of nodes.
 
+Its pool is an ``AgentPool`` (``paracheck.world._pool.Pool``): the agents' connections, answered
+by each agent's control thread where a ``LocalPool`` reads its processes' files.
+
 ``torchrun ... -m paracheck.agent`` starts the agents (``paracheck.world._agent``); the driver
 attaches through torchrun's own rendezvous store at ``MASTER_ADDR:MASTER_PORT`` and then runs
 jobs on them exactly as on a ``World``: same ``run``/``submit``/``collect``, same failures
@@ -18,14 +21,14 @@ import time
 from datetime import timedelta
 from multiprocessing.connection import Listener
 
-from paracheck.errors import ParacheckError
 from paracheck.world._agent import DRIVER_KEY, POOL_KEY, agent_key
-from paracheck.world._failures import RankFailure
+from paracheck.world._failures import PoolLost, RankFailure
+from paracheck.world._pool import group_timeout
 from paracheck.world._processes import hellos
-from paracheck.world._rank import _recv, _send
+from paracheck.world._rank import recv, send
 from paracheck.world.runner import World
 
-__all__ = ["AttachedWorld", "PoolLost", "parse_address", "pool_of"]
+__all__ = ["AgentPool", "AttachedWorld", "PoolLost", "parse_address", "pool_of"]
 
 # Note [Attached ranks]
 #   A multi-node check needs ranks on every node, and on a cluster the processes are started by
@@ -80,12 +83,6 @@ def _facing(host: str, port: int) -> str:
 #   report says the check stopped there; a target with nothing found yet has no verdict
 #   (``check_target`` raises ``PoolLost``). ``paracheck check`` prints the verdicts it has and
 #   one line saying the torchrun job must be started again, and checks no further target.
-
-
-class PoolLost(ParacheckError, RuntimeError):
-    """The attached agents cannot run another job: an agent is gone, or one stayed stuck in a job
-    that no timeout or abort freed. Not a ``WorldError``: no case failed for it (Note [A lost
-    pool])."""
 
 
 # How a refused --attach says what to start.
@@ -212,33 +209,45 @@ class _Agent:
         return self.returncode
 
 
-class AttachedWorld(World):
-    """The agents of a torchrun job, attached at ``address`` (its ``MASTER_ADDR:MASTER_PORT``).
+# How long an agent's control thread may take to answer a question, to an interrupt while the
+# driver is being stopped, and to an abort of an NCCL group; and how long stopping the agents
+# waits for them to say they stopped.
+_ASK_SECONDS = 2.0
+_KILL_ASK_SECONDS = 0.5
+_ABORT_SECONDS = 10.0
+_STOP_SECONDS = 5.0
 
-    ``size`` and ``backend`` are the pool's (``torchrun``'s world size, ``paracheck.agent
-    --backend``); ``timeout`` bounds every job, as for a World. Closing it stops the agents, and
-    the torchrun job ends."""
 
-    def __init__(self, address: str, *, timeout: float = 30.0, start_timeout: float = 30.0):
-        store, host, port, pool, nodes = _pool(address, start_timeout)
+class AgentPool:
+    """The agents of a torchrun job as a World's pool (``paracheck.world._pool.Pool``): found in
+    the store at ``address`` (``_pool``), claimed for this driver when opened, never started,
+    replaced or killed from here (Note [A lost pool]); a job they cannot finish is interrupted,
+    and on NCCL their group aborted (Note [Attached ranks])."""
+
+    replaces_ranks = False
+    restarted_words = "the attached agents cannot run another case (torchrun owns them)"
+
+    def __init__(self, address: str, *, start_timeout: float, group_timeout: float):
+        store, host, port, info, nodes = _pool(address, start_timeout)
         self.address = f"{host}:{port}"
+        self.size: int = info["size"]
+        self.backend: str = info["backend"]
+        self.nodes = nodes
+        self.start_timeout = start_timeout
+        self.group_timeout = group_timeout
+        self.generation = 0
+        self.restarts = 0
+        self.start_seconds = self.spawn_seconds = 0.0
+        self.served = [0] * self.size
+        self.conns: list = []
         self._attach = (store, host, port)
-        self._nodes = nodes
+        self._procs: list = []
         self._ctls: list = []
         self._seq = 0
         self._broken: str | None = None
-        devices = [n["device"] for n in nodes] if pool["backend"] == "nccl" else None
-        super().__init__(
-            pool["size"],
-            backend=pool["backend"],
-            timeout=timeout,
-            devices=devices,
-            start_timeout=start_timeout,
-            rank_memory=float("inf"),
-        )
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _start(self) -> None:
+    def open(self) -> None:
         t0 = time.monotonic()
         store, host, port = self._attach
         authkey = os.urandom(16)
@@ -248,7 +257,7 @@ class AttachedWorld(World):
                 "address": f"{listener.address[0]}:{listener.address[1]}",
                 "authkey": authkey.hex(),
                 "session": os.urandom(8).hex(),
-                "pg_timeout": self._pg_timeout,
+                "pg_timeout": self.group_timeout,
             }
         )
         if store.compare_set(DRIVER_KEY, "", claim).decode() != claim:
@@ -257,14 +266,13 @@ class AttachedWorld(World):
                 f"attach={self.address!r}: these agents already serve another driver (one driver "
                 "per torchrun job: start another job for another driver)"
             )
-        self._store = store
         self._procs = [None] * self.size
-        self._conns, self._ctls = [None] * self.size, [None] * self.size
+        self.conns, self._ctls = [None] * self.size, [None] * self.size
         deadline = time.monotonic() + self.start_timeout
 
         def give_up() -> None:
             if time.monotonic() > deadline:
-                missing = [r for r in range(self.size) if None in (self._conns[r], self._ctls[r])]
+                missing = [r for r in range(self.size) if None in (self.conns[r], self._ctls[r])]
                 raise RuntimeError(
                     f"attach={self.address!r}: agent(s) {missing} did not connect within "
                     f"{self.start_timeout:g} s"
@@ -274,25 +282,22 @@ class AttachedWorld(World):
         try:
             for conn, (what, rank, pid) in hellos(listener, deadline, give_up, late):
                 if what == "ready":
-                    self._conns[rank] = conn
-                    self._procs[rank] = _Agent(pid, self._nodes[rank])
+                    self.conns[rank] = conn
+                    self._procs[rank] = _Agent(pid, self.nodes[rank])
                 else:
                     self._ctls[rank] = conn
-                if None not in self._conns + self._ctls:
+                if None not in self.conns + self._ctls:
                     break
         finally:
             listener.close()
         self.start_seconds = self.spawn_seconds = time.monotonic() - t0
 
-    def _respawn(self, ranks: list[int]) -> bool:
+    def replace(self, ranks: list[int]) -> bool:
+        """Never: torchrun owns the agents."""
         return False
 
-    # No process of the agents' is on this machine to watch, and none can be replaced to run a
-    # late job again (Note [Timeout verdicts] in paracheck.world._collect).
-    stall_seconds = None
-    reruns_timeouts = False
-
     def restart(self) -> None:
+        """The agents cannot be started again from here: the pool is lost (Note [A lost pool])."""
         dead = [r for r, p in enumerate(self._procs) if p is not None and p.poll() is not None]
         self._broken = (
             f"the agents at {self.address} cannot run another case"
@@ -304,8 +309,6 @@ class AttachedWorld(World):
             + ": start the torchrun job again"
         )
 
-    restarted_words = "the attached agents cannot run another case (torchrun owns them)"
-
     @property
     def lost(self) -> str | None:
         """Why these agents cannot run another job (None while they can)."""
@@ -313,49 +316,52 @@ class AttachedWorld(World):
             self.restart()
         return self._broken
 
-    def submit(
-        self, fn: str, payload, *, world_size: int | None = None, timeout: float | None = None
-    ):
-        if self.lost is not None:
-            raise PoolLost(self.lost)
-        return super().submit(fn, payload, world_size=world_size, timeout=timeout)
+    def regroup(self) -> None:
+        self.generation += 1
+
+    def reset(self, ranks: list[int]) -> None:
+        for r in ranks:
+            if self._procs[r].poll() is None:
+                try:
+                    send(self.conns[r], ("reset",))
+                except (BrokenPipeError, OSError):
+                    pass
 
     def close(self) -> None:
-        for conn in self._conns:
+        """Stop the agents (the torchrun job then ends)."""
+        for conn in self.conns:
             try:
-                _send(conn, ("stop",))
+                send(conn, ("stop",))
             except (AttributeError, OSError):
                 pass
-        deadline = time.monotonic() + 5.0
-        for conn in self._conns:
+        deadline = time.monotonic() + _STOP_SECONDS
+        for conn in self.conns:
             try:
                 while conn.poll(max(0.0, deadline - time.monotonic())):
-                    if _recv(conn)[0] == "stopped":
+                    if recv(conn)[0] == "stopped":
                         break
             except (AttributeError, EOFError, OSError):
                 pass
-        self._kill()
-        self._cleanup()
+        self._disconnect()
 
-    def kill(self) -> None:
+    def kill(self, job: int) -> None:
         """Interrupt the job the agents run, then stop them."""
         for r in range(self.size):
-            self._ask(r, "interrupt", self._job, timeout=0.5)
+            self._ask(r, "interrupt", job, timeout=_KILL_ASK_SECONDS)
         self.close()
 
-    def _kill(self) -> None:
-        for c in list(self._conns) + list(self._ctls):
+    def _disconnect(self) -> None:
+        for c in list(self.conns) + list(self._ctls):
             if c is not None:
                 c.close()
-        self._conns, self._ctls, self._procs = [], [], []
+        self.conns, self._ctls, self._procs = [], [], []
 
     @property
-    def nodes(self) -> list[str]:
-        """Each rank's host name."""
-        return [n["host"] for n in self._nodes]
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
 
     # -- what the driver sees of a rank -----------------------------------------------------
-    def _ask(self, rank: int, what: str, arg=None, timeout: float = 2.0):
+    def _ask(self, rank: int, what: str, arg=None, timeout: float = _ASK_SECONDS):
         """The answer of agent ``rank``'s control thread (None if it does not answer in time)."""
         ctl = self._ctls[rank] if rank < len(self._ctls) else None
         if ctl is None:
@@ -364,42 +370,88 @@ class AttachedWorld(World):
         seq = self._seq
         deadline = time.monotonic() + timeout
         try:
-            _send(ctl, (seq, what, arg))
+            send(ctl, (seq, what, arg))
             while ctl.poll(max(0.0, deadline - time.monotonic())):
-                got, answer = _recv(ctl)
+                got, answer = recv(ctl)
                 if got == seq:
                     return answer
         except (EOFError, OSError):
             self._procs[rank].returncode = 1
         return None
 
-    def _status(self, rank: int) -> dict | None:
+    def alive(self, rank: int) -> bool:
+        return self._procs[rank].poll() is None
+
+    def status(self, rank: int) -> dict | None:
         return self._ask(rank, "status")
 
-    def _output(self, rank: int) -> str:
+    def output(self, rank: int) -> str:
         return self._ask(rank, "output") or ""
 
-    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
         return {r: self._ask(r, "stack") or "" for r in ranks}
 
-    def _abandon(self, stuck: list[int]) -> bool:
-        """Interrupt the stuck ranks' job: a rank in Python raises at once, one blocked in a
-        collective as soon as the collective returns; on NCCL, abort their group, which frees a
-        collective no peer will join (Note [Attached ranks])."""
-        for r in stuck:
-            self._ask(r, "interrupt", self._job)
-        if self.backend == "nccl":
-            for r in stuck:
-                self._ask(r, "abort", self._job, timeout=10.0)
-        return True
-
-    def _unstick(self, stuck: list[int], started: float) -> bool:
-        """Wait for the group's timeout to free a rank blocked in a collective that no peer will
-        join (Note [Attached ranks])."""
-        return self._await_stuck(stuck, started + self._pg_timeout + 1.0)
-
-    def _death(self, rank: int, job: int) -> RankFailure:
-        host = self._nodes[rank]["host"]
+    def death(self, rank: int, job: int) -> RankFailure:
+        host = self.nodes[rank]["host"]
         return RankFailure(
             rank, "died", f"its connection ended: the agent on {host} exited, or its node is gone"
         )
+
+    def activity(self, rank: int) -> tuple[int, bool] | None:
+        """Never known: an agent's process is on another machine (Note [Timeout verdicts])."""
+        return None
+
+    def free(self, stuck: list[int], job: int) -> bool:
+        """The other agents drop their group; the stuck ones are interrupted: a rank in Python
+        raises at once, one blocked in a collective as soon as the collective returns; on NCCL
+        their group is aborted, which frees a collective no peer will join (Note [Attached
+        ranks])."""
+        self.reset([r for r in range(self.size) if r not in stuck])
+        for r in stuck:
+            self._ask(r, "interrupt", job)
+        if self.backend == "nccl":
+            for r in stuck:
+                self._ask(r, "abort", job, timeout=_ABORT_SECONDS)
+        return True
+
+    def unstick_deadline(self, started: float) -> float | None:
+        """The group's timeout frees a rank blocked in a collective that no peer will join (Note
+        [Attached ranks]): no agent can be replaced, so it is always waited for."""
+        return started + self.group_timeout + 1.0
+
+
+class AttachedWorld(World):
+    """The agents of a torchrun job, attached at ``address`` (its ``MASTER_ADDR:MASTER_PORT``).
+
+    ``size`` and ``backend`` are the pool's (``torchrun``'s world size, ``paracheck.agent
+    --backend``); ``timeout`` bounds every job, as for a World. Closing it stops the agents, and
+    the torchrun job ends."""
+
+    def __init__(self, address: str, *, timeout: float = 30.0, start_timeout: float = 30.0):
+        pool = AgentPool(
+            address, start_timeout=start_timeout, group_timeout=group_timeout(float(timeout))
+        )
+        self.agents = pool
+        super().__init__(
+            pool.size,
+            backend=pool.backend,
+            timeout=timeout,
+            devices=[n["device"] for n in pool.nodes] if pool.backend == "nccl" else None,
+            start_timeout=start_timeout,
+            rank_memory=float("inf"),
+            pool=pool,
+        )
+
+    @property
+    def address(self) -> str:
+        return self.agents.address
+
+    @property
+    def lost(self) -> str | None:
+        """Why these agents cannot run another job (None while they can): Note [A lost pool]."""
+        return self.agents.lost
+
+    @property
+    def nodes(self) -> list[str]:
+        """Each rank's host name."""
+        return [n["host"] for n in self.agents.nodes]
