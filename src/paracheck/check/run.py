@@ -14,6 +14,7 @@ from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.equivalence import compare
+from paracheck.check.properties.reading import on_its_reading
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.check.user_model import fitted_case
@@ -97,10 +98,21 @@ def _single_thread():
 
 
 def oracle_for(
-    case: Case, anchors=None, *, target_gradients: bool = False, device: str | None = None
+    case: Case,
+    anchors=None,
+    *,
+    target_gradients: bool = False,
+    device: str | None = None,
+    skip_unreached: frozenset[tuple[int, int]] = frozenset(),
 ):
     with _single_thread():
-        return train(case, anchors, target_gradients=target_gradients, device=device)
+        return train(
+            case,
+            anchors,
+            target_gradients=target_gradients,
+            device=device,
+            skip_unreached=skip_unreached,
+        )
 
 
 def oracle_device(case: Case, ranks_on: str) -> str | None:
@@ -169,16 +181,23 @@ def run_case(
     divs, worst = [], 0.0
     judged_from = _grouped_from(case) if row.syncs_its_groups else None
     if "equivalence" in props or (row.compares_state and "state" in props):
-        div, worst = compare(
+        anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
+        traj, div, worst = on_its_reading(  # Note [A parameter no rank reached]
             traj,
-            ranks,
-            param_names(case),
-            check_state=check_state,
-            # Local gradients computed where the ranks compute them: the same operations.
-            device="cpu" if local_on is not None else ranks_on,
-            anchored=by_step,
-            derived=row.derived_bound,
-            judged_from=judged_from,
+            lambda traj: compare(
+                traj,
+                ranks,
+                param_names(case),
+                check_state=check_state,
+                # Local gradients computed where the ranks compute them: the same operations.
+                device="cpu" if local_on is not None else ranks_on,
+                anchored=by_step,
+                derived=row.derived_bound,
+                judged_from=judged_from,
+            ),
+            lambda skips: oracle_for(
+                case, anchors, target_gradients=on_gradients, device=local_on, skip_unreached=skips
+            ),
         )
         divs += [div] if div is not None else []
     evidence = Evidence(

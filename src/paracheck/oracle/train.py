@@ -15,7 +15,9 @@ Semantics (the contract every target must meet, see ``paracheck.cases.Case``):
   zeros otherwise, for a parameter in one of the optimizer's groups; a parameter in none (its
   group is added later) keeps the synchronised gradient of the previous step, so it accumulates
   until its group is added, as in real training (``Case.zero_grad_module``: every parameter is
-  cleared);
+  cleared); a parameter that holds those zeros and that no rank's backward reached is stepped
+  with them or, in the other reading a target may take, skipped as if its gradient were None
+  (``skip_unreached``: Note [A parameter no rank reached]);
 * with ``case.loss_scale``, each rank's loss is scaled by the ``GradScaler``'s scale before its
   backward, and the synchronised gradients of the optimizer's parameters are unscaled
   (``scaler.unscale_(optimizer)``) before anything reads them; ``scaler.step`` skips the step
@@ -58,6 +60,34 @@ from paracheck.cases import (
 
 __all__ = ["StepRecord", "Trajectory", "clip_global_norm", "train"]
 
+# Note [A parameter no rank reached]
+#   Under ``zero_grad(set_to_none=False)`` a parameter that once had a gradient holds a zero
+#   tensor after each ``zero_grad()``. Where no rank's backward reaches it before the next step,
+#   single-process training steps that zero tensor: weight decay, momentum and Adam's moments
+#   move the parameter and its state (reading "step"). A wrapper that frees every ``.grad`` when
+#   it synchronises and records which parameters some rank gave a gradient (a sharded design
+#   whose ranks own the parameters) steps such a parameter as if its gradient were None, as
+#   torch's optimizers do after ``zero_grad(set_to_none=True)`` (reading "skip"). Both are
+#   readings of the interface, and paracheck accepts either, for such a parameter and step only:
+#   one that some rank used gets the average of the ranks' gradients and is stepped, and skipping
+#   it is a bug. A skipped parameter's gradient is None, or zeros (the value no backward changed).
+#
+#   The reading is chosen per parameter and step, not once per trajectory: a design's rule can
+#   depend on its own history. ``corpus/zero1_owner_rs.py`` skips a parameter its owner never
+#   stepped (its group added while no rank used it) and steps the zero gradient of one it did
+#   (its ``step()`` leaves the gradient in ``.grad``, which ``zero_grad()`` then zeroes): in one
+#   case of six steps it skips at step 3 and steps at step 5, and failed against either whole
+#   trajectory. The choice for one parameter at one step changes nothing else in that step:
+#   torch's optimizers keep each parameter's state apart, and a zero gradient adds nothing to a
+#   clipped global norm (``clip_global_norm``) or to a GradScaler's search for an inf. It changes
+#   every later step, whose gradients are computed from the parameter it left, so the oracle is
+#   trained again for each choice (``train(..., skip_unreached=...)``: the (step, parameter)
+#   pairs it skips), and the choices are searched in step order: ``paracheck.check.properties.
+#   equivalence.on_its_reading`` keeps a choice while the target still matches at its step and
+#   stops at the first set of choices the whole trajectory matches, every other parameter and step
+#   judged as before. Where none matches, the failure reported is against the choices the target
+#   followed for longest.
+
 
 @dataclass
 class StepRecord:
@@ -68,6 +98,10 @@ class StepRecord:
     state: dict[int, dict[str, torch.Tensor]] = field(
         default_factory=dict
     )  # optimizer state after step
+    # The parameters that held the zero tensor ``zero_grad()`` left and that no rank's backward
+    # reached: stepped with it, or skipped (None in ``grads``) where the trajectory's
+    # ``skipped_unreached`` says so (Note [A parameter no rank reached]).
+    unreached: tuple[int, ...] = ()
     # The GradScaler found a gradient that is not finite and skipped the step (``Case.loss_scale``):
     # the step's gradients are discarded by every design and are not compared.
     skipped: bool = False
@@ -89,6 +123,9 @@ class Trajectory:
     # Each step was applied to the gradients the target recorded, where it recorded them
     # (``train(..., target_gradients=True)``).
     on_target_gradients: bool = False
+    # The (step, parameter index) pairs of an unreached parameter that were skipped, not stepped
+    # with their zero gradient (Note [A parameter no rank reached]).
+    skipped_unreached: frozenset[tuple[int, int]] = frozenset()
 
 
 def optimizer_state(optimizer, params: list) -> dict[int, dict[str, torch.Tensor]]:
@@ -272,7 +309,12 @@ def _use_gradients(params, grads) -> None:
 
 
 def train(
-    case: Case, anchors=None, *, target_gradients: bool = False, device: str | None = None
+    case: Case,
+    anchors=None,
+    *,
+    target_gradients: bool = False,
+    device: str | None = None,
+    skip_unreached: frozenset[tuple[int, int]] = frozenset(),
 ) -> Trajectory:
     """Train ``case`` in this process and return the whole trajectory (see module docstring).
 
@@ -285,7 +327,9 @@ def train(
     instead of the oracle's: the parameters then judge the update alone (the recorded gradients,
     the oracle's, judge the gradients), and no optimizer amplifies a rounding difference of the
     gradients into the parameters (Note [Anchored steps]). ``device`` (not the CPU): the local
-    gradients are computed there (Note [Local gradients on the ranks' device])."""
+    gradients are computed there (Note [Local gradients on the ranks' device]).
+    ``skip_unreached``: the (step, parameter index) pairs at which a parameter that holds zeros
+    and that no rank reached is skipped instead of stepped (Note [A parameter no rank reached])."""
     model = build_case_model(case, rank=0)
     on = None
     if device is not None and torch.device(device).type != "cpu":
@@ -307,15 +351,7 @@ def train(
         if anchors is not None and 0 < step <= len(anchors):
             held = _anchor(params, held, anchors[step - 1], masters)
         add_late_groups(case, optimizer, stepped, step)
-        inside = _inside(optimizer, params, stepped)
-        held = [
-            h
-            if (id(p) not in inside and not case.zero_grad_module) or h is None
-            else None
-            if case.set_to_none
-            else torch.zeros_like(h)
-            for p, h in zip(params, held)
-        ]
+        held, zeroed = _zero_grad(case, params, held, _inside(optimizer, params, stepped))
         per_rank = []
         losses = []
         for rank in range(W):
@@ -323,6 +359,7 @@ def train(
             per_rank.append(grads)
             losses.append(ls)
         synced, absum = _synchronise(case, params, per_rank, held)
+        alone = _unreached(step, zeroed, per_rank, synced, absum, skip_unreached)
         for p, g in zip(params, synced):
             p.grad = None if g is None else g.clone()
         skipped = False
@@ -375,18 +412,58 @@ def train(
                 skipped=skipped,
                 masters=_masters_held(optimizer, masters),
                 update_scale=scales,
+                unreached=alone,
             )
         )
         held = [None if g is None else g.clone() for g in synced]
         for p in params:
             p.grad = None
+    _all_unreached(skip_unreached, records)
     return Trajectory(
         case=case,
         initial_params=initial,
         initial_buffers=buffers,
         steps=records,
         on_target_gradients=target_gradients and anchors is not None,
+        skipped_unreached=frozenset(skip_unreached),
     )
+
+
+def _unreached(step: int, zeroed, per_rank, synced: list, absum: list, skip) -> tuple[int, ...]:
+    """The parameters of ``zeroed`` that no rank's backward reached at ``step``; those whose
+    (step, index) pair is in ``skip`` lose their gradient and bound (Note [A parameter no rank
+    reached])."""
+    alone = tuple(i for i in zeroed if all(g[i] is None for g in per_rank))
+    for i in alone:
+        if (step, i) in skip:
+            synced[i] = absum[i] = None
+    return alone
+
+
+def _all_unreached(skip, records: list[StepRecord]) -> None:
+    """Refuse a ``skip_unreached`` pair that names no unreached parameter of ``records``."""
+    left = set(skip) - {(k, i) for k, r in enumerate(records) for i in r.unreached}
+    if left:
+        raise ValueError(
+            f"skip_unreached={sorted(skip)} names {sorted(left)}: (step, parameter) pairs that "
+            "held no zero gradient or that some rank's backward reached"
+        )
+
+
+def _zero_grad(case: Case, params: list, held: list, inside: set[int]) -> tuple[list, tuple]:
+    """What ``optimizer.zero_grad()`` (or, with ``Case.zero_grad_module``, the target's) leaves
+    of the ``held`` gradients (see the module docstring), and the indices it left zeros in."""
+    out: list[torch.Tensor | None] = []
+    zeroed = []
+    for i, (p, h) in enumerate(zip(params, held)):
+        if h is None or (id(p) not in inside and not case.zero_grad_module):
+            out.append(h)
+        elif case.set_to_none:
+            out.append(None)
+        else:
+            out.append(torch.zeros_like(h))
+            zeroed.append(i)
+    return out, tuple(zeroed)
 
 
 def _masters(case: Case, params: list) -> list | None:

@@ -217,7 +217,7 @@ def compare(
             # hold inf or nan); the parameters, unchanged, are still compared.
             if step.grads is not None and not getattr(oref, "skipped", False):
                 for i, (got, ref) in enumerate(zip(step.grads, oref.grads)):
-                    if judged_from is not None and k < judged_from.get(i, 0):
+                    if not _judged(k, i, got, ref, oref, judged_from):
                         continue
                     d = check(
                         k,
@@ -258,6 +258,16 @@ def compare(
         if d:
             return d, worst
     return None, worst
+
+
+def _judged(k: int, i: int, got, ref, oref, judged_from: dict[int, int] | None) -> bool:
+    """Whether parameter ``i``'s gradient of step ``k`` is judged: not before its group is added
+    (``judged_from``), nor where the oracle skipped it unreached and the rank holds None or zeros
+    (Note [A parameter no rank reached])."""
+    if judged_from is not None and k < judged_from.get(i, 0):
+        return False
+    skipped = ref is None and i in getattr(oref, "unreached", ())
+    return not (skipped and (got is None or not bool(got.detach().ne(0).any())))
 
 
 def _initial_divergence(traj: Trajectory, ranks: list[RankRecord], names: list[str]):
