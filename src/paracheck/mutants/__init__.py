@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from paracheck.mutants._registry import MUTANTS, Mutant, register
 
-__all__ = ["Mutant", "MUTANTS", "register"]
+__all__ = ["Mutant", "MUTANTS", "MODEL_MUTANTS", "ModelMutant", "register"]
 
 
 register(
@@ -165,6 +165,10 @@ try:  # later catalogues (sharding, ...) are optional until they land
 except ImportError:
     pass
 from paracheck.mutants import resharding as _resharding  # noqa: E402,F401
+
+# Mutants only a real model's structure exposes: checked through --model on examples/models.py,
+# not by the selftest (whose cases train generated models).
+from paracheck.mutants.models import MODEL_MUTANTS, ModelMutant  # noqa: E402
 
 for _name, _fn, _bug in (
     (
