@@ -45,6 +45,9 @@ SECOND_TIER = {
     "tests/integration/test_gate.py::test_gate_catches_extra_gradient_buffer": "two worker trees measured",
     "tests/property/test_sharding.py::test_master_weight_designs_match_oracle_in_bf16": "a search per design",
     "tests/property/test_rmsnorm.py::test_rms_norm_matches_oracle": "the Triton interpreter over many shapes",
+    "tests/property/test_reshard.py::test_correct_designs_resume_at_another_world_size": "every sharded built-in at five (W, W') pairs",
+    "tests/property/test_reshard.py::test_correct_designs_resume_on_drawn_cases": "drawn resumed cases",
+    "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_reshard_row": "every resharding mutant",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 

@@ -33,6 +33,11 @@ def _first_group_trainable(case) -> int:
     return sum(params[i].requires_grad for i in first.params)
 
 
+def _reloads(case) -> bool:
+    """Whether ``case`` loads a state dict: a reload, or a resume at another world size."""
+    return case.reload_at_step is not None or case.reshard_at_step is not None
+
+
 # What the shrunk failing case of each protocol mutant must contain, and the protocol turned off
 # (None: the bug needs a corner that cannot be turned off alone).
 NEEDS = {
@@ -50,15 +55,15 @@ NEEDS = {
     # after load_state_dict() its step raises KeyError 'eps' (a shrink cut short by a loaded
     # machine's 2 s ended on such a case, W = 2, one parameter per rank in the first group).
     "sharded-empty-shard-raises": (
-        lambda c: _first_group_trainable(c) < c.world_size or c.reload_at_step is not None,
+        lambda c: _first_group_trainable(c) < c.world_size or _reloads(c),
         None,
     ),
     "sharded-closure-ignored": (lambda c: c.closure, lambda c: replace(c, closure=False)),
     "sharded-load-state-dict-skips-wrapped": (
-        lambda c: c.reload_at_step is not None,
-        lambda c: replace(c, reload_at_step=None),
+        _reloads,
+        lambda c: replace(c, reload_at_step=None, reshard_at_step=None),
     ),
-    "sharded-masters-not-saved": (lambda c: c.reload_at_step is not None, None),
+    "sharded-masters-not-saved": (_reloads, None),
 }
 
 

@@ -1,0 +1,162 @@
+"""The reshard property: correct sharded designs saved at one world size and resumed at another
+equal the oracle, each resharding mutant is killed by it, a per-rank state dict is not judged,
+and a fully sharded wrapper's row is not supported (Note [Resuming at another world size])."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paracheck.cases import Case, GroupSpec, OptimizerSpec, batch_for
+from paracheck.check.features import optional_features
+from paracheck.check.interface import RESHARD_PER_RANK, unsupported
+from paracheck.check.properties.reshard import check_reshard, reshard_cases, reshardable
+from paracheck.check.run import run_case
+from paracheck.check.targets import Target, resolve_target
+from paracheck.mutants import MUTANTS
+from paracheck.strategies._reshard import reshard_draws
+from paracheck.workloads import MLPSpec
+
+# MLP 3 -> 4 -> 4 -> 2 with biases (six parameters, 46 elements) under Adam, buckets of 12
+# float64 elements (several buckets, pieces past the first), a second group with its own lr and
+# weight decay added after the save, StepLR; saved after step 1 of 3.
+BASE = Case(
+    model=MLPSpec(in_features=3, widths=(4, 4, 2), bias=True),
+    world_size=2,
+    batch_sizes=(2, 2),
+    steps=3,
+    optimizer=OptimizerSpec(
+        "adam",
+        (
+            GroupSpec(params=(0, 1, 2, 3), lr=1e-2),
+            GroupSpec(params=(4, 5), lr=3e-2, weight_decay=0.05, add_at_step=2),
+        ),
+        scheduler="step",
+    ),
+    bucket_size_mb=12 * 8 / 2**20,
+    seed=7,
+    reshard_at_step=1,
+    reshard_world_size=3,
+)
+# (W, W'): smaller, larger, to and from one rank, coprime.
+PAIRS = ((2, 3), (3, 2), (1, 4), (4, 1), (2, 4))
+CORRECT = ("sharded", "zero1", "zero2", "torch-zero")
+RESHARDING = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.resharding:")]
+
+
+def _at(w: int, w2: int, case: Case = BASE) -> Case:
+    return replace(case.with_world_size(w), reshard_world_size=w2)
+
+
+def _mutant(name: str) -> Target:
+    m = MUTANTS[name]
+    return Target(m.name, m.path, m.kind)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}to{p[1]}")
+@pytest.mark.parametrize("name", CORRECT)
+def test_correct_designs_resume_at_another_world_size(world, name, pair):
+    """Every correct sharded built-in, saved after step 1 at W and resumed at W', equals the oracle
+    of the same global batches (and passes every other property of the case)."""
+    result = run_case(world, resolve_target(name), _at(*pair))
+    assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("mutant", RESHARDING, ids=lambda m: m.name)
+def test_resharding_mutant_is_killed_by_the_reshard_row(world, mutant):
+    """Each resharding mutant fails the pinned resumed case: on ``reshard``, or raising while it
+    resumes; the same case without the resume passes (the bug is in its checkpoint alone)."""
+    target = _mutant(mutant.name)
+    result = run_case(world, target, _at(2, 3))
+    assert not result.ok, f"{mutant.name} survived: {mutant.bug}"
+    if result.error is not None:
+        assert "run_resumed" in result.error.report(), result.describe()
+    else:
+        assert result.failed_properties == ["reshard"], result.describe()
+    assert run_case(world, target, replace(_at(2, 3), reshard_at_step=None)).ok
+
+
+def test_the_dropped_state_shows_only_when_the_world_size_changes(world):
+    """State dropped when the number of ranks changes survives a resume at the same world size:
+    why W' is drawn another than W wherever the check draws another."""
+    target = _mutant("sharded-reshard-state-dropped")
+    assert run_case(world, target, _at(2, 2)).ok
+    assert run_case(world, target, _at(2, 1)).failed_properties == ["reshard"]
+
+
+def test_a_per_rank_state_dict_is_not_judged(world):
+    """A sharded optimizer whose state_dict() is its own shard cannot be loaded at another world
+    size: the property does not judge it (no failure), and the rest of the case passes."""
+    path = f"{Path(__file__).with_name('_per_rank_state.py')}:PerRankShardedOptimizer"
+    target = Target("per-rank", path, "sharded")
+    assert check_reshard(world, target, _at(2, 3), None) is None
+    assert run_case(world, target, _at(2, 3)).ok
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_correct_designs_resume_on_drawn_cases(world, data):
+    """Drawn sharding cases with a resume (bucket sizes, groups, late groups, frozen and unused
+    parameters, schedulers, SGD and Adam, W and W' in 1..4) pass on the sharded built-ins."""
+    from paracheck.strategies._sharding import sharding_cases
+
+    strategy = sharding_cases(world_sizes=(1, 2, 3, 4)).filter(
+        lambda c: c.reshard_at_step is not None
+    )
+    case = data.draw(strategy)
+    for name in ("sharded", "zero1"):
+        result = run_case(world, resolve_target(name), case)
+        assert result.divergence_of("reshard") is None, f"{name}: {result.describe('reshard')}"
+
+
+# -- without processes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair", PAIRS + ((3, 3),), ids=lambda p: f"{p[0]}to{p[1]}")
+def test_both_halves_train_on_the_same_global_batch(pair):
+    """At W and at W' the ranks' batches, concatenated in rank order, are the same rows: the
+    oracle's global batch does not change with the world size."""
+    at_w, at_w2 = reshard_cases(_at(*pair))
+    for step in range(BASE.steps):
+        rows = [
+            torch.cat([batch_for(c, step, 0, r)[0] for r in range(c.world_size)])
+            for c in (at_w, at_w2)
+        ]
+        assert torch.equal(rows[0], rows[1])
+
+
+def test_per_rank_shards_are_told_from_consolidated_dicts():
+    """Dicts every rank returns alike (consolidated, empty, a target's own format) are
+    reshardable; per-rank shards, even keyed alike, are not."""
+    full = {"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"lr": 0.1}]}
+    assert reshardable([full, {**full}])
+    assert reshardable([{"state": {}, "param_groups": []}] * 2)
+    assert reshardable([["own", "format"], ["own", "format"]])
+    assert not reshardable([{"state": {0: {"step": 1}}}, {"state": {1: {"step": 1}}}])
+    other = {"state": {0: {"step": torch.tensor(2.0)}}, "param_groups": [{"lr": 0.1}]}
+    assert not reshardable([full, other])
+
+
+def test_reshard_is_a_row_an_fsdp_does_not_support():
+    """``reshard`` is an optional feature (a row of the verdict table); a fully sharded wrapper's
+    row is "not supported" (its state is per-rank by contract), a sharded optimizer's is not."""
+    assert "reshard" in optional_features()
+    assert unsupported(resolve_target("fsdp"), "reshard") == RESHARD_PER_RANK
+    assert unsupported(resolve_target("torch-fsdp"), "reshard") == RESHARD_PER_RANK
+    assert unsupported(resolve_target("zero1"), "reshard") is None
+    lacking = Target("d", "collections:OrderedDict", "sharded")
+    assert unsupported(lacking, "reshard") == "OrderedDict has no state_dict()"
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(data=st.data(), sizes=st.sets(st.integers(1, 6), min_size=1))
+def test_the_resumed_world_differs_wherever_it_can(data, sizes):
+    """W' is one of the check's world sizes, another than W wherever there is another."""
+    w = data.draw(st.sampled_from(sorted(sizes)))
+    drawn = data.draw(reshard_draws(BASE.with_world_size(w), world_sizes=sorted(sizes)))
+    assert drawn["reshard_world_size"] in sizes
+    assert (drawn["reshard_world_size"] != w) == (len(sizes) > 1)
+    assert 1 <= drawn["reshard_at_step"] < BASE.steps
