@@ -309,10 +309,11 @@ def _database(config):
 def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_examples, pytestconfig):
     """``paracheck_check("pkg.mod:Class", **kw)`` checks a target and fails the test with the report.
 
-    ``properties`` (names, or "a,b"), ``contract``, ``features``, ``precision`` and a loop's
-    ``loss`` and ``clip_norm`` default to the ``--paracheck-*`` options (``features`` applies
-    after the option's); other keywords go to ``check_target`` (``database=None`` saves
-    nothing)."""
+    ``properties`` (names, or "a,b"), ``contract``, ``features``, ``precision``, a loop's
+    ``loss`` and ``clip_norm``, and a user's ``model``, ``batch`` and ``loss_fn`` (import paths:
+    Note [A user's model] in ``paracheck.workloads.user``) default to the ``--paracheck-*``
+    options (``features`` applies after the option's); other keywords go to ``check_target``
+    (``database=None`` saves nothing)."""
     from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
 
@@ -340,6 +341,9 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         loss=None,
         clip_norm=None,
         gather=None,
+        model=None,
+        batch=None,
+        loss_fn=None,
         **kwargs,
     ):
         stub = stub_default if stub_cuda_timing is None else stub_cuda_timing
@@ -371,6 +375,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         # it needs (the plugin's own settings: Note [One set of defaults]; keywords override
         # any setting). The World is started: no rank limit to apply again (``backend``).
         given = from_pytest(pytestconfig)
+        t, precision = _on_user_model(t, given, (model, batch, loss_fn), precision)
         settings = given.replace(
             world_sizes=tuple(world_sizes or paracheck_world_sizes),
             max_examples=max_examples or paracheck_max_examples,
@@ -398,6 +403,27 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         return report
 
     return check
+
+
+def _on_user_model(target, given, names: tuple, precision):
+    """``target`` checked on the user's model of the keywords ``names`` (model, batch, loss_fn),
+    else of ``--paracheck-model``, ``--paracheck-batch`` and ``--paracheck-loss-fn``, and the
+    precision: fp32 where the model cannot run in float64 and none is given (Note [A float32
+    oracle for a user's model] in ``paracheck.workloads.user``)."""
+    from paracheck.check.user_model import info, user_model_of, with_user_model
+    from paracheck.errors import InvalidArgument
+
+    keywords = any(n is not None for n in names)
+    try:
+        user = user_model_of(*(names if keywords else (given.model, given.batch, given.loss_fn)))
+        target = with_user_model(target, user)
+    except InvalidArgument as exc:
+        if keywords:
+            raise
+        raise pytest.UsageError(exc.text("--paracheck-")) from None
+    if user is not None and not info(user).float64 and precision is None:
+        precision = "fp32"
+    return target, precision
 
 
 def _items(spec) -> list[str]:

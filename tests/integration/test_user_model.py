@@ -1,0 +1,211 @@
+"""A check on the user's own model (``--model``, ``--batch``, ``--loss-fn``; Note [A user's
+model] in ``paracheck.workloads.user``): a model that cannot be checked is a usage error naming
+the option (exit 2, before any rank starts); the example models pass every kind's wrapper; the
+mutants only a real model exposes are killed (reference: the single-process oracle)."""
+
+from pathlib import Path
+
+import pytest
+
+import paracheck.world
+from paracheck.cases import Case
+from paracheck.check.user_model import fitted_case, user_model_of
+from paracheck.cli import main
+from paracheck.mutants import MODEL_MUTANTS
+from paracheck.workloads.user import UserModel
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "models.py"
+BAD = Path(__file__).with_name("_user_models.py")
+M = f"{EXAMPLES}:"
+B = f"{BAD}:"
+MODELS = {
+    "moe": (f"{M}moe", f"{M}moe_batch", None),
+    "tied_lm": (f"{M}tied_lm", f"{M}lm_batch", f"{M}lm_loss"),
+    "frozen_bn": (f"{M}frozen_bn", f"{M}bn_batch", None),
+}
+
+
+def _argv(model, batch, loss=None) -> list[str]:
+    out = ["--model", model, "--batch", batch]
+    return out + (["--loss-fn", loss] if loss else [])
+
+
+@pytest.fixture
+def no_world(monkeypatch):
+    class Refused:
+        def __init__(self, *a, **k):
+            raise AssertionError("ranks were started for a usage error")
+
+    monkeypatch.setattr(paracheck.world, "World", Refused)
+    import paracheck.cli.check as cli_check
+
+    monkeypatch.setattr(cli_check, "_make_world", Refused)
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        (
+            _argv(f"{B}raises", f"{B}batch"),
+            "raises: build(seed=0, dtype=torch.float32) raised RuntimeError: no weights file",
+        ),
+        (_argv(f"{B}not_a_module", f"{B}batch"), "returned a dict, not a torch.nn.Module"),
+        (_argv(f"{B}unseeded", f"{B}batch"), "two calls with seed=0 give different weights"),
+        (_argv(f"{B}dropout", f"{B}batch"), "two forwards of the same batch differ: dropout"),
+        (_argv(f"{B}frozen", f"{B}batch"), "has no parameter that requires a gradient"),
+        (
+            _argv(f"{B}linear", f"{B}wrong_rows"),
+            "n=1, dtype=torch.float64)'s inputs have shape (2, 3): 1 rows wanted",
+        ),
+        (
+            _argv(f"{B}linear", f"{B}wrong_dtype"),
+            "inputs are torch.float16: floating tensors in torch.float64 wanted",
+        ),
+        (
+            _argv(f"{B}linear", f"{B}batch", f"{B}per_row_loss"),
+            f"--loss-fn={B}per_row_loss: the loss is (3,), not a scalar tensor",
+        ),
+        (_argv(f"{M}batchnorm", f"{M}bn_batch"), "module '1' (BatchNorm1d) is in training mode"),
+        (_argv(f"{B}batch_mean_net", f"{B}batch"), "the forward couples the rows of a batch"),
+        (_argv(f"{M}tied_lm", f"{M}lm_batch"), "needs them equal; name a loss with --loss-fn"),
+        (_argv(f"{B}nosuch", f"{B}batch"), "has no attribute 'nosuch'"),
+        (["--batch", f"{B}batch"], f"--batch={B}batch: needs --model"),
+        (["--model", f"{B}linear"], "needs --batch pkg.mod:batch"),
+    ],
+    ids=[
+        "raises",
+        "not-a-module",
+        "unseeded",
+        "dropout",
+        "nothing-trainable",
+        "wrong-rows",
+        "wrong-dtype",
+        "loss-not-scalar",
+        "batchnorm-training",
+        "rows-coupled",
+        "loss-shape",
+        "missing-function",
+        "batch-alone",
+        "model-alone",
+    ],
+)
+def test_a_model_that_cannot_be_checked_is_a_usage_error(no_world, capsys, options, said):
+    """Exit 2 before any rank starts, one line naming the option, its value and the rule."""
+    assert main(["check", "naive", *options]) == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert "Traceback" not in err
+
+
+def test_a_user_model_is_refused_for_a_training_loop(no_world, capsys):
+    assert main(["check", "loop", *_argv(*MODELS["moe"])]) == 2
+    assert "not supported for loop (kind loop)" in capsys.readouterr().err
+
+
+def test_a_model_without_float64_is_checked_in_float32():
+    """A model that cannot run in float64 is checked against a float32 oracle (Note [A float32
+    oracle for a user's model]), not refused."""
+    from paracheck.check.user_model import info
+
+    user = user_model_of(f"{B}float32_only", f"{B}batch", None)
+    assert not info(user).float64 and "no float64 version" in info(user).why_not
+
+
+def test_a_case_without_a_user_model_keeps_its_json():
+    """Derandomised cases and saved cases are unchanged: no key where the field is unset."""
+    case = Case()
+    assert "user_model" not in case.to_json()
+    user = UserModel(*MODELS["moe"])
+    fitted = fitted_case(case, user)
+    assert Case.from_json(fitted.to_json()) == fitted
+    assert "user_model" in fitted.to_json()
+
+
+def test_groups_are_fitted_to_the_user_model():
+    """Indices past the model are dropped; a group left empty goes; every parameter no other
+    group names stays in the constructor's group."""
+    from paracheck.cases import GroupSpec, OptimizerSpec
+
+    user = UserModel(f"{B}linear", f"{B}batch")  # two parameters
+    case = Case(
+        optimizer=OptimizerSpec(
+            groups=(GroupSpec(params=(1, 5)), GroupSpec(params=(7,)), GroupSpec(params=()))
+        )
+    )
+    groups = fitted_case(case, user).optimizer.groups
+    assert [g.params for g in groups] == [(1,), ()]
+    only_late = Case(
+        steps=3,
+        optimizer=OptimizerSpec(
+            groups=(GroupSpec(params=(4,)), GroupSpec(params=(), add_at_step=1))
+        ),
+    )
+    groups = fitted_case(only_late, user).optimizer.groups
+    assert [(g.params, g.add_at_step) for g in groups] == [((), None)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bucketed_ddp_matches_the_oracle_on_an_example_model(name, capsys):
+    """The bucketed DDP on each example model, world sizes 1 and 2, the whole verdict table."""
+    argv = ["check", "bucketed", *_argv(*MODELS[name]), "--world-sizes", "1,2"]
+    assert main([*argv, "--max-examples", "3", "--no-database", "--budget", "0"]) == 0, (
+        capsys.readouterr().out
+    )
+
+
+BUILTINS = ("naive", "flat", "overlapped", "bucketed", "torch-ddp", "sharded", "zero1", "zero2")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("builtin", BUILTINS)
+def test_every_builtin_matches_the_oracle_on_the_example_models(name, builtin, capsys):
+    """Each built-in on each example model at world sizes 1-4 (the second tier)."""
+    argv = ["check", builtin, *_argv(*MODELS[name]), "--world-sizes", "1,2,3,4"]
+    assert main([*argv, "--max-examples", "4", "--no-database", "--budget", "0"]) == 0, (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_MUTANTS))
+def test_model_mutant_is_killed(name, capsys):
+    """Each mutant only a real model exposes FAILs the default verdict table on its model."""
+    m = MODEL_MUTANTS[name]
+    argv = _argv(f"{M}{m.model}", f"{M}{m.batch}", m.loss and f"{M}{m.loss}")
+    assert main(["check", m.path, *argv, "--no-database", "--first-failure", "--budget", "0"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+pytest_plugins = ("pytester",)
+
+PLUGIN_TEST = f"""
+def test_keywords(paracheck_check):
+    paracheck_check(
+        "naive", world_sizes=(1, 2), max_examples=3, model={MODELS["moe"][0]!r},
+        batch={MODELS["moe"][1]!r},
+    )
+
+
+def test_options(paracheck_check):
+    paracheck_check("naive", world_sizes=(1, 2), max_examples=3)
+"""
+
+
+def test_paracheck_check_takes_a_user_model(inner):
+    """``paracheck_check(target, model=..., batch=...)`` and ``--paracheck-model`` /
+    ``--paracheck-batch`` check the target on the user's model; a bad one is a usage error
+    naming the plugin's option."""
+    inner.makepyfile(test_user=PLUGIN_TEST)
+    given = (
+        "--paracheck-model",
+        MODELS["frozen_bn"][0],
+        "--paracheck-batch",
+        MODELS["frozen_bn"][1],
+    )
+    result = inner.runpytest("-p", "no:cacheprovider", "--paracheck-no-database", *given)
+    result.assert_outcomes(passed=2)
+    bad = ("--paracheck-model", f"{M}batchnorm", "--paracheck-batch", f"{M}bn_batch")
+    result = inner.runpytest(
+        "-p", "no:cacheprovider", "--paracheck-no-database", *bad, "-k", "options"
+    )
+    assert "--paracheck-model=" in result.stdout.str() + result.stderr.str()
