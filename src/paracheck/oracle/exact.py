@@ -315,6 +315,8 @@ def judged_here(case: Case, kind: str) -> str | None:
         return "a training loop computes its loss its own way"
     if case.autocast is None and case.dtype == "float64":
         return "the case computes in float64: the oracle is the float64 oracle"
+    if case.user_model is not None:  # its forward is the user's: no program of it is known here
+        return "no bound is derived for a user's model"
     workload = getattr(case.model, "kind", None)
     if workload not in ("mlp", "toy"):
         return f"no bound is derived for the {workload} workload"
