@@ -201,3 +201,18 @@ def test_check_target_has_one_set_of_defaults():
     assert (cli.table, cli.labels, cli.budget, cli.timeout) == (True, True, 90.0, 20.0)
     plugin = from_pytest(_Config())
     assert (plugin.table, plugin.labels, plugin.first_failure) == (False, True, False)
+
+
+def test_the_command_line_names_any_invalid_argument_as_its_flag(monkeypatch, capsys):
+    """An InvalidArgument raised anywhere in a command (here: by the options' check) is printed
+    with the option's flag, exit 2, no traceback."""
+    import paracheck.cli.check as cli_check
+
+    def refuse(args, main_job):
+        raise InvalidArgument("loss_fn", "m:f", "must return a scalar; see {option:batch}")
+
+    monkeypatch.setattr(cli_check, "_checked_options", refuse)
+    assert main(["check", "naive"]) == 2
+    err = capsys.readouterr().err
+    assert "paracheck: error: --loss-fn=m:f must return a scalar; see --batch" in err, err
+    assert "Traceback" not in err

@@ -26,6 +26,7 @@ import sys
 import paracheck
 from paracheck.cli import bench, check, gate, report
 from paracheck.cli._common import UsageError, exit_code, signals_raise
+from paracheck.errors import InvalidArgument
 
 __all__ = ["main"]
 
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(args)
     except UsageError as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
+        return 2
+    except InvalidArgument as exc:  # an option a check cannot run with, named as its flag
+        print(f"paracheck: error: {exc.text('--')}", file=sys.stderr)
         return 2
     except WorldStartError as exc:
         print(
