@@ -313,7 +313,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "batch",
         "with --model: batch(seed, n, dtype) -> (inputs, targets), n rows each, split by rows "
-        "over ranks and micro-batches",
+        "over ranks and micro-batches (default: none; needed by --model)",
         metavar="pkg.mod:batch",
     ),
     Option(
