@@ -30,9 +30,9 @@ class Pool(Protocol):
     """The ranks of a ``World``: ``size`` of them, each with a connection that jobs go out on and
     answers come back on (``conns``), a status record, a stack and an output the driver can read.
 
-    A pool owns the default process group's store and its ``generation`` (the prefix under which
-    the ranks create the next group: Note [Forked ranks] and ``World.submit``), and how a rank is
-    started, replaced, freed and stopped. The World owns the jobs."""
+    A pool owns the default process group's store and its ``generation`` (the store prefix under
+    which the ranks create the next group: Note [One default group per world size]), and how a
+    rank is started, replaced, freed and stopped. The World owns the jobs."""
 
     size: int
     backend: str
