@@ -273,11 +273,11 @@ FEATURES: tuple[Feature, ...] = (
         "with the optimizer state reloaded mid-training",
         requires=("several-steps",),
     ),
-    _flag(
-        "reshard_at_step",
-        None,
+    Feature(
         "reshard",
         "when training is saved and resumed at another world size",
+        lambda c: getattr(c, "reshard_at_step", None) is not None,
+        lambda c: replace(c, reshard_at_step=None, reshard_world_size=1),
         requires=("several-steps",),
     ),
     _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),

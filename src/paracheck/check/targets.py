@@ -207,7 +207,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str]] = {
 # Built-ins checked on a subset of properties by default. torch's ZeroRedundancyOptimizer breaks
 # "balance" and "traffic" by design (docs/findings-torch-zero.md); select them explicitly to see it.
 BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
-    "torch-zero": frozenset({"equivalence", "float64-bound", "state", "memory"}),
+    "torch-zero": frozenset({"equivalence", "float64-bound", "state", "memory", "reshard"}),
     # torch's fully_shard reduce-scatters a module called twice per forward twice in the backward
     # after a no_sync() micro-batch (docs/findings-torch-fsdp.md): select reduced-once to see it.
     "torch-fsdp": frozenset(

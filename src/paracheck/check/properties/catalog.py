@@ -440,8 +440,8 @@ _ROWS = (
         "step counts, masters), the saved groups' hyper-parameters",
         holds="saved after k steps at world size W and loaded into a fresh world of W' (drawn, "
         "another than W where one is drawn), parameters, gradients, optimizer state and masters "
-        "after every step equal the oracle's (`check/properties/reshard.py`, Note [Resuming at "
-        "another world size])",
+        "after every step equal the oracle's (`check/properties/reshard.py`, "
+        "Note [Resuming at another world size])",
         catches="a piece past the first bucket read at the wrong offset, state not restored "
         "when the number of ranks changes, Adam's moments dropped on load",
         oracle="yes",

@@ -197,7 +197,7 @@ def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergen
         return None
     dicts = [rec.final_state_dict for rec in saved]
     if not reshardable(dicts):
-        return None  # per-rank shards: not loadable elsewhere (Note [Resuming at another ...])
+        return None  # per-rank shards cannot be loaded elsewhere: not judged (the Note above)
     checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
     second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
     resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
