@@ -27,6 +27,7 @@ def world(paracheck_world):
 #   runner's failures). Each entry is a test file or a test (parametrised ones whole), with why
 #   it waits for the second tier; a test marked ``slow`` runs in neither (``-m slow``).
 SECOND_TIER = {
+    "tests/unit/test_kind_draws.py::test_a_kind_declares_exactly_the_features_it_never_draws": "each kind's cases drawn at two precisions",
     "tests/property/test_sharding_mutants.py::test_sharding_mutant_is_killed": "every sharding mutant",
     "tests/property/test_sharding_mutants.py::test_protocol_mutant_survives_without_its_protocol": "every sharding mutant",
     "tests/property/test_fsdp.py::test_fsdp_mutant_is_killed": "every FSDP mutant",

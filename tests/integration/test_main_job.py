@@ -143,11 +143,16 @@ def test_a_no_sync_row_of_a_class_without_no_sync_is_not_supported():
 
 def test_a_row_the_kind_never_draws_is_drawn_once_per_kind(world, monkeypatch):
     """The second DDP of a check reuses the first's "not drawn" for a row its kind never draws
-    (a scheduler): the same seeded strategy draws the same cases (20% of the main job's time
-    went to drawing such rows again for each target)."""
+    without declaring it (a scheduler, its declaration taken away): the same seeded strategy
+    draws the same cases (20% of the main job's time went to drawing such rows again for each
+    target)."""
+    from dataclasses import replace
+
     from paracheck.check import table
+    from paracheck.check.kinds import KINDS
     from paracheck.check.property import check_target
 
+    monkeypatch.setitem(KINDS, "ddp", replace(KINDS["ddp"], never_draws=frozenset()))
     monkeypatch.setattr(table, "_NOT_DRAWN", set())
     only = ",".join(f"-{f}" for f in optional_features() if f != "scheduler")
     settings = CheckSettings(
@@ -174,6 +179,31 @@ def test_a_row_the_kind_never_draws_is_drawn_once_per_kind(world, monkeypatch):
     # A search at random draws anew.
     with pytest.raises(AssertionError, match="drawn again"):
         check_target(resolve_target("flat"), world, settings.replace(random=True))
+
+
+def test_a_row_the_kind_declares_never_drawn_draws_nothing(world, monkeypatch):
+    """A row whose feature the kind declares it never draws (the DDP kind's scheduler: Note
+    [Features a kind never draws]) is "not drawn" without a case drawn for it."""
+    from paracheck.check import table
+    from paracheck.check.property import check_target
+
+    def drawn(names):
+        raise AssertionError(f"{names} drawn")
+
+    monkeypatch.setattr(table, "_drawn_with", drawn)
+    only = ",".join(f"-{f}" for f in optional_features() if f != "scheduler")
+    settings = CheckSettings(
+        world_sizes=(1, 2),
+        max_examples=1,
+        table=True,
+        labels=True,
+        first_failure=False,
+        database=None,
+        features=only,
+    )
+    report = check_target(resolve_target("naive"), world, settings)
+    row = next(r for r in report.rows if r.name == "+scheduler")
+    assert row.status == "not drawn" and row.cases == 0
 
 
 def test_counts_say_what_they_count_in_the_right_number():

@@ -38,6 +38,7 @@ __all__ = [
     "feature",
     "features_off",
     "label",
+    "never_drawn_off",
     "parse_features",
     "optional_features",
     "row_off",
@@ -477,6 +478,15 @@ def features_off(
             "features", features, f"low-precision is turned off, but the check runs in {dtype}"
         )
     return tuple(f.name for f in FEATURES if f.name in off)
+
+
+def never_drawn_off(off, never, declared=()) -> tuple[str, ...]:
+    """``off`` (``features_off``) with the features a kind's strategy never draws (``never``:
+    ``Kind.never_draws``, Note [Features a kind never draws] in ``paracheck.check.kinds``) and
+    every feature that needs one of them, in table order, less the target's ``declared`` features
+    (in every case it runs)."""
+    closed = set(off) | _closed(set(never) - set(declared))
+    return tuple(f.name for f in FEATURES if f.name in closed and f.name not in declared)
 
 
 def without_all(case: Case, names) -> Case:

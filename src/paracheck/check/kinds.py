@@ -123,6 +123,10 @@ class Kind:
     # (Note [A partition by count]): function(world_sizes=..., precision=...) -> ((why, Case),
     # ...), only those of the sizes drawn; None: none.
     first_cases: str | None = None
+    # The optional features (the verdict table's feature rows: ``optional_features``) that no case
+    # its strategy draws has, at any world sizes and precision: their rows are "not drawn" without
+    # a case drawn to find it (Note [Features a kind never draws]).
+    never_draws: frozenset[str] = frozenset()
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -183,6 +187,26 @@ _SHARDING_PROPERTIES = (
     "reshard",
 )
 
+# Note [Features a kind never draws]
+#   A feature row of the verdict table draws only cases that have its feature; where the kind's
+#   strategy never draws one, the table finds it out by drawing 60 cases that all lack it
+#   (``paracheck.check.table``), 0.3-2.4 s a row, paid by the first target of each kind in a
+#   check: 5 rows of a DDP, 5 of each sharding kind, 7 of an FSDP, 14 of a loop. So each row
+#   declares what its strategy never draws (``Kind.never_draws``), and the check's plan turns those
+#   features off before any case is drawn (``paracheck.check.features.never_drawn_off``): the rows
+#   say "not drawn" at once. The declarations are facts about the strategies, tested by drawing
+#   each kind's cases at several world sizes and precisions: no declared feature is ever drawn, and
+#   every other optional feature is (tests/unit/test_kind_draws.py). A feature a kind draws only
+#   at some settings (a parameter used on some ranks needs two) is not declared: the drawing
+#   finds it out, as before.
+# ``paracheck.strategies.cases`` (the DDP kind's): no scheduler, no groups given as generators, no
+# state reload or resumption, every accumulation window whole.
+_CASES_NEVER = frozenset({"scheduler", "groups-generators", "reload", "reshard", "partial-window"})
+# ``sharding_cases``: none of the DDP protocol's corners (``paracheck.strategies._sharding``).
+_SHARDING_NEVER = frozenset(
+    {"float32-layer", "finish-once", "double-backward", "unbounded-bucket", "partial-window"}
+)
+
 KINDS: dict[str, Kind] = {
     "ddp": Kind(
         "ddp",
@@ -199,6 +223,7 @@ KINDS: dict[str, Kind] = {
             by_names=True,
         ),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
+        never_draws=_CASES_NEVER,
     ),
     # A sharded optimizer behind paracheck's FlatDDP, which synchronises the gradients first.
     "sharded": Kind(
@@ -217,6 +242,7 @@ KINDS: dict[str, Kind] = {
         prepare_case=_with_masters,
         compares_state=True,
         on_target_gradients=True,
+        never_draws=_SHARDING_NEVER,
         first_cases="paracheck.strategies._sharding:count_partition_cases",
     ),
     "zero": Kind(
@@ -233,6 +259,7 @@ KINDS: dict[str, Kind] = {
         prepare_case=_prepare_zero,
         compares_state=True,
         on_target_gradients=True,
+        never_draws=_SHARDING_NEVER,
     ),
     # ZeRO-2: the zero kind's interface and properties, and its gradients kept only as shards
     # (Note [Gradients kept as shards] in paracheck.check.properties.placement).
@@ -250,6 +277,7 @@ KINDS: dict[str, Kind] = {
         prepare_case=_prepare_zero,
         compares_state=True,
         on_target_gradients=True,
+        never_draws=_SHARDING_NEVER,
     ),
     # Read whole through a gather method (Note [Reading an FSDP]); its float32 shards are the
     # masters of a compute dtype its constructor takes (Note [Compute dtype of an FSDP]).
@@ -276,6 +304,8 @@ KINDS: dict[str, Kind] = {
         ),
         masters="compute_dtype=",
         prepare_case=_prepare_fsdp,
+        # FSDP_OFF (Note [Cases an FSDP is checked on]) on top of the DDP kind's cases.
+        never_draws=_CASES_NEVER | {"unused-some-ranks", "clip"},
     ),
     "loop": Kind(
         "loop",
@@ -291,6 +321,26 @@ KINDS: dict[str, Kind] = {
         # A loop computes its loss its own way: in float32, `.float()` on the logits (a common
         # habit) changes nothing (Note [Loss semantics]).
         dtype="float32",
+        # ``loop_cases``: a language model of one group, trained by the user's step; a clip only
+        # where the target declares one (its every case has it).
+        never_draws=frozenset(
+            {
+                "unused-some-ranks",
+                "unused-always",
+                "float32-layer",
+                "buffer",
+                "no-sync",
+                "lr-changes",
+                "scheduler",
+                "groups-generators",
+                "reload",
+                "reshard",
+                "finish-once",
+                "double-backward",
+                "clip",
+                "unbounded-bucket",
+            }
+        ),
     ),
 }
 

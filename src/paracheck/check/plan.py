@@ -249,6 +249,7 @@ def _target_precision(settings: CheckSettings, target: Target) -> tuple[str, str
 
 
 def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
+    from paracheck.check.features import never_drawn_off
     from paracheck.check.search import declared_features
     from paracheck.strategies._core import nominal_dtype
 
@@ -263,7 +264,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         world_sizes=settings.world_sizes,
         precision=precision,
         dtype=nominal_dtype(precision),
-        features_off=tuple(f for f in off if f not in declared),
+        features_off=never_drawn_off(off, KINDS[target.kind].never_draws, declared),
         properties=resolve_properties(
             target.kind, target.properties, takes_bucket=target.takes_bucket
         ),
