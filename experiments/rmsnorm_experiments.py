@@ -102,7 +102,7 @@ def staged_backward(dy, x, w, rstd, plan, stages):
         STAGES=stages,
         num_warps=plan.bwd_warps,
     )
-    K._KERNELS.reduce_dweight[(triton.cdiv(n_cols, 64),)](
+    K.KERNELS.reduce_dweight[(triton.cdiv(n_cols, 64),)](
         partial, dw, plan.bwd_programs, n_cols, BLOCK_P=64, BLOCK_N=64, PDL=False, num_warps=4
     )
     return dx, dw
@@ -124,7 +124,7 @@ def host(lines):
     x, w, dy = inputs(rows, d)
     y = torch.empty_like(x)
     rstd = torch.empty(rows, device="cuda")
-    p = K._plan(rows, d, interpreted=False, n_sms=K._sm_count(x.device))
+    p = K.launch_plan(rows, d, interpreted=False, n_sms=K.sm_count(x.device))
     grid = (triton.cdiv(rows, p.fwd_rows),)
     args = (x, w, y, rstd, x.stride(0), y.stride(0), rows, d, EPS)
     pdl = K._dependent_launch(x.device)
@@ -136,13 +136,13 @@ def host(lines):
         PDL=pdl,
         **K._pdl_option(pdl),
     )
-    fwd = K._KERNELS.forward
+    fwd = K.KERNELS.forward
     cases = {
         "torch.empty(64x1024)": lambda: torch.empty((rows, d), device="cuda"),
         "torch y.mul_(1.0) (one aten kernel)": lambda: y.mul_(1.0),
         "one triton launch (fwd[grid](...))": lambda: fwd[grid](*args, **kw, num_warps=p.fwd_warps),
         "paracheck _rms_norm_forward (allocations + launch)": lambda: K._rms_norm_forward(
-            x, w, EPS, K._KERNELS
+            x, w, EPS, K.KERNELS
         ),
         "paracheck rms_norm forward (autograd.Function, no grad)": lambda: K.rms_norm(x, w, EPS),
         "F.rms_norm forward (no grad)": lambda: torch.nn.functional.rms_norm(x, (d,), w, EPS),
@@ -162,8 +162,8 @@ def seq_tbps(rows, d, fwd_plan, bwd):
     x, w, dy = inputs(rows, d)
     # Correct first: the variant's dx and dweight against the library's default on fresh inputs.
     xc, wc, dyc = inputs(rows, d, seed=1)
-    _, rstd = K._rms_norm_forward(xc, wc, EPS, K._KERNELS)
-    ref = K._rms_norm_backward(dyc, xc, wc, rstd, K._KERNELS)
+    _, rstd = K._rms_norm_forward(xc, wc, EPS, K.KERNELS)
+    ref = K._rms_norm_backward(dyc, xc, wc, rstd, K.KERNELS)
     got = bwd(dyc, xc, wc, rstd)
     for a, b in zip(got, ref):
         err = ((a - b).norm() / b.norm()).item()
@@ -171,7 +171,7 @@ def seq_tbps(rows, d, fwd_plan, bwd):
             raise AssertionError(f"variant differs from the library: relative error {err:.2e}")
 
     def step():
-        _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS, fwd_plan)
+        _, rstd = K._rms_norm_forward(x, w, EPS, K.KERNELS, fwd_plan)
         bwd(dy, x, w, rstd)
 
     return tbps(4 * rows * d * 4, events_ms(step, reps=25))
@@ -180,20 +180,20 @@ def seq_tbps(rows, d, fwd_plan, bwd):
 def bwd(lines):
     lines += ["", "## fwd+bwd sequences, TB/s (launchers only, no autograd)", ""]
     for rows, d in SHAPES:
-        n_sms = K._sm_count(torch.device("cuda"))
-        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        n_sms = K.sm_count(torch.device("cuda"))
+        base = K.launch_plan(rows, d, interpreted=False, n_sms=n_sms)
         hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
         results = []
 
         def lib(plan):
-            return lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)
+            return lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K.KERNELS, plan)
 
         results.append(("library default", seq_tbps(rows, d, base, lib(base))))
         for per_sm in (1, 2, 3, 4):
             for warps in (4, 8, 16):
                 if warps * 32 * 4 > base.bwd_rows * base.block_d:  # < 4 values per thread
                     continue
-                plan = K._gpu_plan(
+                plan = K.gpu_plan(
                     rows,
                     d,
                     n_sms=n_sms,
@@ -263,7 +263,7 @@ def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
                     d,
                     fwd_plan,
                     lambda dy, x, w, rstd, plan=plan: K._rms_norm_backward(
-                        dy, x, w, rstd, K._KERNELS, plan
+                        dy, x, w, rstd, K.KERNELS, plan
                     ),
                 )
             )
@@ -276,7 +276,7 @@ def interleaved_plans(lines, rows, d, fwd_plan, plans, rounds):
 
 def ab(lines, rounds=7):
     """The default backward plan against candidates, interleaved ``rounds`` times (medians)."""
-    n_sms = K._sm_count(torch.device("cuda"))
+    n_sms = K.sm_count(torch.device("cuda"))
     lines += [
         "",
         f"## A/B of backward plans, fwd+bwd TB/s, median of {rounds} interleaved rounds",
@@ -292,14 +292,14 @@ def ab(lines, rounds=7):
         (4096, 1024): [(8, 8, 2), (4, 4, 3), (4, 8, 3)],
     }
     for rows, d in candidates:
-        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        base = K.launch_plan(rows, d, interpreted=False, n_sms=n_sms)
         hints = dict(x_evict=base.x_evict, y_evict=base.y_evict, bwd_load_evict=base.bwd_load_evict)
         plans = {
             f"default (rows {base.bwd_rows}, {base.bwd_programs} programs, "
             f"{base.bwd_warps} warps)": base
         }
         for r, warps, per_sm in candidates[rows, d]:
-            plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K._gpu_plan(
+            plans[f"rows {r}, {warps} warps, {per_sm}/SM"] = K.gpu_plan(
                 rows,
                 d,
                 n_sms=n_sms,
@@ -351,7 +351,7 @@ def pdl(lines, rounds=7):
 def reverse(lines, rounds=7):
     """The backward walking rows last-to-first (Note [reverse walk]) against the default, in
     fwd+bwd sequences, interleaved ``rounds`` times (medians)."""
-    n_sms = K._sm_count(torch.device("cuda"))
+    n_sms = K.sm_count(torch.device("cuda"))
     lines += [
         "",
         f"## Backward row order, fwd+bwd TB/s, median of {rounds} interleaved rounds",
@@ -360,7 +360,7 @@ def reverse(lines, rounds=7):
         "| --- | --- | --- | --- |",
     ]
     for rows, d in SHAPES:
-        base = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        base = K.launch_plan(rows, d, interpreted=False, n_sms=n_sms)
         order = {False: "first to last", True: "last to first"}
         plans = {
             f"{order[base.bwd_reverse]} (the plan's)": base,
@@ -378,7 +378,7 @@ def _atomic_kernels():
     from paracheck.mutants.rmsnorm import _mutated
 
     fwd = _mutated(
-        K._KERNELS.forward,
+        K.KERNELS.forward,
         "_fwd_zeroing_dweight",
         (
             "    X, W, Y, RSTD, stride_x, stride_y, n_rows, n_cols, eps,\n",
@@ -392,7 +392,7 @@ def _atomic_kernels():
         ),
     )
     bwd = _mutated(
-        K._KERNELS.backward,
+        K.KERNELS.backward,
         "_bwd_atomic_dweight",
         (
             "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
@@ -409,7 +409,7 @@ def atomics(lines, rounds=7):
     import statistics
 
     fwd_k, bwd_k = _atomic_kernels()
-    n_sms = K._sm_count(torch.device("cuda"))
+    n_sms = K.sm_count(torch.device("cuda"))
     lines += [
         "",
         f"## dweight by float32 atomics, fwd+bwd TB/s, median of {rounds} interleaved rounds",
@@ -418,7 +418,7 @@ def atomics(lines, rounds=7):
         "| --- | --- | --- | --- |",
     ]
     for rows, d in SHAPES:
-        p = K._plan(rows, d, interpreted=False, n_sms=n_sms)
+        p = K.launch_plan(rows, d, interpreted=False, n_sms=n_sms)
         x, w, dy = inputs(rows, d)
 
         def atomic_step(x=x, w=w, dy=dy, p=p):
@@ -469,8 +469,8 @@ def atomics(lines, rounds=7):
             return y, dx, dw
 
         y, dx, dw = atomic_step()
-        _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
-        ref = K._rms_norm_backward(dy, x, w, rstd, K._KERNELS)
+        _, rstd = K._rms_norm_forward(x, w, EPS, K.KERNELS)
+        ref = K._rms_norm_backward(dy, x, w, rstd, K.KERNELS)
         for a, b in zip((dx, dw), ref):
             err = ((a - b).norm() / b.norm()).item()
             if not err < 1e-5:
@@ -482,7 +482,7 @@ def atomics(lines, rounds=7):
                     rows,
                     d,
                     p,
-                    lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
+                    lambda dy, x, w, rstd: K._rms_norm_backward(dy, x, w, rstd, K.KERNELS),
                 )
             )
             got["float32 atomics"].append(tbps(4 * rows * d * 4, events_ms(atomic_step, reps=25)))

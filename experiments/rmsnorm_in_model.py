@@ -235,12 +235,12 @@ def plan_table() -> list[str]:
             w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
             dy = torch.randn(rows, d, device="cuda", generator=g).to(dtype)
             base = K._plan_of(x)
-            n_sms = K._sm_count(x.device)
+            n_sms = K.sm_count(x.device)
 
             def seq(plan):
                 def run():
-                    _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)
-                    K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan)
+                    _, rstd = K._rms_norm_forward(x, w, EPS, K.KERNELS, plan)
+                    K._rms_norm_backward(dy, x, w, rstd, K.KERNELS, plan)
 
                 return run
 
@@ -261,7 +261,7 @@ def plan_table() -> list[str]:
                 for fw in (4, 8, 16):
                     for bw in (4, 8, 16):
                         for per_sm in (1, 2):
-                            plan = K._gpu_plan(
+                            plan = K.gpu_plan(
                                 rows, d, n_sms=n_sms, fwd_rows=r, fwd_warps=fw,
                                 bwd_rows=r, bwd_warps=bw, bwd_per_sm=per_sm, **hints,
                             )  # fmt: skip

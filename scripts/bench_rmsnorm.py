@@ -157,10 +157,10 @@ def profile_host(fn, x, w, dy, lines):
     lines += ["", "```", table, "```"]
     from paracheck.kernels import rmsnorm as K
 
-    y, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    y, rstd = K._rms_norm_forward(x, w, EPS, K.KERNELS)
     for name, f in {
-        "fwd launcher": lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS),
-        "bwd launchers (2)": lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS),
+        "fwd launcher": lambda: K._rms_norm_forward(x, w, EPS, K.KERNELS),
+        "bwd launchers (2)": lambda: K._rms_norm_backward(dy, x, w, rstd, K.KERNELS),
         "torch.empty_like": lambda: torch.empty_like(x),
         "autograd fwd only": lambda: fn(grads[0], grads[1], EPS),
         "autograd fwd+bwd": step,
@@ -177,8 +177,8 @@ def sweep(rows, d, lines):
     from paracheck.kernels import rmsnorm as K
 
     x, w, dy = inputs(rows, d)
-    n_sms = K._sm_count(x.device)
-    base = K._plan(rows, d, interpreted=DEVICE != "cuda", n_sms=n_sms)
+    n_sms = K.sm_count(x.device)
+    base = K.launch_plan(rows, d, interpreted=DEVICE != "cuda", n_sms=n_sms)
     block_d = base.block_d
     lines.append(f"\n### {rows}x{d} (default plan {base})\n")
     lines.append("| pass | rows/tile | warps | programs/SM | hints x/y/bwd | TB/s |")
@@ -203,13 +203,13 @@ def sweep(rows, d, lines):
         plan = dataclasses.replace(base, fwd_rows=r, fwd_warps=warps)
         timed(
             ("fwd", r, warps, "-", hint_text),
-            lambda: K._rms_norm_forward(x, w, EPS, K._KERNELS, plan),
+            lambda: K._rms_norm_forward(x, w, EPS, K.KERNELS, plan),
             2 * rows * d * 4,
         )
-    _, rstd = K._rms_norm_forward(x, w, EPS, K._KERNELS)
+    _, rstd = K._rms_norm_forward(x, w, EPS, K.KERNELS)
     for r, warps in tiles(8, 32):
         for per_sm in (1, 2, 4):
-            plan = K._gpu_plan(
+            plan = K.gpu_plan(
                 rows,
                 d,
                 n_sms=n_sms,
@@ -222,7 +222,7 @@ def sweep(rows, d, lines):
             )
             timed(
                 ("bwd", r, warps, per_sm, hint_text),
-                lambda: K._rms_norm_backward(dy, x, w, rstd, K._KERNELS, plan),
+                lambda: K._rms_norm_backward(dy, x, w, rstd, K.KERNELS, plan),
                 3 * rows * d * 4,
             )
     for combo in [
@@ -234,7 +234,7 @@ def sweep(rows, d, lines):
 
         def seq():
             K._rms_norm_backward(
-                dy, x, w, K._rms_norm_forward(x, w, EPS, K._KERNELS, plan)[1], K._KERNELS, plan
+                dy, x, w, K._rms_norm_forward(x, w, EPS, K.KERNELS, plan)[1], K.KERNELS, plan
             )
 
         timed(
@@ -267,7 +267,7 @@ def host_breakdown(x, w, dy, lines):
     orig_fwd, orig_bwd, orig_getitem = (
         K._rms_norm_forward,
         K._rms_norm_backward,
-        K._LazyJit.__getitem__,
+        K.LazyJit.__getitem__,
     )
 
     def wrap(name, f):
@@ -287,7 +287,7 @@ def host_breakdown(x, w, dy, lines):
         wrap("_rms_norm_forward", orig_fwd),
         wrap("_rms_norm_backward", orig_bwd),
     )
-    K._LazyJit.__getitem__ = getitem
+    K.LazyJit.__getitem__ = getitem
     try:
         for _ in range(30):
             for t in grads:
@@ -297,7 +297,7 @@ def host_breakdown(x, w, dy, lines):
             torch.cuda.synchronize()
     finally:
         K._rms_norm_forward, K._rms_norm_backward = orig_fwd, orig_bwd
-        K._LazyJit.__getitem__ = orig_getitem
+        K.LazyJit.__getitem__ = orig_getitem
     for name, ts in sorted(spans.items()):
         lines.append(f"host {name}: median {statistics.median(ts) * 1e6:.1f} us over {len(ts)}")
     torch.autograd.set_multithreading_enabled(False)

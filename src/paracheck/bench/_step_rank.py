@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from paracheck.bench._step_spec import _DTYPES, StepSpec
+from paracheck.bench._step_spec import DTYPES, StepSpec
 
 __all__ = [
     "live_tensor_bytes",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-def _device():
+def rank_device():
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -53,7 +53,7 @@ def _device():
     return torch.device("cpu")
 
 
-def _build_model(spec: StepSpec, device: torch.device):
+def build_model(spec: StepSpec, device: torch.device):
     from paracheck.workloads.lm import TransformerLM
 
     devices = [device.index] if device.type == "cuda" else []
@@ -63,10 +63,10 @@ def _build_model(spec: StepSpec, device: torch.device):
         torch.manual_seed(spec.seed)
         with torch.device(device):
             model = TransformerLM(spec.model)
-    return model.to(dtype=_DTYPES[spec.dtype])
+    return model.to(dtype=DTYPES[spec.dtype])
 
 
-def _batch(spec: StepSpec, device: torch.device, rank: int):
+def rank_batch(spec: StepSpec, device: torch.device, rank: int):
     g = torch.Generator().manual_seed(1000 * spec.seed + rank)
     shape = (spec.batch, spec.model.context_length)
     x = torch.randint(spec.model.vocab_size, shape, generator=g)
@@ -74,7 +74,7 @@ def _batch(spec: StepSpec, device: torch.device, rank: int):
     return x.to(device), y.to(device)
 
 
-def _train_step(setup, x, y, *, before_step=None, mark=None) -> None:
+def train_step(setup, x, y, *, before_step=None, mark=None) -> None:
     """One step of the CS336 protocol; ``before_step()`` runs between the gradient
     synchronisation and ``optimizer.step()`` (the memory points); ``mark(phase)`` is told each
     phase of Note [Communication schedule of a step] as it begins."""
@@ -102,7 +102,7 @@ def _no_mark(phase: str) -> None:
     return None
 
 
-def _configure(spec: StepSpec, device: torch.device) -> None:
+def configure(spec: StepSpec, device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = spec.tf32
         torch.backends.cudnn.allow_tf32 = spec.tf32
@@ -188,8 +188,8 @@ def rank_time(payload: dict) -> dict:
     payload = dict(payload)
     count = payload.pop("count", False)
     spec = StepSpec.from_dict(payload)
-    device = _device()
-    _configure(spec, device)
+    device = rank_device()
+    configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     cuda = device.type == "cuda"
@@ -197,7 +197,7 @@ def rank_time(payload: dict) -> dict:
     _reset_rss_peak()
     from paracheck.bench.variants import build_setup
 
-    model = _build_model(spec, device)
+    model = build_model(spec, device)
     setup = build_setup(
         spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused and cuda
     )
@@ -208,7 +208,7 @@ def rank_time(payload: dict) -> dict:
 
     if cuda:
         memory["init"] = above_start()
-    x, y = _batch(spec, device, rank)
+    x, y = rank_batch(spec, device, rank)
     times, cpu_times = [], []
     for _ in range(spec.warmup + spec.steps):
         if distributed:
@@ -217,7 +217,7 @@ def rank_time(payload: dict) -> dict:
             torch.cuda.synchronize(device)
         c0 = time.process_time()
         t0 = time.perf_counter()
-        _train_step(setup, x, y)
+        train_step(setup, x, y)
         if cuda:
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
@@ -231,7 +231,7 @@ def rank_time(payload: dict) -> dict:
             memory["before_step"] = above_start()
             torch.cuda.reset_peak_memory_stats(device)
 
-        _train_step(setup, x, y, before_step=before_step)
+        train_step(setup, x, y, before_step=before_step)
         memory["after_step"] = above_start()
         memory["peak"] = max(memory.values())
     result = {
@@ -290,16 +290,16 @@ def rank_account(payload: dict) -> dict:
     payload = dict(payload)
     forced = payload.pop("device", None)
     spec = StepSpec.from_dict(payload)
-    device = _device() if forced is None else torch.device(forced)
+    device = rank_device() if forced is None else torch.device(forced)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    _configure(spec, device)
+    configure(spec, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     # The watch patches torch (Work.wait, syncing Tensor methods) in this persistent rank
     # process: the stack takes it off however the job ends.
     with count_hooks() as hooks, Recorder() as rec, contextlib.ExitStack() as stack:
-        model = _build_model(spec, device)
-        x, y = _batch(spec, device, rank)
+        model = build_model(spec, device)
+        x, y = rank_batch(spec, device, rank)
         watch = ScheduleWatch(
             rec,
             list(model.parameters()),
@@ -318,8 +318,8 @@ def rank_account(payload: dict) -> dict:
         init_calls = len(rec.calls)
         # Step 1 allocates the optimizer state; torch DDP rebuilds its buckets (two broadcasts)
         # during step 2. Step 3 is the steady state that every later step repeats.
-        _train_step(setup, x, y)
-        _train_step(setup, x, y)
+        train_step(setup, x, y)
+        train_step(setup, x, y)
         _settle(rec)
         rec.reset_calls()
         hooks.reset()
@@ -345,7 +345,7 @@ def rank_account(payload: dict) -> dict:
         watch.start()
         try:
             with _cuda_sync_warnings(device) as cuda_syncs:
-                _train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
+                train_step(setup, x, y, before_step=before_step_timed, mark=watch.mark)
         finally:
             stack.close()
         schedule = watch.schedule()

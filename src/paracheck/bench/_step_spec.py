@@ -13,7 +13,7 @@ from paracheck.workloads.lm import LMSpec
 __all__ = ["StepAccount", "StepSpec", "StepTiming"]
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class StepSpec:
     seed: int = 0
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(_DTYPES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r} must be an int >= 1")
         if self.variant == "local" and self.world_size != 1:

@@ -64,11 +64,11 @@ def rank_overlap(payload: dict) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from paracheck.bench._step_rank import (
-        _batch,
-        _build_model,
-        _configure,
-        _device,
-        _train_step,
+        build_model,
+        configure,
+        rank_batch,
+        rank_device,
+        train_step,
     )
     from paracheck.bench._step_spec import StepSpec
     from paracheck.bench.variants import build_setup
@@ -78,20 +78,20 @@ def rank_overlap(payload: dict) -> dict:
             "the overlap share is measured from CUDA kernel timelines: it needs NCCL"
         )
     spec = StepSpec.from_dict(payload["spec"])
-    device = _device()
-    _configure(spec, device)
-    model = _build_model(spec, device)
+    device = rank_device()
+    configure(spec, device)
+    model = build_model(spec, device)
     setup = build_setup(
         spec.variant, model, bucket_mb=spec.bucket_mb, device=device, fused=spec.fused
     )
-    x, y = _batch(spec, device, dist.get_rank())
+    x, y = rank_batch(spec, device, dist.get_rank())
     for _ in range(spec.warmup):
-        _train_step(setup, x, y)
+        train_step(setup, x, y)
     torch.cuda.synchronize(device)
     n = payload["profile_steps"]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            _train_step(setup, x, y)
+            train_step(setup, x, y)
         torch.cuda.synchronize(device)
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)

@@ -8,7 +8,7 @@ import time
 __all__ = ["run_bench", "run_lm"]
 
 
-def _mib(n) -> str:
+def mib(n) -> str:
     return f"{n / 2**20:,.1f}"
 
 
@@ -16,13 +16,13 @@ def _gib(n) -> str:
     return f"{n / 2**30:,.2f}"
 
 
-def _table(header, rows) -> str:
+def bench_table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def _say(text="") -> None:
+def say(text="") -> None:
     print(text, flush=True)
 
 
@@ -33,7 +33,7 @@ def run_bench(args, world, record: dict) -> None:
     variants = available_variants(args.variants or None, include_local=True)
     skipped = [v for v in (args.variants or ()) if v not in variants]
     if skipped:
-        _say(f"skipped (not available here): {', '.join(skipped)}")
+        say(f"skipped (not available here): {', '.join(skipped)}")
     if "step" in args.what:
         _bench_steps(args, world, record, variants)
     if "bucket" in args.what:
@@ -70,7 +70,7 @@ def _bench_steps(args, world, record: dict, variants) -> None:
     for size in args.sizes:
         rows = []
         first = len(record["step"])
-        _say(
+        say(
             f"\n### step time and memory: {size}, {W} ranks, batch {args.batch}/rank ({'cuda' if cuda else 'cpu'})\n"
         )
         for v in variants:
@@ -80,7 +80,7 @@ def _bench_steps(args, world, record: dict, variants) -> None:
                 timing = time_step(world, spec, timeout=args.timeout)
                 acct = account_step(world, spec, timeout=args.timeout) if args.exact else None
             except Exception as exc:  # noqa: BLE001 - one variant failing (OOM) must not end the run
-                _say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 record["step"].append(
                     {"spec": spec.to_dict(), "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 )
@@ -99,16 +99,16 @@ def _bench_steps(args, world, record: dict, variants) -> None:
                     _gib(timing.left_bytes),
                 ]
             else:
-                row += [f"{timing.cpu_min * 1e3:.1f}", _mib(timing.rss_peak)]
+                row += [f"{timing.cpu_min * 1e3:.1f}", mib(timing.rss_peak)]
             if acct:
                 row += [
                     acct.collectives,
-                    _mib(acct.bus_bytes),
-                    _mib(acct.optimizer_state_bytes),
-                    _mib(acct.peak_bytes),
+                    mib(acct.bus_bytes),
+                    mib(acct.optimizer_state_bytes),
+                    mib(acct.peak_bytes),
                 ]
             rows.append(row)
-            _say(f"  {v}: {timing.median * 1e3:.1f} ms ({time.monotonic() - t0:.0f} s)")
+            say(f"  {v}: {timing.median * 1e3:.1f} ms ({time.monotonic() - t0:.0f} s)")
         header = ["variant", "step ms (median)"]
         if cuda:
             # Above what the ranks held when the job started (start), and what the job
@@ -130,7 +130,7 @@ def _bench_steps(args, world, record: dict, variants) -> None:
                 "opt state MiB/rank",
                 "tensor peak MiB/rank",
             ]
-        _say("\n" + _table(header, rows))
+        say("\n" + bench_table(header, rows))
         if args.exact:
             _print_schedules(record["step"][first:])
 
@@ -145,26 +145,26 @@ def _bench_buckets(args, world, record: dict) -> None:
     W = args.world_size
     model = args.bucket_model
     rows = []
-    _say(f"\n### bucket sweep: {model}, {W} ranks\n")
+    say(f"\n### bucket sweep: {model}, {W} ranks\n")
     for v in available_variants(("bucketed", "torch-ddp")):
         for mb in args.buckets:
             spec = _spec_for(args, v, model, bucket_mb=float(mb))
             try:
                 timing = time_step(world, spec, timeout=args.timeout)
             except Exception as exc:  # noqa: BLE001
-                _say(f"{v} {mb} MB: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                say(f"{v} {mb} MB: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 continue
             record["bucket"].append(timing.to_dict())
             rows.append([v, mb, f"{timing.median * 1e3:.1f}"])
-            _say(f"  {v} {mb} MB: {timing.median * 1e3:.1f} ms")
-    _say("\n" + _table(["variant", "bucket MB", "step ms (median)"], rows))
+            say(f"  {v} {mb} MB: {timing.median * 1e3:.1f} ms")
+    say("\n" + bench_table(["variant", "bucket MB", "step ms (median)"], rows))
     fits = []
     for v in dict.fromkeys(r[0] for r in rows):
         pts = [(float(r[1]), float(r[2])) for r in rows if r[0] == v]
         if len({mb for mb, _ in pts}) >= 3:  # Note [Bucket-size model]
             fits.append((v, pts, fit_bucket_model(pts)))
     if fits:
-        _say("\n" + bucket_model_table(fits))
+        say("\n" + bucket_model_table(fits))
 
 
 def _bench_allreduce(args, world, record: dict) -> None:
@@ -175,14 +175,14 @@ def _bench_allreduce(args, world, record: dict) -> None:
     sizes = (
         args.allreduce_world_sizes or tuple(w for w in (2, 4) if w <= world.size) or (world.size,)
     )
-    _say(f"\n### all-reduce ({world.backend}), float32\n")
+    say(f"\n### all-reduce ({world.backend}), float32\n")
     for w in sizes:
         for mb in args.allreduce_mb:
             r = all_reduce_time(world, mb, w, timeout=args.timeout)
             record["allreduce"].append(r.to_dict())
             rows.append([world.backend, w, mb, f"{r.median * 1e3:.3f}", f"{r.busbw / 1e9:.2f}"])
-            _say(f"  W={w} {mb} MB: {r.median * 1e3:.3f} ms, busbw {r.busbw / 1e9:.2f} GB/s")
-    _say("\n" + _table(["backend", "ranks", "MB", "ms (median)", "bus GB/s"], rows))
+            say(f"  W={w} {mb} MB: {r.median * 1e3:.3f} ms, busbw {r.busbw / 1e9:.2f} GB/s")
+    say("\n" + bench_table(["backend", "ranks", "MB", "ms (median)", "bus GB/s"], rows))
 
 
 def _bench_overlap(args, world, record: dict) -> None:
@@ -191,17 +191,17 @@ def _bench_overlap(args, world, record: dict) -> None:
 
     W = args.world_size
     if args.device != "cuda":
-        _say("\noverlap: skipped (measured from CUDA kernel timelines; needs --device cuda)")
+        say("\noverlap: skipped (measured from CUDA kernel timelines; needs --device cuda)")
         return
     from paracheck.bench.overlap import overlap_share
 
     rows = []
-    _say(f"\n### overlap: {args.overlap_model}, {W} ranks\n")
+    say(f"\n### overlap: {args.overlap_model}, {W} ranks\n")
     for v in available_variants(("overlapped", "bucketed", "torch-ddp")):
         try:
             o = overlap_share(world, _spec_for(args, v, args.overlap_model), timeout=args.timeout)
         except Exception as exc:  # noqa: BLE001
-            _say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            say(f"{v}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
         record["overlap"].append(o.to_dict())
         rows.append(
@@ -212,8 +212,8 @@ def _bench_overlap(args, world, record: dict) -> None:
                 f"{o.share:.0%}",
             ]
         )
-        _say(f"  {v}: {o.share:.0%} of {o.comm_ms_per_step:.2f} ms hidden")
-    _say("\n" + _table(["variant", "comm ms/step", "hidden ms/step", "hidden share"], rows))
+        say(f"  {v}: {o.share:.0%} of {o.comm_ms_per_step:.2f} ms hidden")
+    say("\n" + bench_table(["variant", "comm ms/step", "hidden ms/step", "hidden share"], rows))
 
 
 def _print_schedules(entries: list) -> None:
@@ -230,9 +230,9 @@ def _print_schedules(entries: list) -> None:
         rows.append(
             [
                 e["spec"]["variant"],
-                _mib(a["bytes_before_backward_end"]),
+                mib(a["bytes_before_backward_end"]),
                 a["launches_after_backward"],
-                _mib(a["bytes_after_backward"]),
+                mib(a["bytes_after_backward"]),
                 a["waits_in_backward"],
                 a["device_syncs"],
                 f"{a['exposed_comm_pct_balanced']:.1f}%",
@@ -253,11 +253,11 @@ def _print_schedules(entries: list) -> None:
         "exposed us, nvlink-h100",
         "host calls (in paracheck.world)",
     ]
-    _say("\n### exact communication schedule (per rank and step; lower is better unless marked)\n")
-    _say(_table(header, rows))
+    say("\n### exact communication schedule (per rank and step; lower is better unless marked)\n")
+    say(bench_table(header, rows))
     for e in measured:
         sched = StepSchedule.from_dict(e["account"]["schedule"])
-        _say(f"\n{e['spec']['variant']}:\n" + sched.table())
+        say(f"\n{e['spec']['variant']}:\n" + sched.table())
 
 
 def run_lm(args, record: dict) -> None:
@@ -268,7 +268,7 @@ def run_lm(args, record: dict) -> None:
 
     rows = []
     device = "cuda" if args.device == "cuda" else "cpu"
-    _say(f"\n### forward / backward / step, one process ({device}), batch {args.batch}\n")
+    say(f"\n### forward / backward / step, one process ({device}), batch {args.batch}\n")
     for size in args.sizes:
         for ac in (False, True):
             r = time_lm(
@@ -287,8 +287,8 @@ def run_lm(args, record: dict) -> None:
                     *(f"{m[k] * 1e3:.1f}" for k in ("forward", "backward", "step")),
                 ]
             )
-            _say(
+            say(
                 f"  {size} {'bf16' if ac else 'fp32'}: "
                 + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in m.items())
             )
-    _say("\n" + _table(["model", "autocast", "forward ms", "backward ms", "step ms"], rows))
+    say("\n" + bench_table(["model", "autocast", "forward ms", "backward ms", "step ms"], rows))

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from paracheck.cli._bench_run import _mib, _say, _table, run_bench, run_lm
+from paracheck.cli._bench_run import bench_table, mib, run_bench, run_lm, say
 
 __all__ = ["WHAT", "add_parsers", "cmd_bench", "cmd_memory", "run_bench", "run_lm"]
 
@@ -208,17 +208,17 @@ def _record_history(args, record: dict) -> None:
 
     top = git("rev-parse", "--show-toplevel")
     if top.returncode != 0:
-        _say(f"not recorded in a history: {os.getcwd()} is not in a git repository")
+        say(f"not recorded in a history: {os.getcwd()} is not in a git repository")
         return
     repo = top.stdout.strip()
     if git("status", "--porcelain", "--untracked-files=no").stdout.strip():
-        _say("not recorded in a history: the working tree has uncommitted changes (commit first)")
+        say("not recorded in a history: the working tree has uncommitted changes (commit first)")
         return
     sha = git("rev-parse", "HEAD").stdout.strip()
     names = {json.dumps(asdict(model_for(s)), sort_keys=True): s for s in args.sizes}
     history = args.history or default_history(repo)
     record_bench(history, repo, sha, record, names)
-    _say(f"recorded the step table of {sha[:10]} in {history}: `paracheck report --serve` shows it")
+    say(f"recorded the step table of {sha[:10]} in {history}: `paracheck report --serve` shows it")
 
 
 def _usage_error(args, prog: str) -> str | None:
@@ -310,15 +310,15 @@ def cmd_memory(args) -> int:
                 entry = a.to_dict()
                 row = [
                     v,
-                    _mib(a.param_bytes),
-                    _mib(a.grad_bytes),
-                    _mib(a.optimizer_state_bytes),
-                    _mib(a.peak_init_bytes),
-                    _mib(a.peak_before_step_bytes),
-                    _mib(a.peak_step_bytes),
+                    mib(a.param_bytes),
+                    mib(a.grad_bytes),
+                    mib(a.optimizer_state_bytes),
+                    mib(a.peak_init_bytes),
+                    mib(a.peak_before_step_bytes),
+                    mib(a.peak_step_bytes),
                     a.collectives,
-                    _mib(a.payload_bytes),
-                    _mib(a.bus_bytes),
+                    mib(a.payload_bytes),
+                    mib(a.bus_bytes),
                     a.operators,
                     a.launches,
                     a.allocations,
@@ -327,7 +327,7 @@ def cmd_memory(args) -> int:
                 if cuda:
                     t = time_step(world, spec, timeout=args.timeout)
                     entry["cuda_memory"] = t.cuda_memory
-                    row += [_mib(t.cuda_memory[k]) for k in ("init", "before_step", "after_step")]
+                    row += [mib(t.cuda_memory[k]) for k in ("init", "before_step", "after_step")]
                 record["memory"].append(entry)
                 rows.append(row)
             header = [
@@ -348,10 +348,10 @@ def cmd_memory(args) -> int:
             ]
             if cuda:
                 header += ["CUDA init MiB", "CUDA before step MiB", "CUDA after step MiB"]
-            _say(
+            say(
                 f"\n### exact memory, traffic and host cost per rank: {size}, {args.world_size} ranks, batch {args.batch}\n"
             )
-            _say(_table(header, rows))
+            say(bench_table(header, rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

@@ -3,7 +3,7 @@ jitted lazily.
 
 Note [interpreter mode]: triton decides between compiling and interpreting a kernel when
 ``triton.jit`` runs, reading ``TRITON_INTERPRET`` at that moment. The kernels here are therefore
-plain functions wrapped in ``_LazyJit``, which calls ``triton.jit`` at the first launch (and again
+plain functions wrapped in ``LazyJit``, which calls ``triton.jit`` at the first launch (and again
 if the mode changed), so importing this module fixes nothing and ``import paracheck.kernels``
 works without triton installed; a missing triton is reported at the first launch.
 """
@@ -43,14 +43,14 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def _require_triton() -> None:
+def require_triton() -> None:
     if triton is None:
         raise RuntimeError(
             "paracheck.kernels needs triton: pip install 'paracheck[triton]' (or triton>=3.0)"
         )
 
 
-class _LazyJit:
+class LazyJit:
     """A kernel function that is ``triton.jit``-decorated at its first launch."""
 
     def __init__(self, fn):
@@ -63,7 +63,7 @@ class _LazyJit:
 
     def jitted(self):
         """The ``triton.jit`` function for the current mode (Note [interpreter mode])."""
-        _require_triton()
+        require_triton()
         mode = interpreting()
         jitted = self._by_mode.get(mode)
         if jitted is None:
@@ -71,9 +71,9 @@ class _LazyJit:
         return jitted
 
 
-def lazy_jit(fn) -> _LazyJit:
+def lazy_jit(fn) -> LazyJit:
     """Decorator: ``triton.jit`` deferred to the first launch (Note [interpreter mode])."""
-    return _LazyJit(fn)
+    return LazyJit(fn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,9 +241,9 @@ def _rms_norm_dw_kernel(
 class RMSNormKernels:
     """The three kernels a launch uses; mutants swap one of them for a broken variant."""
 
-    forward: _LazyJit
-    backward: _LazyJit
-    reduce_dweight: _LazyJit
+    forward: LazyJit
+    backward: LazyJit
+    reduce_dweight: LazyJit
 
 
-_KERNELS = RMSNormKernels(_rms_norm_fwd_kernel, _rms_norm_bwd_kernel, _rms_norm_dw_kernel)
+KERNELS = RMSNormKernels(_rms_norm_fwd_kernel, _rms_norm_bwd_kernel, _rms_norm_dw_kernel)

@@ -14,7 +14,7 @@ from paracheck.kernels._rmsnorm_kernels import triton
 
 
 @dataclass(frozen=True)
-class _Plan:
+class LaunchPlan:
     block_d: int
     fwd_rows: int
     fwd_warps: int
@@ -37,7 +37,7 @@ def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
-def _gpu_plan(
+def gpu_plan(
     n_rows: int,
     n_cols: int,
     *,
@@ -48,7 +48,7 @@ def _gpu_plan(
     bwd_warps: int,
     bwd_per_sm: int,
     **hints: str,
-) -> _Plan:
+) -> LaunchPlan:
     """A GPU plan from its free parameters; the persistent grid has as many tiles per program."""
     block_d = triton.next_power_of_2(n_cols)
     n_tiles = -(-n_rows // bwd_rows)
@@ -57,7 +57,7 @@ def _gpu_plan(
     # One pass over the partials when they fit: BLOCK_P x BLOCK_N = 4096 values per program.
     red_block_p = min(triton.next_power_of_2(programs), 1024)
     red_block_n = _clamp(4096 // red_block_p, 1, block_d)
-    return _Plan(
+    return LaunchPlan(
         block_d,
         fwd_rows,
         fwd_warps,
@@ -83,7 +83,9 @@ _L2_RESIDENT_BYTES = 32 * 2**20
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4) -> _Plan:
+def launch_plan(
+    n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes: int = 4
+) -> LaunchPlan:
     """Block sizes, warps, program counts and cache hints (Note [tiles and programs]); pure."""
     block_d = triton.next_power_of_2(n_cols)
     rows_cap = triton.next_power_of_2(n_rows)
@@ -92,7 +94,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
         rows = min(_pow2_at_most(32768 // block_d), rows_cap)
         programs = min(-(-n_rows // rows), 2)
         # The GPU's row order for this width (below), so CI runs both orders' code.
-        return _Plan(
+        return LaunchPlan(
             block_d,
             rows,
             1,
@@ -137,7 +139,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
     # The reverse walk (Note [reverse walk]) measured faster up to d = 4096 (4096x4096 3.04 ->
     # 3.12 TB/s, 4096x2048 2.83 -> 2.88, 16384x1600 3.21 -> 3.25, 4096x1024 equal; 7 interleaved
     # rounds), slower at 4096x8192 (3.22 -> 3.16), where x is far larger than the L2.
-    plan = _gpu_plan(
+    plan = gpu_plan(
         n_rows,
         n_cols,
         n_sms=n_sms,
@@ -152,7 +154,7 @@ def _plan(n_rows: int, n_cols: int, *, interpreted: bool, n_sms: int, elem_bytes
 
 
 @functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -36,25 +36,25 @@ from contextlib import contextmanager
 import torch
 
 # The kernels' and the plan's names are also reached here (mutants, benchmark scripts and
-# experiments read ``rmsnorm._KERNELS``, ``rmsnorm._plan``, ``rmsnorm._gpu_plan``).
+# experiments read ``rmsnorm.KERNELS``, ``rmsnorm.launch_plan``, ``rmsnorm.gpu_plan``).
 from paracheck.kernels._rmsnorm_kernels import (  # noqa: F401
-    _KERNELS,
+    KERNELS,
+    LazyJit,
     RMSNormKernels,
-    _LazyJit,
-    _require_triton,
     gdc_wait,
     interpreting,
     lazy_jit,
+    require_triton,
     tl,
     triton,
     triton_available,
 )
 from paracheck.kernels._rmsnorm_ops import register_ops
 from paracheck.kernels._rmsnorm_plan import (
-    _gpu_plan,  # noqa: F401
-    _Plan,
-    _plan,
-    _sm_count,
+    LaunchPlan,
+    gpu_plan,  # noqa: F401
+    launch_plan,
+    sm_count,
 )
 from paracheck.oracle.tolerance import (
     RMSNORM_INTERPRETER_TOLERANCES,
@@ -179,21 +179,21 @@ def _pdl_option(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def _plan_of(x2: torch.Tensor) -> _Plan:
+def _plan_of(x2: torch.Tensor) -> LaunchPlan:
     """The launch plan for a (rows >= 1, d) input, forward and backward alike."""
     # int(): under symbolic tracing of the custom ops a size may be a SymInt; a plan is
     # compile-time constants, so it is specialised on (and guarded by) the concrete size.
     n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
-    return _plan(
+    return launch_plan(
         n_rows,
         n_cols,
         interpreted=x2.device.type != "cuda",
-        n_sms=_sm_count(x2.device),
+        n_sms=sm_count(x2.device),
         elem_bytes=x2.element_size(),
     )
 
 
-def _launcher(lazy: _LazyJit, grid, wrap):
+def _launcher(lazy: LazyJit, grid, wrap):
     """``lazy[grid]``, or with ``wrap`` (``torch.library.wrap_triton``, Note [compiled callers])
     the wrapped ``triton.jit`` function: what Inductor traces."""
     return lazy[grid] if wrap is None else wrap(lazy.jitted())[grid]
@@ -302,7 +302,7 @@ class _Launch:
 
     __slots__ = ("function", "grid", "metadata", "run", "tail")
 
-    def __init__(self, lazy: _LazyJit, captured, grid: int):
+    def __init__(self, lazy: LazyJit, captured, grid: int):
         kernel, constexprs = captured
         jitted = lazy._by_mode.get(False)
         params = getattr(jitted, "params", None)
@@ -366,7 +366,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, kernels=None):
-        kernels = kernels or _KERNELS
+        kernels = kernels or KERNELS
         key = None
         if _FAST_LAUNCH and x.is_cuda:
             eps = float(eps)
@@ -386,7 +386,7 @@ class RMSNormFunction(torch.autograd.Function):
                 ctx.save_for_backward(x, weight, rstd)
                 ctx.kernels, ctx.plan, ctx.prep = kernels, prep.plan, prep
                 return y
-        _require_triton()
+        require_triton()
         eps = float(eps)
         _check_inputs(x, weight, eps)
         x2 = _as_rows(x)
@@ -475,17 +475,17 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 def _check_op_inputs(x, weight, eps):
-    _require_triton()
+    require_triton()
     _check_inputs(x, weight, float(eps))
 
 
 def _op_forward(x, weight, eps, wrap):
-    y, rstd = _rms_norm_forward(_as_rows(x), weight, eps, _KERNELS, wrap=wrap)
+    y, rstd = _rms_norm_forward(_as_rows(x), weight, eps, KERNELS, wrap=wrap)
     return y.view(x.shape), rstd
 
 
 def _op_backward(dy, x, weight, rstd, wrap):
-    dx, dw = _rms_norm_backward(_as_rows(dy), _as_rows(x), weight, rstd, _KERNELS, wrap=wrap)
+    dx, dw = _rms_norm_backward(_as_rows(dy), _as_rows(x), weight, rstd, KERNELS, wrap=wrap)
     return dx.view(x.shape), dw
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from paracheck.kernels.rmsnorm import (
-    _KERNELS,
+    KERNELS,
+    LazyJit,
     RMSNormFunction,
     RMSNormKernels,
-    _LazyJit,
     lazy_jit,
 )
 from paracheck.mutants._edit import edited
@@ -24,14 +24,14 @@ from paracheck.mutants._edit import edited
 __all__ = ["RMSNORM_MUTANTS", "RMSNORM_MUTANT_DESCRIPTIONS"]
 
 
-def _mutated(kernel: _LazyJit, name: str, *edits: tuple[str, str]) -> _LazyJit:
+def _mutated(kernel: LazyJit, name: str, *edits: tuple[str, str]) -> LazyJit:
     """``kernel`` with each ``(line, replacement)`` of ``edits`` applied to its source (see
     ``edited``), under a name of its own, jitted lazily like the production kernels."""
     return lazy_jit(edited(kernel.fn, *edits, name=name))
 
 
 _fwd_eps_outside_sqrt = _mutated(
-    _KERNELS.forward,
+    KERNELS.forward,
     "_fwd_eps_outside_sqrt",
     (
         "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)\n",
@@ -39,7 +39,7 @@ _fwd_eps_outside_sqrt = _mutated(
     ),
 )
 _fwd_unmasked_tail = _mutated(
-    _KERNELS.forward,
+    KERNELS.forward,
     "_fwd_unmasked_tail",
     (
         "        X + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0, eviction_policy",
@@ -50,7 +50,7 @@ _fwd_unmasked_tail = _mutated(
     ),
 )
 _bwd_dx_without_mean_term = _mutated(
-    _KERNELS.backward,
+    KERNELS.backward,
     "_bwd_dx_without_mean_term",
     (
         "        dx = (wdy - xhat * c[:, None]) * rstd[:, None]\n",
@@ -58,7 +58,7 @@ _bwd_dx_without_mean_term = _mutated(
     ),
 )
 _bwd_partials_overwrite = _mutated(
-    _KERNELS.backward,
+    KERNELS.backward,
     "_bwd_partials_overwrite",
     (
         "    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)\n",
@@ -66,7 +66,7 @@ _bwd_partials_overwrite = _mutated(
     ),
 )
 _bwd_reverse_walk_rstd_forward_order = _mutated(
-    _KERNELS.backward,
+    KERNELS.backward,
     "_bwd_reverse_walk_rstd_forward_order",
     # BUG: the saved rstd is read at the forward-order row, not at the reversed one.
     (
@@ -82,9 +82,9 @@ _bwd_reverse_walk_rstd_forward_order = _mutated(
 
 def _with(**swap) -> RMSNormKernels:
     kernels = {
-        "forward": _KERNELS.forward,
-        "backward": _KERNELS.backward,
-        "reduce_dweight": _KERNELS.reduce_dweight,
+        "forward": KERNELS.forward,
+        "backward": KERNELS.backward,
+        "reduce_dweight": KERNELS.reduce_dweight,
     }
     kernels.update(swap)
     return RMSNormKernels(**kernels)
