@@ -102,6 +102,22 @@ def test_a_design_that_skips_a_parameter_no_rank_reached_passes(world, design, v
     assert result.ok, result.describe()
 
 
+@pytest.mark.parametrize("design", sorted(CORPUS))
+def test_a_skipped_parameter_has_no_optimizer_state(world, design):
+    """Adam's step of a zero gradient leaves the parameter where it was and creates its state;
+    skipped, the parameter has none, and only the state tells the readings apart (the union of
+    the ranks' states chooses the reading too): one rank, the branch's group added at step 1,
+    when the rank does not use it (``cases/unreached_adam_state.json``, the shrunk case that
+    failed ``optimizer-state`` in ``+unused-some-ranks``)."""
+    with open(os.path.join(CASES, "unreached_adam_state.json")) as f:
+        case = Case.from_dict(json.load(f))
+    stepping, skipping = train(case), train(case, skip_unreached=frozenset({(1, 1)}))
+    assert torch.equal(stepping.steps[1].params[1], skipping.steps[1].params[1])
+    assert 1 in stepping.steps[1].state and 1 not in skipping.steps[1].state
+    result = run_case(world, CORPUS[design], case)
+    assert result.ok, result.describe()
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("builtin", ["zero1", "zero2", "bucketed", "torch-ddp", "sharded"])
 def test_a_design_that_steps_a_parameter_no_rank_reached_passes(world, builtin, variant):
@@ -178,3 +194,15 @@ def test_the_choices_are_searched_in_step_order():
     assert trained == [frozenset({at3})]  # step 5's choice cannot change step 4
     tie = {frozenset(): _divergence(3), frozenset({at3}): _divergence(3)}
     assert on_its_reading(stepping, judged(tie), skipping)[0] is stepping
+    # The state's union over ranks decides too: the equivalence family passes at both readings,
+    # the union only where step 3 is skipped; the verdict returned is the equivalence family's.
+    trained.clear()
+    union = {frozenset(): _divergence(3)}
+    chosen = on_its_reading(
+        stepping,
+        judged({}),
+        skipping,
+        union=lambda traj: union.get(traj.skipped_unreached),
+    )
+    assert chosen[0].skipped_unreached == {at3} and chosen[1] is None
+    assert trained == [frozenset({at3})]

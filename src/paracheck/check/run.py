@@ -14,7 +14,7 @@ from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.equivalence import compare
-from paracheck.check.properties.reading import on_its_reading
+from paracheck.check.properties.reading import on_its_reading, state_union
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.check.user_model import fitted_case
@@ -163,13 +163,10 @@ def run_case(
         return CaseResult(
             case, extra={"skipped": ranks[0].skipped}, seconds=seconds, outputs=outputs
         )
-    if traj is None:  # Note [Anchored steps]: each step starts from rank 0's state after the last
-        traj = oracle_for(
-            case,
-            anchors=[(s.params, s.grads, s.masters) for s in ranks[0].steps],
-            target_gradients=on_gradients,
-            device=local_on,
-        )
+    # Note [Anchored steps]: each step starts from rank 0's state after the last.
+    anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
+    if traj is None:
+        traj = oracle_for(case, anchors, target_gradients=on_gradients, device=local_on)
     notes = {}
     if row.compares_state:
         notes = sharding_notes(traj, ranks)
@@ -181,7 +178,6 @@ def run_case(
     divs, worst = [], 0.0
     judged_from = _grouped_from(case) if row.syncs_its_groups else None
     if "equivalence" in props or (row.compares_state and "state" in props):
-        anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
         traj, div, worst = on_its_reading(  # Note [A parameter no rank reached]
             traj,
             lambda traj: compare(
@@ -198,6 +194,7 @@ def run_case(
             lambda skips: oracle_for(
                 case, anchors, target_gradients=on_gradients, device=local_on, skip_unreached=skips
             ),
+            union=state_union(case, ranks, props, world, row.compares_state),
         )
         divs += [div] if div is not None else []
     evidence = Evidence(

@@ -82,11 +82,13 @@ __all__ = ["StepRecord", "Trajectory", "clip_global_norm", "train"]
 #   clipped global norm (``clip_global_norm``) or to a GradScaler's search for an inf. It changes
 #   every later step, whose gradients are computed from the parameter it left, so the oracle is
 #   trained again for each choice (``train(..., skip_unreached=...)``: the (step, parameter)
-#   pairs it skips), and the choices are searched in step order: ``paracheck.check.properties.
-#   equivalence.on_its_reading`` keeps a choice while the target still matches at its step and
-#   stops at the first set of choices the whole trajectory matches, every other parameter and step
-#   judged as before. Where none matches, the failure reported is against the choices the target
-#   followed for longest.
+#   pairs it skips), and the choices are searched in step order: ``on_its_reading`` (in
+#   ``paracheck.check.properties.reading``) keeps a choice while the target still matches at its
+#   step and stops at the first set of choices the whole trajectory matches, every other
+#   parameter and step judged as before. Matching includes the union of the ranks' optimizer
+#   states: Adam's step of a zero gradient leaves the parameter where it was (without weight
+#   decay) and creates its state, which a skipped parameter does not have. Where no set of
+#   choices matches, the failure reported is against the choices the target followed for longest.
 
 
 @dataclass
