@@ -304,8 +304,9 @@ KINDS: dict[str, Kind] = {
         ),
         masters="compute_dtype=",
         prepare_case=_prepare_fsdp,
-        # FSDP_OFF (Note [Cases an FSDP is checked on]) on top of the DDP kind's cases.
-        never_draws=_CASES_NEVER | {"unused-some-ranks", "clip"},
+        # FSDP_OFF (Note [Cases an FSDP is checked on]) on top of the DDP kind's cases, which it
+        # resumes at another world size (``resumed_sometimes``).
+        never_draws=(_CASES_NEVER - {"reshard"}) | {"unused-some-ranks", "clip"},
     ),
     "loop": Kind(
         "loop",
