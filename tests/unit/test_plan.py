@@ -13,7 +13,14 @@ import pytest
 
 import paracheck
 from paracheck import pytest_plugin
-from paracheck.check.plan import CheckPlan, InvalidArgument, plan, settled, world_sizes
+from paracheck.check.plan import (
+    CheckPlan,
+    InvalidArgument,
+    plan,
+    plan_target,
+    settled,
+    world_sizes,
+)
 from paracheck.check.settings import (
     DEFAULT_WORLD_SIZES,
     SELFTEST,
@@ -124,6 +131,8 @@ def test_the_precision_is_resolved_per_target():
     assert {p.precision for p in plan(CheckSettings(dtype="float32"), (NAIVE, LOOP))} == {"fp32"}
     (refused,) = plan(CheckSettings(precision="fp16"), (LOOP,))
     assert refused.refused is not None and "applies autocast" in refused.refused
+    with pytest.raises(InvalidArgument, match="^precision='fp16': a training loop applies"):
+        plan_target(CheckSettings(precision="fp16"), LOOP)  # check_target's refusal
 
 
 def test_settled_settings_are_settled_again_unchanged():

@@ -91,7 +91,8 @@ def plan_target(settings: CheckSettings, target: Target) -> CheckPlan:
     """The plan of one target, its refusal an ``InvalidArgument`` of the precision."""
     (one,) = plan(settings, (target,))
     if one.refused is not None:
-        raise InvalidArgument("precision", settings.precision, one.refused)
+        given = "precision" if settings.precision is not None else "dtype"
+        raise InvalidArgument(given, getattr(settings, given), one.refused)
     return one
 
 
@@ -243,8 +244,8 @@ def _target_precision(settings: CheckSettings, target: Target) -> tuple[str, str
             loop_precision(explicit, target.autocast)
         if target.autocast is not None:
             precision = loop_precision(precision, target.autocast) or precision
-    except ValueError as exc:
-        return precision, str(exc)
+    except ValueError as exc:  # "precision='fp16': a training loop ...": the option is named
+        return precision, str(exc).removeprefix(f"precision={explicit!r}: ")
     return precision, None
 
 

@@ -85,10 +85,10 @@ def _without_refused_loops(args, plans) -> list:
     (``CheckPlan.refused``): a usage error where such a loop is named, else a note."""
     refused = {p.target.name: p.refused for p in plans if p.refused is not None}
     if refused:
+        given = next(p.settings.precision for p in plans if p.refused is not None)
         named = [name for name in refused if name in (args.targets or ())]
         if named:
-            raise UsageError(f"{named[0]}: {refused[named[0]]}")
-        given = next(p.settings.precision for p in plans if p.refused is not None)
+            raise UsageError(f"{named[0]}: --precision={given}: {refused[named[0]]}")
         print(
             f"paracheck: note: --precision={given}: the loop targets "
             f"{', '.join(refused)} are not checked (a loop applies autocast and loss scaling "
