@@ -123,8 +123,8 @@ def test_a_case_without_a_user_model_keeps_its_json():
 
 
 def test_groups_are_fitted_to_the_user_model():
-    """Indices past the model are dropped; a group left empty goes; every parameter no other
-    group names stays in the constructor's group."""
+    """Indices past the model are dropped; a group left empty goes; every parameter stays in a
+    group; the constructor gets one."""
     from paracheck.cases import GroupSpec, OptimizerSpec
 
     user = UserModel(f"{B}linear", f"{B}batch")  # two parameters
@@ -143,6 +143,11 @@ def test_groups_are_fitted_to_the_user_model():
     )
     groups = fitted_case(only_late, user).optimizer.groups
     assert [(g.params, g.add_at_step) for g in groups] == [((), None)]
+    unnamed = Case(
+        optimizer=OptimizerSpec(groups=(GroupSpec(params=(0, 9)), GroupSpec(params=(8,))))
+    )
+    groups = fitted_case(unnamed, user).optimizer.groups
+    assert [(g.params, g.add_at_step) for g in groups] == [((0,), None), ((), None)]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

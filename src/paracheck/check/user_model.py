@@ -9,8 +9,10 @@ Note [Cases drawn around a user's model]
     puts the user's model in it: ``user_model`` set, ``model`` back to its default (unused, so
     that the case's line does not name a generated model's features). The groups name parameters
     by index into ``model.parameters()``: an index past the user's model is dropped, a group left
-    with none is dropped, and where no constructor group is left, one group holds every
-    parameter (with the first group's hyper-parameters). The model's seed is the case's
+    with none is dropped, every parameter no group names goes to a group of them (with the first
+    group's hyper-parameters: as in every drawn case, no parameter is left out of the optimizer,
+    where it would accumulate its gradient from step to step), and where no group is left for
+    the constructor, the first becomes one. The model's seed is the case's
     (``init_seed``), drawn and shrunk with it. Kinds whose cases need a generated model are
     refused with a usage error (``UNSUPPORTED_KINDS``).
 """
@@ -111,10 +113,11 @@ def fitted_case(case: Case, user: UserModel | None) -> Case:
     named = {i for g in groups for i in g.params}
     if len(named) == n:  # nothing left for a group of "every parameter no other group names"
         groups = [g for g in groups if g.params]
+    elif not any(not g.params for g in groups):
+        # Every parameter stays in a group, as in every drawn case: one the groups no longer name
+        # would be trained by nothing and accumulate its gradient from step to step.
+        groups.append(replace(case.optimizer.groups[0], params=(), add_at_step=None))
     if not any(g.add_at_step is None for g in groups):
-        # The first group given to the constructor: every parameter no other group names, or the
-        # first late group's where those are none.
-        first = groups.pop(0) if len(named) == n else replace(case.optimizer.groups[0], params=())
-        groups = [replace(first, add_at_step=None)] + [g for g in groups if g.params]
+        groups[0] = replace(groups[0], add_at_step=None)  # the constructor needs a group
     optimizer = replace(case.optimizer, groups=tuple(groups))
     return replace(case, model=MLPSpec(), optimizer=optimizer, user_model=user)
