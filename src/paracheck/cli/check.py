@@ -432,11 +432,14 @@ def _on_user_model(args, targets: list) -> list:
     """``targets`` checked on the model of ``--model``, ``--batch`` and ``--loss-fn``, checked
     first (Note [A user's model]); a model that cannot run in float64 moves the check to fp32
     (Note [A float32 oracle for a user's model])."""
-    from paracheck.check.user_model import info, user_model_of, with_user_model
+    from paracheck.check.user_model import UNSUPPORTED_KINDS, info, user_model_of, with_user_model
     from paracheck.errors import ParacheckError
 
     try:
         user = user_model_of(args.model, args.batch, args.loss_fn)
+        if user is not None and not args.targets and args.adapters is None:
+            # The main job on a user's model: the built-ins of the kinds that take one.
+            targets = [t for t in targets if t.kind not in UNSUPPORTED_KINDS]
         targets = [with_user_model(t, user) for t in targets]
     except ParacheckError as exc:
         text = exc.text("--") if hasattr(exc, "text") else str(exc)
