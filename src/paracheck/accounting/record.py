@@ -277,6 +277,14 @@ class Recorder(TorchDispatchMode):
     payload records need, at a fraction of the cost).
     """
 
+    # Whether Dynamo may compile under the recorder (Note [Recording compiled code] in
+    # paracheck.check.ranks._compiled): set while a compiled case runs.
+    compiled_code = False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return cls.compiled_code
+
     def __init__(self, *, track_memory: bool = True):
         super().__init__()
         self.track_memory = track_memory

@@ -20,6 +20,7 @@ from paracheck.cases._case import (  # noqa: F401
     LOSSES,
     Case,
 )
+from paracheck.cases._compile import COMPILE_SETTINGS, CompileSetting  # noqa: F401
 from paracheck.cases._optimizer import (  # noqa: F401
     SCHEDULERS,
     GroupSpec,

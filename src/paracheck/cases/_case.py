@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from paracheck.cases._compile import check_compiled
 from paracheck.cases._optimizer import GroupSpec, OptimizerSpec
 from paracheck.workloads import model_spec_from_dict, model_spec_to_dict
 from paracheck.workloads.mlp import MLPSpec
@@ -156,6 +157,9 @@ class Case:
     # ``reshard_at_step`` steps, the training goes on in a fresh world of ``reshard_world_size``.
     reshard_at_step: int | None = None
     reshard_world_size: int = 1
+    # Note [Compiled cases] (paracheck.cases._compile): the wrapper called through torch.compile
+    # with the named setting (None: eagerly).
+    compiled: str | None = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -188,6 +192,7 @@ class Case:
             )
         if self.reshard_world_size < 1:
             raise ValueError(f"reshard_world_size={self.reshard_world_size} must be >= 1")
+        check_compiled(self.compiled)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
         if self.clip_norm is not None:
@@ -300,6 +305,8 @@ class Case:
             del d["user_model"]  # a case without it is the JSON it always was
         if self.reshard_at_step is None:  # the same: a case that is not resumed
             del d["reshard_at_step"], d["reshard_world_size"]
+        if self.compiled is None:  # the same: a case run eagerly
+            del d["compiled"]
         return d
 
     def to_json(self, indent: int | None = None) -> str:

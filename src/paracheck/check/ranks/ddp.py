@@ -23,6 +23,7 @@ from paracheck.check.ranks._common import (
     train_micro_steps,
     unscale,
 )
+from paracheck.check.ranks._compiled import CompiledRun, run_compiled
 from paracheck.check.ranks._drive import ddp_driver
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
@@ -31,13 +32,18 @@ __all__ = ["run_ddp"]
 
 
 def run_ddp(payload: dict) -> RankRecord:
-    """Train ``case`` with the DDP wrapper at ``payload['path']``; record every step.
+    """Train ``case`` with the DDP wrapper at ``payload['path']``; record every step; a compiled
+    case through ``torch.compile`` (Note [Compiled cases]), its cost in ``RankRecord.compiled``.
 
     Returns ``RankRecord.skip(why)`` instead, on every rank alike, where the case uses a feature the
     target's class declares unsupported (``unsupported_case_features``: feature name -> why, e.g.
     ``{"double_backward": "..."}``), or where the case passes ``bucket_size_mb=None`` and the
     constructor refuses it with a TypeError or ValueError.
     """
+    return run_compiled(payload, _run_ddp)
+
+
+def _run_ddp(payload: dict, compiled: CompiledRun) -> RankRecord:
     case: Case = payload["case"]
     rank = dist.get_rank()
     device = rank_device(payload.get("device"))
@@ -52,7 +58,7 @@ def run_ddp(payload: dict) -> RankRecord:
         )
     model = build_case_model(case, rank, device=device)
     try:
-        drv = ddp_driver(payload, model, case, cls)
+        drv = compiled.driver(ddp_driver(payload, model, case, cls))
     except (TypeError, ValueError) as exc:
         if not (case.unbounded_bucket and payload.get("takes_bucket")):
             raise

@@ -83,6 +83,9 @@ class RankRecord:
     # fsdp: per module parameter, whether the wrapper provably held it whole after the last step
     # (None: unknown), ``paracheck.check.ranks.fsdp.kept_whole``.
     kept_whole: tuple | None = None
+    # A compiled case (Note [Compiled cases]): its setting, the graphs compiled, the seconds spent
+    # compiling and training (``paracheck.check.ranks._compiled.CompiledRun.record``).
+    compiled: dict | None = None
 
     @classmethod
     def skip(cls, why: str) -> RankRecord:
@@ -97,6 +100,7 @@ class RankRecord:
                 ("pieces", self.pieces),
                 ("bucket_numels", self.bucket_numels),
                 ("final_state_dict", self.final_state_dict),
+                ("compiled", self.compiled),
             )
             if value is not None
         }

@@ -1,0 +1,76 @@
+"""How a compiled case is compiled (``Case.compiled``): the ``torch.compile`` settings a case names,
+one row each. Pure values; the rank program that applies them is ``paracheck.check.ranks._compiled``.
+
+Note [Compiled cases]
+    A compiled case trains the same model, batches and protocol as its eager twin, with the DDP
+    wrapper called through ``torch.compile(wrapper, backend=...)`` (what users write:
+    ``model = torch.compile(DDP(model))``; gradients were not synchronised where only the inner
+    module was compiled) and, with compiled autograd, every backward of the step traced and
+    compiled too. Three choices are drawn, as one named setting (``COMPILE_SETTINGS``):
+
+    * the backend: ``aot_eager`` (Dynamo's capture and AOTAutograd's joint graph run by eager
+      kernels: where DDP's semantics change under compile, graph breaks, hooks and the
+      forward/backward split, at about 1-4 s a case on a loaded 2-core machine) or ``inductor``
+      (the same graphs lowered to C++ on the CPU, Triton on a GPU: seconds to a minute a case on
+      the CPU, gcc compiling every new kernel; its on-disk caches make a shape seen before cheap);
+    * DDP's graph-break optimiser (``torch._dynamo.config.optimize_ddp``): on, Dynamo splits the
+      graph at torch DDP's bucket boundaries so that its reducer's hooks fire between the pieces;
+      off, one graph, and every bucket is reduced after the whole backward. It acts on torch
+      ``DistributedDataParallel`` only (a wrapper of another class is compiled alike either way);
+    * compiled autograd (``torch._dynamo.compiled_autograd``): the backward, gradient hooks
+      included, traced at run time and compiled. torch DDP refuses it beside its C++ reducer
+      ("Compiled autograd is not compatible with C++ DDP Reducer"), so the setting also names
+      ``optimize_ddp="python_reducer"``, torch's documented pairing.
+
+    Compile time is paid once per graph and shape: Dynamo's caches are reset before each compiled
+    case (``torch._dynamo.reset()``), so that no case depends on what a rank compiled before (a
+    recompile limit reached after eight shapes falls back to eager silently) and every case
+    compiles its own graphs, at a cost the rank records (``RankRecord.compiled``). Cases are not
+    fixed to a few shapes: Dynamo marks a dimension dynamic on its second shape, but the reset
+    makes each case its first; the inductor settings are drawn in one case of four, the rest run
+    ``aot_eager``, so a row's compile time is that of a few inductor compilations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["COMPILE_SETTINGS", "CompileSetting", "check_compiled"]
+
+
+@dataclass(frozen=True)
+class CompileSetting:
+    """One way a case is compiled (Note [Compiled cases])."""
+
+    name: str
+    backend: str  # torch.compile's backend= ("aot_eager", "inductor")
+    optimize_ddp: bool | str  # torch._dynamo.config.optimize_ddp
+    compiled_autograd: bool  # the backward under torch._dynamo.compiled_autograd too
+
+
+def _setting(backend: str, optimize_ddp: bool, compiled_autograd: bool) -> CompileSetting:
+    name = backend + ("+optimize-ddp" if optimize_ddp else "")
+    name += "+compiled-autograd" if compiled_autograd else ""
+    # torch DDP's C++ reducer refuses compiled autograd; its Python reducer is the pairing torch
+    # names for it (Note [Compiled cases]).
+    mode: bool | str = "python_reducer" if compiled_autograd else optimize_ddp
+    return CompileSetting(name, backend, mode, compiled_autograd)
+
+
+# Every setting a case may name, the aot_eager ones first (the ones drawn most: Note [Compiled
+# cases]); compiled autograd replaces the graph-break optimiser (torch pairs it with the Python
+# reducer), so there is no setting with both.
+COMPILE_SETTINGS: dict[str, CompileSetting] = {
+    s.name: s
+    for s in (
+        _setting(backend, optimize_ddp, autograd)
+        for backend in ("aot_eager", "inductor")
+        for optimize_ddp, autograd in ((False, False), (True, False), (False, True))
+    )
+}
+
+
+def check_compiled(value) -> None:
+    """ValueError naming ``compiled=value`` unless it is None or a name of ``COMPILE_SETTINGS``."""
+    if value is not None and value not in COMPILE_SETTINGS:
+        raise ValueError(f"compiled={value!r} must be None or one of {list(COMPILE_SETTINGS)}")
