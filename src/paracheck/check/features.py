@@ -281,6 +281,13 @@ FEATURES: tuple[Feature, ...] = (
         lambda c: replace(c, reshard_at_step=None, reshard_world_size=1),
         requires=("several-steps",),
     ),
+    # Note [Compiled cases] in paracheck.cases._compile.
+    _flag(
+        "compiled",
+        None,
+        "compile",
+        "under torch.compile (the wrapper, and the backward with compiled autograd)",
+    ),
     _flag("zero_grad_module", False, "zero-grad-module", "with zero_grad() on the whole module"),
     _flag(
         "finish_once",
@@ -409,6 +416,7 @@ CONTRACTS: dict[str, Contract] = {
                 "groups-generators",
                 "reload",
                 "reshard",
+                "compile",
                 "unbounded-bucket",
                 "clip",
             }

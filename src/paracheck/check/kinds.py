@@ -204,15 +204,23 @@ _SHARDING_PROPERTIES = (
 _CASES_NEVER = frozenset({"scheduler", "groups-generators", "reload", "reshard", "partial-window"})
 # ``sharding_cases``: none of the DDP protocol's corners (``paracheck.strategies._sharding``).
 _SHARDING_NEVER = frozenset(
-    {"float32-layer", "finish-once", "double-backward", "unbounded-bucket", "partial-window"}
+    {
+        "float32-layer",
+        "finish-once",
+        "double-backward",
+        "unbounded-bucket",
+        "partial-window",
+        "compile",
+    }
 )
 
 KINDS: dict[str, Kind] = {
     "ddp": Kind(
         "ddp",
         "paracheck.check.ranks.ddp:run_ddp",
-        "paracheck.strategies:cases",
-        default=("equivalence", "float64-bound", "bucket-structure"),
+        # ``cases``, compiled in one case of three (Note [Compiled cases]).
+        "paracheck.strategies._compiled:compiled_cases",
+        default=("equivalence", "float64-bound", "bucket-structure", "compile-ledger"),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("world-size-relation", "bucket-size-independence", "repeatability", "reduce-dtype"),
         owns=frozenset({GRADIENTS}),
@@ -306,7 +314,7 @@ KINDS: dict[str, Kind] = {
         prepare_case=_prepare_fsdp,
         # FSDP_OFF (Note [Cases an FSDP is checked on]) on top of the DDP kind's cases, which it
         # resumes at another world size (``resumed_sometimes``).
-        never_draws=(_CASES_NEVER - {"reshard"}) | {"unused-some-ranks", "clip"},
+        never_draws=(_CASES_NEVER - {"reshard"}) | {"unused-some-ranks", "clip", "compile"},
     ),
     "loop": Kind(
         "loop",
@@ -340,6 +348,7 @@ KINDS: dict[str, Kind] = {
                 "double-backward",
                 "clip",
                 "unbounded-bucket",
+                "compile",
             }
         ),
     ),

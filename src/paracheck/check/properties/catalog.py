@@ -468,6 +468,20 @@ _ROWS = (
         ),
     ),
     Property(
+        "compile-ledger",
+        "under torch.compile a synchronisation issued other collectives than eagerly",
+        "make every gradient hook and no_sync() flag take effect in compiled code: register hooks "
+        "outside code Dynamo traces (a branch on torch.compiler.is_compiling() is folded away), "
+        "and read the sync flag when the gradients are ready, not while tracing forward",
+        holds="in a compiled case, every rank's synchronisation windows issue the collectives "
+        "(kind and payload bytes, inside and outside no_sync()) of the same case run eagerly "
+        "(`check/properties/compiled.py`, Note [A sync compiled away])",
+        catches="hooks that do not fire under compile, every micro-step synchronised only when "
+        "compiled",
+        oracle="no",
+        check=_rerun("paracheck.check.properties.compiled:check_compile_ledger"),
+    ),
+    Property(
         "repeatability",
         "two runs of the same case differ bitwise: the result cannot be reproduced",
         "reduce in an order fixed by the ranks and buckets, not by when contributions arrive; "

@@ -1,0 +1,97 @@
+"""The ``compile-ledger`` property (DDP targets, in compiled cases: Note [Compiled cases] in
+``paracheck.cases._compile``): a compiled case issues the collectives its eager twin issues.
+
+Note [A sync compiled away]
+    Averaging is linear: a wrapper that synchronises every micro-step where it should have
+    accumulated under ``no_sync()`` leaves the same average as one that synchronises once, and a
+    sync that becomes a no-op leaves gradients that equal the oracle's wherever the ranks'
+    gradients agree (one rank; every rank fed alike). Values alone cannot tell; the ledger can.
+    So the same case is run once more, eagerly (``compiled=None``), on the same World, and each
+    rank's synchronisation windows are compared with the compiled run's, window by window: the
+    collectives issued as (kind, payload bytes), those issued inside ``no_sync()``, and the
+    synchronised backward passes. Compared as multisets, not sequences: under ``torch.compile``
+    the gradients of one compiled graph are accumulated together, after its whole backward, so
+    hooks that fire per gradient may launch in another order than eagerly; which messages a
+    window sends, and how large, is what a compiled sync that does nothing (or too much)
+    changes. A case the eager run skips, or the compiled one (torch could not compile it: Note
+    [What torch cannot compile] in ``paracheck.check.ranks._compiled``), is not judged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from paracheck.cases import Case
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.ranks.record import RankRecord, Window
+from paracheck.world import World
+
+__all__ = ["NAME", "check_compile_ledger", "ledger_difference"]
+
+NAME = "compile-ledger"
+
+
+def _messages(calls) -> str:
+    counts = Counter(calls)
+    return ", ".join(f"{n} x {kind} of {size} B" for (kind, size), n in sorted(counts.items()))
+
+
+def _window_difference(compiled: Window, eager: Window) -> str | None:
+    if Counter(compiled.in_no_sync) != Counter(eager.in_no_sync):
+        return (
+            f"inside no_sync() it issued [{_messages(compiled.in_no_sync)}] where eagerly it "
+            f"issued [{_messages(eager.in_no_sync)}]"
+        )
+    if Counter(compiled.calls) != Counter(eager.calls):
+        return (
+            f"it issued [{_messages(compiled.calls)}] where eagerly it issued "
+            f"[{_messages(eager.calls)}]"
+        )
+    return None
+
+
+def ledger_difference(compiled: list[RankRecord], eager: list[RankRecord]):
+    """The first (step, rank, what) at which the compiled run's windows differ from the eager
+    run's (Note [A sync compiled away]), or None."""
+    for rank, (c, e) in enumerate(zip(compiled, eager)):
+        for k, (sc, se) in enumerate(zip(c.steps, e.steps)):
+            if len(sc.windows) != len(se.windows):
+                return (
+                    k,
+                    rank,
+                    f"{len(sc.windows)} synchronisation windows where eagerly {len(se.windows)}",
+                )
+            for w, (wc, we) in enumerate(zip(sc.windows, se.windows)):
+                found = _window_difference(wc, we)
+                if found is not None:
+                    return k, rank, f"in window {w} {found}"
+    return None
+
+
+def check_compile_ledger(
+    world: World, target, case: Case, ranks: list[RankRecord], *, timeout=None
+) -> Divergence | None:
+    """Run the compiled ``case`` again eagerly and compare every rank's synchronisation windows
+    with those of its compiled run (``ranks``); None for an eager case."""
+    if case.compiled is None or ranks[0].skipped is not None:
+        return None
+    payload = {**target.driver_payload(), "case": replace(case, compiled=None)}
+    eager = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+    if eager[0].skipped is not None:
+        return None
+    found = ledger_difference(ranks, eager)
+    if found is None:
+        return None
+    step, rank, what = found
+    return Divergence(
+        step,
+        NAME,
+        rank,
+        None,
+        None,
+        float("inf"),
+        0.0,
+        f"under torch.compile ({case.compiled}), {what}: a synchronisation compile changed "
+        "(Note [A sync compiled away])",
+    )

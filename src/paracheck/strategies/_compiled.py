@@ -1,0 +1,44 @@
+"""The DDP kind's cases with compiled ones among them (Note [Compiled cases] in
+``paracheck.cases._compile``): ``cases()`` as drawn, and, drawn last, whether and how the wrapper
+is compiled."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from paracheck.cases import COMPILE_SETTINGS
+from paracheck.strategies._core import cases
+
+__all__ = ["compile_settings", "compiled_cases"]
+
+# One drawn case in COMPILED_ONE_IN is compiled: the compile row keeps only those (a filter that
+# rejects the rest before they run), and every other row removes the feature, so the others cost
+# a draw and nothing more.
+COMPILED_ONE_IN = 3
+# Of the compiled cases, one in INDUCTOR_ONE_IN is lowered by the inductor (gcc on the CPU: seconds
+# to a minute of compiling a case, against about 1-4 s for aot_eager; Note [Compiled cases]).
+INDUCTOR_ONE_IN = 4
+
+
+@st.composite
+def compile_settings(draw) -> str:
+    """A name of ``COMPILE_SETTINGS``: the inductor's in one draw of ``INDUCTOR_ONE_IN``, else
+    aot_eager's; the graph-break optimiser or compiled autograd drawn alike. Shrinks toward plain
+    ``aot_eager``."""
+    backend = "inductor" if draw(st.integers(0, INDUCTOR_ONE_IN - 1)) == INDUCTOR_ONE_IN - 1 else ""
+    names = [
+        n for n in COMPILE_SETTINGS if (COMPILE_SETTINGS[n].backend == "inductor") == bool(backend)
+    ]
+    return draw(st.sampled_from(names))
+
+
+@st.composite
+def compiled_cases(draw, **kw):
+    """``cases(**kw)``, compiled in one case of ``COMPILED_ONE_IN`` with a drawn setting
+    (``compile_settings``). Drawn last, so that the draws before are those of the plain cases."""
+    case = draw(cases(**kw))
+    if draw(st.integers(0, COMPILED_ONE_IN - 1)) == COMPILED_ONE_IN - 1:
+        case = replace(case, compiled=draw(compile_settings()))
+    return case
