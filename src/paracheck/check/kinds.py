@@ -214,6 +214,26 @@ _SHARDING_NEVER = frozenset(
     }
 )
 
+# ``paracheck.strategies._tp``: an MLP chain of one group, every micro-batch synchronised.
+_TP_NEVER = frozenset(
+    {
+        "unused-some-ranks",
+        "unused-always",
+        "float32-layer",
+        "buffer",
+        "no-sync",
+        "lr-changes",
+        "scheduler",
+        "groups-generators",
+        "reload",
+        "reshard",
+        "finish-once",
+        "double-backward",
+        "unbounded-bucket",
+        "partial-window",
+    }
+)
+
 KINDS: dict[str, Kind] = {
     "ddp": Kind(
         "ddp",
@@ -351,6 +371,18 @@ KINDS: dict[str, Kind] = {
                 "compile",
             }
         ),
+    ),
+    # A plan ``plan(model, mesh) -> model`` over a 2-D mesh ("dp", "tp") (paracheck.tp; Note
+    # [Readings of a tensor-parallel plan] in paracheck.check.ranks.tp).
+    "tp": Kind(
+        "tp",
+        "paracheck.check.ranks.tp:run_tp",
+        "paracheck.strategies._tp:tp_cases",
+        default=("equivalence", "float64-bound"),
+        opt_in=("repeatability",),
+        owns=frozenset({PARAMETERS}),
+        step_gradients="param.grad",
+        never_draws=_TP_NEVER,
     ),
 }
 
