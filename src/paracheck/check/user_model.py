@@ -12,7 +12,12 @@ Note [Cases drawn around a user's model]
     with none is dropped, every parameter no group names goes to a group of them (with the first
     group's hyper-parameters: as in every drawn case, no parameter is left out of the optimizer,
     where it would accumulate its gradient from step to step), and where no group is left for
-    the constructor, the first becomes one. The model's seed is the case's
+    the constructor, the first becomes one. A case resumed at another world size
+    (``reshard_at_step``) clears its gradients with ``zero_grad(set_to_none=True)``: gradients
+    are no part of a checkpoint, and a parameter the data leaves without a gradient after the
+    load (an idle expert) would hold the zeros of an earlier step in the uninterrupted run and
+    None in the resumed one (the generated models' resumed cases draw no such parameter). The
+    model's seed is the case's
     (``init_seed``), drawn and shrunk with it. Kinds whose cases need a generated model are
     refused with a usage error (``UNSUPPORTED_KINDS``).
 """
@@ -100,8 +105,11 @@ def model_options(user: UserModel | None) -> str:
 
 def fitted_case(case: Case, user: UserModel | None) -> Case:
     """``case`` with ``user``'s model (Note [Cases drawn around a user's model]); ``case`` itself
-    without one, or where it carries its user model already (a replayed case)."""
-    if user is None or case.user_model is not None:
+    without one; a case that carries its user model already (a replayed one) as it is, but for
+    the gradients of a resumed case."""
+    if case.user_model is not None:
+        return _resumed_without_stale_zeros(case)
+    if user is None:
         return case
     n = info(user).parameters
     groups = []
@@ -120,4 +128,12 @@ def fitted_case(case: Case, user: UserModel | None) -> Case:
     if not any(g.add_at_step is None for g in groups):
         groups[0] = replace(groups[0], add_at_step=None)  # the constructor needs a group
     optimizer = replace(case.optimizer, groups=tuple(groups))
-    return replace(case, model=MLPSpec(), optimizer=optimizer, user_model=user)
+    fitted = replace(case, model=MLPSpec(), optimizer=optimizer, user_model=user)
+    return _resumed_without_stale_zeros(fitted)
+
+
+def _resumed_without_stale_zeros(case: Case) -> Case:
+    """A resumed case with ``set_to_none=True`` (Note [Cases drawn around a user's model])."""
+    if case.reshard_at_step is not None and not case.set_to_none:
+        return replace(case, set_to_none=True)  # gradients are no part of a checkpoint
+    return case
