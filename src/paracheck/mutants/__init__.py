@@ -360,3 +360,17 @@ for _name, _cls, _bug in (
     ),
 ):
     register(_name, f"paracheck.mutants.fsdp:{_cls}", "fsdp", _bug, precision="bf16")
+register(
+    "ddp-hooks-compiled-away",
+    "paracheck.mutants.compiled:HooksCompiledAwayDDP",
+    "ddp",
+    "registers its gradient hooks at the first forward in a branch Dynamo folds away: compiled, "
+    "no hook fires and every gradient is reduced after backward (the overlap silently gone)",
+)
+register(
+    "ddp-synced-when-compiled",
+    "paracheck.mutants.compiled:SyncedWhenCompiledDDP",
+    "ddp",
+    "no_sync() is honoured only eagerly: the compiled forward turns synchronisation back on, so "
+    "compiled accumulation all-reduces every micro-step (the same average)",
+)

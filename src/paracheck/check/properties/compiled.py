@@ -8,8 +8,11 @@ Note [A sync compiled away]
     gradients agree (one rank; every rank fed alike). Values alone cannot tell; the ledger can.
     So the same case is run once more, eagerly (``compiled=None``), on the same World, and each
     rank's synchronisation windows are compared with the compiled run's, window by window: the
-    collectives issued as (kind, payload bytes), those issued inside ``no_sync()``, and the
-    synchronised backward passes. Compared as multisets, not sequences: under ``torch.compile``
+    collectives issued as (kind, payload bytes), those issued inside ``no_sync()``, and those
+    issued in the synchronised passes, before ``finish_gradient_synchronization()`` (the
+    schedule: a design whose hooks do not fire under compile and that reduces every gradient in
+    its finish instead computes the same values, and has lost its overlap of communication with
+    backward without a word). Compared as multisets, not sequences: under ``torch.compile``
     the gradients of one compiled graph are accumulated together, after its whole backward, so
     hooks that fire per gradient may launch in another order than eagerly; which messages a
     window sends, and how large, is what a compiled sync that does nothing (or too much)
@@ -42,6 +45,11 @@ def _window_difference(compiled: Window, eager: Window) -> str | None:
         return (
             f"inside no_sync() it issued [{_messages(compiled.in_no_sync)}] where eagerly it "
             f"issued [{_messages(eager.in_no_sync)}]"
+        )
+    if Counter(compiled.in_passes) != Counter(eager.in_passes):
+        return (
+            f"during forward and backward it issued [{_messages(compiled.in_passes)}] where "
+            f"eagerly it issued [{_messages(eager.in_passes)}] (the rest in its finish)"
         )
     if Counter(compiled.calls) != Counter(eager.calls):
         return (

@@ -87,7 +87,7 @@ def train_micro_steps(
     """
     last = case.accumulation - 1
     per_micro = 2 if case.double_backward else 1
-    recorder, synced, unsynced = None, 0, []
+    recorder, synced, unsynced, in_passes = None, 0, [], []
     for micro in range(case.accumulation):
         skip = case.no_sync and drv.no_sync is not None and micro < last
         if windows is not None and recorder is None:
@@ -107,8 +107,8 @@ def train_micro_steps(
                 loss.backward(retain_graph=True)
             loss.backward()
         synced += 0 if skip else per_micro
-        if skip and recorder is not None:
-            unsynced += recorder.calls[before:]
+        if recorder is not None:
+            (unsynced if skip else in_passes).extend(recorder.calls[before:])
         if not skip and (not case.finish_once or micro == last):
             # CS336 protocol: synchronise before anything reads .grad. Accumulating without
             # no_sync() synchronises after every backward (as torch DDP does), or, with
@@ -124,9 +124,10 @@ def train_micro_steps(
                         all(p.grad is not None for p in trainable),
                         tuple(recorder.typed_calls),
                         tuple(unsynced),
+                        tuple(in_passes),
                     )
                 )
-                recorder, synced, unsynced = None, 0, []
+                recorder, synced, unsynced, in_passes = None, 0, [], []
     if recorder is not None:  # a target without no_sync() still ends every window with finish
         recording.__exit__(None, None, None)
 

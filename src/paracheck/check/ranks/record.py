@@ -26,6 +26,9 @@ class Window:
     typed: tuple[tuple[str, str, int], ...] = ()
     # Of ``calls``, those issued inside ``no_sync()`` micro-steps, in order.
     in_no_sync: tuple[tuple[str, int], ...] = ()
+    # Of ``calls``, those issued in the synchronised micro-steps' forward and backward passes,
+    # before ``finish`` (Note [A sync compiled away]).
+    in_passes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
