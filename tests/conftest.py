@@ -53,6 +53,7 @@ SECOND_TIER = {
     "tests/property/test_reshard.py::test_correct_designs_resume_at_another_world_size": "every sharded built-in at five (W, W') pairs",
     "tests/property/test_reshard.py::test_correct_designs_resume_on_drawn_cases": "drawn resumed cases",
     "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_reshard_row": "every resharding mutant",
+    "tests/property/test_reshard.py::test_torch_fsdp_resumes_through_dcp": "FSDP2 through DCP at five (W, W') pairs",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 

@@ -87,6 +87,14 @@ def test_the_dropped_state_shows_only_when_the_world_size_changes(world):
     assert run_case(world, target, _at(2, 1)).failed_properties == ["reshard"]
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}to{p[1]}")
+def test_torch_fsdp_resumes_through_dcp(world, pair):
+    """torch's FSDP2, saved through torch.distributed.checkpoint after step 1 at W into a real
+    directory and loaded (resharded by DCP) at W', equals the oracle."""
+    result = run_case(world, resolve_target("torch-fsdp"), _at(*pair))
+    assert result.ok, result.describe()
+
+
 def test_a_per_rank_state_dict_is_not_judged(world):
     """A sharded optimizer whose state_dict() is its own shard cannot be loaded at another world
     size: the property does not judge it (no failure), and the rest of the case passes."""
@@ -142,10 +150,11 @@ def test_per_rank_shards_are_told_from_consolidated_dicts():
 
 def test_reshard_is_a_row_an_fsdp_does_not_support():
     """``reshard`` is an optional feature (a row of the verdict table); a fully sharded wrapper's
-    row is "not supported" (its state is per-rank by contract), a sharded optimizer's is not."""
+    row is "not supported" (its state is per-rank by contract) unless it declares DCP checkpoints
+    (torch's FSDP2), a sharded optimizer's is not."""
     assert "reshard" in optional_features()
     assert unsupported(resolve_target("fsdp"), "reshard") == RESHARD_PER_RANK
-    assert unsupported(resolve_target("torch-fsdp"), "reshard") == RESHARD_PER_RANK
+    assert unsupported(resolve_target("torch-fsdp"), "reshard") is None  # DTensors, through DCP
     assert unsupported(resolve_target("zero1"), "reshard") is None
     lacking = Target("d", "collections:OrderedDict", "sharded")
     assert unsupported(lacking, "reshard") == "OrderedDict has no state_dict()"

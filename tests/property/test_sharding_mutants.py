@@ -107,7 +107,12 @@ def test_sharding_mutant_is_killed(world, mutant):
     if mutant.expect == "raise":
         assert failure.error is not None, failure.describe()
     if mutant.name == "sharded-empty-shard-raises":
-        assert "optimizer got an empty parameter list" in failure.describe()
+        # After a load, the local optimizer built from a bare list raises KeyError 'eps' instead
+        # (NEEDS above): drawn first at seed 0 once the sharding cases drew resumes too.
+        text = failure.describe()
+        assert "optimizer got an empty parameter list" in text or (
+            _reloads(failure.case) and "KeyError: 'eps'" in text
+        ), text
     if mutant.name == "sharded-zero-grad-local-shard":
         assert failure.divergence is not None and failure.divergence.what == "grad", (
             failure.describe()

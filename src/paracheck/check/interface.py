@@ -77,11 +77,15 @@ def _needed(kind: str, feature: str) -> tuple[str, ...]:
     return ()
 
 
-# Note [Resuming at another world size] in paracheck.check.properties.reshard.
+# Note [Resuming at another world size] in paracheck.check.properties.reshard: a fully sharded
+# wrapper's state is per-rank unless its class declares DCP checkpoints (its shards are DTensors,
+# which torch.distributed.checkpoint reshards: paracheck.check.ranks.reshard_dcp.DCP).
 RESHARD_PER_RANK = (
     "its optimizer steps each rank's own shard parameters, so its state is per-rank by contract "
-    "and cannot be loaded at another world size"
+    "and cannot be loaded at another world size (a wrapper of DTensor shards declares "
+    'paracheck_checkpoint = "torch.distributed.checkpoint")'
 )
+_DCP = "torch.distributed.checkpoint"
 
 
 def unsupported(target, feature: str) -> str | None:
@@ -89,7 +93,8 @@ def unsupported(target, feature: str) -> str | None:
     its class lacks, as "Class has no no_sync()". A target that is not a class (a function that
     builds the wrapper: an adapter) is not read here: the rank program runs what it returns."""
     if feature == "reshard" and target.kind in KINDS and PARAMETERS in KINDS[target.kind].owns:
-        return RESHARD_PER_RANK
+        obj = _object(target)
+        return None if getattr(obj, "paracheck_checkpoint", None) == _DCP else RESHARD_PER_RANK
     needed = _needed(target.kind, feature)
     if not needed:
         return None

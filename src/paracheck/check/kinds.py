@@ -321,6 +321,7 @@ KINDS: dict[str, Kind] = {
             "gather-dtype",
             "gathered-layers",
             "params-sharded",
+            "reshard",
         ),
         # reduce-dtype: added by a target's declared reduction dtype (Target.reduce_dtype).
         opt_in=("repeatability", "reduce-dtype"),

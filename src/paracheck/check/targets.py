@@ -211,7 +211,7 @@ BUILTIN_PROPERTIES: dict[str, frozenset[str]] = {
     # torch's fully_shard reduce-scatters a module called twice per forward twice in the backward
     # after a no_sync() micro-batch (docs/findings-torch-fsdp.md): select reduced-once to see it.
     "torch-fsdp": frozenset(
-        {"equivalence", "float64-bound", "freed", "gather-dtype", "params-sharded"}
+        {"equivalence", "float64-bound", "freed", "gather-dtype", "params-sharded", "reshard"}
     ),
 }
 

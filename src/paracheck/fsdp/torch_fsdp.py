@@ -54,6 +54,9 @@ class TorchFSDP(nn.Module):
 
     # The dtype the gradients are reduced in where a compute dtype is given (the policy's).
     paracheck_reduce_dtype = "bfloat16"
+    # Its shards are DTensors: checkpointed through DCP, resharded on load (Note [Resuming at
+    # another world size] in paracheck.check.properties.reshard).
+    paracheck_checkpoint = "torch.distributed.checkpoint"
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
         super().__init__()

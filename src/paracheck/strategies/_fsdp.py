@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from paracheck.cases import DELAY_POINTS
 from paracheck.check.features import without_all
 from paracheck.strategies._core import cases
+from paracheck.strategies._reshard import resumed_sometimes
 
 __all__ = ["FSDP_COMPUTE_OFF", "FSDP_OFF", "fsdp_cases"]
 
@@ -57,7 +58,7 @@ def fsdp_cases(**kwargs):
     """``paracheck.strategies.cases`` with ``FSDP_OFF`` turned off (mapped, not filtered), a
     prefetch depth of 0, 1 or 2 (shrinking to 0; used where the wrapper takes ``prefetch``), and
     a delay drawn on one rank (Note [Schedule perturbation] in ``paracheck.check.ranks.fsdp``)."""
-    return st.tuples(cases(**kwargs), st.integers(0, 2), DELAYS).map(
+    drawn = st.tuples(cases(**kwargs), st.integers(0, 2), DELAYS).map(
         lambda cpd: _delayed(
             replace(
                 without_all(cpd[0], FSDP_OFF),
@@ -67,3 +68,15 @@ def fsdp_cases(**kwargs):
             cpd[2],
         )
     )
+    # Drawn last, so that the draws before are those of the plain FSDP cases (Note [Resuming at
+    # another world size] in paracheck.check.properties.reshard), among the world sizes of
+    # ``cases`` (its defaults where none are given).
+    sizes = (
+        {"world_sizes": kwargs["world_sizes"]}
+        if kwargs.get("world_sizes") is not None
+        else {
+            "min_world_size": kwargs.get("min_world_size", 1),
+            "max_world_size": kwargs.get("max_world_size", 4),
+        }
+    )
+    return drawn.flatmap(lambda case: resumed_sometimes(case, **sizes))

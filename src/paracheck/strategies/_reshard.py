@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
-__all__ = ["reshard_draws"]
+__all__ = ["reshard_draws", "resumed_sometimes"]
 
 
 @st.composite
@@ -27,3 +29,12 @@ def reshard_draws(
         "reshard_at_step": draw(st.integers(1, case.steps - 1)),
         "reshard_world_size": draw(st.sampled_from(others)),
     }
+
+
+@st.composite
+def resumed_sometimes(draw, case, **sizes):
+    """``case`` as it is, or (a boolean that shrinks to "as it is", with two steps or more) resumed
+    at another world size (``reshard_draws``; ``sizes``: its world-size keywords)."""
+    if case.steps >= 2 and draw(st.booleans()):
+        return replace(case, **draw(reshard_draws(case, **sizes)))
+    return case

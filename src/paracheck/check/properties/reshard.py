@@ -63,6 +63,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import tempfile
 from dataclasses import replace
 
 import torch
@@ -77,10 +79,11 @@ from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
 
-__all__ = ["NAME", "RESUME_FN", "check_reshard", "reshard_cases", "reshardable"]
+__all__ = ["DCP_FN", "NAME", "RESUME_FN", "check_reshard", "reshard_cases", "reshardable"]
 
 NAME = "reshard"
 RESUME_FN = "paracheck.check.ranks.reshard:run_resumed"
+DCP_FN = "paracheck.check.ranks.reshard_dcp:run_dcp_phase"
 
 
 def reshard_cases(case: Case) -> tuple[Case, Case]:
@@ -190,19 +193,12 @@ def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergen
         return None
     k = case.reshard_at_step
     at_w, at_w2 = reshard_cases(case)
-    payload = {**target.driver_payload(), "device": None}
-    first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
-    saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
-    if saved[0].skipped is not None:
+    runs = (_through_dcp if KINDS[target.kind].shards_parameters else _through_state_dict)(
+        world, target, at_w, at_w2, timeout
+    )
+    if runs is None:
         return None
-    dicts = [rec.final_state_dict for rec in saved]
-    if not reshardable(dicts):
-        return None  # per-rank shards cannot be loaded elsewhere: not judged (the Note above)
-    checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
-    second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
-    resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
-    if resumed[0].skipped is not None:
-        return None
+    saved, resumed = runs
     on_gpus = _on_gpus(world)
     # Each half against the oracle of its own world's batches (Note [Resuming at another world
     # size]): the saving run's k steps, then the resumed steps continuing them.
@@ -224,6 +220,43 @@ def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergen
         f"{d.detail}".rstrip(),
         d.worst_ratio,
     )
+
+
+def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
+    """(the saving run, the resumed run) of a target checkpointed by its ``state_dict()``, or
+    None where either is skipped or the dicts are per-rank shards."""
+    k = at_w.reshard_at_step
+    payload = {**target.driver_payload(), "device": None}
+    first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
+    saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
+    if saved[0].skipped is not None:
+        return None
+    dicts = [rec.final_state_dict for rec in saved]
+    if not reshardable(dicts):
+        return None  # per-rank shards cannot be loaded elsewhere: not judged (the Note above)
+    checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
+    second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
+    resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
+    return None if resumed[0].skipped is not None else (saved, resumed)
+
+
+def _through_dcp(world, target, at_w: Case, at_w2: Case, timeout):
+    """(the saving run, the resumed run) of a fully sharded wrapper checkpointed through
+    ``torch.distributed.checkpoint`` into a real directory (``paracheck.check.ranks.reshard_dcp``),
+    or None where either is skipped."""
+    k = at_w.reshard_at_step
+    directory = tempfile.mkdtemp(prefix="paracheck-reshard-")
+    try:
+        payload = {**target.driver_payload(), "device": None, "checkpoint_dir": directory}
+        first = {**payload, "case": at_w, "phase": "save", "start": 0, "stop": k}
+        saved = world.run(DCP_FN, first, world_size=at_w.world_size, timeout=timeout)
+        if saved[0].skipped is not None:
+            return None
+        second = {**payload, "case": at_w2, "phase": "load", "start": k, "stop": at_w2.steps}
+        resumed = world.run(DCP_FN, second, world_size=at_w2.world_size, timeout=timeout)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return None if resumed[0].skipped is not None else (saved, resumed)
 
 
 def _on_gpus(world) -> bool:

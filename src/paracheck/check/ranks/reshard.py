@@ -48,7 +48,7 @@ from paracheck.check.ranks._optimizer import (
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
-__all__ = ["run_resumed"]
+__all__ = ["bring_to", "run_resumed"]
 
 
 def _build(case: Case, model, cls, syncs: bool):
@@ -65,7 +65,7 @@ def _build(case: Case, model, cls, syncs: bool):
     return params, opt, ddp, opt
 
 
-def _bring_to(case: Case, opt, params, scheduler, start: int) -> None:
+def bring_to(case: Case, opt, params, scheduler, start: int) -> None:
     """The groups added before step ``start`` and the scheduler stepped ``start`` times, as the
     saving run had them: the scheduler's own count and base rates are what a reload restores,
     and the rates it sets on the way are replaced by the saved ones at ``load_state_dict()``."""
@@ -106,7 +106,7 @@ def run_resumed(payload: dict) -> RankRecord:
         and not callable(getattr(target, "clip_grad_norm_", None))
     ):
         return RankRecord.skip(CLIP_SKIPPED)
-    _bring_to(case, target, params, scheduler, start)
+    bring_to(case, target, params, scheduler, start)
     on_every_rank(
         lambda: target.load_state_dict(checkpoint["state_dict"]), device, "load_state_dict()"
     )
