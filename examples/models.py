@@ -10,6 +10,8 @@ Each model is a pair of functions, ``build(seed, dtype) -> nn.Module`` and
   hangs or pairs the wrong tensors.
 * ``tied_lm`` / ``lm_batch`` / ``lm_loss``: a tiny language model whose output head is its token
   embedding (one weight, two uses: a lookup and a matrix product).
+* ``torch_encoder`` / ``encoder_batch``: a model written elsewhere, PyTorch's own
+  ``nn.TransformerEncoder`` (two layers, dropout off), regressing each position's features.
 * ``frozen_bn`` / ``bn_batch``: a network with BatchNorm in eval mode, its running statistics
   drawn from the seed as a pretrained network's would be: buffers a wrapper must broadcast.
   ``batchnorm`` is the same network in training mode, which paracheck refuses (exit 2, the module
@@ -33,11 +35,14 @@ __all__ = [
     "moe",
     "moe_batch",
     "tied_lm",
+    "torch_encoder",
+    "encoder_batch",
 ]
 
 MOE_IN, MOE_HIDDEN, MOE_OUT, MOE_EXPERTS = 4, 6, 3, 4
 LM_VOCAB, LM_WIDTH, LM_CONTEXT = 11, 8, 5
 BN_IN, BN_HIDDEN, BN_OUT = 5, 6, 2
+ENC_WIDTH, ENC_HEADS, ENC_FF, ENC_LAYERS, ENC_CONTEXT = 8, 2, 16, 2, 4
 
 
 class TopOneMoE(nn.Module):
@@ -135,3 +140,17 @@ def batchnorm(seed: int, dtype: torch.dtype) -> nn.Module:
 
 def bn_batch(seed: int, n: int, dtype: torch.dtype):
     return torch.randn(n, BN_IN, dtype=dtype), torch.randn(n, BN_OUT, dtype=dtype)
+
+
+def torch_encoder(seed: int, dtype: torch.dtype) -> nn.Module:
+    """``torch.nn.TransformerEncoder`` as PyTorch ships it; dropout off (paracheck refuses a
+    model whose two forwards of one batch differ)."""
+    layer = nn.TransformerEncoderLayer(
+        ENC_WIDTH, ENC_HEADS, dim_feedforward=ENC_FF, dropout=0.0, batch_first=True
+    )
+    return nn.TransformerEncoder(layer, ENC_LAYERS, enable_nested_tensor=False).to(dtype)
+
+
+def encoder_batch(seed: int, n: int, dtype: torch.dtype):
+    shape = (n, ENC_CONTEXT, ENC_WIDTH)
+    return torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
