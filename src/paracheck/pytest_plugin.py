@@ -314,6 +314,7 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
     Note [A user's model] in ``paracheck.workloads.user``) default to the ``--paracheck-*``
     options (``features`` applies after the option's); other keywords go to ``check_target``
     (``database=None`` saves nothing)."""
+    from paracheck.check.kinds import KINDS
     from paracheck.check.property import check_target
     from paracheck.check.targets import resolve_target
 
@@ -352,11 +353,13 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
                 finish=finish, batch_start=batch_start, stub_cuda_timing=stub, gather=gather
             )
             t = resolve_target(target, kind, loss=loss, clip_norm=clip_norm, **hooks)
-            # The options apply to loop targets only, as --paracheck-properties to the kinds
-            # that have the property; keywords given here win over them.
+            # The options apply to the targets whose kind takes them (a loop's: Kind.options), as
+            # --paracheck-properties to the kinds that have the property; keywords given here
+            # win over them.
             opt_loss = pytestconfig.getoption("--paracheck-loss")
             opt_clip = pytestconfig.getoption("--paracheck-clip-norm")
-            if t.kind == "loop" and (opt_loss or opt_clip is not None):
+            takes = KINDS[t.kind].options
+            if (opt_loss and "loss" in takes) or (opt_clip is not None and "clip_norm" in takes):
                 t = resolve_target(
                     target,
                     kind,

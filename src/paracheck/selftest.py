@@ -186,13 +186,15 @@ def selftest_settings(
 
 
 def mutant_target(m):
-    """The ``Target`` a mutant is checked as: a loop with the loss semantics and clip its function
-    declares, any other with the properties the mutant names and the reduction dtype its class
-    declares (``paracheck_reduce_dtype``)."""
+    """The ``Target`` a mutant is checked as: of a kind whose targets declare options (a loop:
+    ``Kind.options``), with those its function declares (the loss semantics and clip); any other
+    with the properties the mutant names and the reduction dtype its class declares
+    (``paracheck_reduce_dtype``)."""
+    from paracheck.check.kinds import KINDS
     from paracheck.check.targets import Target, resolve_target, with_reduce_dtype
 
-    if m.kind == "loop":
-        return replace(resolve_target(m.path, "loop"), name=m.name)
+    if KINDS[m.kind].options:
+        return replace(resolve_target(m.path, m.kind), name=m.name)
     props = None if m.properties is None else frozenset(m.properties)
     return with_reduce_dtype(Target(m.name, m.path, m.kind, _takes_bucket(m.path), props))
 

@@ -34,7 +34,7 @@ def _soundness(precision: str):
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=cases(precision=precision, world_sizes=[1, 2, 3, 4]))
     def run(case):
-        if judged_here(case, "ddp") is not None:
+        if judged_here(case) is not None:
             return
         assert max((r for _, _, r in oracle_ratios(case)), default=0.0) <= 1.0
 

@@ -72,7 +72,7 @@ def _construction(kind: str) -> str | None:
         return "wrapper"
     if c.wraps_optimizer:
         return "wrapper+optimizer" if c.first[0] == "module" else "optimizer"
-    return "sharding wrapper" if c.first == ("module",) else None
+    return "sharding wrapper" if c.wraps_module else None
 
 
 # The target kinds build_setup drives: those it constructs.

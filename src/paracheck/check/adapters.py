@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass
 
 from paracheck.check.interfaces import (
-    ADAPTER_SHARDED_PROPERTIES,
     DESIGNS,
     AdapterDesign,
     check_supplied,
@@ -36,7 +35,6 @@ from paracheck.check.loading import TargetError, import_module
 from paracheck.check.targets import Target
 
 __all__ = [
-    "ADAPTER_SHARDED_PROPERTIES",
     "DESIGNS",
     "AdapterDesign",
     "AdapterReport",
@@ -126,7 +124,7 @@ def discover_adapters(spec: str, *, stub_cuda_timing: bool = False) -> AdapterRe
                 f"{where}:{d.constructor}",
                 d.kind,
                 takes_bucket=takes_bucket,
-                properties=ADAPTER_SHARDED_PROPERTIES if d.kind == "sharded" else None,
+                properties=KINDS[d.kind].adapter_properties,
                 finish=None if d.finish is None else f"{where}:{d.finish}",
                 batch_start=None if batch_start is None else f"{where}:{batch_start}",
                 stub_cuda_timing=stub_cuda_timing,

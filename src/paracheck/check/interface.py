@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER, PARAMETERS
+from paracheck.check.kinds import GRADIENTS, KINDS, OPTIMIZER, PARAMETERS, STEP
 
 __all__ = ["kind_mismatch", "unsupported"]
 
@@ -38,29 +38,34 @@ def _is_subclass(obj, module: str, name: str) -> bool:
 def kind_mismatch(target) -> str | None:
     """Why ``target``'s class cannot be a target of its kind (None: it can, or it is not a class
     paracheck can read): a DDP or FSDP kind given an optimizer, a sharded optimizer given a
-    module, a ZeRO wrapper without ``step()``, a loop given a class."""
+    module, a ZeRO wrapper without ``step()``, a loop given a class: each read from the kind's
+    row (its constructor's first arguments, what it owns)."""
     obj = _object(target)
     if obj is None or not inspect.isclass(obj):
         return None  # a function (a loop, get_ddp) or nothing readable: the ranks will say
     kind = target.kind
+    row = KINDS.get(kind)
+    if row is None:
+        return None
+    wraps_module = row.constructor is not None and row.constructor.wraps_module
     is_module = _is_subclass(obj, "torch.nn", "Module")
     is_optimizer = _is_subclass(obj, "torch.optim", "Optimizer")
     name = obj.__name__
-    if kind in ("ddp", "fsdp") and is_optimizer:
+    if wraps_module and is_optimizer:
         return (
             f"{name} is a torch.optim.Optimizer, not a module wrapper: a {kind} target wraps a "
             "module (Class(module, ...)); check a sharded optimizer with --kind sharded"
         )
-    if kind in ("ddp", "fsdp") and not is_module and not callable(getattr(obj, "forward", None)):
+    if wraps_module and not is_module and not callable(getattr(obj, "forward", None)):
         return f"{name} has no forward(): a {kind} target wraps a module and runs its forward"
-    if kind == "sharded" and is_module:
+    if row.constructor is not None and row.constructor.is_optimizer and is_module:
         return (
             f"{name} is a torch.nn.Module, not an optimizer: a sharded target is an optimizer "
             "(Class(params, optimizer_cls, **kwargs)); check a module wrapper with --kind ddp"
         )
     if _steps_optimizer(kind) and not callable(getattr(obj, "step", None)):
         return f"{name} has no step(): a {kind} target steps the optimizer it shards"
-    if kind == "loop":
+    if STEP in row.owns:
         return f"{name} is a class: a loop target is a function train_step(model, optimizer, ...)"
     return None
 

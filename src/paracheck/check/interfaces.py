@@ -40,7 +40,6 @@ from paracheck.check.kinds import KINDS
 from paracheck.check.loading import TargetError, import_module, load_object
 
 __all__ = [
-    "ADAPTER_SHARDED_PROPERTIES",
     "DESIGNS",
     "GATHER_METHODS",
     "AdapterDesign",
@@ -415,11 +414,6 @@ DESIGNS: tuple[AdapterDesign, ...] = (
     ),
     AdapterDesign("sharded optimizer", "get_sharded_optimizer", "sharded"),
 )
-
-# A student's sharded optimizer is judged on its parameters (what the handout's test checks):
-# its state_dict() is commonly the local shard's, and its communication pattern is its own.
-# memory and balance apply only where it declares its partition (paracheck.check.properties.memory, .balance).
-ADAPTER_SHARDED_PROPERTIES = frozenset({"equivalence", "memory", "balance"})
 
 
 def not_implemented(fn) -> bool:

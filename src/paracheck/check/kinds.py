@@ -30,6 +30,7 @@ __all__ = [
     "PARAMETERS",
     "STEP",
     "STUB_RANK_FN",
+    "ZERO_FIRST",
     "Constructor",
     "Evidence",
     "Kind",
@@ -69,6 +70,16 @@ class Constructor:
     def wraps_optimizer(self) -> bool:
         """``Class(first, optimizer_cls, **kwargs)``: a wrapper of an optimizer class."""
         return self.first[1:2] == ("optimizer_cls",)
+
+    @property
+    def wraps_module(self) -> bool:
+        """``Class(module, ...)`` taking no optimizer: a module wrapper (a DDP, an FSDP)."""
+        return self.first == ("module",)
+
+    @property
+    def is_optimizer(self) -> bool:
+        """``Class(params, ...)``: an optimizer over the parameters it is given."""
+        return self.first[:1] == ("params",)
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,9 @@ class Kind:
     # its strategy draws has, at any world sizes and precision: their rows are "not drawn" without
     # a case drawn to find it (Note [Features a kind never draws]).
     never_draws: frozenset[str] = frozenset()
+    # The properties a function building the target (an adapter: ``get_sharded_optimizer``) is
+    # checked on unless others are selected (None: the default ones).
+    adapter_properties: frozenset[str] | None = None
 
     @property
     def properties(self) -> tuple[str, ...]:
@@ -171,8 +185,9 @@ def _prepare_fsdp(case, target):
 
 
 _OPTIMIZER_KWARGS = "and the optimizer's hyper-parameters (lr, ...) through **kwargs"
+ZERO_FIRST = ("module", "optimizer_cls")  # a ZeRO wrapper's first arguments
 _ZERO_CONSTRUCTOR = Constructor(
-    ("module", "optimizer_cls"),
+    ZERO_FIRST,
     f"the module and optimizer_cls first, params= and bucket_size_mb=, {_OPTIMIZER_KWARGS}",
     by_name=frozenset({"params", "bucket_size_mb"}),
 )
@@ -272,6 +287,10 @@ KINDS: dict[str, Kind] = {
         on_target_gradients=True,
         never_draws=_SHARDING_NEVER,
         first_cases="paracheck.strategies._sharding:count_partition_cases",
+        # An adapter's optimizer is judged on its parameters (as the handout's test): its
+        # state_dict() is commonly the shard's, its traffic its own; memory and balance need a
+        # declared partition.
+        adapter_properties=frozenset({"equivalence", "memory", "balance"}),
     ),
     "zero": Kind(
         "zero",

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from paracheck.check.interfaces import (
-    ADAPTER_SHARDED_PROPERTIES,
     GATHER_METHODS,
     Construction,
     check_supplied,
@@ -530,9 +529,7 @@ def _resolve(name, kind, finish, batch_start, stub_cuda_timing, loss, clip_norm)
                 f"{name} has no on_train_batch_start(); it has {others[0]}(): if that must run before each "
                 f"batch, pass --batch-start {others[0]}",
             )
-    properties = None
-    if inferred == "sharded" and inspect.isfunction(cls):
-        properties = ADAPTER_SHARDED_PROPERTIES
+    properties = KINDS[inferred].adapter_properties if inspect.isfunction(cls) else None
     return Target(
         name,
         path,

@@ -156,6 +156,7 @@ def _checked_options(args, main_job: list[str] | None):
     option checked before any rank starts (a ``UsageError`` names the one that is wrong): the
     command line only maps its options onto ``CheckSettings`` and calls ``plan`` (Note [One plan
     per check])."""
+    from paracheck.check.kinds import KINDS, ZERO_FIRST
     from paracheck.check.plan import InvalidArgument, plan, world_sizes
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
@@ -170,11 +171,23 @@ def _checked_options(args, main_job: list[str] | None):
         targets = _resolve_targets(args, main_job)
     except TargetError as exc:
         text = str(exc)
-        if args.kind in ("ddp", "fsdp") and "requires optimizer_cls" in text:
-            # A ZeRO wrapper checked as a DDP: the kind, not the class, is what to change.
+        row = None if args.kind is None else KINDS.get(args.kind)
+        constructor = None if row is None else row.constructor
+        if (
+            constructor is not None
+            and constructor.wraps_module
+            and "requires optimizer_cls" in text
+        ):
+            # A ZeRO wrapper checked as a module wrapper (a DDP, an FSDP): the kind, not the
+            # class, is what to change.
+            zero = [
+                k
+                for k, r in KINDS.items()
+                if r.constructor is not None and r.constructor.first[:2] == ZERO_FIRST
+            ]
             text = (
                 f"--kind={args.kind} does not fit: {text}; a class constructed with the module and "
-                "optimizer_cls is a ZeRO wrapper (--kind zero or zero2)"
+                f"optimizer_cls is a ZeRO wrapper (--kind {' or '.join(zero)})"
             )
         raise UsageError(text) from None
     targets = _chosen(args, targets)

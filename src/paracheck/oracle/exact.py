@@ -308,11 +308,10 @@ def _sum_uses(parts: list[_B], dtype: torch.dtype) -> _B:
 # -- the models' programs ---------------------------------------------------------------------
 
 
-def judged_here(case: Case, kind: str) -> str | None:
+def judged_here(case: Case) -> str | None:
     """Why ``case`` is not judged against the float64 gradient (Note [A bound against the float64
-    gradient]), or None where it is."""
-    if kind == "loop":
-        return "a training loop computes its loss its own way"
+    gradient]), or None where it is; a target whose kind derives no bound (``Kind.derived_bound``)
+    is not judged either (``paracheck.check.properties.float64_bound``)."""
     if case.autocast is None and case.dtype == "float64":
         return "the case computes in float64: the oracle is the float64 oracle"
     if case.user_model is not None:  # its forward is the user's: no program of it is known here

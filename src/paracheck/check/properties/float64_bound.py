@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from paracheck.cases import Case
+from paracheck.check.kinds import KINDS
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence, two_numbers
 from paracheck.check.ranks.record import RankRecord
@@ -40,7 +41,11 @@ def check_float64_bound(
     """The first gradient on any rank outside its bound, as a Divergence, or None (also where the
     case is not judged: ``judged_here``). ``measured["float64-bound"]``: the largest ratio of a
     judged gradient's difference to its bound, where every one is inside."""
-    if judged_here(case, kind) is not None or not ranks or not ranks[0].steps:
+    # A kind whose ranks compute their gradients their own way (a loop scales its loss as it
+    # declares) has no bound derived from the oracle's operations.
+    if not KINDS[kind].derived_bound or judged_here(case) is not None:
+        return None
+    if not ranks or not ranks[0].steps:
         return None
     if any(len(r.steps) != len(traj.steps) for r in ranks):
         return None  # the equivalence family reports the structure
