@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from paracheck.cases import Case
 
-__all__ = ["TPCase", "mlp_plan"]
+__all__ = ["TPCase", "mlp_plan", "parallelize_mlp"]
 
 
 @dataclass(frozen=True)
@@ -103,19 +103,33 @@ def _styles(n_layers: int, sequence_parallel: bool, colwise, rowwise, replicated
 #   rows, which the rank program gathers (``full_tensor()``).
 
 
+def parallelize_mlp(model, mesh, *, sequence_parallel: bool, colwise, rowwise, replicated):
+    """Parallelise an MLP chain over ``mesh["tp"]`` with the style classes given (torch's, or
+    a mutant's subclasses of them: ``paracheck.mutants.tp``); returns the model."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = _styles(len(model.layers), sequence_parallel, colwise, rowwise, replicated)
+    parallelize_module(model, mesh["tp"], plan)
+    return model
+
+
 def mlp_plan(model, mesh, *, sequence_parallel: bool = False):
     """Parallelise an MLP chain (``paracheck.workloads.MLP``) over ``mesh["tp"]`` with torch's
     ``ColwiseParallel``, ``RowwiseParallel`` and ``SequenceParallel`` (Note [The MLP chain's
-    plan]); returns the model. Equals the unparallelised model up to the order of its sums."""
+    plan]); returns the model. Equals the unparallelised model up to the order of its sums; its
+    gradients are clipped by ``torch.nn.utils.clip_grad_norm_``, whose norm counts every
+    shard."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         SequenceParallel,
-        parallelize_module,
     )
 
-    plan = _styles(
-        len(model.layers), sequence_parallel, ColwiseParallel, RowwiseParallel, SequenceParallel
+    return parallelize_mlp(
+        model,
+        mesh,
+        sequence_parallel=sequence_parallel,
+        colwise=ColwiseParallel,
+        rowwise=RowwiseParallel,
+        replicated=SequenceParallel,
     )
-    parallelize_module(model, mesh["tp"], plan)
-    return model

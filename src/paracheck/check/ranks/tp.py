@@ -23,13 +23,15 @@ Note [Readings of a tensor-parallel plan]
     ``clip_grad_norm_(max_norm)`` clips its own gradients (every shard's norm must count).
 
 Note [Reading a tensor-parallel parameter]
-    A parameter or gradient that is a DTensor sharded on the mesh is gathered, and one partial
-    (the gradient of a replicated parameter computed from sharded activations, which torch leaves
+    A parameter or gradient that is a DTensor sharded on the mesh is gathered, and a partial
+    gradient (that of a replicated parameter computed from sharded activations, which torch leaves
     unreduced until something reads it) is summed (``full_tensor()``: every rank of the group then
-    holds the same tensor); one replicated is read as this rank's local tensor, never reduced, and
-    so is a plain tensor: a replicated parameter or gradient that differs between the ranks of a
-    group is seen as it is (rank-agreement compares the parameters bitwise, and equivalence
-    compares every rank's gradients with the oracle's).
+    holds the same tensor). Any other is read as this rank's local tensor, never reduced: a
+    replicated one, a plain tensor, and a parameter placed partial (its value is what the rank
+    holds; a plan that sums it in its forward computes with another value, which its gradients
+    show). So a replicated parameter or gradient that differs between the ranks of a group is
+    seen as it is: rank-agreement compares the parameters bitwise, and equivalence compares every
+    rank's gradients with the oracle's.
 """
 
 from __future__ import annotations
@@ -76,16 +78,16 @@ def _alive(mesh) -> bool:
     return True
 
 
-def read_whole(t):
-    """``t`` on the CPU, detached: a sharded or partial DTensor made whole, a replicated one this
-    rank's copy (Note [Reading a tensor-parallel parameter])."""
-    from torch.distributed.tensor import DTensor, Replicate
+def read_whole(t, *, gradient: bool = False):
+    """``t`` on the CPU, detached: a sharded DTensor gathered, a partial gradient summed, any
+    other this rank's local tensor (Note [Reading a tensor-parallel parameter])."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
 
     if t is None:
         return None
     if isinstance(t, DTensor):
-        replicated = all(isinstance(p, Replicate) for p in t.placements)
-        t = t.to_local() if replicated else t.full_tensor()
+        whole = (Shard, Partial) if gradient else (Shard,)
+        t = t.full_tensor() if any(isinstance(p, whole) for p in t.placements) else t.to_local()
     return t.detach().to("cpu", copy=True)
 
 
@@ -174,7 +176,7 @@ def run_tp(payload: dict) -> RankRecord:
             loss.backward()
         _average_over_dp(params, mesh)
         _clip(model, params, case.clip_norm)
-        grads = [read_whole(p.grad) for p in params]
+        grads = [read_whole(p.grad, gradient=True) for p in params]
         optimizer.step()
         steps.append(RankStep([read_whole(p) for p in params], grads))
     return RankRecord(initial, buffers, tuple(steps))
