@@ -95,6 +95,31 @@ def test_torch_fsdp_resumes_through_dcp(world, pair):
     assert result.ok, result.describe()
 
 
+# An FSDP2 case drawn by the check (float32 under bfloat16 autocast, a tied weight, W 3 -> 1) on
+# which the oracle's own step-0 gradients at W' (other rows than the ranks' at W) moved its
+# parameters past their tolerance: past the save, updates are judged on the target's gradients.
+AUTOCAST_FSDP = replace(
+    Case(
+        model=MLPSpec(in_features=5, widths=(5, 2), bias=True, tied=True),
+        world_size=3,
+        batch_sizes=(2, 1, 1),
+        steps=4,
+        optimizer=OptimizerSpec("sgd", (GroupSpec(params=(0, 1, 2, 3, 4), lr=0.05),)),
+        set_to_none=False,
+        dtype="float32",
+        autocast="bfloat16",
+        autocast_cache=False,
+    ),
+    reshard_at_step=1,
+    reshard_world_size=1,
+)
+
+
+def test_an_autocast_fsdp_resumes_within_its_tolerance(world):
+    """The pinned autocast FSDP2 case resumes at world size 1 within the tolerances."""
+    assert check_reshard(world, resolve_target("torch-fsdp"), AUTOCAST_FSDP, None) is None
+
+
 def test_a_per_rank_state_dict_is_not_judged(world):
     """A sharded optimizer whose state_dict() is its own shard cannot be loaded at another world
     size: the property does not judge it (no failure), and the rest of the case passes."""

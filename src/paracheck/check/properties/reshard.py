@@ -39,15 +39,17 @@ Note [Resuming at another world size]
     the optimizer's groups (``Case``): its parameters' gradients accumulate until it is added, and
     gradients are no part of a checkpoint; such a group is given to the constructor instead (a
     ZeRO wrapper, which clears the whole module, keeps its groups added after the save). Each
-    half is judged against the oracle of its own world's batches, anchored where the kind's
-    steps are (Note [Anchored steps], Note [Comparing an update]): the saving
-    run's k steps against the oracle at W, then the whole trajectory against the oracle at W',
-    which builds its optimizer state from every step's gradients, the saving run's included, so
-    that a state lost at the load shows in the first step after it. The gradients of the steps
-    before the load are judged in the first comparison only: the ranks at W computed them on
-    other rows than the oracle at W' concatenates. So each half's gradients are computed by the
-    operations of its own oracle, and judged at the derived step-0 bound, as the check judges
-    any case. (Judged instead at the table's tolerance, with the whole trajectory against the
+    half is judged against the oracle of its own world's batches (Note [Anchored steps], Note
+    [Comparing an update]): the saving run's k steps against the oracle at W as the kind's steps
+    always are, then the whole trajectory against the oracle at W', anchored on every step and
+    each update applied to the gradients the target recorded, so that its optimizer state is
+    built from every step's gradients, the saving run's included, and a state lost at the load
+    shows in the first step after it (its own gradients of the steps before the save would come
+    from other rows: an autocast FSDP's differed at bfloat16's rounding, and its parameters after
+    step 0 failed). The gradients of the steps before the load are judged in the first
+    comparison only: the ranks at W computed them on other rows than the oracle at W'
+    concatenates. So each half's gradients are computed by the operations of its own oracle,
+    and judged at the derived step-0 bound, as the check judges any case. (Judged instead at the table's tolerance, with the whole trajectory against the
     oracle at W', a correct bfloat16 design with masters failed: a bias gradient after the load
     8.9e-3 from the oracle's where 5.4e-3 was allowed, 2 of 20 drawn cases.)
 
@@ -56,7 +58,9 @@ Note [Resuming at another world size]
     failure), and a class says so up front with ``unsupported_case_features =
     {"reshard_at_step": why}``, which makes every case of the row skipped with its reason. A fully
     sharded wrapper's optimizer steps each rank's own shard parameters: its state is per-rank by
-    contract, and its row says "not supported" (``paracheck.check.interface``).
+    contract, and its row says "not supported" (``paracheck.check.interface``), unless its class
+    declares ``paracheck_checkpoint = "torch.distributed.checkpoint"``: its shards are DTensors,
+    saved and resharded by DCP (``paracheck.check.ranks.reshard_dcp``).
 """
 
 from __future__ import annotations
@@ -271,7 +275,10 @@ def judge(
     those before it were computed in another world, on other rows (Note [Resuming at another
     world size]); their update and the state built from them are still judged."""
     row = KINDS[kind]
-    on_gradients = row.on_target_gradients or case.master_weights
+    # Past the save, every step's update is judged on the gradients the target recorded, as a
+    # sharding kind's always is (Note [Comparing an update]): the oracle's own gradients of the
+    # steps before it come from other rows (a bfloat16 autocast FSDP's differed by its rounding).
+    on_gradients = row.on_target_gradients or case.master_weights or start > 0
     by_step = anchored(case) or on_gradients
     local_on = "cuda" if on_gpus and anchored(case) else None
     anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
