@@ -97,22 +97,6 @@ def selftest_rows(
             world.close()
 
 
-# The properties judged under a rounding tolerance; the rest are exact rules (bitwise agreement,
-# counts, bytes, bucket layouts), whose margin is reported as "exact".
-_TOLERANCED = frozenset(
-    {
-        "gradients",
-        "float64-bound",
-        "parameters",
-        "optimizer-state",
-        "master-weights",
-        "state-consolidated",
-        "world-size-relation",
-        "bucket-size-independence",
-    }
-)
-
-
 # Note [Two margins]
 #   A mutant's margin is read on two cases: the first case of the search that broke the property
 #   ("found": a case as the strategy draws them, where the bug shows as it would in use) and the
@@ -129,13 +113,18 @@ def margin(failure, *, found: bool = False) -> float | None:
     ("exact") where the property is an exact rule or nothing could be compared numerically (a
     tensor absent, or not finite where the oracle's is); None where the target raised, hung or
     died."""
+    from paracheck.check.properties.catalog import PROPERTIES
+
     result = failure.result
     if found and getattr(failure, "first", None) is not None:
         result = failure.first
     d = result.divergence_of(failure.property)
     if d is None or result.error is not None:
         return None
-    if failure.property not in _TOLERANCED or d.tolerance <= 0 or d.max_abs_diff != d.max_abs_diff:
+    # An exact rule's margin is "exact" (``Property.toleranced``).
+    row = PROPERTIES.get(failure.property)
+    exact = row is None or not row.toleranced
+    if exact or d.tolerance <= 0 or d.max_abs_diff != d.max_abs_diff:
         return float("inf")
     return d.max_abs_diff / d.tolerance
 

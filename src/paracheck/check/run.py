@@ -13,6 +13,8 @@ from paracheck.check.kinds import KINDS, PARAMETERS, PROPERTY_CHECKS, Evidence, 
 from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
+from paracheck.check.properties.compiled import compiling_too_long
+from paracheck.check.properties.catalog import PARTITIONED, RERUNS
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.reading import on_its_reading, state_union
 from paracheck.check.properties.state import sharding_notes
@@ -24,9 +26,6 @@ from paracheck.oracle.tolerance import anchored
 from paracheck.world import World, WorldError
 
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
-
-# The properties that run the target again (paracheck.check.kinds): checked after the others.
-_RERUNS = frozenset({"world-size-relation", "bucket-size-independence", "repeatability"})
 
 
 @dataclass
@@ -143,6 +142,8 @@ def run_case(
         return skipped
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
+    # A compiled case compiles under the World's whole timeout (Note [Compiling is not hanging]).
+    timeout = None if case.compiled is not None else timeout
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
@@ -156,6 +157,9 @@ def run_case(
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
+        slow = compiling_too_long(case, exc)
+        if slow is not None:
+            return CaseResult(case, extra={"skipped": slow}, seconds=time.monotonic() - t0)
         return _raised(case, exc, t0)
     seconds = time.monotonic() - t0
     outputs = dict(getattr(world, "last_outputs", {}))
@@ -163,7 +167,7 @@ def run_case(
         return CaseResult(
             case, extra={"skipped": ranks[0].skipped}, seconds=seconds, outputs=outputs
         )
-    # Note [Anchored steps]: each step starts from rank 0's state after the last.
+    # Each step starts from rank 0's state after the last (Note [Anchored steps]).
     anchors = [(s.params, s.grads, s.masters) for s in ranks[0].steps] if by_step else None
     if traj is None:
         traj = oracle_for(case, anchors, target_gradients=on_gradients, device=local_on)
@@ -212,7 +216,7 @@ def run_case(
     # Each property is checked on its own (they do not depend on each other's verdicts); one
     # divergence per property. The properties compared with the oracle come first, in name order,
     # then those that run the target again.
-    others = sorted(props - {"equivalence"}, key=lambda p: (p in _RERUNS, p))
+    others = sorted(props - {"equivalence"}, key=lambda p: (p in RERUNS, p))
     for prop in others:
         try:
             div = PROPERTY_CHECKS[prop](evidence)
@@ -222,7 +226,7 @@ def run_case(
             divs.append(div)
     extra = ranks[0].notes()
     extra.update(notes)
-    judged_on_a_partition = props & {"balance", "memory", "traffic"}
+    judged_on_a_partition = props & PARTITIONED
     if row.compares_state and judged_on_a_partition and case.world_size > 1:
         if not declares_partition(ranks):
             # Note [Traffic judges a declared design] in paracheck.check.properties.traffic.
@@ -288,7 +292,7 @@ def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
     )
 
 
-def _unjudged(props: set[str], *, stepped: bool, balance: bool = False) -> str:
+def _unjudged(props: frozenset[str], *, stepped: bool, balance: bool = False) -> str:
     """The report's note for a target that declares no partition: which of ``props`` were not
     judged, and (``sharded``, Note [State stepped on two ranks], Note [Balance of the state
     stepped]) how ``memory`` and ``balance`` still were."""

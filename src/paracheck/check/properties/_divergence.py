@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paracheck.check.properties.catalog import reported_property
+
 __all__ = ["Divergence", "diverge", "property_of", "two_numbers"]
 
 
@@ -52,20 +54,10 @@ def two_numbers(a: float, b: float, least: int = 7) -> tuple[str, str]:
     return x, y
 
 
-# Divergence.what -> property (paracheck.check.report.PROPERTIES); the initial state is its own.
-_WHAT_TO_PROPERTY = {
-    "grad": "gradients",
-    "param": "parameters",
-    "state": "optimizer-state",
-    "master": "master-weights",
-    "buffer": "initial-state",
-}
-
-
 def property_of(what: str, step: int) -> str:
-    if step < 0 and what in ("param", "buffer"):
-        return "initial-state"
-    return _WHAT_TO_PROPERTY.get(what, what)
+    """The property a divergence of ``what`` at ``step`` breaks, as the property catalog says
+    (``Property.reported_as`` in ``paracheck.check.properties.catalog``)."""
+    return reported_property(what, step)
 
 
 def diverge(step, what, rank, detail, got=0.0, expected=0.0, index=None, name=None) -> Divergence:

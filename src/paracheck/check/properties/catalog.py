@@ -13,6 +13,11 @@ documents' table of properties from these rows.
 
 Each check takes the ``paracheck.check.kinds.Evidence`` of a case and returns a ``Divergence`` or
 None. It imports the module that judges only when called, by name (a unit test imports each one).
+
+A row also carries the traits the driver reads (``paracheck.check.run``): the ``Divergence.what``
+it reports (``reported_as``: a divergence of the optimizer ``state`` is an ``optimizer-state``
+failure), whether its check runs the target again (``reruns``: checked after the others), and
+whether it is judged on the partition a sharding target declares (``needs_partition``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PROPERTIES", "Property", "Words", "checks", "selectors"]
+__all__ = [
+    "PARTITIONED",
+    "PROPERTIES",
+    "RERUNS",
+    "Property",
+    "Words",
+    "checks",
+    "reported_property",
+    "selectors",
+]
 
 
 @dataclass(frozen=True)
@@ -52,11 +66,27 @@ class Property:
     # and of a training loop's case (a loss other than the rank mean).
     for_kinds: Mapping[str, Words] = field(default_factory=dict)
     for_loops: Words | None = None
+    # The ``Divergence.what`` values a failure of it is reported under, besides its own name (a
+    # parameter or buffer differing after construction is ``initial-state`` whatever this says).
+    reported_as: tuple[str, ...] = ()
+    # Judged on the partition a sharding target declares (``partition.owners``, or pieces and
+    # layout): without one, the driver notes what was not judged (Note [Traffic judges a declared
+    # design] in paracheck.check.properties.traffic).
+    needs_partition: bool = False
+    # Judged under a rounding tolerance (a selftest's margin is its error over that tolerance);
+    # False: an exact rule (bitwise agreement, counts, bytes, bucket layouts).
+    toleranced: bool = False
 
     @property
     def selector(self) -> str | None:
         """The ``--properties`` name that selects it (None: every case)."""
         return self.name if self.selected_by == "" else self.selected_by
+
+    @property
+    def reruns(self) -> bool:
+        """Whether its check runs the target again on the World (``_rerun``): the driver checks it
+        after the properties judged on what the ranks returned."""
+        return bool(getattr(self.check, "reruns", False))
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -80,9 +110,11 @@ def _driver(reference: str) -> Callable:
 
 def _rerun(reference: str) -> Callable:
     """A check that runs the target again on the World."""
-    return _calling(
+    check = _calling(
         reference, lambda fn, e: fn(e.world, e.target, e.case, e.ranks, timeout=e.timeout)
     )
+    check.reruns = True  # type: ignore[attr-defined]  # read by Property.reruns
+    return check
 
 
 def _state(props: frozenset[str]) -> Callable:
@@ -207,6 +239,7 @@ _ROWS = (
         catches="no initial broadcast, buffers not broadcast",
         oracle="yes",
         selected_by="equivalence",
+        reported_as=("buffer",),
     ),
     Property(
         "gradients",
@@ -220,6 +253,7 @@ _ROWS = (
         "shard only",
         oracle="yes",
         selected_by="equivalence",
+        reported_as=("grad",),
         for_kinds={
             "sharded": _SHARDED_GRADIENTS,
             "zero": _ZERO_GRADIENTS,
@@ -235,6 +269,7 @@ _ROWS = (
             "ranks; batch-mean: the mean over ranks and micro-batches), synchronise before "
             "clipping, unscale before clipping",
         ),
+        toleranced=True,
     ),
     Property(
         "float64-bound",
@@ -250,6 +285,7 @@ _ROWS = (
         catches="float32 gradients summed in bfloat16, no divide",
         oracle="the float64 one",
         check=_FLOAT64_BOUND,
+        toleranced=True,
     ),
     Property(
         "bucket-structure",
@@ -274,11 +310,13 @@ _ROWS = (
         "wrapped optimizer, generator groups consumed, closure ignored, state not loaded",
         oracle="yes",
         selected_by="equivalence",
+        reported_as=("param",),
         for_kinds={
             "sharded": _OWNED_PARAMETERS,
             "zero": _OWNED_PARAMETERS,
             "zero2": _OWNED_PARAMETERS,
         },
+        toleranced=True,
     ),
     Property(
         "master-weights",
@@ -295,6 +333,8 @@ _ROWS = (
         "gathered before the masters were rounded into them",
         oracle="yes",
         selected_by="equivalence",
+        reported_as=("master",),
+        toleranced=True,
     ),
     Property(
         "optimizer-state",
@@ -308,6 +348,8 @@ _ROWS = (
         oracle="yes",
         selected_by="state",
         check=_state(frozenset({"state"})),
+        reported_as=("state",),
+        toleranced=True,
     ),
     Property(
         "state-consolidated",
@@ -317,6 +359,7 @@ _ROWS = (
         catches="state_dict of the local shard only",
         oracle="yes",
         check=_state(frozenset({"state-consolidated"})),
+        toleranced=True,
     ),
     Property(
         "rank-agreement",
@@ -336,6 +379,7 @@ _ROWS = (
         "design declares; with none declared, no two ranks step one parameter's state "
         "(`check/properties/memory.py`, Note [State stepped on two ranks])",
         catches="every rank keeps state for every parameter",
+        needs_partition=True,
         check=_driver("paracheck.check.properties.memory:check_memory"),
     ),
     Property(
@@ -346,6 +390,7 @@ _ROWS = (
         holds="the partition owns every trainable parameter exactly once, within its balance "
         "bound (`check/properties/balance.py`, Note [Balance bound])",
         catches="partition by count instead of size",
+        needs_partition=True,
         check=_BALANCE,
     ),
     Property(
@@ -356,6 +401,7 @@ _ROWS = (
         holds="with a declared partition, the bytes per collective equal the analytic values of "
         "the design (`check/properties/traffic.py`, Note [Traffic judges a declared design])",
         catches="frozen parameters broadcast every step",
+        needs_partition=True,
         check=_driver("paracheck.check.properties.traffic:check_traffic"),
     ),
     Property(
@@ -455,6 +501,7 @@ _ROWS = (
         holds="W ranks with equal batches equal one rank fed their concatenation",
         catches="no divide",
         check=_rerun("paracheck.check.properties.world_size_relation:check_world_size_relation"),
+        toleranced=True,
     ),
     Property(
         "bucket-size-independence",
@@ -466,6 +513,7 @@ _ROWS = (
         check=_rerun(
             "paracheck.check.properties.bucket_size_independence:check_bucket_size_independence"
         ),
+        toleranced=True,
     ),
     Property(
         "compile-ledger",
@@ -496,6 +544,23 @@ _ROWS = (
 
 # The properties a check reports, by name, in the order a case that breaks several reports them.
 PROPERTIES: dict[str, Property] = {p.name: p for p in _ROWS}
+
+
+# The --properties names whose check runs the target again, and those judged on a declared
+# partition (``paracheck.check.run``).
+RERUNS = frozenset(p.selector for p in _ROWS if p.reruns and p.selector is not None)
+PARTITIONED = frozenset(p.selector for p in _ROWS if p.needs_partition and p.selector is not None)
+# Divergence.what -> the property a failure is reported as (``reported_property``).
+_REPORTED = {what: p.name for p in _ROWS for what in p.reported_as}
+
+
+def reported_property(what: str, step: int) -> str:
+    """The property a ``Divergence`` of ``what`` at ``step`` breaks: a parameter or buffer that
+    differs after construction (step -1) is the initial state's; any other ``what`` its row's
+    (``Property.reported_as``), or the property of that name."""
+    if step < 0 and what in ("param", "buffer"):
+        return "initial-state"
+    return _REPORTED.get(what, what)
 
 
 def selectors() -> tuple[str, ...]:
