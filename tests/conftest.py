@@ -33,6 +33,7 @@ SECOND_TIER = {
     "tests/property/test_fsdp.py::test_fsdp_mutant_is_killed": "every FSDP mutant",
     "tests/property/test_ddp_mutants.py::test_ddp_mutant_is_killed": "every DDP mutant",
     "tests/property/test_loop.py::test_loop_mutant_is_killed": "every loop mutant",
+    "tests/property/test_tp.py": "tensor-parallel meshes and every tp mutant",
     "tests/property/test_two_world_sizes.py": "mutants at world sizes 1 and 2",
     "tests/property/test_sharding.py::test_designs_that_round_otherwise_pass_the_derived_update_bound": "a search per design",
     "tests/property/test_float64_bound.py::test_the_matched_oracle_lies_inside_the_bound": "a search per precision",

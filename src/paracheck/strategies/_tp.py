@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from paracheck.cases import GroupSpec, OptimizerSpec
+from paracheck.errors import InvalidArgument
 from paracheck.strategies._core import _check_bounds, communicating_first, world_size_draws
 from paracheck.tp import TPCase
 from paracheck.workloads import MLPSpec
@@ -60,8 +61,11 @@ def tp_cases(
     (``TP_CLIP_NORMS``), 1..max_steps steps of 1..max_accumulation micro-batches, and a
     one-group SGD, Adam or AdamW optimizer. ``precision``: ``fp64`` (or None) only."""
     if precision not in (None, *TP_PRECISIONS):
-        raise ValueError(
-            f"precision={precision!r}: tensor-parallel cases are drawn at {list(TP_PRECISIONS)}"
+        raise InvalidArgument(
+            "precision",
+            precision,
+            f"must be one of {list(TP_PRECISIONS)} for a tensor-parallel plan (its cases are "
+            "float64 only)",
         )
     if dtype != "float64":
         raise ValueError(f"dtype={dtype!r}: tensor-parallel cases are float64")

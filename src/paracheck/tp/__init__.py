@@ -53,12 +53,13 @@ class TPCase(Case):
         return self.world_size // self.tensor_parallel, self.tensor_parallel
 
     def with_world_size(self, w: int) -> TPCase:
+        """The same case on ``w`` ranks (``Case.with_world_size``), its tensor dimension kept
+        where it divides ``w``, else 1."""
         from dataclasses import replace
         from typing import cast
 
-        case = cast(TPCase, super().with_world_size(w))
         tp = self.tensor_parallel if w % self.tensor_parallel == 0 else 1
-        return replace(case, tensor_parallel=tp)
+        return cast(TPCase, super(TPCase, replace(self, tensor_parallel=tp)).with_world_size(w))
 
 
 def _styles(n_layers: int, sequence_parallel: bool, colwise, rowwise, replicated) -> dict:
