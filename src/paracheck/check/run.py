@@ -13,7 +13,6 @@ from paracheck.check.kinds import KINDS, PARAMETERS, PROPERTY_CHECKS, Evidence, 
 from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
-from paracheck.check.properties.compiled import compiling_too_long
 from paracheck.check.properties.catalog import PARTITIONED, RERUNS
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.reading import on_its_reading, state_union
@@ -142,8 +141,6 @@ def run_case(
         return skipped
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
-    # A compiled case compiles under the World's whole timeout (Note [Compiling is not hanging]).
-    timeout = None if case.compiled is not None else timeout
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
@@ -157,9 +154,6 @@ def run_case(
     try:
         ranks = world.collect(ticket)
     except WorldError as exc:
-        slow = compiling_too_long(case, exc)
-        if slow is not None:
-            return CaseResult(case, extra={"skipped": slow}, seconds=time.monotonic() - t0)
         return _raised(case, exc, t0)
     seconds = time.monotonic() - t0
     outputs = dict(getattr(world, "last_outputs", {}))
