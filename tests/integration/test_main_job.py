@@ -10,7 +10,7 @@ import pytest
 
 import paracheck.cli.check as cli_check
 from paracheck.check.features import optional_features
-from paracheck.check.interface import unsupported
+from paracheck.check.interfaces import unsupported
 from paracheck.check.settings import CHECK, CheckSettings, add_arguments
 from paracheck.check.shared_search import _Search
 from paracheck.check.table import plan_rows

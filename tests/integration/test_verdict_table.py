@@ -174,7 +174,7 @@ def test_headline_says_what_the_detail_says():
 def test_a_feature_the_interface_cannot_take_is_not_supported():
     """A sharding target without load_state_dict(): its reload row names the missing method; a
     torch optimizer has both, and a DDP is never asked for a reload."""
-    from paracheck.check.interface import unsupported
+    from paracheck.check.interfaces import unsupported
 
     lacking = Target("lacking", "collections:OrderedDict", "sharded")
     assert unsupported(lacking, "reload") == "OrderedDict has no state_dict()"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from paracheck.cases import Case, GroupSpec, OptimizerSpec, batch_for
 from paracheck.check.features import optional_features
-from paracheck.check.interface import RESHARD_PER_RANK, unsupported
+from paracheck.check.interfaces import RESHARD_PER_RANK, unsupported
 from paracheck.check.properties.reshard import check_reshard, reshard_cases, reshardable
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target

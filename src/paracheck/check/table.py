@@ -17,7 +17,7 @@ Note [The verdict table]
     only causes found earlier fails "as above". A feature row draws only cases that have its feature (a filter: a kind that
     never draws it makes the row "not drawn"); a feature turned off by the contract or
     ``--features`` is "not drawn", one the target's interface cannot take is "not supported"
-    (``paracheck.check.interface``). A kind may name cases its core row runs first, as they are,
+    (``paracheck.check.interfaces``). A kind may name cases its core row runs first, as they are,
     before its search (``Kind.first_cases``: Note [A partition by count] in
     ``paracheck.strategies._sharding``): a bug the search rarely draws, found in the first case.
 
@@ -51,7 +51,7 @@ from paracheck.check.features import (
     row_off,
     without_all,
 )
-from paracheck.check.interface import unsupported
+from paracheck.check.interfaces import unsupported
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search

@@ -22,7 +22,7 @@ def _positive(name: str, value, kind=int):
 def _chosen(args, targets: list) -> list:
     """``targets`` checked against ``--kind`` and narrowed to ``--properties``."""
     if args.kind is not None:
-        from paracheck.check.interface import kind_mismatch
+        from paracheck.check.interfaces import kind_mismatch
 
         for t in targets:
             why = kind_mismatch(t)

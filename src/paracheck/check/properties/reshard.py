@@ -58,7 +58,7 @@ Note [Resuming at another world size]
     failure), and a class says so up front with ``unsupported_case_features =
     {"reshard_at_step": why}``, which makes every case of the row skipped with its reason. A fully
     sharded wrapper's optimizer steps each rank's own shard parameters: its state is per-rank by
-    contract, and its row says "not supported" (``paracheck.check.interface``), unless its class
+    contract, and its row says "not supported" (``paracheck.check.interfaces``), unless its class
     declares ``paracheck_checkpoint = "torch.distributed.checkpoint"``: its shards are DTensors,
     saved and resharded by DCP (``paracheck.check.ranks.reshard_dcp``).
 """
