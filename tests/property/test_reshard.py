@@ -115,6 +115,20 @@ AUTOCAST_FSDP = replace(
 )
 
 
+# A branch no rank uses: its parameters have no optimizer state in the checkpoint, while torch's
+# get_state_dict builds state for every parameter of the fresh optimizer it loads into.
+UNUSED_FSDP = replace(
+    BASE, model=MLPSpec(in_features=3, widths=(4, 2), bias=True, unused="always"), steps=3
+)
+
+
+def test_fsdp_resumes_with_parameters_no_step_reached(world):
+    """FSDP2 with a never-used branch resumes through DCP (loading raised "Missing key in
+    checkpoint state_dict" for the branch's state before the load allowed it missing)."""
+    case = replace(UNUSED_FSDP, optimizer=OptimizerSpec("adam", (GroupSpec(params=()),)))
+    assert check_reshard(world, resolve_target("torch-fsdp"), case, None) is None
+
+
 def test_an_autocast_fsdp_resumes_within_its_tolerance(world):
     """The pinned autocast FSDP2 case resumes at world size 1 within the tolerances."""
     assert check_reshard(world, resolve_target("torch-fsdp"), AUTOCAST_FSDP, None) is None

@@ -48,6 +48,7 @@ DCP = "torch.distributed.checkpoint"
 def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
     """Save or load the wrapped module's and the optimizer's state through DCP (collectives)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     module = getattr(wrapper, "module", wrapper)
@@ -56,7 +57,10 @@ def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
     if phase == "save":
         dcp.save(state, checkpoint_id=directory)
         return
-    dcp.load(state, checkpoint_id=directory)
+    # torch's get_state_dict gives the fresh optimizer state for every parameter (it steps zero
+    # gradients to build it), so a parameter no step had reached before the save (a branch no
+    # rank uses) is in this template and not in the checkpoint: missing by design, not an error.
+    dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
     set_state_dict(
         module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
