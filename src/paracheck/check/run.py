@@ -14,6 +14,7 @@ from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.catalog import PARTITIONED, RERUNS
+from paracheck.check.properties.compiled import compiling_too_long
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.reading import on_its_reading, state_union
 from paracheck.check.properties.state import sharding_notes
@@ -141,6 +142,8 @@ def run_case(
         return skipped
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
+    # A compiled case compiles under the World's whole timeout (Note [Compiling is not hanging]).
+    timeout = None if case.compiled is not None else timeout
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
@@ -277,7 +280,11 @@ def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
 
 
 def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
-    """The result of a case whose ranks raised, hung or died (started at ``t0``)."""
+    """The result of a case whose ranks raised, hung or died (started at ``t0``); skipped where a
+    compiled case's ranks were still compiling (Note [Compiling is not hanging])."""
+    slow = compiling_too_long(case, exc)
+    if slow is not None:
+        return CaseResult(case, extra={"skipped": slow}, seconds=time.monotonic() - t0)
     return CaseResult(
         case,
         error=exc,

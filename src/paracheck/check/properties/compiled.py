@@ -30,7 +30,26 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord, Window
 from paracheck.world import World
 
-__all__ = ["NAME", "check_compile_ledger", "ledger_difference"]
+__all__ = ["NAME", "check_compile_ledger", "compiling_too_long", "ledger_difference"]
+
+# Note [Compiling is not hanging]
+#   A compiled case compiles inside its job, under the World's hang timeout: seconds for aot_eager,
+#   up to minutes for the inductor on a loaded CPU (gcc), where the eager cases before it set the
+#   search's adaptive timeout at ten times theirs. So a compiled case runs under the World's whole
+#   timeout (``paracheck.check.run.run_case``), and a compiled case that still does not finish
+#   while a rank's stack is inside Dynamo or the inductor is skipped, naming the timeout to raise:
+#   a slow compiler is no hang of the target's. A rank found anywhere else (every rank waiting in
+#   a collective, or in the target's own code) is a hang as in an eager case.
+#   The frames that say "compiling" are those of Dynamo's frame conversion and of the inductor's
+#   compilation and code cache, never those compiled code runs through (Dynamo's and AOTAutograd's
+#   runtime wrappers): a rank hung in a collective its compiled code issued is a hang.
+_COMPILER_FRAMES = (
+    "/torch/_dynamo/convert_frame.py",
+    "/torch/_inductor/compile_fx.py",
+    "/torch/_inductor/codecache.py",
+    "/torch/_inductor/cpp_builder.py",
+    "/torch/_inductor/graph.py",
+)
 
 NAME = "compile-ledger"
 
@@ -102,4 +121,18 @@ def check_compile_ledger(
         0.0,
         f"under torch.compile ({case.compiled}), {what}: a synchronisation compile changed "
         "(Note [A sync compiled away])",
+    )
+
+
+def compiling_too_long(case: Case, exc) -> str | None:
+    """Why a compiled ``case`` whose job did not finish is skipped (Note [Compiling is not
+    hanging]), or None: ``exc`` (a ``WorldError``) is a hang with a rank inside the compiler."""
+    if case.compiled is None or getattr(exc, "kind", None) != "hung":
+        return None
+    stacks = [f.detail.replace("\\", "/") for f in getattr(exc, "failures", ())]
+    if not any(frame in stack for stack in stacks for frame in _COMPILER_FRAMES):
+        return None
+    return (
+        f"compiling ({case.compiled}) took longer than the hang timeout: a rank was still inside "
+        "torch.compile; give the check a longer --timeout to judge compiled cases"
     )

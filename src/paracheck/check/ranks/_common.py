@@ -87,7 +87,9 @@ def train_micro_steps(
     """
     last = case.accumulation - 1
     per_micro = 2 if case.double_backward else 1
-    recorder, synced, unsynced, in_passes = None, 0, [], []
+    recorder, synced = None, 0
+    unsynced: list = []
+    in_passes: list = []
     for micro in range(case.accumulation):
         skip = case.no_sync and drv.no_sync is not None and micro < last
         if windows is not None and recorder is None:

@@ -1,0 +1,105 @@
+"""Compiled cases as values (Note [Compiled cases]): the settings a case may name, a bad one
+refused naming the field, an eager case's JSON as it always was, the strategy's draws, and which
+exceptions skip a case (those raised while Dynamo compiles, never those of the running code)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import find, given, settings
+
+from paracheck.cases import COMPILE_SETTINGS, Case
+from paracheck.check.features import case_features, optional_features, without
+from paracheck.check.properties.compiled import compiling_too_long
+from paracheck.check.ranks._compiled import compile_failure
+from paracheck.strategies._compiled import compile_settings, compiled_cases
+
+
+def test_settings_pair_compiled_autograd_with_the_python_reducer():
+    """Every backend has plain, graph-break-optimised and compiled-autograd settings; compiled
+    autograd always names torch's Python reducer (torch DDP's C++ reducer refuses it)."""
+    assert set(COMPILE_SETTINGS) == {
+        f"{b}{m}"
+        for b in ("aot_eager", "inductor")
+        for m in ("", "+optimize-ddp", "+compiled-autograd")
+    }
+    for s in COMPILE_SETTINGS.values():
+        assert (s.optimize_ddp == "python_reducer") == s.compiled_autograd, s
+
+
+def test_a_bad_setting_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"compiled='eager' must be None or one of"):
+        Case(compiled="eager")
+
+
+def test_an_eager_case_keeps_its_json_and_a_compiled_one_round_trips():
+    eager = Case()
+    assert "compiled" not in eager.to_dict()
+    compiled = Case(compiled="aot_eager+optimize-ddp")
+    assert Case.from_json(compiled.to_json()) == compiled
+
+
+def test_compile_is_an_optional_feature_removed_by_without():
+    case = Case(compiled="inductor")
+    assert "compile" in optional_features()
+    assert "compile" in case_features(case)
+    assert without(case, "compile") == Case()
+
+
+@settings(max_examples=500, database=None, deadline=None, derandomize=True)
+@given(case=compiled_cases(world_sizes=[1, 2]))
+def _draw(case, seen):
+    seen[case.compiled] += 1
+
+
+def test_the_strategy_draws_every_setting_and_eager_cases_most():
+    """Eager cases most (every row but compile's removes the feature), every setting drawn."""
+    seen: Counter = Counter()
+    _draw(seen=seen)
+    assert seen[None] > sum(n for k, n in seen.items() if k is not None)
+    assert set(seen) - {None} == set(COMPILE_SETTINGS)
+
+
+def test_the_setting_shrinks_to_plain_aot_eager():
+    assert find(compile_settings(), lambda s: True, settings=settings(database=None)) == "aot_eager"
+
+
+def _raise_in(filename: str):
+    code = compile("raise AssertionError('First bucket should be smaller')", filename, "exec")
+    try:
+        exec(code, {})
+    except AssertionError as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_only_an_exception_raised_while_compiling_skips_a_case():
+    """A traceback through Dynamo's convert_frame is torch failing to compile (a skip, with
+    torch's words); the same exception raised elsewhere (a hook of the running code) is not."""
+    compiling = _raise_in("/site-packages/torch/_dynamo/convert_frame.py")
+    why = compile_failure(compiling, "aot_eager+optimize-ddp")
+    assert why is not None and why.startswith(
+        "torch.compile (aot_eager+optimize-ddp) cannot compile this case: AssertionError: First"
+    )
+    assert compile_failure(_raise_in("/work/user/ddp.py"), "aot_eager") is None
+
+
+class _Hang:
+    kind = "hung"
+
+    def __init__(self, *stacks):
+        self.failures = [type("F", (), {"detail": s})() for s in stacks]
+
+
+def test_a_hang_is_a_slow_compiler_only_with_a_rank_inside_it():
+    """Note [Compiling is not hanging]: a compiled case's hang with a rank in Dynamo's frame
+    conversion or the inductor's compilation is skipped; one with every rank in compiled code
+    running (a runtime wrapper) or waiting in a collective is a hang, as is any eager case's."""
+    compiling = '  File "/x/torch/_inductor/codecache.py", line 9 in load'
+    running = '  File "/x/torch/_functorch/_aot_autograd/runtime_wrappers.py", line 3 in call'
+    compiled = Case(compiled="inductor")
+    why = compiling_too_long(compiled, _Hang(running, compiling))
+    assert why is not None and "took longer than the hang timeout" in why
+    assert compiling_too_long(compiled, _Hang(running, running)) is None
+    assert compiling_too_long(Case(), _Hang(compiling, compiling)) is None
