@@ -42,7 +42,7 @@ def _drawn(kind: str, precision: str, n: int) -> frozenset[str] | None:
 
     try:
         draw()
-    except InvalidArgument:  # refuses_precision: a kind drawn at some precisions only (tp)
+    except InvalidArgument:  # a kind drawn at some precisions only (tp: fp64)
         return None
     return frozenset(seen)
 
