@@ -414,3 +414,23 @@ def test_a_cause_filed_under_a_row_printed_already_prints_the_row_again(monkeypa
     table._file(search, hit, buffer, planned)
     assert printed == [("core", 0, "FAIL", "a cause found later, in row +buffer, filed here")]
     assert core.own == [failure] and buffer.also == [failure]
+
+
+def test_a_resumed_trajectory_wrong_before_the_save_is_the_wrong_steps_cause():
+    """A case whose parameters diverge at step 0 fails the reshard property at step 0 too (before
+    the save): one cause with the parameters' divergence; a reshard divergence alone (after the
+    load, the parameters right) is another."""
+    from paracheck.check.failure import PropertyFailure
+    from paracheck.check.properties import Divergence
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import causes_of
+
+    detail = "worst element #0 (of the finite ones): got 1.5, expected 1.0, ..."
+    params = Divergence(0, "param", 0, 0, "w", 0.5, 1e-15, detail=detail)
+    before = Divergence(0, "reshard", 0, 0, "w", 0.5, 1e-15, detail="param before the save: ...")
+    after = Divergence(2, "reshard", 0, 0, "w", 0.5, 1e-15, detail="param after the load: ...")
+    case = Case(seed=0)
+    wrong = PropertyFailure("parameters", CaseResult(case, divergences=[params]), row="core")
+    resumed = PropertyFailure("reshard", CaseResult(case, divergences=[params, before]), row="core")
+    loaded = PropertyFailure("reshard", CaseResult(case, divergences=[after]), row="core")
+    assert causes_of([wrong, resumed, loaded]) == [[wrong, resumed], [loaded]]

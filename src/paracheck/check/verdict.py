@@ -125,6 +125,9 @@ _FOLLOWS = {
     "optimizer-state": ("initial-state", "gradients", "parameters"),
     "state-consolidated": ("initial-state", "gradients", "parameters", "optimizer-state"),
     "rank-agreement": ("initial-state", "gradients", "parameters"),
+    # A resumed trajectory wrong before the save (or after a load of a state built wrong) is the
+    # wrong step's cause, not the state dict's.
+    "reshard": ("initial-state", "gradients", "parameters", "optimizer-state"),
 }
 _STUCK = ("hang", "died")
 # "their 2nd all_reduce got tensors of different sizes", "rank 1 is in its 7th broadcast; ...".
