@@ -401,6 +401,12 @@ KINDS: dict[str, Kind] = {
         default=("equivalence", "float64-bound"),
         opt_in=("repeatability",),
         owns=frozenset({PARAMETERS}),
+        # Called, plan(model, mesh): its required arguments beyond these are refused up front.
+        constructor=Constructor(
+            ("model", "mesh"),
+            "the model and the 2-D mesh first, and sequence_parallel= where it takes it",
+            by_name=frozenset({"sequence_parallel"}),
+        ),
         step_gradients="param.grad",
         never_draws=_TP_NEVER,
     ),
