@@ -83,3 +83,14 @@ def test_a_case_keeps_its_mesh_through_json_and_a_new_world_size():
     assert TPCase.from_dict(case.to_dict()) == case
     assert case.with_world_size(2).tensor_parallel == 2
     assert case.with_world_size(3).tensor_parallel == 1
+
+
+def test_a_plan_requiring_another_argument_is_refused_naming_it(tmp_path, capsys):
+    """plan(model, mesh, width) is exit 2 naming width and what paracheck passes."""
+    from paracheck.cli import main
+
+    path = tmp_path / "plans.py"
+    path.write_text("def plan(model, mesh, width):\n    return model\n")
+    assert main(["check", f"{path}:plan", "--kind", "tp", "--no-database"]) == 2
+    err = capsys.readouterr().err
+    assert "requires width" in err and "the model and the 2-D mesh first" in err
