@@ -56,17 +56,19 @@ class TopOneMoE(nn.Module):
             nn.Sequential(nn.Linear(d_in, d_hidden), nn.Tanh(), nn.Linear(d_hidden, d_out))
             for _ in range(experts)
         )
-        self.d_out = d_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = torch.softmax(self.router(x), dim=-1)
         choice = gate.argmax(dim=-1)
-        out = x.new_zeros(x.shape[0], self.d_out)
+        outs, where = [], []
         for e, expert in enumerate(self.experts):
             rows = (choice == e).nonzero().flatten()
             if rows.numel():  # an idle expert is not called: its parameters get no gradient
-                out = out.index_add(0, rows, expert(x[rows]) * gate[rows, e : e + 1])
-        return out
+                outs.append(expert(x[rows]) * gate[rows, e : e + 1])
+                where.append(rows)
+        # Back in row order; in the experts' own dtype (a wrapper may compute in another).
+        order = torch.cat(where).argsort()
+        return torch.cat(outs)[order]
 
 
 def moe(seed: int, dtype: torch.dtype) -> nn.Module:

@@ -147,8 +147,9 @@ def run_case(
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
-    # [Comparing master weights]).
-    on_gradients = row.on_target_gradients or case.master_weights
+    # [Comparing master weights]), and so is every step on a user's model (Note [An update on a
+    # user's model] in paracheck.check.user_model).
+    on_gradients = row.on_target_gradients or case.master_weights or case.user_model is not None
     by_step = anchored(case) or on_gradients
     # Where the ranks compute: the case's device, else the backend's (nccl: each rank's GPU).
     ranks_on = device or ("cuda" if getattr(world, "backend", "gloo") == "nccl" else "cpu")

@@ -20,6 +20,19 @@ Note [Cases drawn around a user's model]
     model's seed is the case's
     (``init_seed``), drawn and shrunk with it. Kinds whose cases need a generated model are
     refused with a usage error (``UNSUPPORTED_KINDS``).
+
+Note [An update on a user's model]
+    Every step on a user's model is judged on the target's own gradients, as a sharding kind's
+    step is (Note [Comparing an update] in ``paracheck.oracle.tolerance``): the gradients against
+    the oracle's, and the parameters after the step against the oracle's update applied to the
+    gradients the target recorded. Judged on the oracle's own gradients instead, a correct
+    bucketed DDP failed on ``torch.nn.TransformerEncoder`` under Adam: the attention's key bias
+    has a gradient that is zero in exact arithmetic (the softmax ignores it), so its computed
+    gradient is rounding noise, which the two summation orders make different, and Adam divides
+    it by its own size plus eps: 2.1e-13 apart after one step where the tensor's 1e-10 relative
+    tolerance allowed 2.0e-13. A generated model has no such parameter; a real one often does.
+    The gradient comparison still catches every wrong gradient; for the kinds whose optimizer is
+    the harness's own (``ddp``), nothing else can make the update wrong.
 """
 
 from __future__ import annotations
