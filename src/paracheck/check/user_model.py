@@ -62,6 +62,8 @@ __all__ = [
 UNSUPPORTED_KINDS = {
     "loop": "a training loop's cases minimise a language model's token-mean or batch-mean "
     "cross-entropy (Note [Loss semantics]), which a user's model and loss do not define",
+    "tp": "a tensor-parallel plan names the layers of the model it is written for (the cases' "
+    "plans are the generated MLP chains'), not a user's model",
 }
 
 _INFO: dict[UserModel, UserModelInfo] = {}
