@@ -408,7 +408,7 @@ def _resolve_targets(args, main_job: list[str] | None = None) -> list:
             file=sys.stderr,
         )
         stub = False
-    targets = []
+    targets: list = []
     if args.adapters is not None:
         from paracheck.check.adapters import discover_adapters
 
