@@ -94,3 +94,13 @@ def test_a_plan_requiring_another_argument_is_refused_naming_it(tmp_path, capsys
     assert main(["check", f"{path}:plan", "--kind", "tp", "--no-database"]) == 2
     err = capsys.readouterr().err
     assert "requires width" in err and "the model and the 2-D mesh first" in err
+
+
+def test_a_saved_tp_case_reads_back_as_one():
+    """Case.from_json (the database's and --case's reader) of a TPCase's JSON is the TPCase; a
+    plain case stays a Case."""
+    from paracheck.cases import Case
+
+    case = TPCase(world_size=2, batch_sizes=(1, 2), tensor_parallel=2, sequence_parallel=True)
+    assert Case.from_json(case.to_json()) == case
+    assert type(Case.from_json(Case().to_json())) is Case

@@ -3,6 +3,7 @@ constants its fields draw from."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -38,6 +39,10 @@ DELAY_POINTS = ("all-gather", "reduce-scatter", "forward")
 IGNORE_INDEX = -100
 # The bucket cap of a case that names none: torch DistributedDataParallel's default.
 DEFAULT_BUCKET_MB = 25.0
+
+# A field only a subclass of Case has -> that class, as "module:Class" (imported where a case is
+# read): a tensor-parallel case (Note [A tensor-parallel case] in paracheck.tp).
+CASE_CLASSES = {"tensor_parallel": "paracheck.tp:TPCase"}
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -323,6 +328,11 @@ class Case:
     @classmethod
     def from_dict(cls, d: dict) -> Case:
         d = dict(d)
+        if cls is Case:  # a case of a class with fields of its own: that class reads it
+            for name, path in CASE_CLASSES.items():
+                if name in d:
+                    module, _, attr = path.partition(":")
+                    return getattr(importlib.import_module(module), attr).from_dict(d)
         d["model"] = model_spec_from_dict(d["model"])
         opt = dict(d["optimizer"])
         opt["groups"] = tuple(
