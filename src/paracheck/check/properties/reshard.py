@@ -51,7 +51,7 @@ Note [Resuming at another world size]
     concatenates. So each half's gradients are computed by the operations of its own oracle,
     and judged at the derived step-0 bound, as the check judges any case. (Judged instead at the table's tolerance, with the whole trajectory against the
     oracle at W', a correct bfloat16 design with masters failed: a bias gradient after the load
-    8.9e-3 from the oracle's where 5.4e-3 was allowed, 2 of 20 drawn cases.)
+    8.9e-3 from the oracle's where 5.4e-3 was allowed, in one of 20 drawn cases.)
 
     A target whose ``state_dict()`` is each rank's own shard (ranks hold different parameters'
     state) cannot be loaded at another world size by construction: such a case is not judged (no
