@@ -122,6 +122,8 @@ def _joined_by_the_save(case: Case) -> Case:
     groups it has: ``Case``) are no part of a checkpoint, so a resumed run cannot go on with them
     (Note [Resuming at another world size])."""
     k = case.reshard_at_step
+    if k is None:
+        return case
     groups = tuple(
         replace(g, add_at_step=None) if g.add_at_step is not None and g.add_at_step >= k else g
         for g in case.optimizer.groups
@@ -230,6 +232,8 @@ def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
     """(the saving run, the resumed run) of a target checkpointed by its ``state_dict()``, or
     None where either is skipped or the dicts are per-rank shards."""
     k = at_w.reshard_at_step
+    if k is None:
+        return None
     payload = {**target.driver_payload(), "device": None}
     first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
     saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
@@ -249,6 +253,8 @@ def _through_dcp(world, target, at_w: Case, at_w2: Case, timeout):
     ``torch.distributed.checkpoint`` into a real directory (``paracheck.check.ranks.reshard_dcp``),
     or None where either is skipped."""
     k = at_w.reshard_at_step
+    if k is None:
+        return None
     directory = tempfile.mkdtemp(prefix="paracheck-reshard-")
     try:
         payload = {**target.driver_payload(), "device": None, "checkpoint_dir": directory}

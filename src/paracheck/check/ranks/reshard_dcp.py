@@ -15,6 +15,8 @@ whole, Note [Reading an FSDP]) and the gradients where ``full_gradients()`` read
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 
 from paracheck.cases import (
@@ -53,7 +55,7 @@ def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
 
     module = getattr(wrapper, "module", wrapper)
     model_sd, optim_sd = get_state_dict(module, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     if phase == "save":
         dcp.save(state, checkpoint_id=directory)
         return
