@@ -204,6 +204,7 @@ def test_a_row_the_kind_declares_never_drawn_draws_nothing(world, monkeypatch):
     report = check_target(resolve_target("naive"), world, settings)
     row = next(r for r in report.rows if r.name == "+scheduler")
     assert row.status == "not drawn" and row.cases == 0
+    assert row.why == "the ddp kind does not draw it"
 
 
 def test_counts_say_what_they_count_in_the_right_number():

@@ -52,6 +52,7 @@ from paracheck.check.features import (
     without_all,
 )
 from paracheck.check.interfaces import unsupported
+from paracheck.check.kinds import KINDS
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
@@ -86,6 +87,8 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
                 row.why = f"--features -{name}"
             elif name in CONTRACTS[s.contract].off:
                 row.why = f"--contract {s.contract}"
+            elif name in KINDS[search.target.kind].never_draws:
+                row.why = f"the {search.target.kind} kind does not draw it"
             else:
                 row.why = "it needs a feature not drawn"
             rows.append((row, None))
