@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from paracheck.cases import Case, GroupSpec, OptimizerSpec, batch_for
 from paracheck.check.features import optional_features
 from paracheck.check.interfaces import RESHARD_PER_RANK, unsupported
-from paracheck.check.properties.reshard import check_reshard, reshard_cases, reshardable
+from paracheck.check.properties.reshard import (
+    NOT_JUDGED,
+    check_reshard,
+    reshard_cases,
+    reshardable,
+)
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
@@ -136,11 +141,15 @@ def test_an_autocast_fsdp_resumes_within_its_tolerance(world):
 
 def test_a_per_rank_state_dict_is_not_judged(world):
     """A sharded optimizer whose state_dict() is its own shard cannot be loaded at another world
-    size: the property does not judge it (no failure), and the rest of the case passes."""
+    size: the property does not judge it (no failure), says why, and the rest of the case
+    passes; the case's result carries the reason, so the report never shows a bare pass."""
     path = f"{Path(__file__).with_name('_per_rank_state.py')}:PerRankShardedOptimizer"
     target = Target("per-rank", path, "sharded")
-    assert check_reshard(world, target, _at(2, 3), None) is None
-    assert run_case(world, target, _at(2, 3)).ok
+    measured: dict = {}
+    assert check_reshard(world, target, _at(2, 3), None, measured=measured) is None
+    assert "per-rank shards" in measured[NOT_JUDGED]
+    result = run_case(world, target, _at(2, 3))
+    assert result.ok and "reshard not judged" in result.extra["unjudged"]
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)

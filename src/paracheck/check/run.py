@@ -17,6 +17,7 @@ from paracheck.check.properties.catalog import PARTITIONED, RERUNS
 from paracheck.check.properties.compiled import compiling_too_long
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.reading import on_its_reading, state_union
+from paracheck.check.properties.reshard import NOT_JUDGED as RESHARD_NOT_JUDGED
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
 from paracheck.check.user_model import fitted_case
@@ -232,6 +233,10 @@ def run_case(
             extra["unjudged"] = _unjudged(
                 judged_on_a_partition, stepped=stepped, balance=stepped and stepped_balance
             )
+    if evidence.measured.get(RESHARD_NOT_JUDGED):  # never a bare pass (check_reshard)
+        said = extra.get("unjudged")
+        why = evidence.measured[RESHARD_NOT_JUDGED]
+        extra["unjudged"] = f"{said}; {why}" if said else why
     return CaseResult(
         case,
         worst_ratio=worst,

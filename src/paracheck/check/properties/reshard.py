@@ -83,11 +83,21 @@ from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
 
-__all__ = ["DCP_FN", "NAME", "RESUME_FN", "check_reshard", "reshard_cases", "reshardable"]
+__all__ = [
+    "DCP_FN",
+    "NAME",
+    "NOT_JUDGED",
+    "RESUME_FN",
+    "check_reshard",
+    "reshard_cases",
+    "reshardable",
+]
 
 NAME = "reshard"
 RESUME_FN = "paracheck.check.ranks.reshard:run_resumed"
 DCP_FN = "paracheck.check.ranks.reshard_dcp:run_dcp_phase"
+# The key of ``Evidence.measured`` under which a case the property could not judge says why.
+NOT_JUDGED = "reshard-not-judged"
 
 
 def reshard_cases(case: Case) -> tuple[Case, Case]:
@@ -192,9 +202,13 @@ def _judged_from(case: Case) -> dict[int, int]:
     return {i: at for i, at in added.items() if at is not None}
 
 
-def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergence | None:
+def check_reshard(
+    world, target, case: Case, ranks, *, timeout=None, measured: dict | None = None
+) -> Divergence | None:
     """The property on a checked case (``ranks``: its run, not read): None where the case is not
-    resumed, the target skips it or returns per-rank shards."""
+    resumed, the target skips it or returns per-rank shards; in the last two the reason is left
+    in ``measured[NOT_JUDGED]``, so that the report says the case was not judged (never a bare
+    pass)."""
     if case.reshard_at_step is None:
         return None
     k = case.reshard_at_step
@@ -202,7 +216,9 @@ def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergen
     runs = (_through_dcp if KINDS[target.kind].shards_parameters else _through_state_dict)(
         world, target, at_w, at_w2, timeout
     )
-    if runs is None:
+    if isinstance(runs, str):
+        if measured is not None:
+            measured[NOT_JUDGED] = runs
         return None
     saved, resumed = runs
     on_gpus = _on_gpus(world)
@@ -229,44 +245,54 @@ def check_reshard(world, target, case: Case, ranks, *, timeout=None) -> Divergen
 
 
 def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
-    """(the saving run, the resumed run) of a target checkpointed by its ``state_dict()``, or
-    None where either is skipped or the dicts are per-rank shards."""
+    """(the saving run, the resumed run) of a target checkpointed by its ``state_dict()``, or why
+    the case is not judged: either run is skipped, or the dicts are per-rank shards."""
     k = at_w.reshard_at_step
-    if k is None:
-        return None
+    assert k is not None
     payload = {**target.driver_payload(), "device": None}
     first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
     saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
     if saved[0].skipped is not None:
-        return None
+        return f"reshard not judged: the saving run was skipped ({saved[0].skipped})"
     dicts = [rec.final_state_dict for rec in saved]
     if not reshardable(dicts):
-        return None  # per-rank shards cannot be loaded elsewhere: not judged (the Note above)
+        # Per-rank shards cannot be loaded elsewhere: not judged (the Note above).
+        return (
+            "reshard not judged: the ranks' state_dict() differ (per-rank shards), which cannot "
+            "be loaded at another world size; declare unsupported_case_features = "
+            '{"reshard_at_step": why} to say so, or return one consolidated dict on every rank'
+        )
     checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
     second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
     resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
-    return None if resumed[0].skipped is not None else (saved, resumed)
+    return _resumed_or_why(saved, resumed)
 
 
 def _through_dcp(world, target, at_w: Case, at_w2: Case, timeout):
     """(the saving run, the resumed run) of a fully sharded wrapper checkpointed through
     ``torch.distributed.checkpoint`` into a real directory (``paracheck.check.ranks.reshard_dcp``),
-    or None where either is skipped."""
+    or why the case is not judged (either run is skipped)."""
     k = at_w.reshard_at_step
-    if k is None:
-        return None
+    assert k is not None
     directory = tempfile.mkdtemp(prefix="paracheck-reshard-")
     try:
         payload = {**target.driver_payload(), "device": None, "checkpoint_dir": directory}
         first = {**payload, "case": at_w, "phase": "save", "start": 0, "stop": k}
         saved = world.run(DCP_FN, first, world_size=at_w.world_size, timeout=timeout)
         if saved[0].skipped is not None:
-            return None
+            return f"reshard not judged: the saving run was skipped ({saved[0].skipped})"
         second = {**payload, "case": at_w2, "phase": "load", "start": k, "stop": at_w2.steps}
         resumed = world.run(DCP_FN, second, world_size=at_w2.world_size, timeout=timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return None if resumed[0].skipped is not None else (saved, resumed)
+    return _resumed_or_why(saved, resumed)
+
+
+def _resumed_or_why(saved: list[RankRecord], resumed: list[RankRecord]):
+    """Both runs, or why the case is not judged where the resumed run was skipped."""
+    if resumed[0].skipped is not None:
+        return f"reshard not judged: the resumed run was skipped ({resumed[0].skipped})"
+    return saved, resumed
 
 
 def _on_gpus(world) -> bool:
