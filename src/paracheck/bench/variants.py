@@ -183,7 +183,23 @@ def build_setup(
     cls = load_object(target.path)
     construction = _construction(kind)
     if construction == "wrapper":
-        wrapper = cls(model, bucket_mb) if target.takes_bucket else cls(model)
+        # Built as the rank programs build it (paracheck.check.construction): a benchmark measures
+        # the wrapper a check judged.
+        import torch.distributed as dist
+
+        from paracheck.check.construction import construct_ddp
+
+        wrapper = construct_ddp(
+            cls,
+            model,
+            path=target.path,
+            bucket_mb=bucket_mb,
+            takes_bucket=target.takes_bucket,
+            rank=dist.get_rank(process_group),
+            world_size=dist.get_world_size(process_group),
+            process_group=process_group if process_group is not None else dist.group.WORLD,
+            device=device,
+        )
         opt = _adamw(model.parameters(), fused=fused)
         return Setup(
             name,

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from paracheck.cases import Case
-from paracheck.check.interfaces import Construction, ddp_construction, plausible_hooks
-from paracheck.check.loading import TargetError, load_object
+from paracheck.check.construction import construct_ddp
+from paracheck.check.interfaces import plausible_hooks
+from paracheck.check.loading import load_object
 
 __all__ = ["DDPDriver", "ddp_driver"]
 
@@ -63,34 +64,18 @@ def _bucket(case: Case) -> float | None:
     return case.bucket_mb
 
 
-_PLANS: dict[str, Construction | None] = {}
-
-
-def _plan(path: str, cls) -> Construction | None:
-    if path not in _PLANS:
-        try:
-            _PLANS[path] = ddp_construction(cls)
-        except TargetError:
-            _PLANS[path] = None  # unreadable: the positional reading below
-    return _PLANS[path]
-
-
 def _construct(payload: dict, model, case: Case, cls):
-    plan = _plan(payload.get("path", ""), cls)
-    if plan is None:
-        return cls(model, _bucket(case)) if payload.get("takes_bucket") else cls(model)
-    device = next(iter(model.parameters()), None)
-    values = {
-        "module": model,
-        "bucket_mb": _bucket(case),
-        "bucket_bytes": None if _bucket(case) is None else int(_bucket(case) * 2**20),
-        "rank": dist.get_rank(),
-        "world_size": dist.get_world_size(),
-        "process_group": dist.group.WORLD,
-        "device": device.device if device is not None else None,
-    }
-    return cls(
-        *(values[w] for w in plan.positional), **{name: values[w] for name, w in plan.keywords}
+    first = next(iter(model.parameters()), None)
+    return construct_ddp(
+        cls,
+        model,
+        path=payload.get("path", ""),
+        bucket_mb=_bucket(case),
+        takes_bucket=bool(payload.get("takes_bucket")),
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        process_group=dist.group.WORLD,
+        device=first.device if first is not None else None,
     )
 
 
