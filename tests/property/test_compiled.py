@@ -29,6 +29,15 @@ def world():
         yield w
 
 
+@pytest.fixture
+def fresh_world():
+    """Ranks that compiled no torch DDP before: on torch 2.13 a rank's second compiled torch DDP
+    case raised in ``_DDPSink.backward`` ("MLP.forward() missing 1 required positional argument"),
+    Dynamo's caches reset in between (not solved; docs/measurements.md, 2026-12-07)."""
+    with World(2, timeout=COMPILE_TIMEOUT_S) as w:
+        yield w
+
+
 # MLP 5 -> 7 -> 3 with biases at world size 2, unequal batches, two steps of two micro-steps
 # under no_sync(), buckets of 0.0001 MB (about 13 float64 elements: several buckets).
 CASE = Case.from_json(
@@ -50,6 +59,9 @@ CANNOT = {
     ("bucketed", "aot_eager+compiled-autograd"): "queue_callback() is only supported",
     ("bucketed", "inductor+compiled-autograd"): "queue_callback() is only supported",
     ("torch-ddp", "aot_eager+optimize-ddp"): "First bucket should be smaller/equal",
+    # Not run: torch DDP's Python reducer drops an all-reduce and breaks later compiles.
+    ("torch-ddp", "aot_eager+compiled-autograd"): "torch DDP under compiled autograd is not judged",
+    ("torch-ddp", "inductor+compiled-autograd"): "torch DDP under compiled autograd is not judged",
 }
 COMPILED_MUTANTS = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.compiled:")]
 
@@ -58,7 +70,6 @@ def _compiled_ok(result, name: str, setting: str) -> None:
     skipped = result.extra.get("skipped")
     if (name, setting) in CANNOT:
         assert skipped is not None and CANNOT[name, setting] in skipped, result.describe()
-        assert skipped.startswith(f"torch.compile ({setting}) cannot compile this case"), skipped
         return
     assert result.ok and skipped is None, result.describe()
     compiled = result.extra["compiled"]
@@ -75,33 +86,34 @@ def test_builtin_ddps_compiled_match_the_oracle_and_their_eager_ledger(world, na
     _compiled_ok(result, name, setting)
 
 
-def test_torch_ddp_compiled_with_the_graph_break_optimiser_above_its_first_bucket(world):
+def test_torch_ddp_compiled_with_the_graph_break_optimiser_above_its_first_bucket(fresh_world):
     """With one bucket above torch DDP's 1 MiB first bucket, DDP's graph-break optimiser compiles
     torch DDP, split at its buckets, and it equals the oracle."""
     case = replace(CASE, bucket_size_mb=None, unbounded_bucket=True)
     result = run_case(
-        world, resolve_target("torch-ddp"), replace(case, compiled="aot_eager+optimize-ddp")
+        fresh_world, resolve_target("torch-ddp"), replace(case, compiled="aot_eager+optimize-ddp")
     )
     _compiled_ok(result, "torch-ddp-unbounded", "aot_eager+optimize-ddp")
 
 
 @pytest.mark.parametrize("setting", ("inductor", "inductor+compiled-autograd"))
 @pytest.mark.parametrize("name", ("bucketed", "torch-ddp"))
-def test_builtin_ddps_lowered_by_the_inductor_match_the_oracle(world, name, setting):
+def test_builtin_ddps_lowered_by_the_inductor_match_the_oracle(fresh_world, name, setting):
     """The inductor's C++ lowering on the CPU: the same as aot_eager's. A case whose compiling
     outlasted the World's watch is skipped (Note [Compiling is not hanging]); it is run once
     more, its kernels then in the inductor's on-disk cache, and must be judged."""
     case = replace(CASE, compiled=setting)
-    result = run_case(world, resolve_target(name), case)
+    result = run_case(fresh_world, resolve_target(name), case)
     if "took longer than the hang timeout" in (result.extra.get("skipped") or ""):
-        result = run_case(world, resolve_target(name), case)
+        result = run_case(fresh_world, resolve_target(name), case)
     _compiled_ok(result, name, setting)
 
 
-@pytest.mark.parametrize("name", ("bucketed", "torch-ddp"))
+@pytest.mark.parametrize("name", ("bucketed", "overlapped"))
 def test_builtin_ddps_pass_drawn_compiled_cases(world, name):
     """Drawn compiled cases at world sizes 1-3 (every setting but the inductor's, which the test
-    above covers): each equals the oracle and its eager ledger, or is one torch cannot compile."""
+    above covers): each equals the oracle and its eager ledger, or is one torch cannot compile.
+    Not torch DDP: its second compiled case in a rank raises (``fresh_world``)."""
     target = resolve_target(name)
 
     @settings(
@@ -119,10 +131,12 @@ def test_builtin_ddps_pass_drawn_compiled_cases(world, name):
     def check(case):
         result = run_case(world, target, case)
         skipped = result.extra.get("skipped")
-        if skipped is not None and skipped.startswith("torch.compile ("):
+        if skipped is not None and "declares" in skipped:
+            return  # outside the target's interface, compiled or not (a double backward)
+        if skipped is not None:
             key = (name, case.compiled)
-            small = name != "torch-ddp" or (case.bucket_size_mb or 2.0) < 1.0
-            assert key in CANNOT and small, skipped
+            small = "First bucket" not in skipped or (case.bucket_size_mb or 2.0) < 1.0
+            assert key in CANNOT and CANNOT[key] in skipped and small, skipped
             return
         assert result.ok, result.describe()
 

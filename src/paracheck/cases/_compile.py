@@ -27,8 +27,10 @@ Note [Compiled cases]
     recompile limit reached after eight shapes falls back to eager silently) and every case
     compiles its own graphs, at a cost the rank records (``RankRecord.compiled``). Cases are not
     fixed to a few shapes: Dynamo marks a dimension dynamic on its second shape, but the reset
-    makes each case its first; the inductor settings are drawn in one case of four, the rest run
-    ``aot_eager``, so a row's compile time is that of a few inductor compilations.
+    makes each case its first; the inductor settings are drawn in one compiled case of four (in
+    float64 cases only: below it, fused kernels round otherwise than the eager ones the derived
+    bounds describe), the rest run ``aot_eager``, so a row's compile time is that of a few
+    inductor compilations.
 """
 
 from __future__ import annotations

@@ -219,15 +219,8 @@ _SHARDING_PROPERTIES = (
 _CASES_NEVER = frozenset({"scheduler", "groups-generators", "reload", "reshard", "partial-window"})
 # ``sharding_cases``: none of the DDP protocol's corners (``paracheck.strategies._sharding``).
 _SHARDING_NEVER = frozenset(
-    {
-        "float32-layer",
-        "finish-once",
-        "double-backward",
-        "unbounded-bucket",
-        "partial-window",
-        "compile",
-    }
-)
+    {"float32-layer", "finish-once", "double-backward", "unbounded-bucket", "partial-window"}
+) | {"compile"}
 
 # ``paracheck.strategies._tp``: an MLP chain of one group, every micro-batch synchronised.
 _TP_NEVER = frozenset(

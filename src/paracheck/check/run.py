@@ -143,8 +143,7 @@ def run_case(
         return skipped
     payload = {"case": case, **target.driver_payload(), "device": device}
     t0 = time.monotonic()
-    # A compiled case compiles under the World's whole timeout (Note [Compiling is not hanging]).
-    timeout = None if case.compiled is not None else timeout
+    timeout = None if case.compiled is not None else timeout  # Note [Compiling is not hanging]
     ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
