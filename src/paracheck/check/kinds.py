@@ -239,6 +239,7 @@ _TP_NEVER = frozenset(
         "double-backward",
         "unbounded-bucket",
         "partial-window",
+        "compile",
     }
 )
 
