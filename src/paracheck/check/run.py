@@ -222,6 +222,22 @@ def run_case(
             return _raised(case, exc, t0)
         if div is not None and all(d.property != div.property for d in divs):
             divs.append(div)
+    extra = _notes(evidence, notes, props, stepped_balance=stepped_balance)
+    return CaseResult(
+        case,
+        worst_ratio=worst,
+        bound_ratio=evidence.measured.get("float64-bound"),
+        extra=extra,
+        divergences=divs,
+        seconds=seconds,
+        outputs=outputs,
+    )
+
+
+def _notes(evidence: Evidence, notes: dict, props, *, stepped_balance: bool) -> dict:
+    """The case result's notes: the ranks' own, ``notes`` (the sharding protocol's), and what
+    was not judged, with why (never a bare pass)."""
+    ranks, row, case = evidence.ranks, evidence.row, evidence.case
     extra = ranks[0].notes()
     extra.update(notes)
     judged_on_a_partition = props & PARTITIONED
@@ -232,19 +248,11 @@ def run_case(
             extra["unjudged"] = _unjudged(
                 judged_on_a_partition, stepped=stepped, balance=stepped and stepped_balance
             )
-    if evidence.measured.get(RESHARD_NOT_JUDGED):  # never a bare pass (check_reshard)
+    if evidence.measured.get(RESHARD_NOT_JUDGED):  # check_reshard
         said = extra.get("unjudged")
         why = evidence.measured[RESHARD_NOT_JUDGED]
         extra["unjudged"] = f"{said}; {why}" if said else why
-    return CaseResult(
-        case,
-        worst_ratio=worst,
-        bound_ratio=evidence.measured.get("float64-bound"),
-        extra=extra,
-        divergences=divs,
-        seconds=seconds,
-        outputs=outputs,
-    )
+    return extra
 
 
 def _prepared(case: Case, target: Target) -> Case:
