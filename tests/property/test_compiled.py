@@ -7,11 +7,13 @@ is killed by compile-ledger alone."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from paracheck.cases import Case
+from paracheck.check.interfaces import unsupported
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
@@ -66,6 +68,26 @@ CANNOT = {
 COMPILED_MUTANTS = [m for m in MUTANTS.values() if m.path.startswith("paracheck.mutants.compiled:")]
 
 
+def _target(name: str) -> Target:
+    """The built-in ``name``; torch DDP as ``CompiledTorchDDP``, which takes compiled cases (the
+    built-in declines them: Note [Compiled torch DDP on reused ranks])."""
+    target = resolve_target(name)
+    if name != "torch-ddp":
+        return target
+    return replace(
+        target, path=f"{Path(__file__).with_name('_fresh_torch_ddp.py')}:CompiledTorchDDP"
+    )
+
+
+def test_torch_ddp_declines_the_compile_row():
+    """A check of torch DDP reads "not supported" in its compile row, with why, and its rank
+    program skips a compiled case rather than run it on reused ranks."""
+    why = unsupported(resolve_target("torch-ddp"), "compile")
+    assert why is not None and "TorchDDP declares compiled unsupported" in why
+    assert unsupported(_target("torch-ddp"), "compile") is None
+    assert unsupported(resolve_target("bucketed"), "compile") is None
+
+
 def _compiled_ok(result, name: str, setting: str) -> None:
     skipped = result.extra.get("skipped")
     if (name, setting) in CANNOT:
@@ -82,7 +104,7 @@ def _compiled_ok(result, name: str, setting: str) -> None:
 def test_builtin_ddps_compiled_match_the_oracle_and_their_eager_ledger(world, name, setting):
     """Each built-in DDP and torch DDP, compiled with aot_eager in each setting, equals the oracle
     and issues its eager collectives (or is skipped where torch cannot compile it)."""
-    result = run_case(world, resolve_target(name), replace(CASE, compiled=setting))
+    result = run_case(world, _target(name), replace(CASE, compiled=setting))
     _compiled_ok(result, name, setting)
 
 
@@ -91,7 +113,7 @@ def test_torch_ddp_compiled_with_the_graph_break_optimiser_above_its_first_bucke
     torch DDP, split at its buckets, and it equals the oracle."""
     case = replace(CASE, bucket_size_mb=None, unbounded_bucket=True)
     result = run_case(
-        fresh_world, resolve_target("torch-ddp"), replace(case, compiled="aot_eager+optimize-ddp")
+        fresh_world, _target("torch-ddp"), replace(case, compiled="aot_eager+optimize-ddp")
     )
     _compiled_ok(result, "torch-ddp-unbounded", "aot_eager+optimize-ddp")
 
@@ -103,9 +125,9 @@ def test_builtin_ddps_lowered_by_the_inductor_match_the_oracle(fresh_world, name
     outlasted the World's watch is skipped (Note [Compiling is not hanging]); it is run once
     more, its kernels then in the inductor's on-disk cache, and must be judged."""
     case = replace(CASE, compiled=setting)
-    result = run_case(fresh_world, resolve_target(name), case)
+    result = run_case(fresh_world, _target(name), case)
     if "took longer than the hang timeout" in (result.extra.get("skipped") or ""):
-        result = run_case(fresh_world, resolve_target(name), case)
+        result = run_case(fresh_world, _target(name), case)
     _compiled_ok(result, name, setting)
 
 
@@ -114,7 +136,7 @@ def test_builtin_ddps_pass_drawn_compiled_cases(world, name):
     """Drawn compiled cases at world sizes 1-3 (every setting but the inductor's, which the test
     above covers): each equals the oracle and its eager ledger, or is one torch cannot compile.
     Not torch DDP: its second compiled case in a rank raises (``fresh_world``)."""
-    target = resolve_target(name)
+    target = _target(name)
 
     @settings(
         max_examples=4,

@@ -62,6 +62,9 @@ class Feature:
     # Features a case needs to have this one (a late group needs a step before it): a feature turned
     # off turns off those that imply or require it (``features_off``).
     requires: tuple[str, ...] = ()
+    # The ``Case`` field a one-field feature sets (``_flag``): what a target's class names in
+    # ``unsupported_case_features`` to decline it.
+    field: str | None = None
 
 
 def _model(case: Case, **changes) -> Case:
@@ -111,6 +114,7 @@ def _flag(field: str, default, name: str, label: str, **kw) -> Feature:
         label,
         lambda c: hasattr(c, field) and getattr(c, field) != default,
         lambda c: replace(c, **{field: default}),
+        field=field,
         **kw,
     )
 

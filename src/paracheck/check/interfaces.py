@@ -557,6 +557,9 @@ def unsupported(target, feature: str) -> str | None:
     if feature == "reshard" and target.kind in KINDS and PARAMETERS in KINDS[target.kind].owns:
         obj = _object(target)
         return None if getattr(obj, "paracheck_checkpoint", None) == _DCP else RESHARD_PER_RANK
+    declined = _declined(target, feature)
+    if declined is not None:
+        return declined
     needed = _needed(target.kind, feature)
     if not needed:
         return None
@@ -567,3 +570,16 @@ def unsupported(target, feature: str) -> str | None:
     if missing:
         return f"{obj.__name__} has no {missing[0]}()"
     return None
+
+
+def _declined(target, feature: str) -> str | None:
+    """Why a target's class declines ``feature`` in ``unsupported_case_features`` (the ``Case``
+    field it sets -> why), as the rank program skips each such case: None where it does not."""
+    from paracheck.check.features import FEATURES
+
+    field = next((f.field for f in FEATURES if f.name == feature), None)
+    obj = _object(target) if field is not None else None
+    declared = getattr(obj, "unsupported_case_features", None) if inspect.isclass(obj) else None
+    if not isinstance(declared, dict) or field not in declared:
+        return None
+    return f"{obj.__name__} declares {field} unsupported: {declared[field]}"
