@@ -75,6 +75,9 @@ class CheckPlan:
     seed: int | None  # 0: Hypothesis's derandomised sequence; None: random
     replay: str  # the options after the target's name that a replay command carries
     refused: str | None = None
+    # (feature, why) the target's interface cannot be asked for: never drawn, in any search, and
+    # its row reads "not supported" (``paracheck.check.interfaces.unsupported``).
+    unsupported: tuple[tuple[str, str], ...] = ()
 
 
 def plan(
@@ -250,13 +253,22 @@ def _target_precision(settings: CheckSettings, target: Target) -> tuple[str, str
 
 
 def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
-    from paracheck.check.features import never_drawn_off
+    from paracheck.check.features import never_drawn_off, optional_features
+    from paracheck.check.interfaces import unsupported
     from paracheck.check.search import declared_features
     from paracheck.strategies._core import nominal_dtype
 
     precision, refused = _target_precision(shared, target)
     declared = declared_features(target)
     off = () if refused else _features_off(shared, precision)
+    declined = tuple(
+        (name, why)
+        for name in optional_features()
+        if name not in off and name not in declared
+        for why in (unsupported(target, name),)
+        if why is not None
+    )
+    never = (*KINDS[target.kind].never_draws, *(name for name, _ in declined))
     settings = shared.replace(precision=precision)
     assert isinstance(settings.world_sizes, tuple)  # settled
     return CheckPlan(
@@ -265,7 +277,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         world_sizes=settings.world_sizes,
         precision=precision,
         dtype=nominal_dtype(precision),
-        features_off=never_drawn_off(off, KINDS[target.kind].never_draws, declared),
+        features_off=never_drawn_off(off, never, declared),
         properties=resolve_properties(
             target.kind, target.properties, takes_bucket=target.takes_bucket
         ),
@@ -276,4 +288,5 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         seed=settings.search_seed,
         replay=target.cli_options() + replay_options(settings),
         refused=refused,
+        unsupported=declined,
     )

@@ -51,6 +51,7 @@ class _Search:
         self.precision = precision = plan.precision
         self.declared = declared_features(target)
         self.off = off = plan.features_off
+        self.unsupported = dict(plan.unsupported)
         database = plan.database
         if database is not None and not isinstance(database, CaseDatabase):
             database = CaseDatabase(database)

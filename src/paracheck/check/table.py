@@ -51,7 +51,6 @@ from paracheck.check.features import (
     row_off,
     without_all,
 )
-from paracheck.check.interfaces import unsupported
 from paracheck.check.kinds import KINDS
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
@@ -81,6 +80,11 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
         if name in declared:
             continue  # the target's declaration: in every case (Note [A loop's own precision])
         row = RowVerdict("+" + name, name, beyond=name in beyond)
+        why = search.unsupported.get(name)
+        if why is not None:
+            row.status, row.why = "not supported", f"by the target's interface: {why}"
+            rows.append((row, None))
+            continue
         if name in search.off:
             row.status = "not drawn"
             if name in removed:
@@ -91,11 +95,6 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
                 row.why = f"the {search.target.kind} kind does not draw it"
             else:
                 row.why = "it needs a feature not drawn"
-            rows.append((row, None))
-            continue
-        why = unsupported(search.target, name)
-        if why is not None:
-            row.status, row.why = "not supported", f"by the target's interface: {why}"
             rows.append((row, None))
             continue
         rows.append((row, off_of(name)))
