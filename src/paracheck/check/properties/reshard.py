@@ -16,7 +16,9 @@ Note [Resuming at another world size]
     (the ``reload`` feature) sees none of them. So a case of the ``reshard`` row is trained k
     steps at its world size W (``reshard_at_step``: k in 1..steps-1), saved as users save it
     (the model's parameters, whole on every rank of these kinds, and the target's
-    ``state_dict()``, consolidated: Note [State dict conventions]), loaded into a fresh world of
+    ``state_dict()``, consolidated: Note [State dict conventions]; a sharding case is saved by two
+    ranks or more, as one rank's dict cannot tell a consolidated state from its own shard, and a
+    class whose ranks' dicts differ is not judged), loaded into a fresh world of
     W' (``reshard_world_size``, drawn among the check's world sizes, another than W wherever there
     is one, 1 included), which trains the remaining steps (``paracheck.check.ranks.reshard``).
     Around it the sharding cases draw what decides where state lives: bucket sizes from below
