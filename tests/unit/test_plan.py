@@ -225,3 +225,43 @@ def test_the_command_line_names_any_invalid_argument_as_its_flag(monkeypatch, ca
     err = capsys.readouterr().err
     assert "paracheck: error: --loss-fn=m:f must return a scalar; see --batch" in err, err
     assert "Traceback" not in err
+
+
+def test_a_feature_the_interface_cannot_be_asked_for_is_planned_off():
+    """The reference FSDP's state is per-rank: its reshard feature is never drawn, in the whole
+    contract's search as in the table, and its row reads "not supported" with why."""
+    from paracheck.check.targets import resolve_target
+
+    one = plan_target(CheckSettings(), resolve_target("fsdp"))
+    assert "reshard" in one.features_off and "reshard" in dict(one.unsupported)
+    torch_fsdp = plan_target(CheckSettings(), resolve_target("torch-fsdp"))
+    assert "reshard" not in torch_fsdp.features_off and not torch_fsdp.unsupported
+
+
+def test_no_case_is_compiled_below_float32():
+    """A bf16 or fp16 check never draws the compile feature (Note [Compiled cases]); a mixed one
+    does, in its float32 cases only."""
+    from hypothesis import HealthCheck, given, settings
+
+    from paracheck.check.targets import resolve_target
+    from paracheck.strategies._compiled import compiled_cases
+
+    for precision in ("bf16", "fp16"):
+        one = plan_target(CheckSettings(precision=precision), resolve_target("bucketed"))
+        assert "compile" in one.features_off and "compile" in dict(one.off_at_precision)
+    mixed = plan_target(CheckSettings(precision="mixed"), resolve_target("bucketed"))
+    assert "compile" not in mixed.features_off
+
+    seen = []
+
+    @settings(
+        max_examples=100, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(compiled_cases(world_sizes=(1, 2), precision="mixed"))
+    def drawn(case):
+        if case.compiled is not None:
+            seen.append(case)
+            assert case.autocast is None and case.dtype in ("float32", "float64"), case
+
+    drawn()
+    assert seen, "no compiled case in 100 mixed-precision draws"

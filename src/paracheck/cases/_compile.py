@@ -30,7 +30,9 @@ Note [Compiled cases]
     makes each case its first; the inductor settings are drawn in one compiled case of four (in
     float64 cases only: below it, fused kernels round otherwise than the eager ones the derived
     bounds describe), the rest run ``aot_eager``, so a row's compile time is that of a few
-    inductor compilations.
+    inductor compilations. No case with autocast or parameters below float32 is compiled: the
+    traced casts round otherwise than eager's cached ones (``compiled_cases``), and the bounds
+    derived for eager do not describe them.
 """
 
 from __future__ import annotations

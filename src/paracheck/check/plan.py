@@ -78,6 +78,8 @@ class CheckPlan:
     # (feature, why) the target's interface cannot be asked for: never drawn, in any search, and
     # its row reads "not supported" (``paracheck.check.interfaces.unsupported``).
     unsupported: tuple[tuple[str, str], ...] = ()
+    # (feature, why) never drawn at this check's precision (in ``features_off`` too).
+    off_at_precision: tuple[tuple[str, str], ...] = ()
 
 
 def plan(
@@ -268,7 +270,18 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         for why in (unsupported(target, name),)
         if why is not None
     )
-    never = (*KINDS[target.kind].never_draws, *(name for name, _ in declined))
+    # Note [Compiled cases] in paracheck.cases._compile: only float32 and float64 cases without
+    # autocast are compiled.
+    at_precision = (
+        (("compile", f"no case is compiled at precision {precision} (Note [Compiled cases])"),)
+        if precision in ("bf16", "fp16") and "compile" not in off
+        else ()
+    )
+    never = (
+        *KINDS[target.kind].never_draws,
+        *(name for name, _ in declined),
+        *(name for name, _ in at_precision),
+    )
     settings = shared.replace(precision=precision)
     assert isinstance(settings.world_sizes, tuple)  # settled
     return CheckPlan(
@@ -289,4 +302,5 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         replay=target.cli_options() + replay_options(settings),
         refused=refused,
         unsupported=declined,
+        off_at_precision=at_precision,
     )

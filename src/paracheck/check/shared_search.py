@@ -52,6 +52,7 @@ class _Search:
         self.declared = declared_features(target)
         self.off = off = plan.features_off
         self.unsupported = dict(plan.unsupported)
+        self.off_at_precision = dict(plan.off_at_precision)
         database = plan.database
         if database is not None and not isinstance(database, CaseDatabase):
             database = CaseDatabase(database)

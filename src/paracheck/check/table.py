@@ -91,6 +91,8 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
                 row.why = f"--features -{name}"
             elif name in CONTRACTS[s.contract].off:
                 row.why = f"--contract {s.contract}"
+            elif name in search.off_at_precision:
+                row.why = search.off_at_precision[name]
             elif name in KINDS[search.target.kind].never_draws:
                 row.why = f"the {search.target.kind} kind does not draw it"
             else:

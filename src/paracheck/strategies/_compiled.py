@@ -39,9 +39,14 @@ def compile_settings(draw, *, inductor: bool = True) -> str:
 def compiled_cases(draw, **kw):
     """``cases(**kw)``, compiled in one case of ``COMPILED_ONE_IN`` with a drawn setting
     (``compile_settings``; the inductor in float64 cases only: its fused kernels round otherwise
-    than eager ones below float64, which no bound here derives). Drawn last, so that the draws
-    before are those of the plain cases."""
+    than eager ones below float64, which no bound here derives), in cases of float32 parameters
+    or wider without autocast only: AOTAutograd traces autocast's casts into its graph, where a
+    tied weight cast once per forward in eager is cast at each use and its gradients summed in
+    float32 (1.9e-6 from eager's 2.7e-2 in a bfloat16 case, where 5.7e-8 is eager's own bound).
+    Drawn last, so that the draws before are those of the plain cases."""
     case = draw(cases(**kw))
+    if case.autocast is not None or case.dtype not in ("float32", "float64"):
+        return case
     if draw(st.integers(0, COMPILED_ONE_IN - 1)) == COMPILED_ONE_IN - 1:
         setting = draw(compile_settings(inductor=case.dtype == "float64"))
         case = replace(case, compiled=setting)
