@@ -55,14 +55,16 @@ def test_relations_pass_correct_targets(world, paracheck_world_sizes, name, prop
 
 
 def test_defaults_leave_relations_out():
-    """The relations are opt-in: the default sets are those a check ran before they existed, and
-    the float64 bound (which judges only cases below float64)."""
+    """The relations are opt-in: the default sets are those a check ran before they existed, the
+    float64 bound (which judges only cases below float64), and the properties of one feature each
+    (``compile-ledger`` judges compiled cases only, ``reshard`` resumed ones only)."""
     assert default_properties("ddp", takes_bucket=True) == {
         "equivalence",
         "float64-bound",
         "bucket-structure",
+        "compile-ledger",
     }
-    assert default_properties("ddp") == {"equivalence", "float64-bound"}
+    assert default_properties("ddp") == {"equivalence", "float64-bound", "compile-ledger"}
     assert default_properties("sharded") == {
         "equivalence",
         "float64-bound",
@@ -70,6 +72,7 @@ def test_defaults_leave_relations_out():
         "memory",
         "balance",
         "traffic",
+        "reshard",
     }
     assert "float64-bound" not in default_properties("loop")
     assert resolve_properties("zero", None) == default_properties("zero")

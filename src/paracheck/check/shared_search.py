@@ -229,8 +229,9 @@ class _Search:
                 database.delete(entry)
                 self.notes.append(f"dropped a saved case that no longer loads: {entry.error}")
                 continue
-            why = _not_drawn(entry.case, self.sizes, self.precision, self.off) or declared_mismatch(
-                entry.case, self.target
+            # The target's own declaration first: it says more than the feature it turns off.
+            why = declared_mismatch(entry.case, self.target) or _not_drawn(
+                entry.case, self.sizes, self.precision, self.off
             )
             if why is not None:
                 kept[why] = kept.get(why, 0) + 1
