@@ -48,17 +48,28 @@ def test_compile_is_an_optional_feature_removed_by_without():
 
 
 @settings(max_examples=500, database=None, deadline=None, derandomize=True)
-@given(case=compiled_cases(world_sizes=[1, 2]))
+@given(case=compiled_cases(world_sizes=[1, 2], inductor=True))
 def _draw(case, seen):
     seen[case.compiled] += 1
 
 
 def test_the_strategy_draws_every_setting_and_eager_cases_most():
-    """Eager cases most (every row but compile's removes the feature), every setting drawn."""
+    """Eager cases most (every row but compile's removes the feature), every setting drawn where
+    the inductor is asked for; a check's strategy never draws the inductor."""
     seen: Counter = Counter()
     _draw(seen=seen)
     assert seen[None] > sum(n for k, n in seen.items() if k is not None)
     assert set(seen) - {None} == set(COMPILE_SETTINGS)
+    plain: Counter = Counter()
+    _draw_plain(seen=plain)
+    assert not any(k is not None and k.startswith("inductor") for k in plain), plain
+    assert len(plain) > 1, plain
+
+
+@settings(max_examples=200, database=None, deadline=None, derandomize=True)
+@given(case=compiled_cases(world_sizes=[1, 2]))
+def _draw_plain(case, seen):
+    seen[case.compiled] += 1
 
 
 def test_the_setting_shrinks_to_plain_aot_eager():

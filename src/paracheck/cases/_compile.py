@@ -27,12 +27,14 @@ Note [Compiled cases]
     recompile limit reached after eight shapes falls back to eager silently) and every case
     compiles its own graphs, at a cost the rank records (``RankRecord.compiled``). Cases are not
     fixed to a few shapes: Dynamo marks a dimension dynamic on its second shape, but the reset
-    makes each case its first; the inductor settings are drawn in one compiled case of four (in
-    float64 cases only: below it, fused kernels round otherwise than the eager ones the derived
-    bounds describe), the rest run ``aot_eager``, so a row's compile time is that of a few
-    inductor compilations. No case with autocast or parameters below float32 is compiled: the
-    traced casts round otherwise than eager's cached ones (``compiled_cases``), and the bounds
-    derived for eager do not describe them.
+    makes each case its first. A check draws the ``aot_eager`` settings only: the inductor's
+    cost gcc up to a minute a case on the CPU, most of a check's time where they were drawn in
+    one compiled case of four. They are drawn where asked (``compiled_cases(inductor=True)``, as
+    paracheck's own second tier asks, in float64 cases only: below it, fused kernels round
+    otherwise than the eager ones the derived bounds describe) and run from a case file
+    (``--case`` with ``"compiled": "inductor"``). No case with autocast or parameters below
+    float32 is compiled: the traced casts round otherwise than eager's cached ones
+    (``compiled_cases``), and the bounds derived for eager do not describe them.
 """
 
 from __future__ import annotations

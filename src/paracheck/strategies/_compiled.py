@@ -17,8 +17,9 @@ __all__ = ["compile_settings", "compiled_cases"]
 # rejects the rest before they run), and every other row removes the feature, so the others cost
 # a draw and nothing more.
 COMPILED_ONE_IN = 3
-# Of the compiled cases, one in INDUCTOR_ONE_IN is lowered by the inductor (gcc on the CPU: seconds
-# to a minute of compiling a case, against about 1-4 s for aot_eager; Note [Compiled cases]).
+# Of the compiled cases, where the inductor is asked for, one in INDUCTOR_ONE_IN is lowered by it
+# (gcc on the CPU: seconds to a minute of compiling a case, against about 1-4 s for aot_eager;
+# Note [Compiled cases]).
 INDUCTOR_ONE_IN = 4
 
 
@@ -36,10 +37,12 @@ def compile_settings(draw, *, inductor: bool = True) -> str:
 
 
 @st.composite
-def compiled_cases(draw, **kw):
+def compiled_cases(draw, *, inductor: bool = False, **kw):
     """``cases(**kw)``, compiled in one case of ``COMPILED_ONE_IN`` with a drawn setting
-    (``compile_settings``; the inductor in float64 cases only: its fused kernels round otherwise
-    than eager ones below float64, which no bound here derives), in cases of float32 parameters
+    (``compile_settings``; the inductor's only where ``inductor`` is given, as paracheck's own
+    second tier gives it, and in float64 cases only: its fused kernels round otherwise than eager
+    ones below float64, which no bound here derives; drawn in every check, gcc's minute a case
+    took most of a check's time), in cases of float32 parameters
     or wider without autocast only: AOTAutograd traces autocast's casts into its graph, where a
     tied weight cast once per forward in eager is cast at each use and its gradients summed in
     float32 (1.9e-6 from eager's 2.7e-2 in a bfloat16 case, where 5.7e-8 is eager's own bound).
@@ -48,6 +51,6 @@ def compiled_cases(draw, **kw):
     if case.autocast is not None or case.dtype not in ("float32", "float64"):
         return case
     if draw(st.integers(0, COMPILED_ONE_IN - 1)) == COMPILED_ONE_IN - 1:
-        setting = draw(compile_settings(inductor=case.dtype == "float64"))
+        setting = draw(compile_settings(inductor=inductor and case.dtype == "float64"))
         case = replace(case, compiled=setting)
     return case
