@@ -59,6 +59,10 @@ SECOND_TIER = {
     "tests/property/test_reshard.py::test_correct_designs_resume_on_drawn_cases": "drawn resumed cases",
     "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_reshard_row": "every resharding mutant",
     "tests/property/test_reshard.py::test_torch_fsdp_resumes_through_dcp": "FSDP2 through DCP at five (W, W') pairs",
+    "tests/property/test_repeatability.py::test_repeatability_kills_arrival_order": "a search of repeated runs",
+    "tests/property/test_property_selection.py::test_relations_pass_correct_targets": "every relation on two designs",
+    "tests/integration/test_report.py::test_two_independent_bugs_are_both_reported_shrunk_and_labelled": "two failures shrunk and labelled",
+    "tests/integration/test_external_target.py::test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed": "a whole table diagnosed then stubbed",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 
