@@ -256,3 +256,30 @@ def test_a_schedule_step_after_a_skipped_step_warns_nothing():
         warnings.simplefilter("always")
         step_scheduler(scheduler)
     assert [str(w.message) for w in caught] == []
+
+
+def test_per_rank_shards_read_not_supported_in_the_reshard_row(world):
+    """A class whose state_dict() is its own shard cannot be resumed at another world size: its
+    reshard row reads "not supported", with why, never FAIL or a bare PASS; the sharded built-in's
+    consolidated dict is judged there."""
+    from paracheck.check.features import optional_features
+    from paracheck.check.settings import CheckSettings
+
+    only_reshard = ",".join(f"-{f}" for f in optional_features() if f != "reshard")
+    settings = CheckSettings(
+        world_sizes=(2, 3),
+        max_examples=8,
+        table=True,
+        labels=True,
+        first_failure=False,
+        database=None,
+        budget=None,
+        timeout=None,
+        seed=0,
+        features=only_reshard,
+    )
+    rows = {r.name: r for r in check_target(CONTROL, world, settings).rows}
+    assert rows["+reshard"].status == "not supported", rows["+reshard"]
+    assert "its own shard" in rows["+reshard"].why
+    built_in = {r.name: r for r in check_target(resolve_target("sharded"), world, settings).rows}
+    assert built_in["+reshard"].status == "PASS", built_in["+reshard"]

@@ -492,5 +492,19 @@ def _search_row(
         row.why = f"{spent_on} ran out after {row.cases} cases of this row"
     if row.failure is not None or row.also:
         row.status = "FAIL"
+    elif features == ("reshard",) and log and all(_per_rank(r) for r in log):
+        row.status = "not supported"
+        row.why = (
+            "by the target's state_dict(): each rank returns its own shard, which cannot be "
+            "loaded at another world size (every resumed case said so)"
+        )
     elif not spent:
         row.status = "PASS"
+
+
+def _per_rank(result) -> bool:
+    """Whether ``result``'s resumed case was not judged for per-rank state dicts (Note [Resuming
+    at another world size] in ``paracheck.check.properties.reshard``)."""
+    from paracheck.check.properties.reshard import PER_RANK_NOT_JUDGED
+
+    return PER_RANK_NOT_JUDGED in (getattr(result, "extra", None) or {}).get("unjudged", "")

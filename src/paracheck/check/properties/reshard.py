@@ -89,6 +89,7 @@ __all__ = [
     "DCP_FN",
     "NAME",
     "NOT_JUDGED",
+    "PER_RANK_NOT_JUDGED",
     "RESUME_FN",
     "check_reshard",
     "reshard_cases",
@@ -100,6 +101,9 @@ RESUME_FN = "paracheck.check.ranks.reshard:run_resumed"
 DCP_FN = "paracheck.check.ranks.reshard_dcp:run_dcp_phase"
 # The key of ``Evidence.measured`` under which a case the property could not judge says why.
 NOT_JUDGED = "reshard-not-judged"
+# Where every resumed case of a row says this, the target's state is per-rank: its row reads "not
+# supported" (paracheck.check.table), never PASS.
+PER_RANK_NOT_JUDGED = "reshard not judged: the ranks' state_dict() differ (per-rank shards)"
 
 
 def reshard_cases(case: Case) -> tuple[Case, Case]:
@@ -260,7 +264,7 @@ def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
     if not reshardable(dicts):
         # Per-rank shards cannot be loaded elsewhere: not judged (the Note above).
         return (
-            "reshard not judged: the ranks' state_dict() differ (per-rank shards), which cannot "
+            f"{PER_RANK_NOT_JUDGED}, which cannot "
             "be loaded at another world size; declare unsupported_case_features = "
             '{"reshard_at_step": why} to say so, or return one consolidated dict on every rank'
         )
