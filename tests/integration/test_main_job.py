@@ -21,6 +21,7 @@ from paracheck.cli._check_summary import (
     MAIN_JOB_WORLD_SIZES,
     first_line,
     main_job_examples,
+    main_job_features,
     main_job_targets,
     main_job_world_sizes,
     peers,
@@ -49,7 +50,12 @@ def test_the_main_job_checks_paracheck_own_built_ins_and_says_how_to_check_all()
     assert main_job_examples(args) == MAIN_JOB_EXAMPLES
     line = first_line(args, names)
     assert f"paracheck's {len(names)} built-ins, {MAIN_JOB_EXAMPLES} examples per search" in line
-    assert f"world sizes {MAIN_JOB_WORLD_SIZES} (" in line
+    assert f"world sizes {MAIN_JOB_WORLD_SIZES}, features compile left out (" in line
+    # Compiled cases are left out of the main job only (Note [The main job]).
+    assert main_job_features(args) == "-compile"
+    assert main_job_features(_args("--features=-buffer")) == "-compile,-buffer"
+    assert main_job_features(_args("--features=+compile")) == "+compile"
+    assert main_job_features(_args("--all")) is None
     assert "--all checks all 15" in line and "starting the ranks (gloo)" in line
     assert main_job_world_sizes(args) == MAIN_JOB_WORLD_SIZES == "1,2,3"
     assert main_job_world_sizes(_args("--world-sizes", "2")) is None

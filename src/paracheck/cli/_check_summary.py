@@ -19,6 +19,12 @@ Note [The main job]
     needs three was killed); a given ``--world-sizes`` applies as given. Measured on the 2-core
     machine under other work (2026-12-07): 407 s of CPU for the 15 built-ins before, 170 s for
     the main job at world sizes 1-4, 138 s at 1-3 (3 min 30 s of wall time under that load).
+
+    The main job leaves compiled cases out (``MAIN_JOB_FEATURES``): each compiles its graphs on
+    every rank (about 1 s a case), and the compile row with the compiled cases of the
+    all-features row took 40 of its 154 s on two quiet cores (2026-12-07). Its compile row says
+    ``not drawn: --features -compile``; ``--all``, ``--features +compile`` or a named target
+    draws them, and paracheck's tests check every built-in DDP compiled.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from paracheck.cli._common import UsageError
 
 __all__ = [
     "MAIN_JOB_EXAMPLES",
+    "MAIN_JOB_FEATURES",
     "MAIN_JOB_WORLD_SIZES",
     "first_line",
     "main_job_targets",
@@ -38,9 +45,12 @@ __all__ = [
     "verdict_of",
 ]
 
-# Examples per search and world sizes of the main job on gloo (Note [The main job]).
+# Examples per search, world sizes and features left out of the main job on gloo (Note [The main
+# job]).
 MAIN_JOB_EXAMPLES = 10
 MAIN_JOB_WORLD_SIZES = "1,2,3"
+MAIN_JOB_FEATURES = ("compile",)
+_LEFT_OUT = {f"-{name}" for name in MAIN_JOB_FEATURES}
 
 
 def peers() -> tuple[str, ...]:
@@ -79,6 +89,17 @@ def main_job_examples(args) -> int | None:
     return MAIN_JOB_EXAMPLES
 
 
+def main_job_features(args) -> str | None:
+    """The ``--features`` the main job runs with (None: as given): ``MAIN_JOB_FEATURES`` left
+    out, unless ``--all`` or a ``--features`` naming one of them."""
+    if args.all:
+        return None
+    given = args.features or ""
+    named = {item.strip()[1:] for item in given.split(",") if item.strip()}
+    off = [f"-{name}" for name in MAIN_JOB_FEATURES if name not in named]
+    return ",".join([*off, given] if given else off) or None
+
+
 def main_job_world_sizes(args) -> str | None:
     """The world sizes the main job draws where none are given (None: the check's default)."""
     if args.all or args.world_sizes is not None or args.attach is not None:
@@ -109,10 +130,13 @@ def first_line(args, names: list[str] | None) -> str:
     left = peers()
     sizes = main_job_world_sizes(args)
     at = f", world sizes {sizes}" if sizes else ""
+    off = [i[1:] for i in (main_job_features(args) or "").split(",") if i in _LEFT_OUT]
+    without = f", features {', '.join(off)} left out" if off else ""
     return (
         f"paracheck check: the main job: paracheck's {len(names)} built-ins, {per} examples per "
-        f"search{at} (torch's {', '.join(left)} left out; --all checks all "
-        f"{len(names) + len(left)} at the profile's examples and world sizes 1-4); {where}"
+        f"search{at}{without} (torch's {', '.join(left)} left out; --all checks all "
+        f"{len(names) + len(left)} at the profile's examples and world sizes 1-4, every "
+        f"feature); {where}"
     )
 
 

@@ -160,7 +160,11 @@ def _checked_options(args, main_job: list[str] | None):
     from paracheck.check.plan import InvalidArgument, plan, world_sizes
     from paracheck.check.settings import from_namespace
     from paracheck.check.targets import TargetError
-    from paracheck.cli._check_summary import main_job_examples, main_job_world_sizes
+    from paracheck.cli._check_summary import (
+        main_job_examples,
+        main_job_features,
+        main_job_world_sizes,
+    )
 
     refuse_lockstep(args.attach)
     if main_job is not None and main_job_world_sizes(args) is not None:
@@ -196,6 +200,8 @@ def _checked_options(args, main_job: list[str] | None):
     changes: dict = {"case": case}
     if main_job is not None and main_job_examples(args) is not None:
         changes["max_examples"] = main_job_examples(args)
+    if main_job is not None and main_job_features(args) is not None:
+        changes["features"] = main_job_features(args)
     settings = from_namespace(args, **changes)
     try:
         plans = list(plan(settings, targets, pool=pool))
