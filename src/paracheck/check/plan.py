@@ -266,7 +266,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
     declined = tuple(
         (name, why)
         for name in optional_features()
-        if name not in off and name not in declared
+        if name not in off and name not in declared and name not in KINDS[target.kind].never_draws
         for why in (unsupported(target, name),)
         if why is not None
     )
