@@ -125,6 +125,39 @@ def test_torch_raising_on_torchs_own_objects_is_no_one_elses():
     assert blame(_raised_in_scheduler(sgd)) is None
 
 
+_HARNESS_LR = compile(
+    "def apply_lr_schedule(case, optimizer):\n"
+    "    for group in optimizer.param_groups:\n"
+    "        group['lr'] *= 0.5\n",
+    "/x/paracheck/cases/_optimizer.py",
+    "exec",
+)
+
+
+def _raised_in_harness(optimizer) -> BaseException:
+    space: dict = {}
+    exec(_HARNESS_LR, space)
+    try:
+        space["apply_lr_schedule"](None, optimizer)
+    except Exception as exc:  # noqa: BLE001 - the exception is what is tested
+        return exc
+    raise AssertionError("the schedule did not raise")
+
+
+def test_paracheck_reading_the_targets_missing_lr_is_the_targets():
+    """paracheck's own LR schedule reading 'lr' from the user's groups that lack it names the
+    user's object; the same on torch's own SGD, or another KeyError, names no one."""
+    w = torch.nn.Parameter(torch.ones(2))
+    said = blame(_raised_in_harness(_GroupsWithoutLr([w])))
+    assert said is not None and said.startswith(
+        "the target's optimizer (_GroupsWithoutLr) param_groups lack 'lr' (group 0 of 1), which "
+        "paracheck reads (apply_lr_schedule)"
+    ), said
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    del sgd.param_groups[0]["lr"]
+    assert blame(_raised_in_harness(sgd)) is None
+
+
 # -- through a World, as a check reports it ----------------------------------------------------
 
 

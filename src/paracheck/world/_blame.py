@@ -85,8 +85,12 @@ def blame(exc: BaseException) -> str | None:
         return None
     last = len(kinds) - 1 - kinds[::-1].index("harness")
     after = kinds[last + 1 :]
-    if not after or "user" in after:
-        return None  # raised in paracheck's own code, or in the user's (its frames say where)
+    if not after:
+        # Raised in paracheck's own code: the target's only where it read a key every optimizer's
+        # param_groups hold and the target's lack (an LR schedule reading 'lr').
+        return _lacking_in_harness(exc, frames[last])
+    if "user" in after:
+        return None  # raised in the user's code (its frames say where)
     frame = frames[last + 1]
     code = frame.f_code
     count = code.co_argcount + code.co_kwonlyargcount
@@ -105,4 +109,22 @@ def blame(exc: BaseException) -> str | None:
             f"{library} raised in {function}, called by paracheck on the target's {what} "
             f"({type(obj).__name__})"
         )
+    return None
+
+
+def _lacking_in_harness(exc: BaseException, frame) -> str | None:
+    """Where paracheck's own ``frame`` raised ``KeyError(key)`` reading the ``param_groups`` of an
+    object of the target's among its arguments that lack ``key``: that object named; else None
+    (paracheck's own failure)."""
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount
+    arguments = {name: frame.f_locals.get(name) for name in code.co_varnames[:count]}
+    function = getattr(code, "co_qualname", code.co_name)
+    for what, obj in _target_objects(arguments):
+        missing = _missing_group_key(exc, obj)
+        if missing is not None:
+            return (
+                f"the target's {what} ({type(obj).__name__}) {missing}, which paracheck reads "
+                f"({function}) as torch's optimizers and LR schedulers do"
+            )
     return None
