@@ -63,6 +63,9 @@ SECOND_TIER = {
     "tests/property/test_property_selection.py::test_relations_pass_correct_targets": "every relation on two designs",
     "tests/integration/test_report.py::test_two_independent_bugs_are_both_reported_shrunk_and_labelled": "two failures shrunk and labelled",
     "tests/integration/test_external_target.py::test_cuda_synchronize_in_hook_is_diagnosed_then_stubbed": "a whole table diagnosed then stubbed",
+    "tests/integration/test_external_target.py::test_adapters_example_design_of_its_own_passes_the_full_contract": "a whole contract's table from adapters",
+    "tests/integration/test_saved_cases.py::test_cli_saves_a_failing_case_replays_it_first_and_drops_it_once_fixed": "three checks from the command line",
+    "tests/property/test_reduce_dtype.py::test_float32_reduction_passes": "a search per precision",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 
