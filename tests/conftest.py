@@ -66,6 +66,8 @@ SECOND_TIER = {
     "tests/integration/test_external_target.py::test_adapters_example_design_of_its_own_passes_the_full_contract": "a whole contract's table from adapters",
     "tests/integration/test_saved_cases.py::test_cli_saves_a_failing_case_replays_it_first_and_drops_it_once_fixed": "three checks from the command line",
     "tests/property/test_reduce_dtype.py::test_float32_reduction_passes": "a search per precision",
+    "tests/property/test_ddp_basic.py::test_no_divide_mutant_is_killed": "a mutant the first tier's selftest slice kills too",
+    "tests/property/test_property_selection.py::test_world_size_relation_kills_no_divide": "a relation test_metamorphic also kills it with",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 
