@@ -88,22 +88,17 @@ def blame(exc: BaseException) -> str | None:
     if not after:
         # Raised in paracheck's own code: the target's only where it read a key every optimizer's
         # param_groups hold and the target's lack (an LR schedule reading 'lr').
-        return _lacking_in_harness(exc, frames[last])
+        arguments, function = _called(frames[last])
+        lacking = _lacking(exc, arguments)
+        return lacking and f"{lacking}, which paracheck reads ({function}) as torch does"
     if "user" in after:
         return None  # raised in the user's code (its frames say where)
     frame = frames[last + 1]
-    code = frame.f_code
-    count = code.co_argcount + code.co_kwonlyargcount
     library = str(frame.f_globals.get("__name__", "a library"))
-    function = getattr(code, "co_qualname", code.co_name)
-    arguments = {name: frame.f_locals.get(name) for name in code.co_varnames[:count]}
-    for what, obj in _target_objects(arguments):
-        missing = _missing_group_key(exc, obj)
-        if missing is not None:
-            return (
-                f"the target's {what} ({type(obj).__name__}) {missing}, which "
-                f"{library} reads ({function})"
-            )
+    arguments, function = _called(frame)
+    lacking = _lacking(exc, arguments)
+    if lacking is not None:
+        return f"{lacking}, which {library} reads ({function})"
     for what, obj in _target_objects(arguments)[:1]:
         return (
             f"{library} raised in {function}, called by paracheck on the target's {what} "
@@ -112,19 +107,19 @@ def blame(exc: BaseException) -> str | None:
     return None
 
 
-def _lacking_in_harness(exc: BaseException, frame) -> str | None:
-    """Where paracheck's own ``frame`` raised ``KeyError(key)`` reading the ``param_groups`` of an
-    object of the target's among its arguments that lack ``key``: that object named; else None
-    (paracheck's own failure)."""
+def _called(frame) -> tuple[dict, str]:
+    """``frame``'s arguments by name, and its function's name."""
     code = frame.f_code
     count = code.co_argcount + code.co_kwonlyargcount
     arguments = {name: frame.f_locals.get(name) for name in code.co_varnames[:count]}
-    function = getattr(code, "co_qualname", code.co_name)
+    return arguments, getattr(code, "co_qualname", code.co_name)
+
+
+def _lacking(exc: BaseException, arguments: dict) -> str | None:
+    """ "the target's optimizer (Cls) param_groups lack 'key' (...)" for the first object of the
+    target's among ``arguments`` whose groups lack the key of ``exc`` (a KeyError); else None."""
     for what, obj in _target_objects(arguments):
         missing = _missing_group_key(exc, obj)
         if missing is not None:
-            return (
-                f"the target's {what} ({type(obj).__name__}) {missing}, which paracheck reads "
-                f"({function}) as torch's optimizers and LR schedulers do"
-            )
+            return f"the target's {what} ({type(obj).__name__}) {missing}"
     return None
