@@ -132,3 +132,32 @@ def test_replay_of_a_package_found_only_here_runs_from_here(tmp_path, monkeypatc
     assert command.startswith(f"cd {shlex.quote(str(tmp_path))} && paracheck check "), command
     installed = Target("paracheck.ddp:FlatDDP", "paracheck.ddp:FlatDDP", "ddp")
     assert replay_command(installed, Case(), case_file="c.json").startswith("paracheck check ")
+
+
+def test_a_difference_just_past_its_allowance_prints_differently_from_it():
+    """A divergence 1e-9 past its tolerance of 1e-5 printed "1.000e-05, largest allowed
+    1.000e-05", which reads as no failure; the worst element's line likewise."""
+    import torch
+
+    from paracheck.check.properties._divergence import Divergence
+    from paracheck.check.properties.equivalence import worst_element
+
+    line = Divergence(0, "param", 1, 0, "w", 1.0001e-5, 1e-5).describe()
+    assert "= 1.0001e-05, largest allowed 1.0000e-05" in line, line
+    assert (
+        "= 5.000e-01, largest allowed 0.000e+00"
+        in Divergence(0, "grad", 0, 0, "w", 0.5, 0.0).describe()
+    )
+    ref = torch.tensor([1.0], dtype=torch.float64)
+    words = worst_element(ref + 2.000001e-6, ref, 1e-6)  # allowed: 1e-6 * (1 + 1)
+    diff, allowed = words.split("|got - expected| = ")[1].split(" where ")
+    assert diff != allowed.removesuffix(" is allowed"), words
+
+
+def test_case_line_prints_a_bucket_cap_with_every_digit_it_has():
+    """Two bucket caps a byte apart bucket differently; printed with two digits they read alike."""
+    one_byte = 1 / 2**20
+    a = case_line(replace(Case(), bucket_size_mb=36 * one_byte))
+    b = case_line(replace(Case(), bucket_size_mb=35 * one_byte))
+    assert a != b and f"bucket={36 * one_byte!r}MB" in a, (a, b)
+    assert case_line(replace(Case(), bucket_size_mb=0.5)).endswith("bucket=0.5MB")

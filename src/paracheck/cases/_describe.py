@@ -29,6 +29,13 @@ def _value(value) -> str:
     return str(value)
 
 
+def _short(value: float) -> str:
+    """``value`` in its shortest form (25, 0.5) where that form is exact, else every digit: a
+    bucket cap one byte below a parameter's size (9.5367431640625e-07 MB is one byte) and one at
+    it bucket differently, and must not print alike."""
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+
+
 def _changed(value, default_of) -> list[str]:
     """``name=value`` for each field of the dataclass ``value`` that differs from its default
     (``default_of(field)``), True flags by their bare name."""
@@ -108,7 +115,7 @@ def describe(case: _Described) -> str:
     head = [f"W={case.world_size}", model, _optimizer(case.optimizer)]
     head += [f"steps={case.steps}", f"acc={case.accumulation}"]
     if case.loss == "rank-mean":  # a training loop's case has no bucket
-        bucket = "None" if case.unbounded_bucket else f"{case.bucket_mb:.2g}MB"
+        bucket = "None" if case.unbounded_bucket else f"{_short(case.bucket_mb)}MB"
         head.append(f"bucket={bucket}")
     if len(set(case.batch_sizes)) > 1 or case.batch_sizes[0] != 2:
         head.append(f"batches={_value(case.batch_sizes)}")

@@ -37,9 +37,10 @@ class Divergence:
             tensor = f" {self.name!r}"
         else:
             tensor = f" {self.name!r} (parameter #{self.index})"
+        diff, allowed = two_numbers(self.max_abs_diff, self.tolerance, least=4)
         return (
             f"{self.what}{tensor} on rank {self.rank} {where}: max |got - expected| = "
-            f"{self.max_abs_diff:.3e}, largest allowed {self.tolerance:.3e}. {self.detail}"
+            f"{diff}, largest allowed {allowed}. {self.detail}"
         ).rstrip()
 
 

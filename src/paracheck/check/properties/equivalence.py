@@ -126,10 +126,10 @@ def worst_element(got, ref, rtol: float, scale_src=None) -> str:
     over = (g - r).abs() - allowed
     k = int(over.argmax())
     got_k, expected_k = two_numbers(g[k].item(), r[k].item())
+    diff_k, allowed_k = two_numbers(abs(g[k] - r[k]).item(), allowed[k].item(), least=4)
     return (
         f"worst element #{k} (of the finite ones): got {got_k}, expected "
-        f"{expected_k}, |got - expected| = {abs(g[k] - r[k]).item():.3e} where "
-        f"{allowed[k].item():.3e} is allowed"
+        f"{expected_k}, |got - expected| = {diff_k} where {allowed_k} is allowed"
     )
 
 

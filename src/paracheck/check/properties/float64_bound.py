@@ -124,6 +124,7 @@ def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence:
     j = int(over.flatten().argmax())
     ratio = (diff / allowed.clamp_min(1e-300)).flatten()[j].item()
     pair = two_numbers(g.flatten()[j].item(), v.flatten()[j].item())
+    beyond = two_numbers(diff.flatten()[j].item(), allowed.flatten()[j].item(), least=4)
     return Divergence(
         k,
         NAME,
@@ -133,8 +134,8 @@ def _outside(k: int, r: int, i: int, name, got, v, bound) -> Divergence:
         diff.flatten()[j].item(),
         allowed.flatten()[j].item(),
         f"element {j}: got {pair[0]}, the float64 gradient at the same "
-        f"parameters is {pair[1]}, |difference| {diff.flatten()[j].item():.3e} "
-        f"where rounding in this precision allows at most {allowed.flatten()[j].item():.3e} "
+        f"parameters is {pair[1]}, |difference| {beyond[0]} "
+        f"where rounding in this precision allows at most {beyond[1]} "
         f"({int(bad.sum())} of {g.numel()} elements outside)",
         ratio,
     )
