@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from paracheck.cases import Case
+from paracheck.check.features import case_features, optional_features, without
 from paracheck.check.interfaces import unsupported
+from paracheck.check.property import check_target
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
@@ -173,3 +176,27 @@ def test_compiled_case_mutant_is_killed_by_compile_ledger_alone(world, mutant):
     assert run_case(world, target, CASE).ok
     result = run_case(world, target, replace(CASE, compiled="aot_eager"))
     assert result.failed_properties == ["compile-ledger"], result.describe()
+
+
+def test_the_compile_row_reports_the_seconds_its_case_compiled(world):
+    """A table whose one drawn case is compiled: the compile row reports the seconds that case
+    spent compiling, part of the row's own, and the rows after it, which meet the case cached,
+    none."""
+    case = replace(CASE, world_size=1, batch_sizes=(3,), compiled="aot_eager")
+    for name in case_features(case) - {"compile"}:
+        case = without(case, name)
+    report = check_target(
+        resolve_target("flat"),
+        world,
+        strategy=st.just(case),
+        table=True,
+        first_failure=False,
+        world_sizes=(1,),
+        features=",".join(f"-{f}" for f in optional_features() if f != "compile"),
+    )
+    rows = {r.name: r for r in report.rows}
+    row = rows["+compile"]
+    assert row.status == "PASS" and row.cases == 1, report.text()
+    assert 0 < row.compiling <= row.seconds, report.text()
+    assert f", {row.compiling:.1f} s of it compiling]" in report.text()
+    assert rows["core"].compiling == 0 and rows["all features"].compiling == 0, report.text()

@@ -1,6 +1,7 @@
 """Compiled cases as values (Note [Compiled cases]): the settings a case may name, a bad one
 refused naming the field, an eager case's JSON as it always was, the strategy's draws, and which
-exceptions skip a case (those raised while Dynamo compiles, never those of the running code)."""
+exceptions skip a case (those raised while Dynamo compiles, never those of the running code),
+and a verdict row's compile time."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from hypothesis import find, given, settings
 
 from paracheck.cases import COMPILE_SETTINGS, Case
 from paracheck.check.features import case_features, optional_features, without
-from paracheck.check.properties.compiled import compiling_too_long
+from paracheck.check.properties.compiled import compiling_seconds, compiling_too_long
 from paracheck.check.ranks._compiled import compile_failure
+from paracheck.check.run import CaseResult
+from paracheck.check.verdict import RowVerdict
 from paracheck.strategies._compiled import compile_settings, compiled_cases
 
 
@@ -114,3 +117,28 @@ def test_a_hang_is_a_slow_compiler_only_with_a_rank_inside_it():
     assert why is not None and "took longer than the hang timeout" in why
     assert compiling_too_long(compiled, _Hang(running, running)) is None
     assert compiling_too_long(Case(), _Hang(compiling, compiling)) is None
+
+
+def test_a_row_reports_its_compile_time_apart_from_its_seconds():
+    """A row that compiled says how much of its time went to compiling, in its line and JSON; a
+    row that compiled nothing reads as it always did."""
+    row = RowVerdict("+compile", "compile", status="PASS", cases=10, seconds=14.23, compiling=9.07)
+    assert row.line(8) == "+compile  PASS  [10 cases, 14.2 s, 9.1 s of it compiling]"
+    assert row.to_dict()["compiling_seconds"] == 9.07
+    row.status, row.why = "FAIL", "the budget of 60 s ran out after 10 cases of this row"
+    assert row.line(8).endswith(
+        "[10 cases, 14.2 s, 9.1 s of it compiling; the budget of 60 s ran out after 10 cases of this row]"
+    )
+    core = RowVerdict("core", None, status="PASS", cases=3, seconds=2.0)
+    assert core.line(4) == "core  PASS  [3 cases, 2.0 s]"
+    assert core.to_dict()["compiling_seconds"] == 0.0
+
+
+def test_compile_seconds_are_rank_zeros_summed_once_per_case():
+    """``compiling_seconds``: each compiled result's ``compile_s`` (rank 0's record) once, however
+    often the row met it; an eager or skipped case adds nothing."""
+    compiled = CaseResult(Case(compiled="aot_eager"), extra={"compiled": {"compile_s": 1.5}})
+    other = CaseResult(Case(seed=2, compiled="aot_eager"), extra={"compiled": {"compile_s": 0.25}})
+    skipped = CaseResult(Case(compiled="aot_eager"), extra={"skipped": "torch.compile cannot"})
+    assert compiling_seconds([compiled, CaseResult(Case()), compiled, other, skipped]) == 1.75
+    assert compiling_seconds([]) == 0.0

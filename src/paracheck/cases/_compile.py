@@ -35,6 +35,13 @@ Note [Compiled cases]
     (``--case`` with ``"compiled": "inductor"``). No case with autocast or parameters below
     float32 is compiled: the traced casts round otherwise than eager's cached ones
     (``compiled_cases``), and the bounds derived for eager do not describe them.
+
+    A row of the verdict table says how much of its time went to compiling: "[10 cases, 14.2 s,
+    9.1 s of it compiling]" (``compiling_seconds`` in its JSON; ``RowVerdict.compiling``), the sum
+    over the compiled cases the row ran of rank 0's compile seconds (``RankRecord.compiled``,
+    which a case's result keeps). Rank 0's, not the slowest rank's: every rank compiles the same
+    graphs at the same time, so the ranks' compiling overlaps and one rank's is the wall time it
+    took. A case an earlier row ran (cached) cost the row nothing and is not counted in it.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from paracheck.check.features import (
     without_all,
 )
 from paracheck.check.kinds import KINDS
+from paracheck.check.properties.compiled import compiling_seconds
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
@@ -413,6 +414,7 @@ def _search_row(
     examples = s.examples if not features else max(5, s.examples // 4)
     checker.row = f"row {row.name} ({index + 1}/{total}), "
     checker.row_log = log = []
+    ran_before = {id(r) for r in checker.cache.values()}  # compiled in an earlier row
     t0 = time.monotonic()
     before = len(search.failures)
     spent = crashing = False
@@ -470,6 +472,7 @@ def _search_row(
         checker.row = ""
         row.cases = len({id(r) for r in log})
         row.seconds = time.monotonic() - t0
+        row.compiling = compiling_seconds(r for r in log if id(r) not in ran_before)
     # Failures of saved or given cases of this row, then the causes found in other rows that
     # this row's cases broke as well.
     for f in search.failures[:before]:

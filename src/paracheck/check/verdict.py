@@ -50,10 +50,20 @@ class RowVerdict:
     also: list[PropertyFailure] = field(default_factory=list)
     cases: int = 0
     seconds: float = 0.0
+    # Of ``seconds``, those Dynamo spent compiling the compiled cases the row ran (Note [Compiled
+    # cases] in ``paracheck.cases._compile``).
+    compiling: float = 0.0
     more: list[PropertyFailure] = field(default_factory=list)
     beyond: bool = False
     pair: tuple[str, ...] = ()  # a row of two features together: both
     shown: bool = False  # printed as the table streams (Note [Numbered once, as printed])
+
+    @property
+    def cost(self) -> str:
+        """What the row's search took: "3 cases, 4.2 s", with ", 2.9 s of it compiling" where it
+        compiled (Note [Compiled cases] in ``paracheck.cases._compile``)."""
+        text = f"{self.cases} cases, {self.seconds:.1f} s"
+        return text + (f", {self.compiling:.1f} s of it compiling" if self.compiling else "")
 
     @property
     def own(self) -> list[PropertyFailure]:
@@ -72,12 +82,9 @@ class RowVerdict:
             found = [cause(f) for f in self.own]
             found += [cause(f) + " as above" for f in self.also]
             stopped = f"; {self.why}" if self.why else ""
-            return (
-                f"{name}  FAIL  {', '.join(found)}  [{self.cases} cases, {self.seconds:.1f} s"
-                f"{stopped}]"
-            )
+            return f"{name}  FAIL  {', '.join(found)}  [{self.cost}{stopped}]"
         if self.status == "PASS":
-            return f"{name}  PASS  [{self.cases} cases, {self.seconds:.1f} s]"
+            return f"{name}  PASS  [{self.cost}]"
         return f"{name}  {self.status}: {self.why}".rstrip(": ")
 
     def to_dict(self) -> dict:
@@ -93,6 +100,7 @@ class RowVerdict:
             "also": [f.property for f in self.also],
             "cases": self.cases,
             "seconds": round(self.seconds, 3),
+            "compiling_seconds": round(self.compiling, 3),
         }
 
 

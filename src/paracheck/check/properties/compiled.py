@@ -30,7 +30,13 @@ from paracheck.check.properties._divergence import Divergence
 from paracheck.check.ranks.record import RankRecord, Window
 from paracheck.world import World
 
-__all__ = ["NAME", "check_compile_ledger", "compiling_too_long", "ledger_difference"]
+__all__ = [
+    "NAME",
+    "check_compile_ledger",
+    "compiling_seconds",
+    "compiling_too_long",
+    "ledger_difference",
+]
 
 # Note [Compiling is not hanging]
 #   A compiled case compiles inside its job, under the World's hang timeout: seconds for aot_eager,
@@ -136,3 +142,11 @@ def compiling_too_long(case: Case, exc) -> str | None:
         f"compiling ({case.compiled}) took longer than the hang timeout: a rank was still inside "
         "torch.compile; give the check a longer --timeout to judge compiled cases"
     )
+
+
+def compiling_seconds(results) -> float:
+    """The seconds rank 0 spent compiling the compiled cases among ``results`` (``CaseResult``s,
+    each counted once), 0.0 where none was compiled (Note [Compiled cases] in
+    ``paracheck.cases._compile``)."""
+    unique = {id(r): r for r in results}.values()
+    return sum((r.extra.get("compiled") or {}).get("compile_s", 0.0) for r in unique)
