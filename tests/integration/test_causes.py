@@ -434,3 +434,44 @@ def test_a_resumed_trajectory_wrong_before_the_save_is_the_wrong_steps_cause():
     resumed = PropertyFailure("reshard", CaseResult(case, divergences=[params, before]), row="core")
     loaded = PropertyFailure("reshard", CaseResult(case, divergences=[after]), row="core")
     assert causes_of([wrong, resumed, loaded]) == [[wrong, resumed], [loaded]]
+
+
+def test_a_rank_dead_in_a_mismatched_collective_reads_as_the_hang_with_its_fix():
+    """A DDP skipping parameters whose gradient is None, on gloo: rank 1 aborts in the all-reduce
+    its peer called with another size, rank 0 raises there. Alone (no hang found), its block
+    still says the ranks disagree and gives the hang's fix, not a crash's."""
+    from paracheck.check.failure import PropertyFailure, property_info
+    from paracheck.check.run import CaseResult
+    from paracheck.check.verdict import cause_text, causes_of
+    from paracheck.world import RankFailure
+    from paracheck.world._failures import RankDied
+
+    raised = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/src/paracheck/check/ranks/_drive.py", line 40, in run_steps\n'
+        '  File "/home/u/mypkg/ddp.py", line 28, in finish_gradient_synchronization\n'
+        "    dist.all_reduce(p.grad)\n"
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+    )
+    died = RankDied(
+        "1 rank(s) died",
+        [RankFailure(1, "died", "killed by signal SIGABRT (6)"), RankFailure(0, "raised", raised)],
+    )
+    died.disagreement = (
+        "their 4th all_reduce got tensors of different sizes: rank 0 (raised) 16 float64 "
+        "elements, rank 1 (died) 8 float64 elements"
+    )
+    own = ("/home/u/mypkg/",)
+    dead = PropertyFailure(
+        "died", CaseResult(Case(), error=died), own=own, row="+unused-some-ranks"
+    )
+    (group,) = causes_of([dead])
+    text = cause_text(group, 1, Target("mypkg.ddp:DDP", "mypkg.ddp:DDP", "ddp"), case_files=False)
+    hang_fix = property_info("hang", Case(), "ddp").hint
+    assert f"  fix: {hang_fix}\n" in text, text
+    assert "look for os._exit" not in text, text
+    assert "the ranks disagree on the collectives they issue" in text.splitlines()[0], text
+    # A rank killed with no collective in question keeps the crash's words.
+    crash = RankDied("1 rank(s) died", [RankFailure(1, "died", "killed by signal SIGSEGV (11)")])
+    alone = PropertyFailure("died", CaseResult(Case(), error=crash), own=own, row="core")
+    assert alone.fix == property_info("died").hint and "look for os._exit" in alone.fix

@@ -321,3 +321,15 @@ def test_a_stalled_rank_is_reported_before_the_timeout_and_not_run_again(small_w
     assert "stalled on rank(s) [0, 1]" in str(hang)
     assert "rank 0 is in its 1st all_reduce" in hang.disagreement
     _healthy(small_world)
+
+
+def test_a_dead_ranks_peer_keeps_its_traceback_of_the_call_they_shared(small_world):
+    """Rank 1 exits while rank 0 waits in the all-reduce of ``exit_on_1``: the death's error
+    keeps rank 0's traceback after the death, naming that line (Note [A death's peers])."""
+    with pytest.raises(RankDied) as info:
+        small_world.run("paracheck_test_jobs:exit_on_1", None, world_size=2)
+    failures = info.value.failures
+    assert [(f.rank, f.kind) for f in failures] == [(1, "died"), (0, "raised")], failures
+    assert "in exit_on_1" in failures[1].detail and "dist.all_reduce(t)" in failures[1].detail
+    assert "rank 0" not in str(info.value).split("during")[0], str(info.value)
+    _healthy(small_world)

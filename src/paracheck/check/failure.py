@@ -316,6 +316,11 @@ class PropertyFailure:
                     f"(the traceback below says which)"
                 )
             return f"your code raised on rank {first.rank}"
+        if self._died_in_a_mismatch:
+            return (
+                "a rank process died in a collective its peer issued with another size (gloo "
+                "aborts the process): the ranks disagree on the collectives they issue"
+            )
         summary = getattr(self.result.error, "summary", "")  # RankOverMemory's
         if self.property == "memory-cap" and summary:
             return f"{summary}: a resource failure, not a wrong result"
@@ -331,6 +336,13 @@ class PropertyFailure:
             if d.detail.startswith("expected a gradient, got None"):
                 return "a gradient is None where the oracle's is a tensor: some rank used the parameter"
         return self.info.meaning
+
+    @property
+    def _died_in_a_mismatch(self) -> bool:
+        """Whether a rank died in a collective whose tensors' sizes differ between the ranks (the
+        world recorded the disagreement): the hang's cause, not a crash's."""
+        err = self.result.error
+        return self.property == "died" and bool(getattr(err, "disagreement", ""))
 
     @property
     def fix(self) -> str:
@@ -354,6 +366,10 @@ class PropertyFailure:
                 "paracheck's rank program is a way of calling the target that it does not support "
                 "(say so in a paracheck issue, with the replay command); replay the case to see it"
             )
+        if self._died_in_a_mismatch:
+            # One root with the hang at that collective: its fix (Note [A death's peers] in
+            # paracheck.world._collect).
+            return property_info("hang", self.case, self.kind).hint
         if self.property == "raised" and "another dtype than the parameter's" in self.meaning:
             return (
                 "give every gradient, buffer and shard the dtype of its parameter (cast the "

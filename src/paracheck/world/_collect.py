@@ -272,17 +272,7 @@ class _Collection:
             if msg[1] == "ok":
                 self.results[rank] = msg[2]
             elif msg[1] == "error":
-                called_on = msg[4] if len(msg) > 4 else None
-                self.failures.append(
-                    RankFailure(
-                        rank,
-                        "raised",
-                        msg[2],
-                        collective_of_traceback(msg[2]),
-                        output,
-                        called_on=called_on,
-                    )
-                )
+                self.failures.append(_raised(rank, msg, output))
 
     # -- deaths -----------------------------------------------------------------------------
     def _after_deaths(self, dead: list[RankFailure]) -> None:
@@ -308,7 +298,8 @@ class _Collection:
             action = pool.restarted_words
         if rerun:
             return None
-        raise self._death_error(dead, mismatch, action)
+        raised = sorted((f for f in self.failures if f.kind == "raised"), key=lambda f: f.rank)
+        raise self._death_error(dead, mismatch, action, raised)
 
     def _replace_dead(
         self, dead: list[int], also: tuple[int, ...]
@@ -333,6 +324,10 @@ class _Collection:
                     continue
                 if msg[0] == self.job:
                     waiting.pop(rank, None)
+                    if msg[1] == "error":
+                        # The peer of a dead rank raised in the same call of the target's code:
+                        # its traceback names that call (Note [A death's peers]).
+                        self.failures.append(_raised(rank, msg, msg[3] if len(msg) > 3 else ""))
         dead += [r for r in range(pool.size) if r not in dead and not pool.alive(r)]
         exits = {r: pool.death(r, self.job) for r in dead if r not in known}
         if waiting:
@@ -342,9 +337,12 @@ class _Collection:
                 send(pool.conns[r], ("reset",))
         return pool.replace(sorted(set(dead) | set(also))), exits
 
-    def _death_error(self, dead: list[RankFailure], mismatch: str, action: str) -> WorldError:
+    def _death_error(
+        self, dead: list[RankFailure], mismatch: str, action: str, raised: list[RankFailure]
+    ) -> WorldError:
         """The failure of a job whose ranks ``dead`` ended: the first over its memory cap, else
-        every death, with what their last collective's tensors say (``mismatch``)."""
+        every death, with what their last collective's tensors say (``mismatch``), then the
+        tracebacks of the peers that ``raised`` (Note [A death's peers])."""
         w, fn = self.w, self.fn
         over = [f for f in dead if f.kind == "memory"]  # in the order they were found
         dead.sort(key=lambda f: (f.kind != "memory", f.rank))
@@ -358,7 +356,7 @@ class _Collection:
             + ", ".join(f"rank {f.rank} {f.detail}" for f in dead)
             + (f" ({mismatch})" if mismatch else "")
             + f"; {action}",
-            dead,
+            dead + raised,
         )
         died.disagreement = mismatch
         return died
@@ -445,3 +443,22 @@ class _Collection:
             return f"rank(s) {stuck} were killed and restarted"
         pool.restart()
         return pool.restarted_words
+
+
+# Note [A death's peers]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# gloo aborts a rank whose collective's tensor differs in size from its peer's
+# (gloo::EnforceNotMet: no Python frame survives) and raises on the peer ("Connection closed by
+# peer") inside the same call of the target's code. The peer's traceback is the only record of
+# that call, so a death's error keeps it after the deaths: the verdict reads the target's frame
+# from it (``paracheck.check.verdict.cause_key``), and one root shows as one cause whether a
+# case ended in the death or in a hang at that call.
+
+
+def _raised(rank: int, msg: tuple, output: str) -> RankFailure:
+    """The failure of ``rank`` whose answer ``msg`` is an error: its traceback, the collective
+    it names, and the object of the target's a library raised on (where the rank found one)."""
+    called_on = msg[4] if len(msg) > 4 else None
+    return RankFailure(
+        rank, "raised", msg[2], collective_of_traceback(msg[2]), output, called_on=called_on
+    )
