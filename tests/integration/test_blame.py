@@ -56,6 +56,43 @@ def test_a_traceback_starts_at_the_users_code_with_a_count_of_what_was_hidden():
     assert shown.endswith(_USER) and "paracheck/" not in shown.replace("PARACHECK_FULL", "")
 
 
+_COLLECTIVE_CALL = (
+    '  File "/home/me/ddp.py", line 28, in finish_gradient_synchronization\n'
+    "    dist.all_reduce(p.grad)\n"
+    '  File "/x/paracheck/world/_collectives.py", line 291, in counted\n'
+    "    return fn(*args, **kwargs)\n"
+    "           ^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n'
+    "    work.wait()\n"
+    '  File "/x/paracheck/world/_collectives.py", line 227, in wait\n'
+    "    return original_wait(self, *args, **kwargs)\n"
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    "RuntimeError: Connection reset by peer\n"
+)
+
+
+def test_paracheck_s_collective_counters_below_the_users_call_are_hidden_and_counted():
+    """A rank raising in the all-reduce its code called: paracheck's two wrappers around torch's
+    collective are left out and counted; the user's call and torch's frame stay."""
+    shown = hide_harness_frames(_HARNESS + _COLLECTIVE_CALL)
+    lines = shown.splitlines()
+    assert lines[2] == '  File "/home/me/ddp.py", line 28, in finish_gradient_synchronization'
+    assert lines[4] == (
+        "  ... 2 paracheck frames counting collectives hidden (PARACHECK_FULL_TRACEBACK=1 shows "
+        "them)"
+    )
+    assert "distributed_c10d.py" in shown and shown.endswith(
+        "RuntimeError: Connection reset by peer\n"
+    )
+    assert "_collectives.py" not in shown
+    # An error raised in the wrapper's own code (not its call of torch's) keeps that frame.
+    own = _HARNESS + _COLLECTIVE_CALL.replace(
+        "return original_wait(self, *args, **kwargs)", "counter.enter_wait()"
+    )
+    kept = hide_harness_frames(own)
+    assert "1 paracheck frame counting collectives hidden" in kept and "in wait" in kept
+
+
 def test_paracheck_s_call_into_torch_is_kept_and_its_own_error_is_whole():
     """With no frame of the user's, the last paracheck frame (what it called in torch) stays; an
     error raised inside paracheck keeps every frame."""

@@ -207,6 +207,7 @@ LIBRARY_PATHS = (
     "<string>",
 )
 FULL_TRACEBACK = "PARACHECK_FULL_TRACEBACK"  # set (not 0): reports keep paracheck's frames
+_COUNTER_FRAME = "/paracheck/world/_collectives.py"  # its wrappers of torch's collectives
 _TB_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in \S+')
 
 
@@ -216,6 +217,12 @@ def frame_kind(path: str) -> str:
     if "/paracheck/mutants/" not in path and any(s in path for s in HARNESS_PATHS):
         return "harness"
     return "library" if any(s in path for s in LIBRARY_PATHS) else "user"
+
+
+def _passes_through(block: list[str]) -> bool:
+    """Whether a frame of the collective wrappers (its "File" line and source lines) is its call
+    of torch's own function, where an error raised is torch's."""
+    return any(re.match(r"\s*return (fn|original_wait)\(", line) for line in block[1:])
 
 
 def hide_harness_frames(text: str) -> str:
@@ -253,6 +260,17 @@ def hide_harness_frames(text: str) -> str:
             hidden = kinds[: lead - 1] if lead else []  # keep paracheck's call into the library
         else:
             hidden = []  # raised inside paracheck: every frame is evidence
+        # Below the user's first frame, paracheck's wrappers around torch's collectives (they
+        # count them) stand between the user's call and torch's: left out too, counted where the
+        # first of them was. As the last frame, one is kept unless it is the wrapper's call of
+        # torch's function (an error of the wrapper's own is evidence).
+        wrappers = {
+            k
+            for k in range(len(hidden) + 1, len(frames))
+            if "user" in kinds[len(hidden) : k]
+            and _COUNTER_FRAME in frames[k][1][0]
+            and (k < len(frames) - 1 or _passes_through(frames[k][1]))
+        }
         if hidden:
             ours, others = hidden.count("harness"), len(hidden) - hidden.count("harness")
             words = f"{ours} paracheck frame{'' if ours == 1 else 's'}"
@@ -261,7 +279,14 @@ def hide_harness_frames(text: str) -> str:
                     f" and {others} library frame{'' if others == 1 else 's'} calling your code"
                 )
             out.append(f"  ... {words} hidden ({FULL_TRACEBACK}=1 shows them)")
-        for _, block in frames[len(hidden) :]:
-            out.extend(block)
+        for k, (_, block) in enumerate(frames[len(hidden) :], start=len(hidden)):
+            if k == min(wrappers, default=-1):
+                n = len(wrappers)
+                out.append(
+                    f"  ... {n} paracheck frame{'' if n == 1 else 's'} counting collectives "
+                    f"hidden ({FULL_TRACEBACK}=1 shows them)"
+                )
+            if k not in wrappers:
+                out.extend(block)
         i = j
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
