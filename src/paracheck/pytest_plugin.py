@@ -18,6 +18,10 @@ Options:
     --paracheck-clip-norm NORM         the global norm a loop target clips to (as --clip-norm)
     --paracheck-features=-name,+name   features never drawn / drawn again (as ``--features``; give
                                        it with ``=``: pytest reads a value starting with - as an option)
+    --paracheck-model pkg.mod:build    check on your own model (as ``--model``; with
+    --paracheck-batch pkg.mod:batch    ``--paracheck-batch``, and ``--paracheck-loss-fn`` where
+    --paracheck-loss-fn pkg.mod:loss   the mean squared error is not the loss); checked at startup:
+                                       a model that cannot be checked is a usage error
     --paracheck-database PATH          failing cases saved and replayed first (default
                                        .paracheck/examples under the rootdir)
     --paracheck-no-database            save and replay nothing
@@ -68,7 +72,14 @@ def pytest_configure(config):
     from paracheck.check.plan import settled
 
     with _usage_errors():
-        settled(from_pytest(config))
+        given = settled(from_pytest(config))
+        if any(v is not None for v in (given.model, given.batch, given.loss_fn)):
+            # A user's model is checked here, in the driver and in each xdist worker (torch is
+            # imported only when one is named): a bad one ends the session at once, a usage error
+            # naming the option, before any World starts (Note [A user's model]).
+            from paracheck.check.user_model import user_model_of
+
+            user_model_of(given.model, given.batch, given.loss_fn)
     names = _properties(config)
     if names is not None:
         from paracheck.check.kinds import KINDS
@@ -417,16 +428,27 @@ def _on_user_model(target, given, names: tuple, precision):
     from paracheck.errors import InvalidArgument
 
     keywords = any(n is not None for n in names)
+    refused = None
     try:
         user = user_model_of(*(names if keywords else (given.model, given.batch, given.loss_fn)))
         target = with_user_model(target, user)
     except InvalidArgument as exc:
-        if keywords:
-            raise
-        raise pytest.UsageError(exc.text("--paracheck-")) from None
-    if user is not None and not info(user).float64 and precision is None:
-        precision = "fp32"
-    return target, precision
+        refused = exc.text(None if keywords else "--paracheck-")
+    if refused is not None:
+        # The test fails on the rule broken, naming the keyword or the option, with no traceback
+        # (the command line's exit 2).
+        pytest.fail(f"paracheck: {refused}", pytrace=False)
+    if user is None or info(user).float64:
+        return target, precision
+    chosen = precision or given.precision
+    if chosen not in (None, "fp32"):
+        named = "model" if keywords else "--paracheck-model"
+        pytest.fail(
+            f"paracheck: {named}={user.build!r}: does not run in float64 ({info(user).why_not}); "
+            f"check it at precision fp32, not {chosen}",
+            pytrace=False,
+        )
+    return target, "fp32"
 
 
 def _items(spec) -> list[str]:

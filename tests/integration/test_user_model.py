@@ -229,3 +229,84 @@ def test_paracheck_check_takes_a_user_model(inner):
         "-p", "no:cacheprovider", "--paracheck-no-database", *bad, "-k", "options"
     )
     assert "--paracheck-model=" in result.stdout.str() + result.stderr.str()
+
+
+# A user's project: a model and a wrapper of its own, named by dotted path from its root, beside a
+# test file checking built-ins and the wrapper on it through the plugin.
+XDIST_MODELS = """
+import torch
+from torch import nn
+
+
+def build(seed, dtype):
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(dtype)
+
+
+def batch(seed, n, dtype):
+    return torch.randn(n, 3, dtype=dtype), torch.randn(n, 2, dtype=dtype)
+
+
+def raises(seed, dtype):
+    raise RuntimeError("no weights file")
+"""
+
+XDIST_WRAPPERS = """
+from paracheck.ddp import FlatDDP
+
+
+class ForgetsToDivide(FlatDDP):
+    def _average(self, summed):
+        return summed
+"""
+
+XDIST_TEST = f"""
+KEYWORDS = dict(model="usermodels:build", batch="usermodels:batch")
+
+
+def test_bucketed_on_keywords(paracheck_check):
+    report = paracheck_check("bucketed", **KEYWORDS)
+    assert report.target.user_model.build == "usermodels:build" and report.examples == 3
+
+
+def test_sharded_on_the_options(paracheck_check):
+    report = paracheck_check("sharded")
+    assert report.target.user_model.build == {MODELS["moe"][0]!r} and report.examples == 3
+
+
+def test_broken_wrapper(paracheck_check):
+    paracheck_check("userwrappers:ForgetsToDivide", **KEYWORDS)
+"""
+
+CAUSE = "gradients: gradients not averaged over ranks"
+
+
+def test_plugin_checks_a_user_model_under_xdist(pytester, monkeypatch):
+    """Under ``-n 2`` each worker imports the user's model (by dotted path and by file) in itself
+    and in its ranks: the built-ins pass on it, a wrapper that never divides fails once with its
+    cause, and a model whose build raises ends the session at once (pytest's usage error, exit 4)
+    naming the option, with no traceback."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)  # this test's own worker's, not the inner run's
+    pytester.makepyfile(
+        usermodels=XDIST_MODELS, userwrappers=XDIST_WRAPPERS, test_user_xdist=XDIST_TEST
+    )
+    common = ("-p", "no:cacheprovider", "-n", "2", "--paracheck-world-sizes", "1,2")
+    options = ("--paracheck-model", MODELS["moe"][0], "--paracheck-batch", MODELS["moe"][1])
+    result = pytester.runpytest_subprocess(*common, "--paracheck-max-examples", "3", *options)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=2, failed=1)
+    assert "FAILED test_user_xdist.py::test_broken_wrapper" in out, out
+    assert out.count(CAUSE) == 1, out
+    assert "--model usermodels:build --batch usermodels:batch --case" in out, out
+    assert "Traceback" not in out + result.stderr.str(), out
+
+    raising = ("--paracheck-model", "usermodels:raises", "--paracheck-batch", "usermodels:batch")
+    result = pytester.runpytest_subprocess(*common, *raising)
+    said = "--paracheck-model=usermodels:raises: build(seed=0, dtype=torch.float32) raised"
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+    missing = ("--paracheck-model", "nosuch.py:build", "--paracheck-batch", "usermodels:batch")
+    result = pytester.runpytest_subprocess(*common, *missing)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    said = "--paracheck-model=nosuch.py:build: module 'nosuch.py' does not import"
+    assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
