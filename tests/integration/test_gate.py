@@ -232,3 +232,22 @@ def test_load_generator_stops_by_itself_and_checks_its_arguments():
     ):
         proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+
+
+def test_progress_line_names_its_ratios_and_says_a_verdict_in_the_summarys_words():
+    """A pair of rounds' progress: the two ratios named as head/base of those rounds (a bare
+    "x1.411" read as a slowdown), and a decision as the table says it (PASS, never "ok")."""
+    from paracheck.gate import DEFAULT_ROUNDS, decide_ratio, sequential_plan
+    from paracheck.gate.rule import round_words
+
+    plan = sequential_plan(DEFAULT_ROUNDS)
+    base, head = [0.0100] * 24, [0.0100, 0.0101, 0.0099, 0.0100] * 6
+    head[-1] = 0.01411
+    open_ = decide_ratio([1.0, 1.0], 0.10, plan)
+    assert not open_.decided
+    line = round_words("flat", base[:2], head[:2], open_, 0.998)
+    assert line == "flat head/base of these rounds x1.000, x1.010", line
+    decided = decide_ratio([h / b for b, h in zip(base, head)], 0.10, plan)
+    assert decided.verdict == "ok", decided
+    line = round_words("flat", base, head, decided, 0.998)
+    assert "x0.990, x1.411 -> PASS (" in line and " ok " not in line, line

@@ -209,6 +209,10 @@ EXACT_QUANTITIES = (
     "peak_init_bytes",
     "peak_before_step_bytes",
     "peak_step_bytes",
+    # Note [Checkpoint bytes] in paracheck.bench._checkpoint.
+    "checkpoint_save_bytes",
+    "checkpoint_load_bytes",
+    "peak_load_bytes",
     # Note [Host cost per step] in paracheck.accounting.record.
     "operators",
     "launches",
@@ -334,6 +338,21 @@ def timing_row(
         decision.verdict,
         detail,
     )
+
+
+def round_words(
+    variant: str, base: list[float], head: list[float], decision: RatioDecision, coverage: float
+) -> str:
+    """A progress line's words for ``variant`` after a pair of rounds: the two rounds' head/base
+    ratios, named as such (a bare "x1.411" reads as a verdict), and, once decided, the verdict in
+    the table's and the summary's words."""
+    ratios = ", ".join(f"x{h / b:.3f}" for b, h in zip(base[-2:], head[-2:]))
+    words = f"{variant} head/base of these rounds {ratios}"
+    if decision.decided:
+        words += (
+            f" -> {_WORDS.get(decision.verdict, decision.verdict)} ({decision.describe(coverage)})"
+        )
+    return words
 
 
 def _fmt(q: str, v) -> str:

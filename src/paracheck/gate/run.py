@@ -36,6 +36,7 @@ from paracheck.gate.rule import (
     RatioDecision,
     decide_ratio,
     exact_verdict,
+    round_words,
     sequential_plan,
     timing_row,
 )
@@ -247,12 +248,9 @@ def _rounds(cfg, trees, own, sides: list, variants, exact: dict):
             g = got[v]
             d = decide_ratio([h / b for b, h in zip(g["base"], g["head"])], cfg.threshold, plan)
             decided[v] = d
-            says.append(
-                f"{v} x{g['head'][-2] / g['base'][-2]:.3f} x{g['head'][-1] / g['base'][-1]:.3f}"
-            )
+            says.append(round_words(v, g["base"], g["head"], d, coverage))
             if d.decided:
                 undecided.remove(v)
-                says[-1] += f" -> {d.verdict} ({d.describe(coverage)})"
         _say(cfg, f"  rounds {r - 1}-{r}/{plan.max_rounds}: " + ", ".join(says))
         if undecided and time.monotonic() - t0 > cfg.seconds:
             _say(cfg, f"  --seconds={cfg.seconds:g} spent after {r} rounds")
