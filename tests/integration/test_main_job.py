@@ -233,3 +233,29 @@ def test_counts_say_what_they_count_in_the_right_number():
     line = table.summary()
     assert "verdict table of 1 row (1 FAIL)" in line, line
     assert "the first found in case #1 run; 1 case run (shrinking included)" in line, line
+
+
+def test_the_first_line_is_printed_before_torch_is_imported():
+    """A fresh ``paracheck check``: the first line is out before torch (seconds to import on a
+    busy machine) is imported, let alone a rank started; judged by what is imported, not by a
+    clock."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import paracheck.cli._check_summary as summary\n"
+        "def announce(text, to_stdout):\n"
+        "    print(text, 'torch' in sys.modules, flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "summary.announce = announce\n"
+        "from paracheck.cli import main\n"
+        "main(['check', 'naive', '--world-sizes', '1,2'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.splitlines()[0]
+    assert line.startswith("paracheck check: naive; loading it and starting the ranks"), line
+    assert line.endswith(" False"), line
