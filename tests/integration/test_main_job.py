@@ -233,6 +233,8 @@ def test_counts_say_what_they_count_in_the_right_number():
     line = table.summary()
     assert "verdict table of 1 row (1 FAIL)" in line, line
     assert "the first found in case #1 run; 1 case run (shrinking included)" in line, line
+    assert row.cost == "1 case, 0.0 s" and "[1 case, 0.0 s]" in row.line(10), row.line(10)
+    assert RowVerdict("core", None, status="PASS", cases=2).cost.startswith("2 cases, ")
 
 
 def test_the_first_line_is_printed_before_torch_is_imported():

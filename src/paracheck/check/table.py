@@ -492,7 +492,8 @@ def _search_row(
     if crashing:
         row.why = f"stopped after {_CRASHES} cases that crashed ranks with causes found already"
     elif spent:
-        row.why = f"{spent_on} ran out after {row.cases} cases of this row"
+        cases = f"{row.cases} case{'' if row.cases == 1 else 's'}"
+        row.why = f"{spent_on} ran out after {cases} of this row"
     if row.failure is not None or row.also:
         row.status = "FAIL"
     elif features == ("reshard",) and log and all(_per_rank(r) for r in log):

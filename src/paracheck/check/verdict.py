@@ -62,7 +62,7 @@ class RowVerdict:
     def cost(self) -> str:
         """What the row's search took: "3 cases, 4.2 s", with ", 2.9 s of it compiling" where it
         compiled (Note [Compiled cases] in ``paracheck.cases._compile``)."""
-        text = f"{self.cases} cases, {self.seconds:.1f} s"
+        text = f"{self.cases} case{'' if self.cases == 1 else 's'}, {self.seconds:.1f} s"
         return text + (f", {self.compiling:.1f} s of it compiling" if self.compiling else "")
 
     @property
