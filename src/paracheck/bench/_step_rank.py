@@ -285,6 +285,7 @@ def rank_account(payload: dict) -> dict:
 
     from paracheck.accounting.record import Recorder, count_hooks
     from paracheck.accounting.schedule import ScheduleWatch
+    from paracheck.bench._checkpoint import measure_checkpoint
     from paracheck.bench.variants import build_setup
 
     payload = dict(payload)
@@ -359,6 +360,8 @@ def rank_account(payload: dict) -> dict:
             allocations=rec.allocations,
             hooks=hooks.calls,
         )
+        # After the step's readings: the save's consolidation is no part of the step.
+        checkpoint = measure_checkpoint(model, setup.optimizer, rec, rank=rank)
     by_kind: dict[str, int] = {}
     for c in calls:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + 1
@@ -381,6 +384,7 @@ def rank_account(payload: dict) -> dict:
         "cuda_sync_warnings": len(cuda_syncs) if device.type == "cuda" else -1,
         "cuda_sync_messages": sorted(set(cuda_syncs))[:20],
         **_schedule_fields(schedule),
+        **checkpoint,
     }
     del setup, model, rec, before_step, watch, x, y
     release(device, count=False)

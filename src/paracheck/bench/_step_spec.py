@@ -143,6 +143,10 @@ class StepAccount:
     host_calls: int = 0
     world_calls: int = 0
     cuda_sync_warnings: int = -1  # set_sync_debug_mode's count on CUDA, -1 elsewhere
+    # Note [Checkpoint bytes] in paracheck.bench._checkpoint (0 where not measured).
+    checkpoint_save_bytes: int = 0
+    checkpoint_load_bytes: int = 0
+    peak_load_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:

@@ -8,7 +8,8 @@ Two jobs per ``StepSpec``, run on a ``paracheck.world.World``:
 * ``account_step``: the exact quantities of Note [Exact quantities] (``paracheck.accounting.record``)
   for one steady-state step (the third; see ``rank_account``), plus the
   memory breakdown (parameters, gradients, optimizer state, the rest) at the point just before
-  ``optimizer.step()``.
+  ``optimizer.step()``, and after that step a checkpoint's bytes written and read per rank and
+  the peak while it is loaded (Note [Checkpoint bytes] in ``paracheck.bench._checkpoint``).
 
 Timing and accounting are separate jobs because the recorder costs Python work per operator.
 

@@ -106,6 +106,9 @@ def _bench_steps(args, world, record: dict, variants) -> None:
                     mib(acct.bus_bytes),
                     mib(acct.optimizer_state_bytes),
                     mib(acct.peak_bytes),
+                    mib(acct.checkpoint_save_bytes),
+                    mib(acct.checkpoint_load_bytes),
+                    mib(acct.peak_load_bytes),
                 ]
             rows.append(row)
             say(f"  {v}: {timing.median * 1e3:.1f} ms ({time.monotonic() - t0:.0f} s)")
@@ -129,6 +132,9 @@ def _bench_steps(args, world, record: dict, variants) -> None:
                 "bus MiB/step",
                 "opt state MiB/rank",
                 "tensor peak MiB/rank",
+                "save writes MiB/rank",
+                "load reads MiB/rank",
+                "load peak MiB/rank",
             ]
         say("\n" + bench_table(header, rows))
         if args.exact:

@@ -23,7 +23,9 @@ our short jobs.
 Note [The gate rule]
     * Exact quantities (Note [Exact quantities] in ``paracheck.accounting``: collectives,
       payload bytes and bus bytes per step, optimizer-state bytes per rank, peak tensor bytes
-      during init / forward-backward-sync / optimizer step, per variant; the host cost of a
+      during init / forward-backward-sync / optimizer step, per variant; a checkpoint's bytes
+      written and read per rank and the peak while it loads, Note [Checkpoint bytes] in
+      ``paracheck.bench._checkpoint``; the host cost of a
       step, Note [Host cost per step] in ``paracheck.accounting.record``: operators dispatched,
       launches, allocations, Python hook calls; the communication schedule, Note [Communication
       schedule of a step] in ``paracheck.accounting.schedule``: device syncs, waits inside
