@@ -70,6 +70,20 @@ def no_world(monkeypatch):
         (_argv(f"{B}batch_mean_net", f"{B}batch"), "the forward couples the rows of a batch"),
         (_argv(f"{M}tied_lm", f"{M}lm_batch"), "needs them equal; name a loss with --loss-fn"),
         (_argv(f"{B}nosuch", f"{B}batch"), "has no attribute 'nosuch'"),
+        (
+            _argv("nosuch/models.py:build", f"{B}batch"),
+            "--model=nosuch/models.py:build: module 'nosuch/models.py' does not import: "
+            "FileNotFoundError: no such file:",
+        ),
+        (
+            _argv("nosuch_pkg.models:build", f"{B}batch"),
+            "--model=nosuch_pkg.models:build: module 'nosuch_pkg.models' does not import: "
+            "ModuleNotFoundError",
+        ),
+        (
+            _argv(str(EXAMPLES), f"{B}batch"),
+            f"--model={EXAMPLES} must be 'package.module:name' or 'path/to/file.py:name'",
+        ),
         (["--batch", f"{B}batch"], f"--batch={B}batch: needs --model"),
         (["--model", f"{B}linear"], "needs --batch pkg.mod:batch"),
     ],
@@ -86,6 +100,9 @@ def no_world(monkeypatch):
         "rows-coupled",
         "loss-shape",
         "missing-function",
+        "missing-file",
+        "missing-module",
+        "no-function-named",
         "batch-alone",
         "model-alone",
     ],
@@ -229,6 +246,30 @@ def test_paracheck_check_takes_a_user_model(inner):
         "-p", "no:cacheprovider", "--paracheck-no-database", *bad, "-k", "options"
     )
     assert "--paracheck-model=" in result.stdout.str() + result.stderr.str()
+
+
+BAD_KEYWORDS_TEST = f"""
+def test_raises(paracheck_check):
+    paracheck_check("naive", model={B + "raises"!r}, batch={B + "batch"!r})
+
+
+def test_float32_only_at_bf16(paracheck_check):
+    paracheck_check("naive", model={B + "float32_only"!r}, batch={B + "batch"!r}, precision="bf16")
+"""
+
+
+def test_paracheck_check_refuses_a_bad_model_keyword_without_a_traceback(inner):
+    """A ``model=`` that cannot be checked fails its test naming the keyword, its value and the
+    rule; a model that runs in float32 only fails at another precision than fp32. No rank runs a
+    case and no traceback is printed."""
+    inner.makepyfile(test_bad=BAD_KEYWORDS_TEST)
+    result = inner.runpytest("-p", "no:cacheprovider", "--paracheck-no-database")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert f"paracheck: model='{B}raises': build(seed=0, dtype=torch.float32) raised" in out, out
+    assert f"paracheck: model='{B}float32_only': does not run in float64" in out, out
+    assert "check it at precision fp32, not bf16" in out, out
+    assert "Traceback" not in out and "pytest_plugin.py" not in out, out
 
 
 # A user's project: a model and a wrapper of its own, named by dotted path from its root, beside a

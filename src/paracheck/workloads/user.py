@@ -128,6 +128,9 @@ _FUNCTIONS: dict[str, object] = {}
 def _function(path: str, option: str):
     """The callable at ``path``, loaded once per process."""
     if path not in _FUNCTIONS:
+        module, colon, name = path.rpartition(":")
+        if not (colon and module and name):  # a function, never a built-in target's name
+            raise invalid(option, path, "must be 'package.module:name' or 'path/to/file.py:name'")
         try:
             fn = load_object(path)
         except TargetError as exc:
