@@ -93,6 +93,47 @@ def test_paracheck_s_collective_counters_below_the_users_call_are_hidden_and_cou
     assert "1 paracheck frame counting collectives hidden" in kept and "in wait" in kept
 
 
+_HUNG = (
+    "Thread 0x00007fa98c2546c0 (most recent call first):\n"
+    '  File "/x/paracheck/world/_rank.py", line 175 in run\n'
+    '  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner\n'
+    '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n'
+    "\n"
+    "Current thread 0x00007fa9ba5d8b80 (most recent call first):\n"
+    '  File "/x/paracheck/world/_collectives.py", line 227 in wait\n'
+    '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+    '  File "/x/paracheck/world/_collectives.py", line 291 in counted\n'
+    '  File "/home/me/ddp.py", line 28 in finish_gradient_synchronization\n'
+    '  File "/x/paracheck/check/ranks/_drive.py", line 40 in run_steps\n'
+    '  File "/x/paracheck/world/_rank.py", line 428 in _serve\n'
+    '  File "/x/paracheck/world/_entry.py", line 25 in <module>\n'
+    '  File "<frozen runpy>", line 88 in _run_code\n'
+)
+
+
+def test_a_hung_ranks_stack_shows_the_users_frames_and_counts_paracheck_s():
+    """A rank hung in the all-reduce its code called: paracheck's reader thread, its wrappers
+    around the collective and the rank program below the user's frame are left out, counted;
+    a thread with no frame of the user's (paracheck hung in its own code) is kept whole."""
+    from paracheck.world._failures import hide_harness_stack
+
+    shown = hide_harness_stack(_HUNG).splitlines()
+    assert shown == [
+        "... 1 paracheck thread hidden (PARACHECK_FULL_TRACEBACK=1 shows them)",
+        "Current thread 0x00007fa9ba5d8b80 (most recent call first):",
+        "  ... 2 paracheck frames counting collectives hidden (PARACHECK_FULL_TRACEBACK=1 shows "
+        "them)",
+        '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce',
+        '  File "/home/me/ddp.py", line 28 in finish_gradient_synchronization',
+        "  ... 3 paracheck frames and 1 library frame calling your code hidden "
+        "(PARACHECK_FULL_TRACEBACK=1 shows them)",
+    ], shown
+    own = _HUNG.replace("/home/me/ddp.py", "/x/paracheck/check/ranks/_sync.py")
+    assert hide_harness_stack(own) == own
+    error = RankError("hung", [RankFailure(0, "hung", _HUNG)])
+    assert "_rank.py" not in error.report() and _HUNG.rstrip() in error.report(full=True)
+
+
 def test_paracheck_s_call_into_torch_is_kept_and_its_own_error_is_whole():
     """With no frame of the user's, the last paracheck frame (what it called in torch) stays; an
     error raised inside paracheck keeps every frame."""

@@ -67,7 +67,11 @@ class WorldError(ParacheckError):
         parts = [str(self)]
         for f in self.failures:
             where = f" in collective {f.collective}" if f.collective else ""
-            detail = f.detail if full or f.kind != "raised" else hide_harness_frames(f.detail)
+            detail = f.detail
+            if not full and f.kind == "raised":
+                detail = hide_harness_frames(detail)
+            elif not full and f.kind == "hung":
+                detail = hide_harness_stack(detail)
             parts.append(f"--- rank {f.rank} {f.kind}{where} ---\n{detail.rstrip()}")
             if f.output:
                 parts.append(f"--- rank {f.rank} printed ---\n{f.output.rstrip()}")
@@ -223,6 +227,86 @@ def _passes_through(block: list[str]) -> bool:
     """Whether a frame of the collective wrappers (its "File" line and source lines) is its call
     of torch's own function, where an error raised is torch's."""
     return any(re.match(r"\s*return (fn|original_wait)\(", line) for line in block[1:])
+
+
+# A frame of a faulthandler dump (a hung rank's stack): most recent call first, no comma.
+_DUMP_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)\s*$')
+
+
+def _hidden_words(kinds: list[str], what: str = "calling your code") -> str:
+    ours, others = kinds.count("harness"), len(kinds) - kinds.count("harness")
+    words = f"{ours} paracheck frame{'' if ours == 1 else 's'}" if ours else ""
+    if others:
+        words += " and " if words else ""
+        words += f"{others} library frame{'' if others == 1 else 's'} {what}"
+    return f"  ... {words} hidden ({FULL_TRACEBACK}=1 shows them)"
+
+
+def hide_harness_stack(text: str) -> str:
+    """A hung rank's faulthandler dump with paracheck's frames left out where the user's code is
+    in the thread (Note [A rank's traceback]): the callers below its outermost frame (the rank
+    program), paracheck's wrappers around torch's collectives above it, and paracheck's own
+    threads, each counted. A dump with no frame of the user's (paracheck hung in its own code) is
+    kept whole: every frame is evidence."""
+    lines = text.splitlines()
+    if not any(
+        (m := _DUMP_FRAME.match(line)) and frame_kind(m.group(1)) == "user" for line in lines
+    ):
+        return text
+    out: list[str] = []
+    helper_threads = 0
+    i = 0
+    while i < len(lines):
+        head = lines[i]
+        if not head.endswith("(most recent call first):"):
+            out.append(head)
+            i += 1
+            continue
+        j = i + 1
+        frames: list[tuple[str, str]] = []  # (kind, line)
+        while j < len(lines) and _DUMP_FRAME.match(lines[j]):
+            m = _DUMP_FRAME.match(lines[j])
+            assert m is not None
+            path, fn = m.group(1), m.group(2)
+            kind = frame_kind(path)
+            if kind == "harness" and _COUNTER_FRAME in path.replace("\\", "/"):
+                kind = "counter" if fn in ("counted", "wait") else kind
+            frames.append((kind, lines[j]))
+            j += 1
+        kinds = [k for k, _ in frames]
+        if "user" not in kinds:
+            thread = all(k == "harness" or '/threading.py"' in line for k, line in frames)
+            if "harness" in kinds and thread and not head.startswith("Current thread"):
+                helper_threads += 1  # paracheck's own thread (its rank program's reader)
+                while j < len(lines) and not lines[j].strip():
+                    j += 1
+            else:
+                out.append(head)
+                out += [line for _, line in frames]
+            i = j
+            continue
+        last = len(kinds) - 1 - kinds[::-1].index("user")
+        n = kinds[:last].count("counter")
+        out.append(head)
+        for k, (kind, line) in enumerate(frames[: last + 1]):
+            if kind != "counter":
+                out.append(line)
+            elif k == kinds.index("counter"):
+                out.append(
+                    f"  ... {n} paracheck frame{'' if n == 1 else 's'} counting collectives "
+                    f"hidden ({FULL_TRACEBACK}=1 shows them)"
+                )
+        callers = [("harness" if k == "counter" else k) for k in kinds[last + 1 :]]
+        if callers:
+            out.append(_hidden_words(callers))
+        i = j
+    if helper_threads:
+        n = helper_threads
+        out.insert(
+            0,
+            f"... {n} paracheck thread{'' if n == 1 else 's'} hidden ({FULL_TRACEBACK}=1 shows them)",
+        )
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def hide_harness_frames(text: str) -> str:
