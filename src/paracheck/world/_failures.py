@@ -189,8 +189,12 @@ def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
 #   frame is the user's, the last frame of paracheck's before a library's (torch's) is kept, for
 #   it shows what paracheck called on the target's objects (an LR scheduler built on the
 #   target's optimizer); where paracheck raised in its own code, every frame is kept (the
-#   evidence of a bug in paracheck). ``PARACHECK_FULL_TRACEBACK=1`` keeps every frame. The
-#   failure's ``detail`` keeps them all: the diagnoses read it whole.
+#   evidence of a bug in paracheck). Below the user's frame, paracheck's wrappers around torch's
+#   collectives (``world/_collectives.py``) are left out too. A hung rank's stack (a faulthandler
+#   dump, most recent call first) is read the same way: the rank program below the user's
+#   outermost frame, the wrappers above it and paracheck's reader thread are left out, counted,
+#   and a dump with no frame of the user's stays whole. ``PARACHECK_FULL_TRACEBACK=1`` keeps
+#   every frame. The failure's ``detail`` keeps them all: the diagnoses read it whole.
 # Path fragments of paracheck's harness: its frames are never the target's. (paracheck's own
 # designs, ``paracheck/ddp``, ``paracheck/zero``, ..., and its mutants are targets.)
 HARNESS_PATHS = (
