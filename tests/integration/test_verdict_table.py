@@ -226,3 +226,18 @@ def test_two_hangs_in_different_waits_are_two_causes_one_wait_in_two_cases_is_on
     later case (other counts) are the same cause, waits elsewhere another."""
     first, again, other = _hang(10, "3rd"), _hang(10, "7th"), _hang(50, "3rd")
     assert causes_of([first, again, other]) == [[first, again], [other]]
+
+
+def test_the_rows_counts_add_up_to_the_cases_run(world):
+    """Each case run is counted in one row: a row that draws a case an earlier row ran counts it
+    apart ("and N of earlier rows"), so the rows' counts add up to the summary's."""
+    from paracheck.check.targets import resolve_target
+    from paracheck.check.verdict import RowVerdict
+
+    only = ",".join(f"-{f}" for f in optional_features() if f not in ("buffer", "accumulation"))
+    report = check_target(resolve_target("flat"), world, _settings(max_examples=4, features=only))
+    reached = [r for r in report.rows if r.status in ("PASS", "FAIL")]
+    assert len(reached) >= 3, [r.line(20) for r in report.rows]
+    assert sum(r.cases for r in report.rows) == report.cases_run, [r.line(20) for r in report.rows]
+    row = RowVerdict("+buffer", "buffer", status="PASS", cases=3, earlier=2, seconds=1.0)
+    assert row.cost == "3 cases (and 2 of earlier rows), 1.0 s"

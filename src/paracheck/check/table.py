@@ -470,7 +470,8 @@ def _search_row(
     finally:
         checker.row_log = None
         checker.row = ""
-        row.cases = len({id(r) for r in log})
+        row.earlier = len({id(r) for r in log if id(r) in ran_before})
+        row.cases = len({id(r) for r in log}) - row.earlier
         row.seconds = time.monotonic() - t0
         row.compiling = compiling_seconds(r for r in log if id(r) not in ran_before)
     # Failures of saved or given cases of this row, then the causes found in other rows that

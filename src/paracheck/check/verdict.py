@@ -48,7 +48,8 @@ class RowVerdict:
     why: str = ""
     failure: PropertyFailure | None = None
     also: list[PropertyFailure] = field(default_factory=list)
-    cases: int = 0
+    cases: int = 0  # the cases the row ran (its shrinking included), each counted in one row
+    earlier: int = 0  # the cases it judged again that earlier rows had run (their results kept)
     seconds: float = 0.0
     # Of ``seconds``, those Dynamo spent compiling the compiled cases the row ran (Note [Compiled
     # cases] in ``paracheck.cases._compile``).
@@ -61,8 +62,12 @@ class RowVerdict:
     @property
     def cost(self) -> str:
         """What the row's search took: "3 cases, 4.2 s", with ", 2.9 s of it compiling" where it
-        compiled (Note [Compiled cases] in ``paracheck.cases._compile``)."""
-        text = f"{self.cases} case{'' if self.cases == 1 else 's'}, {self.seconds:.1f} s"
+        compiled (Note [Compiled cases] in ``paracheck.cases._compile``), and "(and 2 of earlier
+        rows)" where it drew cases earlier rows ran: the rows' counts add up to the cases run."""
+        text = f"{self.cases} case{'' if self.cases == 1 else 's'}"
+        if self.earlier:
+            text += f" (and {self.earlier} of earlier rows)"
+        text += f", {self.seconds:.1f} s"
         return text + (f", {self.compiling:.1f} s of it compiling" if self.compiling else "")
 
     @property
@@ -99,6 +104,7 @@ class RowVerdict:
             "more": [f.property for f in self.more],
             "also": [f.property for f in self.also],
             "cases": self.cases,
+            "cases_of_earlier_rows": self.earlier,
             "seconds": round(self.seconds, 3),
             "compiling_seconds": round(self.compiling, 3),
         }
