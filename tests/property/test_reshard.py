@@ -84,26 +84,48 @@ def test_every_builtin_resumes_at_every_other_world_size(world, name, pair):
     assert "reshard not judged" not in result.extra.get("unjudged", ""), result.extra
 
 
-@pytest.mark.parametrize("mutant", RESHARDING, ids=lambda m: m.name)
-def test_resharding_mutant_is_killed_by_the_reshard_row(world, mutant):
-    """Each resharding mutant fails the pinned resumed case: on ``reshard``, or raising while it
-    resumes; the same case without the resume passes (the bug is in its checkpoint alone)."""
-    target = _mutant(mutant.name)
-    result = run_case(world, target, _at(2, 3))
+def _assert_killed_resuming(result, mutant) -> None:
+    """``result`` fails on ``reshard``, or by a rank raising in the resumed world."""
     assert not result.ok, f"{mutant.name} survived: {mutant.bug}"
     if result.error is not None:
         assert "run_resumed" in result.error.report(), result.describe()
     else:
         assert result.failed_properties == ["reshard"], result.describe()
-    assert run_case(world, target, replace(_at(2, 3), reshard_at_step=None)).ok
 
 
-def test_the_dropped_state_shows_only_when_the_world_size_changes(world):
-    """State dropped when the number of ranks changes survives a resume at the same world size:
-    why W' is drawn another than W wherever the check draws another."""
-    target = _mutant("sharded-reshard-state-dropped")
-    assert run_case(world, target, _at(2, 2)).ok
-    assert run_case(world, target, _at(2, 1)).failed_properties == ["reshard"]
+def _pinned(mutant) -> Case:
+    """The pinned resumed case of ``mutant``: BASE, in bfloat16 with masters for a bug of them."""
+    return BF16_MASTERS if mutant.precision == "bf16" else BASE
+
+
+@pytest.mark.parametrize("mutant", RESHARDING, ids=lambda m: m.name)
+def test_resharding_mutant_is_killed_by_the_reshard_row(world, mutant):
+    """Each resharding mutant fails the pinned resumed case: on ``reshard``, or raising while it
+    resumes; the same case without the resume passes (the bug is in its checkpoint alone)."""
+    target = _mutant(mutant.name)
+    _assert_killed_resuming(run_case(world, target, _at(2, 3, _pinned(mutant))), mutant)
+    assert run_case(world, target, replace(_at(2, 3, _pinned(mutant)), reshard_at_step=None)).ok
+
+
+# The mutants whose bug a resume to some world size cannot show: (W, W') where each passes, (W,
+# W') where it fails. Why W' is drawn another than W wherever the check draws another, 1 included.
+LATENT = {
+    "sharded-reshard-state-dropped": ((2, 2), (2, 1)),
+    "zero1-master-reshard-masters-from-parameters": ((3, 3), (3, 2)),
+    "zero2-reshard-loaded-on-rank-0": ((2, 1), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", LATENT)
+def test_a_latent_resharding_mutant_shows_only_at_another_world_size(world, name):
+    """State dropped or masters rebuilt when the number of ranks changes survive a resume at the
+    same world size, and state loaded on rank 0 only survives a resume to one rank: each fails
+    the other pinned pair (on ``reshard``, or raising in the resumed world: rank 0's and a fresh
+    rank's pieces of one parameter disagree on Adam's step)."""
+    target, mutant = _mutant(name), MUTANTS[name]
+    passing, failing = LATENT[name]
+    assert run_case(world, target, _at(*passing, _pinned(mutant))).ok
+    _assert_killed_resuming(run_case(world, target, _at(*failing, _pinned(mutant))), mutant)
 
 
 # An FSDP2 case drawn by the check (float32 under bfloat16 autocast, a tied weight, W 3 -> 1) on

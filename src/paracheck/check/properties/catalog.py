@@ -491,7 +491,9 @@ _ROWS = (
         "after every step equal the oracle's (`check/properties/reshard.py`, "
         "Note [Resuming at another world size])",
         catches="a piece past the first bucket read at the wrong offset, state not restored "
-        "when the number of ranks changes, Adam's moments dropped on load",
+        "when the number of ranks changes, Adam's moments or step count dropped on load, the "
+        "saved groups' hyper-parameters ignored, state loaded on rank 0 only, masters rebuilt "
+        "from the parameters",
         oracle="yes",
         check=_rerun(
             "paracheck.check.properties.reshard:check_reshard",

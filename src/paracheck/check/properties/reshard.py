@@ -21,6 +21,9 @@ Note [Resuming at another world size]
     class whose ranks' dicts differ is not judged), loaded into a fresh world of
     W' (``reshard_world_size``, drawn among the check's world sizes, another than W wherever there
     is one, 1 included), which trains the remaining steps (``paracheck.check.ranks.reshard``).
+    There the groups keep the rates they were built with until the load (a scheduler's own
+    ``load_state_dict()`` restores its count, never a group's rate), so the rates at the save are
+    the target's ``load_state_dict()``'s to restore, as in use.
     Around it the sharding cases draw what decides where state lives: bucket sizes from below
     one parameter to above the model (state spanning several buckets), frozen and unused
     parameters, uneven and empty shards (more ranks than parameters), several groups with their

@@ -66,15 +66,21 @@ def _build(case: Case, model, cls, syncs: bool):
 
 
 def bring_to(case: Case, opt, params, scheduler, start: int) -> None:
-    """The groups added before step ``start`` and the scheduler stepped ``start`` times, as the
-    saving run had them: the scheduler's own count and base rates are what a reload restores,
-    and the rates it sets on the way are replaced by the saved ones at ``load_state_dict()``."""
+    """The groups added before step ``start`` and the scheduler stepped ``start`` times, as a
+    resumed run has them before ``load_state_dict()``: the scheduler with the count and base
+    rates ``scheduler.load_state_dict()`` restores, every group with the rate it was built with
+    (a scheduler's ``load_state_dict()`` sets no group's rate), so that the rates the saving run
+    had at the save are the optimizer's ``load_state_dict()``'s to restore, as they are in use."""
+    built = [group["lr"] for group in opt.param_groups]
     with warnings.catch_warnings():
         # "lr_scheduler.step() before optimizer.step()": no step is taken here on purpose.
         warnings.simplefilter("ignore", UserWarning)
         for step in range(start):
             add_late_groups(case, opt, params, step)
+            built += [group["lr"] for group in opt.param_groups[len(built) :]]
             step_scheduler(scheduler)
+    for group, lr in zip(opt.param_groups, built):
+        group["lr"] = lr
 
 
 def run_resumed(payload: dict) -> RankRecord:
