@@ -439,7 +439,8 @@ def test_a_resumed_trajectory_wrong_before_the_save_is_the_wrong_steps_cause():
 def test_a_rank_dead_in_a_mismatched_collective_reads_as_the_hang_with_its_fix():
     """A DDP skipping parameters whose gradient is None, on gloo: rank 1 aborts in the all-reduce
     its peer called with another size, rank 0 raises there. Alone (no hang found), its block
-    still says the ranks disagree and gives the hang's fix, not a crash's."""
+    still says the ranks disagree, where in the target's code, and gives the hang's fix, not a
+    crash's."""
     from paracheck.check.failure import PropertyFailure, property_info
     from paracheck.check.run import CaseResult
     from paracheck.check.verdict import cause_text, causes_of
@@ -470,6 +471,8 @@ def test_a_rank_dead_in_a_mismatched_collective_reads_as_the_hang_with_its_fix()
     hang_fix = property_info("hang", Case(), "ddp").hint
     assert f"  fix: {hang_fix}\n" in text, text
     assert "look for os._exit" not in text, text
+    at = "  at /home/u/mypkg/ddp.py:28 in finish_gradient_synchronization: dist.all_reduce(p.grad)"
+    assert at in text.splitlines(), text
     assert "the ranks disagree on the collectives they issue" in text.splitlines()[0], text
     # A rank killed with no collective in question keeps the crash's words.
     crash = RankDied("1 rank(s) died", [RankFailure(1, "died", "killed by signal SIGSEGV (11)")])

@@ -200,6 +200,9 @@ def test_hang_report_says_which_collective_the_ranks_disagree_on(world):
         "the ranks disagree: rank 0 is in its 2nd all_reduce" in text
         and "rank 1 finished after 1 all_reduce" in text
     )
+    # Where in the target's code the hung rank waits, on a line of its own.
+    (at,) = [line for line in text.splitlines() if line.startswith("  at ")]
+    assert "/paracheck/ddp/" in at and " in finish_gradient_synchronization" in at, at
 
 
 def test_harness_error_without_a_target_frame_is_not_blamed_on_the_target():

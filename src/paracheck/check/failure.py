@@ -27,6 +27,7 @@ __all__ = [
     "property_info",
     "replay_command",
     "saved_case_path",
+    "stuck_at",
     "target_frame",
 ]
 
@@ -112,6 +113,25 @@ def stack_frames(dump: str, own: tuple[str, ...] = ()) -> tuple[str, ...]:
             frames.append(f"{m.group(1)}:{m.group(2)} in {m.group(3)}")
             seen = True
     return tuple(frames)
+
+
+def stuck_at(err, own: tuple[str, ...] = ()) -> str | None:
+    """Where in the target's code stuck or dead ranks were, as "file:line in function": the
+    innermost own frame of a hung rank's stack, else of a dead rank's peer's traceback (Note [A
+    death's peers] in ``paracheck.world._collect``); None where no frame of the target's is
+    known."""
+    failures = getattr(err, "failures", None) or ()
+    for f in failures:
+        if f.kind == "hung":
+            frames = stack_frames(f.detail, own)
+            if frames:
+                return frames[0]
+    for f in failures:
+        if f.kind == "raised":
+            frame = target_frame(f.detail, own)
+            if frame:
+                return frame
+    return None
 
 
 def target_frame(traceback_text: str, own: tuple[str, ...] = ()) -> str | None:
@@ -429,6 +449,10 @@ class PropertyFailure:
 
             lead = "" if err.disagreement.startswith(OUTSIDE) else "the ranks disagree: "
             out.append(f"  {lead}{err.disagreement}")
+        if err is not None and self.property in ("hang", "died"):
+            at = stuck_at(err, self.own)
+            if at:
+                out.append(f"  at {at}")
         hint = self.fix
         if hint:
             out.append(f"  fix: {hint}")

@@ -17,6 +17,7 @@ from paracheck.check.failure import (
     replay_command,
     saved_case_path,
     stack_frames,
+    stuck_at,
     target_frame,
 )
 
@@ -356,6 +357,10 @@ def cause_text(
 
         lead = "" if err.disagreement.startswith(OUTSIDE) else "the ranks disagree: "
         out.append(f"  {lead}{err.disagreement}")
+    if err is not None and f.property in ("hang", "died"):
+        at = stuck_at(err, f.own)
+        if at:
+            out.append(f"  at {at}")
     if f.fix:
         out.append(f"  fix: {f.fix}")
     how = (
