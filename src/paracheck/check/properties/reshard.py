@@ -66,6 +66,17 @@ Note [Resuming at another world size]
     contract, and its row says "not supported" (``paracheck.check.interfaces``), unless its class
     declares ``paracheck_checkpoint = "torch.distributed.checkpoint"``: its shards are DTensors,
     saved and resharded by DCP (``paracheck.check.ranks.reshard_dcp``).
+
+Note [A resumed case wrong before its save]
+    The saving run's k steps are the kind's own trajectory: nothing has been saved or loaded
+    yet. A divergence there (a sharded optimizer that divides its gradients twice) is the plain
+    case's failure, so the property returns it as it is, under the property it breaks
+    (``parameters``, ``gradients``, ``optimizer-state``), its detail saying it came before the
+    save. Reported as ``reshard``, the verdict table took it for a cause of its own, printed
+    beside the core's in the ``+reshard`` row (three such blocks for one sharded design whose
+    every update was wrong); as what it is, it is the core's cause again, or is attributed to the
+    core when the case without the feature fails the same way. Only a divergence after the load,
+    or of a step after the save, is a resharding failure.
 """
 
 from __future__ import annotations
@@ -233,9 +244,16 @@ def check_reshard(
     on_gpus = _on_gpus(world)
     # Each half against the oracle of its own world's batches (Note [Resuming at another world
     # size]): the saving run's k steps, then the resumed steps continuing them.
+    context = (
+        f"saved after step {k - 1} at world size {at_w.world_size}, resumed at world size "
+        f"{at_w2.world_size}"
+    )
     d = judge(target.kind, replace(at_w, steps=k, reshard_at_step=None), saved, 0, on_gpus=on_gpus)
-    if d is None:
-        d = judge(target.kind, at_w2, _stitched(saved, resumed), k, on_gpus=on_gpus)
+    if d is not None:
+        # Wrong before anything was saved: the plain trajectory's failure (Note [A resumed case
+        # wrong before its save]), under the property it breaks, not a resharding one.
+        return replace(d, detail=f"before the save ({context}). {d.detail}".rstrip())
+    d = judge(target.kind, at_w2, _stitched(saved, resumed), k, on_gpus=on_gpus)
     if d is None:
         return None
     return Divergence(
@@ -246,8 +264,7 @@ def check_reshard(
         d.name,
         d.max_abs_diff,
         d.tolerance,
-        f"{d.what} {'before the save' if d.step < k else 'after the load'}: saved after step "
-        f"{k - 1} at world size {at_w.world_size}, resumed at world size {at_w2.world_size}. "
+        f"{d.what} {'before the save' if d.step < k else 'after the load'}: {context}. "
         f"{d.detail}".rstrip(),
         d.worst_ratio,
     )
