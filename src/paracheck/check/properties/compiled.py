@@ -48,9 +48,17 @@ __all__ = [
 #   a collective, or in the target's own code) is a hang as in an eager case.
 #   The frames that say "compiling" are those of Dynamo's frame conversion and of the inductor's
 #   compilation and code cache, never those compiled code runs through (Dynamo's and AOTAutograd's
-#   runtime wrappers): a rank hung in a collective its compiled code issued is a hang.
+#   runtime wrappers): a rank hung in a collective its compiled code issued is a hang. A stack is
+#   printed only to its 100 innermost frames: a rank importing the inductor's kernels from inside
+#   AOTAutograd's partitioner had Dynamo's frame conversion cut off below them (a correct DDP's
+#   compiled case was called a hang after 22 s, importing jinja2, on a loaded machine), so the
+#   frames of Dynamo's tracing and graph output and of AOTAutograd's compiling count too.
 _COMPILER_FRAMES = (
     "/torch/_dynamo/convert_frame.py",
+    "/torch/_dynamo/symbolic_convert.py",
+    "/torch/_dynamo/output_graph.py",
+    "/torch/_functorch/_aot_autograd/graph_compile.py",
+    "/torch/_functorch/partitioners.py",
     "/torch/_inductor/compile_fx.py",
     "/torch/_inductor/codecache.py",
     "/torch/_inductor/cpp_builder.py",
