@@ -60,6 +60,7 @@ SECOND_TIER = {
     "tests/property/test_reshard.py::test_correct_designs_resume_on_drawn_cases": "drawn resumed cases",
     "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_reshard_row": "every resharding mutant",
     "tests/property/test_reshard.py::test_a_latent_resharding_mutant_shows_only_at_another_world_size": "three resharding mutants at two pairs",
+    "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_selftest": "a selftest search per resharding mutant",
     "tests/property/test_repeatability.py::test_repeatability_kills_arrival_order": "a search of repeated runs",
     "tests/property/test_property_selection.py::test_relations_pass_correct_targets": "every relation on two designs",
     "tests/integration/test_report.py::test_two_independent_bugs_are_both_reported_shrunk_and_labelled": "two failures shrunk and labelled",

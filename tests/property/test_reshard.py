@@ -22,7 +22,8 @@ from paracheck.check.properties.reshard import (
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
-from paracheck.strategies._reshard import reshard_draws
+from paracheck.strategies._core import from_seed, precision_settings
+from paracheck.strategies._reshard import reshard_draws, resumed_by_seed
 from paracheck.workloads import MLPSpec
 
 # MLP 3 -> 4 -> 4 -> 2 with biases (six parameters, 46 elements) under Adam, buckets of 12
@@ -128,6 +129,18 @@ def test_a_latent_resharding_mutant_shows_only_at_another_world_size(world, name
     _assert_killed_resuming(run_case(world, target, _at(*failing, _pinned(mutant))), mutant)
 
 
+@pytest.mark.parametrize("mutant", RESHARDING, ids=lambda m: m.name)
+def test_resharding_mutant_is_killed_by_the_selftest(world, mutant):
+    """Each resharding mutant is killed by the default check, as ``paracheck selftest --only``
+    runs it (40 derandomised cases at world sizes 1..4, its own precision), on ``reshard`` or by
+    a rank raising while it resumes."""
+    from paracheck.selftest import selftest_rows
+
+    (row,) = selftest_rows(only=[mutant.name], world_sizes=(1, 2, 3, 4), world=world)
+    assert row["ok"], f"{mutant.name} {row['verdict']} after {row['examples']} cases: {mutant.bug}"
+    assert row["properties"][0] in ("reshard", "raised"), row["detail"]
+
+
 # An FSDP2 case drawn by the check (float32 under bfloat16 autocast, a tied weight, W 3 -> 1) on
 # which the oracle's own step-0 gradients at W' (other rows than the ranks' at W) moved its
 # parameters past their tolerance: past the save, updates are judged on the target's gradients.
@@ -210,6 +223,29 @@ def test_both_halves_train_on_the_same_global_batch(pair):
             for c in (at_w, at_w2)
         ]
         assert torch.equal(rows[0], rows[1])
+
+
+def test_a_bfloat16_case_is_resumed_by_its_seed_in_one_case_in_two():
+    """One seed in two (seed 0 never) resumes a case after step 1 at another of the check's world
+    sizes, without a draw, and as often among the seeds a bf16 check runs in bfloat16 (where the
+    masters are saved): the seeds that resume do not follow the seeds' precision."""
+    sizes = (1, 2, 3, 4)
+    bf16 = [s for s in range(1, 2001) if from_seed(s, precision_settings("bf16"))[0] == "bfloat16"]
+    resumed = [
+        c
+        for c in (
+            resumed_by_seed(replace(BASE, seed=s, reshard_at_step=None), world_sizes=sizes)
+            for s in bf16
+        )
+        if c.reshard_at_step is not None
+    ]
+    assert 0.4 < len(resumed) / len(bf16) < 0.6
+    assert {c.reshard_at_step for c in resumed} == {1}
+    assert {c.reshard_world_size for c in resumed} == {1, 3, 4}
+    unresumed = replace(BASE, seed=0, reshard_at_step=None)
+    assert resumed_by_seed(unresumed, world_sizes=sizes) == unresumed
+    one_rank = replace(BASE.with_world_size(1), seed=resumed[0].seed, reshard_at_step=None)
+    assert resumed_by_seed(one_rank, world_sizes=sizes).reshard_at_step is None
 
 
 def test_per_rank_shards_are_told_from_consolidated_dicts():
