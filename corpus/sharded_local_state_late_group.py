@@ -1,7 +1,9 @@
 """bug: core: a group added by add_param_group() after construction gets owners and broadcasts, but its parameters are never handed to the owner's wrapped optimizer, so they are never stepped
     shows: parameters, optimizer-state, rank-agreement, structure, state-consolidated
-bug: core|reload: state_dict() is this rank's wrapped optimizer's own state_dict() (local indices, local groups)
-    shows: optimizer-state, state-consolidated
+
+Its state_dict() is this rank's wrapped optimizer's own (local indices, local groups): a per-rank
+reading paracheck accepts (a shard of each rank's own parameters; only the opt-in
+state-consolidated property asks for more), so it is no planted bug.
 
 The wrapped optimizer is built once, in the constructor, over the parameters this rank owns;
 add_param_group() is Optimizer's own plus the owner bookkeeping. state_dict() and

@@ -1,7 +1,9 @@
 """bug: core: each rank sizes the reduce-scatter chunks by its own shard's length, so ranks owning shards of different sizes issue tensors of different sizes
     shows: hang, died, raised
-bug: core|reload: state_dict() is the wrapped optimizer's own state_dict(), keyed by its local indices
-    shows: optimizer-state, state-consolidated
+
+Its state_dict() is the wrapped optimizer's own, keyed by its local indices: a per-rank reading
+paracheck accepts (a shard of each rank's own parameters; only the opt-in state-consolidated
+property asks for more), so it is no planted bug.
 
 The owner-by-size ZeRO-1 wrapper with the chunk length written as the sum of this rank's own
 parameters' sizes ("every chunk is as long as mine": true only when the shards are equal) and a
