@@ -70,6 +70,8 @@ SECOND_TIER = {
     "tests/property/test_reduce_dtype.py::test_float32_reduction_passes": "a search per precision",
     "tests/property/test_ddp_basic.py::test_no_divide_mutant_is_killed": "a mutant the first tier's selftest slice kills too",
     "tests/property/test_property_selection.py::test_world_size_relation_kills_no_divide": "a relation test_metamorphic also kills it with",
+    "tests/integration/test_external_target.py::test_correct_external_ddp_passes": "a whole table of a correct outside design from the command line",
+    "tests/property/test_repeatability.py::test_correct_designs_repeat": "a repeated search per design",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 
