@@ -28,8 +28,9 @@ Note [Resuming at another world size]
     one parameter to above the model (state spanning several buckets), frozen and unused
     parameters, uneven and empty shards (more ranks than parameters), several groups with their
     own hyper-parameters, groups added before and after the save, a scheduler, Adam and SGD with
-    momentum, bfloat16 parameters with float32 masters. Hypothesis shrinks k toward 1 and W'
-    toward the smallest world.
+    momentum, bfloat16 parameters with float32 masters (one bfloat16 sharding case in two is
+    resumed by its seed: ``paracheck.strategies._reshard.resumed_by_seed``). Hypothesis shrinks
+    k toward 1 and W' toward the smallest world.
 
     The oracle never changes world size, so the data must not either: the global batch of a
     step must be the same at W and W'. Both runs therefore take the same U = lcm(W, W') equal
