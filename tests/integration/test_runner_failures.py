@@ -331,5 +331,5 @@ def test_a_dead_ranks_peer_keeps_its_traceback_of_the_call_they_shared(small_wor
     failures = info.value.failures
     assert [(f.rank, f.kind) for f in failures] == [(1, "died"), (0, "raised")], failures
     assert "in exit_on_1" in failures[1].detail and "dist.all_reduce(t)" in failures[1].detail
-    assert "rank 0" not in str(info.value).split("during")[0], str(info.value)
+    assert "Traceback" not in str(info.value), str(info.value)  # its message: the deaths
     _healthy(small_world)
