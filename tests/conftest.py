@@ -31,6 +31,8 @@ SECOND_TIER = {
     "tests/property/test_compiled.py::test_torch_ddp_compiled_with_the_graph_break_optimiser_above_its_first_bucket": "a compiled case and its eager twin",
     "tests/property/test_compiled.py::test_builtin_ddps_lowered_by_the_inductor_match_the_oracle": "gcc compiling the inductor's kernels",
     "tests/property/test_compiled.py::test_builtin_ddps_pass_drawn_compiled_cases": "drawn compiled cases",
+    "tests/property/test_compiled.py::test_loops_compiled_match_the_oracle": "loops compiled in the aot_eager settings",
+    "tests/property/test_compiled.py::test_the_loop_compile_row_passes": "a loop's compile row, drawn compiled cases",
     "tests/unit/test_kind_draws.py::test_a_kind_declares_exactly_the_features_it_never_draws": "each kind's cases drawn at two precisions",
     "tests/property/test_sharding_mutants.py::test_sharding_mutant_is_killed": "every sharding mutant",
     "tests/property/test_sharding_mutants.py::test_protocol_mutant_survives_without_its_protocol": "every sharding mutant",

@@ -2,7 +2,9 @@
 ``torch.compile``, equal the oracle and issue the collectives they issue eagerly
 (compile-ledger), with a graph compiled in every case torch can compile; the cases torch cannot
 compile are skipped with torch's words; each compiled-case mutant keeps the oracle's values and
-is killed by compile-ledger alone."""
+is killed by compile-ledger alone. The built-in loops, their model or whole step compiled (Note
+[Compiled loops]), equal the oracle, and so do loops that compile themselves; a row reports the
+seconds its cases spent compiling."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paracheck.cases import Case
+from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.features import case_features, optional_features, without
 from paracheck.check.interfaces import unsupported
 from paracheck.check.property import check_target
@@ -21,6 +23,7 @@ from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
 from paracheck.strategies._compiled import compiled_cases
+from paracheck.workloads.lm import LMSpec
 from paracheck.world import World
 
 # Compiling happens inside each case's job, under the World's hang timeout (Note [Compiling is
@@ -200,3 +203,72 @@ def test_the_compile_row_reports_the_seconds_its_case_compiled(world):
     assert 0 < row.compiling <= row.seconds, report.text()
     assert f", {row.compiling:.1f} s of it compiling]" in report.text()
     assert rows["core"].compiling == 0 and rows["all features"].compiling == 0, report.text()
+
+
+# The loop kind's pinned case (tests/property/test_loop.py's, at float32: a loop's dtype), at
+# world size 2.
+LOOP_CASE = Case(
+    model=LMSpec(vocab_size=7, context_length=4, d_model=8, d_ff=8, num_layers=1, num_heads=2),
+    world_size=2,
+    batch_sizes=(1, 3),
+    steps=2,
+    accumulation=3,
+    optimizer=OptimizerSpec("sgd", (GroupSpec(params=(), lr=0.1),)),
+    seed=5,
+    dtype="float32",
+    loss="token-mean",
+    padded=True,
+    empty_micro=True,
+    last_window=2,
+)
+LOOP_SETTINGS = ("aot_eager", "aot_eager+compiled-autograd", "aot_eager+whole-step")
+COMPILED_LOOPS = Path(__file__).with_name("_compiled_loops.py")
+
+
+def test_a_compiled_loop_equals_the_oracle(world):
+    """The reference loop, handed its model compiled in place, equals the oracle, with a graph
+    compiled (Note [Compiled loops])."""
+    case = replace(LOOP_CASE, world_size=1, batch_sizes=(2,), steps=1, compiled="aot_eager")
+    result = run_case(world, resolve_target("loop"), case)
+    assert result.ok and result.extra["compiled"]["graphs"] >= 1, result.describe()
+
+
+def test_a_whole_step_setting_skips_a_ddp_case(world):
+    """A DDP case has no step of the target's: a case file naming a whole-step setting for one is
+    skipped, saying so."""
+    result = run_case(world, resolve_target("flat"), replace(CASE, compiled="aot_eager+whole-step"))
+    assert "compiles a loop's whole step; a DDP case has none" in result.extra["skipped"]
+
+
+# The reference loop in each setting, and the loops that compile themselves (their model, their
+# whole step) handed a model compiled in place: the drawn cases of every built-in loop are the
+# compile row's (``test_the_loop_compile_row_passes``, the selftest's).
+LOOPS_COMPILED = [
+    *(("loop", setting) for setting in LOOP_SETTINGS),
+    (f"{COMPILED_LOOPS}:model_compiling_step", "aot_eager"),
+    (f"{COMPILED_LOOPS}:compiled_whole_step", "aot_eager"),
+]
+
+
+@pytest.mark.parametrize(("name", "setting"), LOOPS_COMPILED, ids=lambda v: v.split(":")[-1])
+def test_loops_compiled_match_the_oracle(world, name, setting):
+    """The reference loop, its model or whole step compiled in each aot_eager setting, and loops
+    that compile themselves, compiled again, equal the oracle."""
+    result = run_case(world, resolve_target(name, "loop"), replace(LOOP_CASE, compiled=setting))
+    assert result.ok and result.extra["compiled"]["setting"] == setting, result.describe()
+
+
+def test_the_loop_compile_row_passes(world):
+    """The compile row of the batch-mean loop (drawn compiled cases at world sizes 1 and 2)
+    passes, reporting the seconds it spent compiling."""
+    report = check_target(
+        resolve_target("loop-batch-mean"),
+        world,
+        table=True,
+        first_failure=False,
+        max_examples=8,
+        world_sizes=(1, 2),
+        features=",".join(f"-{f}" for f in optional_features() if f != "compile"),
+    )
+    row = {r.name: r for r in report.rows}["+compile"]
+    assert row.status == "PASS" and row.cases >= 5 and row.compiling > 0, report.text()

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from hypothesis import find, given, settings
+from hypothesis.errors import Unsatisfiable
 
 from paracheck.cases import COMPILE_SETTINGS, Case
 from paracheck.check.features import case_features, optional_features, without
@@ -16,16 +17,16 @@ from paracheck.check.properties.compiled import compiling_seconds, compiling_too
 from paracheck.check.ranks._compiled import compile_failure
 from paracheck.check.run import CaseResult
 from paracheck.check.verdict import RowVerdict
-from paracheck.strategies._compiled import compile_settings, compiled_cases
+from paracheck.strategies._compiled import compile_settings, compiled_cases, compiled_loop_cases
 
 
 def test_settings_pair_compiled_autograd_with_the_python_reducer():
-    """Every backend has plain, graph-break-optimised and compiled-autograd settings; compiled
-    autograd always names torch's Python reducer (torch DDP's C++ reducer refuses it)."""
+    """Every backend has plain, graph-break-optimised, compiled-autograd and whole-step settings;
+    compiled autograd always names torch's Python reducer (torch DDP's C++ reducer refuses it)."""
     assert set(COMPILE_SETTINGS) == {
         f"{b}{m}"
         for b in ("aot_eager", "inductor")
-        for m in ("", "+optimize-ddp", "+compiled-autograd")
+        for m in ("", "+optimize-ddp", "+compiled-autograd", "+whole-step")
     }
     for s in COMPILE_SETTINGS.values():
         assert (s.optimize_ddp == "python_reducer") == s.compiled_autograd, s
@@ -62,7 +63,7 @@ def test_the_strategy_draws_every_setting_and_eager_cases_most():
     seen: Counter = Counter()
     _draw(seen=seen)
     assert seen[None] > sum(n for k, n in seen.items() if k is not None)
-    assert set(seen) - {None} == set(COMPILE_SETTINGS)
+    assert set(seen) - {None} == {n for n, s in COMPILE_SETTINGS.items() if not s.whole_step}
     plain: Counter = Counter()
     _draw_plain(seen=plain)
     assert not any(k is not None and k.startswith("inductor") for k in plain), plain
@@ -75,8 +76,36 @@ def _draw_plain(case, seen):
     seen[case.compiled] += 1
 
 
+@settings(max_examples=300, database=None, deadline=None, derandomize=True)
+@given(case=compiled_loop_cases(world_sizes=[1, 2], inductor=True))
+def _draw_loops(case, seen):
+    seen[case.compiled] += 1
+
+
+def test_a_loop_draws_its_model_or_whole_step_compiled_and_no_graph_break_optimiser():
+    """Note [Compiled loops]: a loop's compiled cases compile its model, with compiled autograd
+    or not, or its whole step (each aot_eager setting drawn, the inductor's where asked for);
+    never with DDP's graph-break optimiser (its model is no torch DDP); eager cases most."""
+    seen: Counter = Counter()
+    _draw_loops(seen=seen)
+    assert seen[None] > 3 * sum(n for k, n in seen.items() if k is not None), seen
+    drawn, loops = set(seen) - {None}, {n for n in COMPILE_SETTINGS if "optimize-ddp" not in n}
+    assert drawn <= loops and {n for n in loops if n.startswith("aot_eager")} <= drawn, seen
+    assert any(n.startswith("inductor") for n in drawn), seen
+
+
+def test_no_loop_case_with_autocast_or_below_float32_is_compiled():
+    """A loop declaring its own autocast, or one checked at bfloat16, draws no compiled case."""
+    for kw in ({"autocast": "float16", "scaler": True}, {"precision": "bf16"}):
+        never = compiled_loop_cases(world_sizes=[1], **kw).filter(lambda c: c.compiled)
+        with pytest.raises(Unsatisfiable):
+            find(never, lambda c: True, settings=settings(database=None, max_examples=100))
+
+
 def test_the_setting_shrinks_to_plain_aot_eager():
     assert find(compile_settings(), lambda s: True, settings=settings(database=None)) == "aot_eager"
+    loops = compile_settings(loop=True)
+    assert find(loops, lambda s: True, settings=settings(database=None)) == "aot_eager"
 
 
 def _raise_in(filename: str):

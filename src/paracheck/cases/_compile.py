@@ -42,6 +42,40 @@ Note [Compiled cases]
     which a case's result keeps). Rank 0's, not the slowest rank's: every rank compiles the same
     graphs at the same time, so the ranks' compiling overlaps and one rank's is the wall time it
     took. A case an earlier row ran (cached) cost the row nothing and is not counted in it.
+
+Note [Compiled loops]
+    A loop target is the whole step (``train_step(model, optimizer, micro_batches)``), so "the
+    model under torch.compile" has two readings, and a compiled loop case is drawn in either
+    (``compiled_loop_cases``; none with DDP's graph-break optimiser: a loop's model is no torch
+    DDP):
+
+    * the model the step is handed, compiled (``aot_eager``; ``+compiled-autograd``: with every
+      backward of the step compiled too): what users write before their loop
+      (``model.compile()``, ``model = torch.compile(model)``). It is compiled in place
+      (``nn.Module.compile``): the step is handed the module it is handed eagerly, the same class,
+      parameters and ``state_dict()`` keys, its calls compiled. So a step that compiles the model
+      itself (``torch.compile(model)`` in its first call) is checked as written: on torch 2.13,
+      ``torch.compile`` of a module ``torch.compile`` returned (an ``OptimizedModule``) returns a
+      function, and such a step, handed one, raised on ``model.parameters()``;
+    * the whole step (``+whole-step``): the step called through ``torch.compile``, Dynamo tracing
+      the model's forward inside it and breaking the graph where the step leaves what it can
+      trace (``backward()``, a collective it cannot capture, ``.item()``), as a step decorated
+      with ``@torch.compile`` runs. A DDP case has no step of the target's: a case file naming a
+      whole-step setting for one is skipped, saying so.
+
+    A step that compiles itself (or its model) is checked so in its eager cases already, and in
+    its compiled ones compiled within paracheck's compile, which torch accepts. Its graphs are
+    then its own backend's, not the counting backend's: ``RankRecord.compiled``'s ``graphs`` may
+    be 0. A compiled loop case is judged by the loop kind's properties, as an eager one: a loop
+    issues its collectives itself, outside any window the ledger of compile-ledger reads (Note
+    [A sync compiled away]), and ``equivalence`` judges what it computed. Only the aot_eager
+    settings are drawn, the inductor's where asked, as for the DDP kind. Measured on a loaded
+    2-core machine, a loop's model compiled plainly took 1.4-5.7 s of compiling a case, with
+    compiled autograd or as a whole step 6-17 s (every micro-batch's backward, or the step's
+    pieces between graph breaks, compiled: 3 and 8 graphs), so half the compiled cases compile
+    the model plainly; a loop's case is compiled one in six, not one in three as a DDP's: an
+    eager loop case takes a few tenths of a second, and the selftest's and ``check_target``'s
+    whole-contract searches draw every case.
 """
 
 from __future__ import annotations
@@ -59,26 +93,37 @@ class CompileSetting:
     backend: str  # torch.compile's backend= ("aot_eager", "inductor")
     optimize_ddp: bool | str  # torch._dynamo.config.optimize_ddp
     compiled_autograd: bool  # the backward under torch._dynamo.compiled_autograd too
+    # A loop's whole step called through torch.compile too (Note [Compiled loops]); the loop
+    # kind's only: a DDP case has no step of the target's to compile.
+    whole_step: bool = False
 
 
-def _setting(backend: str, optimize_ddp: bool, compiled_autograd: bool) -> CompileSetting:
+def _setting(
+    backend: str, optimize_ddp: bool, compiled_autograd: bool, whole_step: bool = False
+) -> CompileSetting:
     name = backend + ("+optimize-ddp" if optimize_ddp else "")
     name += "+compiled-autograd" if compiled_autograd else ""
+    name += "+whole-step" if whole_step else ""
     # torch DDP's C++ reducer refuses compiled autograd; its Python reducer is the pairing torch
     # names for it (Note [Compiled cases]).
     mode: bool | str = "python_reducer" if compiled_autograd else optimize_ddp
-    return CompileSetting(name, backend, mode, compiled_autograd)
+    return CompileSetting(name, backend, mode, compiled_autograd, whole_step)
 
 
 # Every setting a case may name, the aot_eager ones first (the ones drawn most: Note [Compiled
 # cases]); compiled autograd replaces the graph-break optimiser (torch pairs it with the Python
-# reducer), so there is no setting with both.
+# reducer), so there is no setting with both; a loop's whole step is compiled plainly.
 COMPILE_SETTINGS: dict[str, CompileSetting] = {
     s.name: s
     for s in (
-        _setting(backend, optimize_ddp, autograd)
+        _setting(backend, optimize_ddp, autograd, whole_step)
         for backend in ("aot_eager", "inductor")
-        for optimize_ddp, autograd in ((False, False), (True, False), (False, True))
+        for optimize_ddp, autograd, whole_step in (
+            (False, False, False),
+            (True, False, False),
+            (False, True, False),
+            (False, False, True),
+        )
     )
 }
 

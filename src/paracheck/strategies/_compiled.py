@@ -1,6 +1,6 @@
-"""The DDP kind's cases with compiled ones among them (Note [Compiled cases] in
-``paracheck.cases._compile``): ``cases()`` as drawn, and, drawn last, whether and how the wrapper
-is compiled."""
+"""The DDP and loop kinds' cases with compiled ones among them (Note [Compiled cases] and Note
+[Compiled loops] in ``paracheck.cases._compile``): ``cases()`` or ``loop_cases()`` as drawn, and,
+drawn last, whether and how the wrapper, or the loop's model or whole step, is compiled."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from paracheck.cases import COMPILE_SETTINGS
 from paracheck.strategies._core import cases
+from paracheck.strategies._loop import loop_cases
 
-__all__ = ["compile_settings", "compiled_cases"]
+__all__ = ["compile_settings", "compiled_cases", "compiled_loop_cases"]
 
 # One drawn case in COMPILED_ONE_IN is compiled: the compile row keeps only those (a filter that
 # rejects the rest before they run), and every other row removes the feature, so the others cost
@@ -19,23 +20,42 @@ __all__ = ["compile_settings", "compiled_cases"]
 # changed the derandomised sequences enough that a mutant killed at world sizes 1 and 2 in 40
 # cases survived them.)
 COMPILED_ONE_IN = 3
+# A loop's case in LOOP_COMPILED_ONE_IN: an eager loop case is a few tenths of a second, a compiled
+# one 1-4 s of compiling (Note [Compiled loops]), and a loop's whole-contract search (the
+# selftest's, check_target's) draws them all.
+LOOP_COMPILED_ONE_IN = 6
 # Of the compiled cases, where the inductor is asked for, one in INDUCTOR_ONE_IN is lowered by it
 # (gcc on the CPU: seconds to a minute of compiling a case, against about 1-4 s for aot_eager;
 # Note [Compiled cases]).
 INDUCTOR_ONE_IN = 4
 
 
+def _for_kind(name: str, loop: bool) -> bool:
+    setting = COMPILE_SETTINGS[name]
+    if loop:  # the graph-break optimiser acts on torch DDP, which a loop's model is not
+        return setting.optimize_ddp is not True
+    return not setting.whole_step  # a DDP case has no step of the target's
+
+
 @st.composite
-def compile_settings(draw, *, inductor: bool = True) -> str:
+def compile_settings(draw, *, inductor: bool = True, loop: bool = False) -> str:
     """A name of ``COMPILE_SETTINGS``: the inductor's in one draw of ``INDUCTOR_ONE_IN`` (never
     without ``inductor``), else aot_eager's; the graph-break optimiser or compiled autograd drawn
-    alike. Shrinks toward plain ``aot_eager``."""
+    alike, and for a ``loop`` its model compiled plainly in one draw of two, else compiled
+    autograd or the whole step alike (no graph-break optimiser: Note [Compiled loops]). Shrinks
+    toward plain ``aot_eager``."""
     lowered = draw(st.integers(0, INDUCTOR_ONE_IN - 1)) == INDUCTOR_ONE_IN - 1
     backend = "inductor" if lowered and inductor else ""
     names = [
-        n for n in COMPILE_SETTINGS if (COMPILE_SETTINGS[n].backend == "inductor") == bool(backend)
+        n
+        for n in COMPILE_SETTINGS
+        if (COMPILE_SETTINGS[n].backend == "inductor") == bool(backend) and _for_kind(n, loop)
     ]
-    return draw(st.sampled_from(names))
+    if not loop:
+        return draw(st.sampled_from(names))
+    # A loop's model compiled plainly in half its compiled cases: compiled autograd and the whole
+    # step compiled cost it three to four times as much (Note [Compiled loops]).
+    return draw(st.sampled_from(names[1:])) if draw(st.booleans()) else names[0]
 
 
 @st.composite
@@ -49,10 +69,25 @@ def compiled_cases(draw, *, inductor: bool = False, **kw):
     tied weight cast once per forward in eager is cast at each use and its gradients summed in
     float32 (1.9e-6 from eager's 2.7e-2 in a bfloat16 case, where 5.7e-8 is eager's own bound).
     Drawn last, so that the draws before are those of the plain cases."""
-    case = draw(cases(**kw))
+    return _compiled_sometimes(draw, draw(cases(**kw)), inductor, COMPILED_ONE_IN, loop=False)
+
+
+@st.composite
+def compiled_loop_cases(draw, *, inductor: bool = False, **kw):
+    """``loop_cases(**kw)``, compiled in one case of ``LOOP_COMPILED_ONE_IN`` (Note [Compiled
+    loops]): the model the step is handed compiled, or the whole step, or the model with its
+    backward under compiled autograd (``compile_settings(loop=True)``), on the terms of
+    ``compiled_cases``: the inductor only where asked and at float64, and no case with autocast
+    (a loop declaring its own) or parameters below float32 compiled."""
+    return _compiled_sometimes(
+        draw, draw(loop_cases(**kw)), inductor, LOOP_COMPILED_ONE_IN, loop=True
+    )
+
+
+def _compiled_sometimes(draw, case, inductor: bool, one_in: int, *, loop: bool):
     if case.autocast is not None or case.dtype not in ("float32", "float64"):
         return case
-    if draw(st.integers(0, COMPILED_ONE_IN - 1)) == COMPILED_ONE_IN - 1:
-        setting = draw(compile_settings(inductor=inductor and case.dtype == "float64"))
-        case = replace(case, compiled=setting)
+    if draw(st.integers(0, one_in - 1)) == one_in - 1:
+        lowered = inductor and case.dtype == "float64"
+        case = replace(case, compiled=draw(compile_settings(inductor=lowered, loop=loop)))
     return case

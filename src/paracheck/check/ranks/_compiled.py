@@ -62,9 +62,25 @@ class CompiledRun:
         compile it: Note [Compiled cases]); unchanged for an eager case."""
         if self.setting is None or self._backend is None:
             return drv
+        if COMPILE_SETTINGS[self.setting].whole_step:
+            raise _NotCompiled(
+                f"compiled={self.setting!r} compiles a loop's whole step; a DDP case has none"
+            )
         if COMPILE_SETTINGS[self.setting].compiled_autograd and _wraps_torch_ddp(drv.wrapper):
             raise _NotCompiled(TORCH_DDP_COMPILED_AUTOGRAD)
         return replace(drv, forward=torch.compile(drv.forward, backend=self._backend))
+
+    def loop(self, step_fn: Callable, model: torch.nn.Module) -> Callable:
+        """A loop's ``step_fn`` as a compiled case calls it (Note [Compiled loops]): ``model``
+        compiled in place (``nn.Module.compile``: the same module, its calls compiled), or for a
+        whole-step setting the step called through ``torch.compile``; unchanged for an eager
+        case."""
+        if self.setting is None or self._backend is None:
+            return step_fn
+        if COMPILE_SETTINGS[self.setting].whole_step:
+            return torch.compile(step_fn, backend=self._backend)
+        model.compile(backend=self._backend)
+        return step_fn
 
     def record(self, record):
         """``record`` (a ``RankRecord``) with this run's cost, for a compiled case."""

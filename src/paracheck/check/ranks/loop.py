@@ -25,6 +25,7 @@ from paracheck.cases import (
     micro_batches,
 )
 from paracheck.check.ranks._common import rank_device, snapshot, target_object
+from paracheck.check.ranks._compiled import CompiledRun, run_compiled
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -32,6 +33,13 @@ __all__ = ["run_loop"]
 
 
 def run_loop(payload: dict) -> RankRecord:
+    """Train ``case`` with the step at ``payload['path']``; record every step; in a compiled case
+    the model compiled, or the whole step (Note [Compiled loops] in ``paracheck.cases._compile``),
+    its cost in ``RankRecord.compiled``."""
+    return run_compiled(payload, _run_loop)
+
+
+def _run_loop(payload: dict, compiled: CompiledRun) -> RankRecord:
     case: Case = payload["case"]
     import torch.distributed as dist
 
@@ -47,6 +55,7 @@ def run_loop(payload: dict) -> RankRecord:
     # A step that takes a scaler gets one for the case's loss scale (Note [A loop's own precision]).
     extra = {"scaler": build_grad_scaler(case, device)} if payload.get("scaler") else {}
     seen: list = []
+    step_fn = compiled.loop(step_fn, model)
 
     def before_step(opt, args, kwargs):
         if not seen:
