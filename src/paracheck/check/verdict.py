@@ -118,8 +118,9 @@ class RowVerdict:
 #   whether a rank died or not (a rank that aborts in a collective its peers never reach leaves
 #   the others hung: one bug); for a divergence, the property the divergence starts from
 #   (``_FOLLOWS``): parameters stepped with a wrong gradient are the gradient's cause, parameters
-#   wrong with right gradients another; and how it diverged (``_how``: a rounding, a wrong value,
-#   a gradient where none is due). Not the diverging tensor or rank: one bug diverges first
+#   wrong with right gradients another; and how it diverged (``_how``: a rounding, a value scaled
+#   by a small whole factor or its inverse, another wrong value, a gradient where none is due).
+#   Not the diverging tensor or rank: one bug diverges first
 #   on a different tensor in each model drawn (``layers.0.weight`` of an MLP, ``fc1.weight`` of
 #   a toy model), and was reported once per model. In the verdict table a cause is also its row
 #   (``causes_of``): a divergence of the core and one only a feature adds are two bugs, told
@@ -173,7 +174,25 @@ def _how(detail: str) -> str:
         return ""
     if not (math.isfinite(got) and math.isfinite(expected)):
         return "non-finite"
-    return "rounding" if abs(got - expected) <= 1e-3 * abs(expected) else "value"
+    if abs(got - expected) <= 1e-3 * abs(expected):
+        return "rounding"
+    return "scaled" if _scaled(got, expected) else "value"
+
+
+# Note [A scaled value]
+#   A sum where a mean is due (a division by the world size or the micro-step count left out),
+#   or a mean divided once more, puts every element of a tensor at a whole factor k of the
+#   oracle's, or at 1/k; a gradient left local, a weighting by the wrong batch sizes or a
+#   dropped momentum puts it at no such ratio. So a worst element within 1e-3 of k or 1/k times
+#   its expected value (k in 2..8: worlds and micro-steps as drawn) diverged "scaled", apart from
+#   "value": two bugs of one property in one row are two causes, as a flat DDP whose biases are
+#   summed beside a weight left out of its buffer (one cause of the two before). The factor
+#   itself is not in the key: the same bug at world sizes 2 and 3 is one cause.
+def _scaled(got: float, expected: float) -> bool:
+    if expected == 0.0 or got == 0.0:
+        return False
+    ratio = got / expected
+    return any(abs(ratio - k) <= 1e-3 * k or abs(ratio * k - 1.0) <= 1e-3 for k in range(2, 9))
 
 
 # The properties compared with the oracle's trajectory, where one row's divergence and
