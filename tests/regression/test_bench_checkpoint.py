@@ -20,7 +20,7 @@ def _account(world, variant):
     return account_step(world, StepSpec(variant, TINY, world_size=W, batch=2, fused=False))
 
 
-@pytest.mark.parametrize("variant", ["flat", "sharded", "torch-ddp"])
+@pytest.mark.parametrize("variant", ["flat", "sharded"])
 def test_a_whole_checkpoint_is_the_parameters_two_moments_and_a_step_each(world, variant):
     """A DDP's AdamW and a sharded optimizer's consolidated state_dict(): rank 0 writes, and
     every rank reads, the float32 parameters, both moments of each and a float32 step per
@@ -52,9 +52,9 @@ def test_an_fsdp2_rank_writes_and_reads_its_own_shards(world):
 
 def test_the_load_peaks_above_the_model_its_state_and_the_read_checkpoint(world):
     """While a sharded optimizer's checkpoint is loaded, the model, the rank's state and the
-    checkpoint read into new tensors are alive at once; two accountings agree on the peak."""
-    a, b = _account(world, "sharded"), _account(world, "sharded")
-    assert a.peak_load_bytes == b.peak_load_bytes
+    checkpoint read into new tensors are alive at once (that two accountings agree on the peak
+    is test_bench_exact's test_accounting_is_reproducible)."""
+    a = _account(world, "sharded")
     assert a.peak_load_bytes >= a.param_bytes + a.optimizer_state_bytes + a.checkpoint_load_bytes
 
 
