@@ -20,10 +20,10 @@ def _account(world, variant):
     return account_step(world, StepSpec(variant, TINY, world_size=W, batch=2, fused=False))
 
 
-@pytest.mark.parametrize("variant", ["flat", "sharded"])
+@pytest.mark.parametrize("variant", ["flat", "sharded", "torch-zero"])
 def test_a_whole_checkpoint_is_the_parameters_two_moments_and_a_step_each(world, variant):
-    """A DDP's AdamW and a sharded optimizer's consolidated state_dict(): rank 0 writes, and
-    every rank reads, the float32 parameters, both moments of each and a float32 step per
+    """A DDP's AdamW, a sharded optimizer's consolidated state_dict() and torch's
+    ZeroRedundancyOptimizer's (consolidated onto rank 0): rank 0 writes, and every rank reads, the float32 parameters, both moments of each and a float32 step per
     parameter: 12 N + 4 x 10 bytes, however the state was sharded."""
     a = _account(world, variant)
     assert a.checkpoint_save_bytes == a.checkpoint_load_bytes == 12 * N + 4 * PARAMS

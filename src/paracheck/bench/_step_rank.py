@@ -283,6 +283,11 @@ def rank_account(payload: dict) -> dict:
     CUDA tensors, so one GPU can run a W-rank step's schedule (``scripts/gpu_schedule.py``)."""
     import torch.distributed as dist
 
+    # Imported before the watch patches torch: importing it scripts its functional optimizers
+    # (torch.jit.script), which then compiles the watch's patched methods and raises (a torch
+    # ZeroRedundancyOptimizer built first in a fresh rank process could not be accounted).
+    import torch.distributed.optim  # noqa: F401
+
     from paracheck.accounting.record import Recorder, count_hooks
     from paracheck.accounting.schedule import ScheduleWatch
     from paracheck.bench._checkpoint import measure_checkpoint
