@@ -73,9 +73,9 @@ Note [Compiled loops]
     2-core machine, a loop's model compiled plainly took 1.4-5.7 s of compiling a case, with
     compiled autograd or as a whole step 6-17 s (every micro-batch's backward, or the step's
     pieces between graph breaks, compiled: 3 and 8 graphs), so half the compiled cases compile
-    the model plainly; a loop's case is compiled one in six, not one in three as a DDP's: an
+    the model plainly; a loop's case is compiled one in ten, not one in three as a DDP's: an
     eager loop case takes a few tenths of a second, and the selftest's and ``check_target``'s
-    whole-contract searches draw every case.
+    whole-contract searches draw every case, and shrink a compiled failure compiled.
 """
 
 from __future__ import annotations
