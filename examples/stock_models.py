@@ -1,14 +1,13 @@
 """A model written with nothing but PyTorch's own layers, as a user would write one without
 paracheck in mind, to check a data-parallel wrapper on (docs/guide.md, "Your own model"):
 
-    paracheck check bucketed sharded --model examples/stock_models.py:stock_lm \\
+    paracheck check bucketed sharded fsdp --model examples/stock_models.py:stock_lm \\
         --batch examples/stock_models.py:stock_lm_batch --loss-fn examples/stock_models.py:stock_lm_loss
 
-The DDP and sharded-optimizer built-ins pass on it; both fully sharded built-ins raise, as they
-would in training (docs/guide.md, "Your own model"): paracheck's ``fsdp`` gathers a module's
-parameters only around its own call, and ``nn.MultiheadAttention`` reads ``out_proj.weight``
-without calling ``out_proj``; ``torch-fsdp`` applies ``fully_shard`` to every submodule that
-owns parameters, ``out_proj`` after its parent, where ``fully_shard`` raises.
+The DDP, sharded-optimizer and paracheck FSDP built-ins pass on it. ``torch-fsdp`` raises, as it
+would in training (docs/guide.md, "Your own model"): ``nn.MultiheadAttention`` reads
+``out_proj.weight`` without calling ``out_proj``, and ``fully_shard``, applied to every
+submodule that owns parameters, raises on ``out_proj``.
 
 ``stock_lm``: a causal language model of stock layers: ``nn.Embedding`` for tokens and for
 positions, a pre-norm ``nn.TransformerEncoder`` (two ``nn.TransformerEncoderLayer``, GELU,

@@ -58,6 +58,7 @@ SECOND_TIER = {
     "tests/integration/test_user_model.py::test_model_mutant_is_killed": "a verdict table per model mutant",
     "tests/integration/test_user_model.py::test_paracheck_check_takes_a_user_model": "two checks in pytest",
     "tests/integration/test_user_model.py::test_plugin_checks_a_user_model_under_xdist": "three pytest runs under -n 2, a World per worker",
+    "tests/integration/test_user_model.py::test_fsdp_matches_the_oracle_on_stock_torch_layers": "a verdict table on a transformer",
     "tests/property/test_reshard.py::test_every_builtin_resumes_at_every_other_world_size": "seven built-ins at twelve (W, W') pairs",
     "tests/property/test_reshard.py::test_correct_designs_resume_on_drawn_cases": "drawn resumed cases",
     "tests/property/test_reshard.py::test_resharding_mutant_is_killed_by_the_reshard_row": "every resharding mutant",

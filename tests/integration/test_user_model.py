@@ -204,6 +204,19 @@ def test_every_builtin_matches_the_oracle_on_the_example_models(name, builtin, c
     )
 
 
+STOCK = ROOT / "examples" / "stock_models.py"
+
+
+def test_fsdp_matches_the_oracle_on_stock_torch_layers(capsys):
+    """paracheck's FSDP on a model of stock torch layers whose ``nn.MultiheadAttention`` reads
+    ``out_proj.weight`` without calling ``out_proj`` (it raised, the shard reaching a matrix
+    product), with a tied head and frozen BatchNorm: the whole verdict table at world sizes 1
+    and 2 (Note [A module reads its children's parameters] in ``paracheck.fsdp``)."""
+    model = _argv(f"{STOCK}:stock_lm", f"{STOCK}:stock_lm_batch", f"{STOCK}:stock_lm_loss")
+    argv = ["check", "fsdp", *model, "--world-sizes", "1,2", "--max-examples", "3"]
+    assert main([*argv, "--no-database", "--budget", "0"]) == 0, capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", sorted(MODEL_MUTANTS))
 def test_model_mutant_is_killed(name, capsys):
     """Each mutant only a real model exposes FAILs the default verdict table on its model."""

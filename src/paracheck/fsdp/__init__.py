@@ -30,6 +30,17 @@ Note [FSDP data flow]
     Every rank must run the same modules in the same order: each call of a sharded module is a
     collective.
 
+Note [A module reads its children's parameters]
+    A module that owns parameters itself may read a child's parameters without calling the
+    child: ``nn.MultiheadAttention`` passes ``out_proj.weight`` to ``F.linear`` and never calls
+    ``out_proj``, whose own hook would then never gather it (the 1-D shard reached a matrix
+    product). So the parameters of a module whose parent owns a sharded parameter itself are
+    gathered and released by the parent's call, with the parent's own (``gather_units``). A
+    module whose parent shards nothing of its own (a ``Linear`` in a ``Sequential`` or
+    ``ModuleList``, or under a root that owns only a frozen vector) is its own unit: the
+    generated models' units are their layers. Within a unit each parameter is gathered once and
+    the one full tensor set on every module of the unit that owns it.
+
 Note [Prefetching the next modules]
     With ``prefetch=k`` a module's pre-hook, after gathering its own parameters, issues
     asynchronous all-gathers of the next k module calls' parameters in the order the previous
@@ -61,7 +72,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["FSDP", "shard_range"]
+__all__ = ["FSDP", "gather_units", "shard_range"]
 
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -72,6 +83,18 @@ def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     padded to a multiple of ``world_size`` (Note [FSDP data flow]); ``stop`` may pass ``numel``."""
     chunk = math.ceil(numel / world_size)
     return rank * chunk, (rank + 1) * chunk
+
+
+def gather_units(module: nn.Module, sharded) -> dict[nn.Module, nn.Module]:
+    """Every module of ``module`` (itself included) -> the module whose call gathers its
+    parameters: its parent's unit where the parent owns a parameter ``sharded(p)`` says is
+    sharded, else itself (Note [A module reads its children's parameters])."""
+    units = {module: module}
+    for parent in module.modules():  # parents before their children
+        owns = any(p is not None and sharded(p) for p in parent._parameters.values())
+        for child in parent.children():
+            units.setdefault(child, units[parent] if owns else child)
+    return units
 
 
 class _Sharded:
@@ -147,6 +170,10 @@ class FSDP(nn.Module):
         self._by_module: dict[nn.Module, list[tuple[str, _Sharded]]] = {}
         # Replicated parameters a module casts to compute_dtype as it runs, by name.
         self._casts: dict[nn.Module, list[str]] = {}
+        # unit -> the modules whose parameters its call gathers or casts, itself first (Note [A
+        # module reads its children's parameters]).
+        self._owners: dict[nn.Module, list[nn.Module]] = {}
+        units = gather_units(module, self._is_sharded)
         seen: dict[int, _Sharded] = {}
         for index, p in enumerate(module.parameters()):
             if self._is_sharded(p):
@@ -161,9 +188,12 @@ class FSDP(nn.Module):
                     self._by_module.setdefault(owner, []).append((name, entry))
                 elif p is not None and compute_dtype is not None and p.is_floating_point():
                     self._casts.setdefault(owner, []).append(name)
-        for owner in {**self._by_module, **self._casts}:
-            owner.register_forward_pre_hook(self._gather_into)
-            owner.register_forward_hook(self._release)
+        for owner in module.modules():  # parents before their children: a unit first
+            if owner in self._by_module or owner in self._casts:
+                self._owners.setdefault(units[owner], []).append(owner)
+        for unit in self._owners:
+            unit.register_forward_pre_hook(self._gather_into)
+            unit.register_forward_hook(self._release)
         self._live: dict[int, _Sharded] = {}  # storage pointer -> gathered parameter
 
     # -- layout -------------------------------------------------------------------------------
@@ -208,8 +238,8 @@ class FSDP(nn.Module):
     def _prefetch_after(self, position: int) -> None:
         """Issue the gathers of the ``prefetch`` module calls after call ``position`` of the last
         forward's order (Note [Prefetching the next modules])."""
-        for owner in self._order[position + 1 : position + 1 + self.prefetch]:
-            for _, entry in self._by_module.get(owner, ()):
+        for unit in self._order[position + 1 : position + 1 + self.prefetch]:
+            for _, entry in self._sharded_of(unit):
                 if entry.index in self._prefetched:
                     continue
                 shard = self._to_send(entry)
@@ -252,25 +282,32 @@ class FSDP(nn.Module):
         return out.div_(self.world_size).to(entry.shard.dtype)
 
     # -- forward ------------------------------------------------------------------------------
-    def _gather_into(self, owner: nn.Module, args) -> None:
-        for name in self._casts.get(owner, ()):
-            owner.__dict__[name] = owner._parameters[name].to(self.compute_dtype)
-        for name, entry in self._by_module.get(owner, ()):
-            entry.uses += torch.is_grad_enabled()
-            full = _Gather.apply(entry.shard, self, entry)
-            self._live[full.untyped_storage().data_ptr()] = entry
-            owner.__dict__[name] = full
-        if owner in self._by_module:
-            self._calls.append(owner)
+    def _sharded_of(self, unit: nn.Module) -> list[tuple[str, _Sharded]]:
+        return [x for owner in self._owners.get(unit, ()) for x in self._by_module.get(owner, ())]
+
+    def _gather_into(self, unit: nn.Module, args) -> None:
+        gathered: dict[int, torch.Tensor] = {}  # one gather per parameter of the unit
+        for owner in self._owners[unit]:
+            for name in self._casts.get(owner, ()):
+                owner.__dict__[name] = owner._parameters[name].to(self.compute_dtype)
+            for name, entry in self._by_module.get(owner, ()):
+                if entry.index not in gathered:
+                    entry.uses += torch.is_grad_enabled()
+                    gathered[entry.index] = full = _Gather.apply(entry.shard, self, entry)
+                    self._live[full.untyped_storage().data_ptr()] = entry
+                owner.__dict__[name] = gathered[entry.index]
+        if gathered:
+            self._calls.append(unit)
             if self._order[: len(self._calls)] == self._calls:
                 self._prefetch_after(len(self._calls) - 1)
 
-    def _release(self, owner: nn.Module, args, output) -> None:
-        for name in self._casts.get(owner, ()):
-            owner.__dict__.pop(name)
-        for name, _ in self._by_module.get(owner, ()):
-            full = owner.__dict__.pop(name)
-            self._live.pop(full.untyped_storage().data_ptr(), None)
+    def _release(self, unit: nn.Module, args, output) -> None:
+        for owner in self._owners[unit]:
+            for name in self._casts.get(owner, ()):
+                owner.__dict__.pop(name)
+            for name, _ in self._by_module.get(owner, ()):
+                full = owner.__dict__.pop(name)
+                self._live.pop(full.untyped_storage().data_ptr(), None)
 
     def _pack(self, t: torch.Tensor):
         entry = self._live.get(t.untyped_storage().data_ptr()) if t.numel() else None

@@ -18,9 +18,11 @@ Note [Gathered layers and the prefetch depth]
 
         peak <= (k + 1) * P
 
-    where P is the most parameters one module of the case's model owns directly that the
-    wrapper may gather (a design may gather a module's weight and bias in one all-gather or in
-    one each): every parameter but those every rank provably holds whole after the last step
+    where P is the most parameters that the wrapper may gather one module of the case's model
+    owns directly, with its children's where it owns one such itself (``gather_units``: Note [A
+    module reads its children's parameters] in ``paracheck.fsdp``; no module of the generated
+    models does) (a design may gather a module's weight and bias in one all-gather or in one
+    each): every parameter but those every rank provably holds whole after the last step
     (``paracheck.check.ranks.fsdp.kept_whole``: still the module's own tensor, every element
     and byte of it; a 1-element parameter always counts, its shard looks whole). The
     reference replicates biases, so P is 1 on the MLP and the bound is exact; a design that
@@ -33,9 +35,12 @@ Note [Gathered layers and the prefetch depth]
 
 from __future__ import annotations
 
+from torch import nn
+
 from paracheck.cases import Case, build_case_model
 from paracheck.check.properties._divergence import Divergence, diverge
 from paracheck.check.ranks.record import RankRecord
+from paracheck.fsdp import gather_units
 
 __all__ = ["check_gathered_layers", "most_parameters_per_module"]
 
@@ -47,11 +52,14 @@ def most_parameters_per_module(case: Case, whole=None) -> int:
     model = build_case_model(case, rank=0)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     kept = set() if whole is None else {i for i, w in enumerate(whole) if w}
-    counts = [
-        sum(1 for p in m._parameters.values() if p is not None and index[id(p)] not in kept)
-        for m in model.modules()
-    ]
-    return max([1, *counts])
+    # A module and the children it may read without calling them, where it shards a parameter.
+    units = gather_units(model, lambda p: index[id(p)] not in kept)
+    owned: dict[nn.Module, set[int]] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None and index[id(p)] not in kept:
+                owned.setdefault(units[m], set()).add(index[id(p)])
+    return max([1, *map(len, owned.values())])
 
 
 def check_gathered_layers(
