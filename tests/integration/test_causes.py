@@ -478,3 +478,27 @@ def test_a_rank_dead_in_a_mismatched_collective_reads_as_the_hang_with_its_fix()
     crash = RankDied("1 rank(s) died", [RankFailure(1, "died", "killed by signal SIGSEGV (11)")])
     alone = PropertyFailure("died", CaseResult(Case(), error=crash), own=own, row="core")
     assert alone.fix == property_info("died").hint and "look for os._exit" in alone.fix
+
+
+def test_a_core_cause_seen_through_a_property_the_contract_does_not_promise_comes_after(world):
+    """A CS336 sharded optimizer that applies weight decay twice and returns an empty
+    ``state_dict()``: the wrong update (parameters) is cause 1, the empty state (optimizer-state,
+    which the handout's ShardedOptimizer never promises) is held back and printed after it, both in
+    the core row; the summary counts the second beyond the contract."""
+    target = Target(
+        "decay-twice-empty-state",
+        "tests.integration._unpromised_targets:DecayTwiceEmptyState",
+        "sharded",
+    )
+    streamed: list[str] = []
+    report = check_target(
+        target,
+        world,
+        _settings(features=_only(), max_examples=20),
+        on_failure=lambda f: streamed.append(f.property),
+    )
+    text = report.text()
+    assert streamed == [f.property for f in report.failures], text
+    assert streamed[0] == "parameters" and streamed[-1] == "optimizer-state", text
+    assert {f.row for f in report.failures} == {"core"}, text
+    assert "within the contract, 1 beyond it)" in report.summary(), text

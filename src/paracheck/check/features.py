@@ -29,6 +29,7 @@ __all__ = [
     "KIND_CONTRACTS",
     "PAIRS",
     "beyond_contract",
+    "unpromised_properties",
     "Feature",
     "FeatureError",
     "FEATURES",
@@ -564,6 +565,22 @@ PAIRS: tuple[tuple[str, str], ...] = (
 # The contract a kind's interface was written to where the check names none (``--contract
 # full``, the default): the CS336 handout's for its DDP and ShardedOptimizer interfaces.
 KIND_CONTRACTS = {"ddp": "cs336", "sharded": "cs336"}
+
+
+# Properties a contract's interfaces do not promise, though no contract turns them off: the
+# state read from ``state_dict()`` (the CS336 handout's ShardedOptimizer has none, and its
+# contract never reloads one) and the balance of the state a sharded optimizer's ranks step
+# (``Contract.stepped_balance``). A cause of a row within the contract seen through one of them
+# is printed with the rows beyond it (Note [Numbered once, as printed] in
+# ``paracheck.check.table``).
+UNPROMISED = {"cs336": frozenset({"balance", "optimizer-state", "state-consolidated"})}
+
+
+def unpromised_properties(kind: str, contract: str = "full") -> frozenset[str]:
+    """The properties the contract of a target of ``kind`` checked under ``contract`` does not
+    promise (``UNPROMISED``), resolved as ``beyond_contract`` resolves its features."""
+    name = contract if contract != "full" else KIND_CONTRACTS.get(kind, "full")
+    return UNPROMISED.get(name, frozenset())
 
 
 def beyond_contract(kind: str, contract: str = "full") -> frozenset[str]:

@@ -68,6 +68,9 @@ class CheckReport:
     stopped: str | None = None  # why the check ended before its end (a signal), or None
     # Whether a table with rows not reached passes (``--incomplete pass``): else it is INCOMPLETE.
     incomplete_passes: bool = False
+    # The properties the target's contract does not promise (paracheck.check.features
+    # ``unpromised_properties``): a cause seen through one counts beyond the contract.
+    unpromised: frozenset = frozenset()
 
     @property
     def not_reached(self) -> int:
@@ -174,8 +177,11 @@ class CheckReport:
         return self.table_summary() if self.rows else self._summary()
 
     def _beyond(self, failure: PropertyFailure) -> bool:
-        """Whether ``failure`` was filed under a row beyond the target's contract."""
-        return any(r.beyond for r in self.rows if r.name == failure.row)
+        """Whether ``failure`` was filed under a row beyond the target's contract, or seen through
+        a property the contract does not promise."""
+        return failure.property in self.unpromised or any(
+            r.beyond for r in self.rows if r.name == failure.row
+        )
 
     def causes(self) -> list[list[PropertyFailure]]:
         """The failures grouped by cause (``causes_of``), in the order found, as the table
