@@ -148,14 +148,19 @@ def test_a_hang_is_a_slow_compiler_only_with_a_rank_inside_it():
 
 
 def test_a_row_reports_its_compile_time_apart_from_its_seconds():
-    """A row that compiled says how much of its time went to compiling, in its line and JSON; a
-    row that compiled nothing reads as it always did."""
+    """A row that compiled says how much of its time went to compiling, in its line and JSON, a
+    row stopped by the budget too; a row that compiled nothing reads as it always did."""
     row = RowVerdict("+compile", "compile", status="PASS", cases=10, seconds=14.23, compiling=9.07)
     assert row.line(8) == "+compile  PASS  [10 cases, 14.2 s, 9.1 s of it compiling]"
     assert row.to_dict()["compiling_seconds"] == 9.07
     row.status, row.why = "FAIL", "the budget of 60 s ran out after 10 cases of this row"
     assert row.line(8).endswith(
         "[10 cases, 14.2 s, 9.1 s of it compiling; the budget of 60 s ran out after 10 cases of this row]"
+    )
+    row.status, row.failure = "not reached", None
+    assert row.line(8) == (
+        "+compile  not reached: the budget of 60 s ran out after 10 cases of this row  "
+        "[10 cases, 14.2 s, 9.1 s of it compiling]"
     )
     core = RowVerdict("core", None, status="PASS", cases=3, seconds=2.0)
     assert core.line(4) == "core  PASS  [3 cases, 2.0 s]"

@@ -91,6 +91,8 @@ class RowVerdict:
             return f"{name}  FAIL  {', '.join(found)}  [{self.cost}{stopped}]"
         if self.status == "PASS":
             return f"{name}  PASS  [{self.cost}]"
+        if self.cases:  # searched, then neither PASS nor FAIL (a budget spent): what it took
+            return f"{name}  {self.status}: {self.why}  [{self.cost}]"
         return f"{name}  {self.status}: {self.why}".rstrip(": ")
 
     def to_dict(self) -> dict:
