@@ -1,5 +1,6 @@
-"""bug: core|reload: state_dict() has an empty state (every rank keeps its own shard), so a reload loses the optimizer state
-    shows: optimizer-state, state-consolidated
+"""bug: core|reload|reshard: state_dict() has an empty state (every rank keeps its own shard), so a reload loses the optimizer state
+    shows: optimizer-state, state-consolidated, reshard
+    match: is on no rank|after the load|state_dict
 
 Correct within the CS336 contract, which never saves or reloads the optimizer: the greedy sharded
 optimizer whose state_dict() returns the groups' hyper-parameters and no state, and whose

@@ -3,8 +3,9 @@
 bug: core: the parameters of the last rank are never broadcast (range(world_size - 1))
     shows: parameters, rank-agreement
 cuda: torch.cuda.Event timing of the step and of the broadcasts, synchronised on every step
-bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
-    shows: optimizer-state, state-consolidated
+bug: core|reload|reshard: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
+    shows: optimizer-state, state-consolidated, reshard
+    match: is on no rank|after the load|state_dict
 
 Two wrong parameter updates of the same property, and CUDA-event timing of both phases.
 """

@@ -1,7 +1,8 @@
 """bug: core: each rank's wrapped optimizer is built from the constructor's kwargs over one group, so the groups' own lr, momentum and weight decay are lost
     shows: parameters, optimizer-state, rank-agreement, state-consolidated
-bug: core|reload: state_dict() returns an empty dict and load_state_dict() does nothing ("the shards rebuild themselves")
-    shows: optimizer-state, state-consolidated
+bug: core|reload|reshard: state_dict() returns an empty dict and load_state_dict() does nothing ("the shards rebuild themselves")
+    shows: optimizer-state, state-consolidated, reshard
+    match: is on no rank|after the load|state_dict
 
 A sharded optimizer that owns parameters greedily by size, steps a wrapped optimizer made as
 optimizer_cls(my_params, **kwargs), times step() with time.perf_counter() and prints it on

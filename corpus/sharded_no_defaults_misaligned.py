@@ -3,8 +3,9 @@
 bug: lr-changes|scheduler: param_groups are built with no defaults, so a group passed as a bare parameter list has no 'lr' (KeyError 'lr' where its lr is read or scheduled)
     shows: raised
     match: KeyError|'lr'
-bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
-    shows: optimizer-state, state-consolidated
+bug: core|reload|reshard: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
+    shows: optimizer-state, state-consolidated, reshard
+    match: is on no rank|after the load|state_dict
 
 Optimizer.__init__(params, defaults={}) "because the wrapped optimizer has the defaults"; each rank
 wraps one group per global group it owns parameters of, and step() copies the hyper-parameters

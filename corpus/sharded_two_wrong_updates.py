@@ -2,8 +2,9 @@
     shows: parameters, optimizer-state, rank-agreement, state-consolidated
 bug: core: the owner divides each (already averaged) gradient by the world size again before its step, "as if the other ranks had contributed zeros"
     shows: gradients, parameters, optimizer-state, rank-agreement, state-consolidated
-bug: core: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
-    shows: optimizer-state, state-consolidated
+bug: core|reload|reshard: no state_dict() of its own: torch's Optimizer.state_dict() of the wrapper holds no state (the wrapped optimizer has it)
+    shows: optimizer-state, state-consolidated, reshard
+    match: is on no rank|after the load|state_dict
 
 Two wrong updates of the same property: a round-by-size sharded optimizer whose constructor pops
 momentum out of the kwargs and out of every group, and whose step() "averages" each gradient by

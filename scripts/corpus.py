@@ -61,8 +61,11 @@ _FAIL_LINE = re.compile(r"^(?:cause \d+: )?FAIL ")
 # of the state a sharded optimizer's ranks step (``Contract.stepped_balance``, False for CS336),
 # and the optimizer state read from state_dict() (the handout's ShardedOptimizer has none, and its
 # contract never reloads one). A bug seen only through them is beyond that contract even in the
-# core row.
-_UNPROMISED_PROPERTIES = frozenset({"balance", "memory", "optimizer-state", "state-consolidated"})
+# core row. The ``reshard`` property judges only resumed cases, which the CS336 contract never
+# draws (a state dict that cannot be resumed elsewhere shows there beside its reload).
+_UNPROMISED_PROPERTIES = frozenset(
+    {"balance", "memory", "optimizer-state", "state-consolidated", "reshard"}
+)
 # The contract a bug is judged "in" or "beyond": the one the corpus's interfaces are written for.
 CONTRACT = "cs336"
 
@@ -356,6 +359,11 @@ def _assign(bugs: list[dict], failures: list[dict], heads: set, frows: list) -> 
                 taken[min(free, key=key)] = b
         score = (
             sum(i in heads for i in taken),
+            # A failure another bug's own pattern names is that bug's, not a patternless one's.
+            -sum(
+                any(o != b and bugs[o].get("match") and i in cands[o] for o in range(len(bugs)))
+                for i, b in taken.items()
+            ),
             sum(frows[i] in bugs[b]["rows"] for i, b in taken.items()),
             len(taken),
         )
@@ -449,7 +457,12 @@ def judge(design: dict, report: dict | None) -> dict:
                 "line": (f.get("meaning") or "").split("\n")[0][:160],
             }
         )
-    printed = [(v["cause"], v["contract"]) for v in verdicts if v["status"] == "printed"]
+    # A bug printed again as another block (split) counts where it is first printed.
+    first = {b: v["cause"] for b, v in enumerate(verdicts) if v["status"] == "printed"}
+    for c in causes:
+        if c["again"] is not None and c["again"] in first:
+            first[c["again"]] = min(first[c["again"]], c["cause"])
+    printed = [(first[b], verdicts[b]["contract"]) for b in sorted(first)]
     ins = [v for v in verdicts if v["contract"] == "in"]
     order = None
     if ins and any(v["contract"] == "beyond" for v in verdicts):
@@ -459,9 +472,10 @@ def judge(design: dict, report: dict | None) -> dict:
     first_beyond = False
     if ins and causes:
         c1 = causes[0]
+        b1 = c1["bug"] if c1["bug"] is not None else c1["again"]
         first_beyond = (
-            bugs[c1["bug"]]["contract"] == "beyond"
-            if c1["bug"] is not None
+            bugs[b1]["contract"] == "beyond"
+            if b1 is not None
             else c1["row"] not in (None, "core", ALL_ROW)
         )
     return {
