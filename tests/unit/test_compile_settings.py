@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from hypothesis import find, given, settings
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from paracheck.cases import COMPILE_SETTINGS, Case
 from paracheck.check.features import case_features, optional_features, without
@@ -77,7 +77,7 @@ def _draw_plain(case, seen):
 
 
 @settings(max_examples=200, database=None, deadline=None, derandomize=True)
-@given(setting=compile_settings(inductor=True, loop=True))
+@given(setting=compile_settings(inductor=True, loop=True, every_setting=True))
 def _draw_loop_settings(setting, seen):
     seen[setting] += 1
 
@@ -85,12 +85,20 @@ def _draw_loop_settings(setting, seen):
 def test_a_loop_draws_its_model_or_whole_step_compiled_and_no_graph_break_optimiser():
     """Note [Compiled loops]: a loop's settings compile its model, with compiled autograd or not,
     or its whole step, by either backend where the inductor is asked for; never with DDP's
-    graph-break optimiser (its model is no torch DDP). A loop's cases are compiled sometimes."""
+    graph-break optimiser (its model is no torch DDP). A check's loop cases are compiled
+    sometimes, their model plainly."""
     seen: Counter = Counter()
     _draw_loop_settings(seen=seen)
     assert set(seen) == {n for n in COMPILE_SETTINGS if "optimize-ddp" not in n}, seen
     found = find(compiled_loop_cases(world_sizes=[1]), lambda c: c.compiled is not None)
     assert found.compiled == "aot_eager"
+    costly = compiled_loop_cases(world_sizes=[1, 2])
+    with pytest.raises(NoSuchExample):
+        find(
+            costly,
+            lambda c: c.compiled not in (None, "aot_eager"),
+            settings=settings(database=None, max_examples=200),
+        )
 
 
 def test_no_loop_case_with_autocast_or_below_float32_is_compiled():

@@ -45,7 +45,7 @@ Note [Compiled cases]
 
 Note [Compiled loops]
     A loop target is the whole step (``train_step(model, optimizer, micro_batches)``), so "the
-    model under torch.compile" has two readings, and a compiled loop case is drawn in either
+    model under torch.compile" has two readings, and a compiled loop case may take either
     (``compiled_loop_cases``; none with DDP's graph-break optimiser: a loop's model is no torch
     DDP):
 
@@ -68,12 +68,17 @@ Note [Compiled loops]
     then its own backend's, not the counting backend's: ``RankRecord.compiled``'s ``graphs`` may
     be 0. A compiled loop case is judged by the loop kind's properties, as an eager one: a loop
     issues its collectives itself, outside any window the ledger of compile-ledger reads (Note
-    [A sync compiled away]), and ``equivalence`` judges what it computed. Only the aot_eager
-    settings are drawn, the inductor's where asked, as for the DDP kind. Measured on a loaded
-    2-core machine, a loop's model compiled plainly took 1.4-5.7 s of compiling a case, with
+    [A sync compiled away]), and ``equivalence`` judges what it computed.
+
+    A check draws the model compiled plainly with aot_eager, one loop case in ten. On a loaded
+    2-core machine a loop's model compiled plainly took 1.4-5.7 s of compiling a case, with
     compiled autograd or as a whole step 6-17 s (every micro-batch's backward, or the step's
-    pieces between graph breaks, compiled: 3 and 8 graphs), so half the compiled cases compile
-    the model plainly; a loop's case is compiled one in ten, not one in three as a DDP's: an
+    pieces between graph breaks, compiled: 3 and 8 graphs), and a loop's compile row with
+    them drawn in half its cases took 80 of the command's 90 s (the rows after it were not
+    reached). So compiled autograd and the whole step are drawn where asked
+    (``compiled_loop_cases(every_setting=True)``, as paracheck's own tests ask, in half the
+    compiled cases), the inductor where asked too, and any of them runs from a case file
+    (``"compiled": "aot_eager+whole-step"``). One case in ten, not one in three as a DDP's: an
     eager loop case takes a few tenths of a second, and the selftest's and ``check_target``'s
     whole-contract searches draw every case, and shrink a compiled failure compiled.
 """

@@ -353,7 +353,7 @@ KINDS: dict[str, Kind] = {
     "loop": Kind(
         "loop",
         "paracheck.check.ranks.loop:run_loop",
-        # ``loop_cases``, compiled in one case of ten (Note [Compiled loops]).
+        # ``loop_cases``, its model compiled in one case of ten (Note [Compiled loops]).
         "paracheck.strategies._compiled:compiled_loop_cases",
         default=("equivalence",),
         opt_in=("repeatability",),

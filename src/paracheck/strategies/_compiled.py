@@ -39,12 +39,14 @@ def _for_kind(name: str, loop: bool) -> bool:
 
 
 @st.composite
-def compile_settings(draw, *, inductor: bool = True, loop: bool = False) -> str:
+def compile_settings(
+    draw, *, inductor: bool = True, loop: bool = False, every_setting: bool = True
+) -> str:
     """A name of ``COMPILE_SETTINGS``: the inductor's in one draw of ``INDUCTOR_ONE_IN`` (never
     without ``inductor``), else aot_eager's; the graph-break optimiser or compiled autograd drawn
-    alike, and for a ``loop`` its model compiled plainly in one draw of two, else compiled
-    autograd or the whole step alike (no graph-break optimiser: Note [Compiled loops]). Shrinks
-    toward plain ``aot_eager``."""
+    alike, and for a ``loop`` its model compiled plainly, or with ``every_setting`` plainly in one
+    draw of two, else compiled autograd or the whole step alike (no graph-break optimiser: Note
+    [Compiled loops]). Shrinks toward plain ``aot_eager``."""
     lowered = draw(st.integers(0, INDUCTOR_ONE_IN - 1)) == INDUCTOR_ONE_IN - 1
     backend = "inductor" if lowered and inductor else ""
     names = [
@@ -54,9 +56,10 @@ def compile_settings(draw, *, inductor: bool = True, loop: bool = False) -> str:
     ]
     if not loop:
         return draw(st.sampled_from(names))
-    # A loop's model compiled plainly in half its compiled cases: compiled autograd and the whole
-    # step compiled cost it three to four times as much (Note [Compiled loops]).
-    return draw(st.sampled_from(names[1:])) if draw(st.booleans()) else names[0]
+    # A loop's model compiled plainly in half its compiled cases at most: compiled autograd and
+    # the whole step compiled cost it three to four times as much (Note [Compiled loops]).
+    costly = every_setting and draw(st.booleans())
+    return draw(st.sampled_from(names[1:])) if costly else names[0]
 
 
 @st.composite
@@ -70,25 +73,30 @@ def compiled_cases(draw, *, inductor: bool = False, **kw):
     tied weight cast once per forward in eager is cast at each use and its gradients summed in
     float32 (1.9e-6 from eager's 2.7e-2 in a bfloat16 case, where 5.7e-8 is eager's own bound).
     Drawn last, so that the draws before are those of the plain cases."""
-    return _compiled_sometimes(draw, draw(cases(**kw)), inductor, COMPILED_ONE_IN, loop=False)
+    return _compiled_sometimes(draw, draw(cases(**kw)), inductor, COMPILED_ONE_IN, None)
 
 
 @st.composite
-def compiled_loop_cases(draw, *, inductor: bool = False, **kw):
+def compiled_loop_cases(draw, *, inductor: bool = False, every_setting: bool = False, **kw):
     """``loop_cases(**kw)``, compiled in one case of ``LOOP_COMPILED_ONE_IN`` (Note [Compiled
-    loops]): the model the step is handed compiled, or the whole step, or the model with its
-    backward under compiled autograd (``compile_settings(loop=True)``), on the terms of
+    loops]): the model the step is handed compiled, and where ``every_setting`` is given (as
+    paracheck's own tests give it) in half the compiled cases the whole step, or the model with
+    its backward under compiled autograd (``compile_settings(loop=True)``), on the terms of
     ``compiled_cases``: the inductor only where asked and at float64, and no case with autocast
     (a loop declaring its own) or parameters below float32 compiled."""
     return _compiled_sometimes(
-        draw, draw(loop_cases(**kw)), inductor, LOOP_COMPILED_ONE_IN, loop=True
+        draw, draw(loop_cases(**kw)), inductor, LOOP_COMPILED_ONE_IN, every_setting
     )
 
 
-def _compiled_sometimes(draw, case, inductor: bool, one_in: int, *, loop: bool):
+def _compiled_sometimes(draw, case, inductor: bool, one_in: int, every_setting: bool | None):
+    """``case`` compiled in one draw of ``one_in``; ``every_setting`` None for a DDP case, else
+    a loop's (``compile_settings``)."""
     if case.autocast is not None or case.dtype not in ("float32", "float64"):
         return case
     if draw(st.integers(0, one_in - 1)) == one_in - 1:
         lowered = inductor and case.dtype == "float64"
-        case = replace(case, compiled=draw(compile_settings(inductor=lowered, loop=loop)))
+        loop = every_setting is not None
+        setting = compile_settings(inductor=lowered, loop=loop, every_setting=bool(every_setting))
+        case = replace(case, compiled=draw(setting))
     return case
