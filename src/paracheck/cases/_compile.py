@@ -76,9 +76,9 @@ Note [Compiled loops]
     pieces between graph breaks, compiled: 3 and 8 graphs), and a loop's compile row with
     them drawn in half its cases took 80 of the command's 90 s (the rows after it were not
     reached). So compiled autograd and the whole step are drawn where asked
-    (``compiled_loop_cases(every_setting=True)``, as paracheck's own tests ask, in half the
-    compiled cases), the inductor where asked too, and any of them runs from a case file
-    (``"compiled": "aot_eager+whole-step"``). One case in ten, not one in three as a DDP's: an
+    (``compiled_loop_cases(every_setting=True)``: in half the compiled cases), the inductor where
+    asked too, any of them runs from a case file (``"compiled": "aot_eager+whole-step"``), and
+    paracheck's own tests run each on a pinned case (tests/property/test_compiled.py). One case in ten, not one in three as a DDP's: an
     eager loop case takes a few tenths of a second, and the selftest's and ``check_target``'s
     whole-contract searches draw every case, and shrink a compiled failure compiled.
 """
