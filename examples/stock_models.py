@@ -4,10 +4,11 @@ paracheck in mind, to check a data-parallel wrapper on (docs/guide.md, "Your own
     paracheck check bucketed sharded fsdp --model examples/stock_models.py:stock_lm \\
         --batch examples/stock_models.py:stock_lm_batch --loss-fn examples/stock_models.py:stock_lm_loss
 
-The DDP, sharded-optimizer and paracheck FSDP built-ins pass on it, but for a DDP's ``+compile``
-row: ``torch.compile`` (aot_eager) of this model alone, in one process, raises at two rows or
-more ("view size is not compatible with input tensor's size and stride", the head's linear on
-the BatchNorm's transposed output), and that row reads it as the target's. ``torch-fsdp`` raises,
+The DDP, sharded-optimizer and paracheck FSDP built-ins pass on it. ``torch.compile``
+(aot_eager, torch 2.13) of this model alone, in one process, raises at two rows or more ("view
+size is not compatible with input tensor's size and stride", the head's linear on the
+BatchNorm's transposed output): a DDP's ``+compile`` row skips those cases with torch's words
+(Note [A user's model torch cannot compile]) and says how many it skipped. ``torch-fsdp`` raises,
 as it would in training (docs/guide.md, "Your own model"): ``nn.MultiheadAttention`` reads
 ``out_proj.weight`` without calling ``out_proj``, and ``fully_shard``, applied to every
 submodule that owns parameters, raises on ``out_proj``.

@@ -14,7 +14,7 @@ from paracheck.check.properties import Divergence
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._sharding import declares_partition
 from paracheck.check.properties.catalog import PARTITIONED, RERUNS
-from paracheck.check.properties.compiled import compiling_too_long
+from paracheck.check.properties.compiled import compiling_too_long, model_cannot_compile
 from paracheck.check.properties.equivalence import compare
 from paracheck.check.properties.reading import on_its_reading, state_union
 from paracheck.check.properties.reshard import NOT_JUDGED as RESHARD_NOT_JUDGED
@@ -294,8 +294,9 @@ def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
 
 def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
     """The result of a case whose ranks raised, hung or died (started at ``t0``); skipped where a
-    compiled case's ranks were still compiling (Note [Compiling is not hanging])."""
-    slow = compiling_too_long(case, exc)
+    compiled case's ranks were still compiling (Note [Compiling is not hanging]), or torch cannot
+    compile a user's model alone (Note [A user's model torch cannot compile])."""
+    slow = compiling_too_long(case, exc) or model_cannot_compile(case, exc)
     if slow is not None:
         return CaseResult(case, extra={"skipped": slow}, seconds=time.monotonic() - t0)
     return CaseResult(

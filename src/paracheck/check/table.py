@@ -528,6 +528,22 @@ def _search_row(
         )
     elif not spent:
         row.status = "PASS"
+    _say_skipped(row, [r for r in log if id(r) not in ran_before], features)
+
+
+def _say_skipped(row: RowVerdict, results, features) -> None:
+    """A feature row whose cases were skipped says so (``CaseResult.extra["skipped"]``: a case
+    torch cannot compile, a protocol the target does not offer): "not supported" where every one
+    of them was, with the first reason, never a bare PASS; how many of them where some were."""
+    skipped = [r.extra["skipped"] for r in results if (r.extra or {}).get("skipped")]
+    if not features or not skipped or row.status not in ("PASS", "not reached"):
+        return
+    if len(skipped) == len(results) and row.status == "PASS":
+        row.status = "not supported"
+        row.why = f"every case of the row was skipped: {skipped[0]}"
+        return
+    said = f"{len(skipped)} of {len(results)} cases skipped: {skipped[0]}"
+    row.why = f"{row.why}; {said}" if row.why else said
 
 
 def _per_rank(result) -> bool:

@@ -35,6 +35,7 @@ __all__ = [
     "check_compile_ledger",
     "compiling_seconds",
     "compiling_too_long",
+    "model_cannot_compile",
     "ledger_difference",
 ]
 
@@ -150,6 +151,63 @@ def compiling_too_long(case: Case, exc) -> str | None:
         f"compiling ({case.compiled}) took longer than the hang timeout: a rank was still inside "
         "torch.compile; give the check a longer --timeout to judge compiled cases"
     )
+
+
+# Note [A user's model torch cannot compile]
+#   A compiled case on a user's model (Note [A user's model]) compiles the user's layers as well
+#   as the wrapper, and torch may fail on the layers alone: measured on torch 2.13,
+#   ``torch.compile(model, backend="aot_eager")`` of a model of stock layers (a BatchNorm1d whose
+#   output is transposed into a Linear) raised "view size is not compatible with input tensor's
+#   size and stride" at two rows or more, in one process, with no wrapper, as the code it compiled
+#   ran. The ranks then raise in a frame of compiled code, not of Dynamo's compiling, so Note
+#   [What torch cannot compile] does not see it, and the ``+compile`` row failed a correct DDP.
+#   So where a compiled case on a user's model raises, the model is compiled alone in this
+#   process with the case's backend, in its dtype, and run forward and backward on the batch
+#   sizes its ranks had; if that raises too, the case is skipped with torch's words: torch cannot
+#   compile the model, whatever the wrapper does. Once per model, setting, dtype and batch sizes.
+_ALONE: dict[tuple, str | None] = {}
+
+
+def model_cannot_compile(case: Case, exc) -> str | None:
+    """Why a compiled ``case`` on a user's model whose ranks raised is skipped (Note [A user's
+    model torch cannot compile]), or None: the model alone compiles and runs."""
+    if case.compiled is None or case.user_model is None or getattr(exc, "kind", None) != "raised":
+        return None
+    from paracheck.cases import COMPILE_SETTINGS, DTYPES
+
+    setting = COMPILE_SETTINGS.get(case.compiled)
+    if setting is None:
+        return None
+    rows = tuple(sorted(set(case.batch_sizes)))
+    key = (case.user_model, setting.backend, case.dtype, rows)
+    if key not in _ALONE:
+        _ALONE[key] = _alone(case, setting.backend, DTYPES[case.dtype], rows)
+    why = _ALONE[key]
+    return (
+        None
+        if why is None
+        else f"torch.compile ({case.compiled}) cannot run the model alone: {why}"
+    )
+
+
+def _alone(case: Case, backend: str, dtype, rows) -> str | None:
+    import torch
+
+    from paracheck.workloads.user import build_user_model, user_batch, user_loss
+
+    user = case.user_model
+    try:
+        for n in rows:
+            model = build_user_model(user, case.seed, dtype)
+            compiled = torch.compile(model, backend=backend)
+            x, y = user_batch(user, case.seed, n, dtype)
+            user_loss(user, compiled(x), y).backward()
+    except Exception as exc:  # torch's, on the model alone: its words are the reason
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"{type(exc).__name__}: {first[:300]} (in one process, no wrapper, {n} rows)"
+    finally:
+        torch._dynamo.reset()
+    return None
 
 
 def compiling_seconds(results) -> float:
