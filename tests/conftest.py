@@ -75,6 +75,12 @@ SECOND_TIER = {
     "tests/property/test_property_selection.py::test_world_size_relation_kills_no_divide": "a relation test_metamorphic also kills it with",
     "tests/integration/test_external_target.py::test_correct_external_ddp_passes": "a whole table of a correct outside design from the command line",
     "tests/property/test_repeatability.py::test_correct_designs_repeat": "a repeated search per design",
+    "tests/integration/test_report.py::test_pytest_fixture_fails_with_the_report_text": "a nested pytest run of a failing check",
+    "tests/regression/test_bench_exact.py::test_host_cost_is_reproducible_and_nonzero": "a step's host cost accounted twice",
+    "tests/property/test_fsdp.py::test_torch_fully_shard_matches_oracle": "torch's FSDP2 (the built-in fsdp's search stays in the first tier)",
+    "tests/property/test_fsdp_perturbation.py::test_reference_fsdp_passes_with_a_rank_held_back": "a search per point a rank is held back",
+    "tests/integration/test_interfaces.py::test_renamed_hook_taking_optimizer_matches_oracle": "a search per variant of a renamed hook",
+    "tests/integration/test_verdict_table.py::test_bug_behind_an_unpromised_feature_is_reported_in_its_own_row": "a table of two rows searched (test_causes keeps the first tier's)",
 }
 _TIERS = {"slow": "slow: run with -m slow", "ci": "second tier: runs in .ci/run (-m ci)"}
 

@@ -6,12 +6,13 @@ call diagnosed once is stubbed so that the bug behind it is reached."""
 
 from dataclasses import replace
 
-from paracheck.cases import Case
+from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.features import optional_features
 from paracheck.check.property import check_target
 from paracheck.check.report import BEYOND_HEADING
 from paracheck.check.settings import CheckSettings
 from paracheck.check.targets import Target
+from paracheck.workloads import MLPSpec
 
 _PATH = "tests.integration._cause_targets:"
 
@@ -482,23 +483,38 @@ def test_a_rank_dead_in_a_mismatched_collective_reads_as_the_hang_with_its_fix()
 
 def test_a_core_cause_seen_through_a_property_the_contract_does_not_promise_comes_after(world):
     """A CS336 sharded optimizer that applies weight decay twice and returns an empty
-    ``state_dict()``: the wrong update (parameters) is cause 1, the empty state (optimizer-state,
-    which the handout's ShardedOptimizer never promises) is held back and printed after it, both in
-    the core row; the summary counts the second beyond the contract."""
+    ``state_dict()``, given two core cases: Adam without weight decay (only the empty state
+    shows, optimizer-state, which the handout's ShardedOptimizer never promises), run first, then
+    SGD with weight decay (the wrong update, parameters). The wrong update is cause 1, as it
+    streams and at the end; the empty state is held back and printed after it, both in the core
+    row; the summary counts the second beyond the contract."""
     target = Target(
         "decay-twice-empty-state",
         "tests.integration._unpromised_targets:DecayTwiceEmptyState",
         "sharded",
     )
+    mlp = MLPSpec(in_features=3, widths=(4, 2), bias=True)
+    state_only = Case(
+        model=mlp,
+        world_size=2,
+        batch_sizes=(1, 1),
+        steps=1,
+        optimizer=OptimizerSpec("adam", (GroupSpec(params=(0, 1, 2, 3), lr=1e-2),)),
+    )
+    decay = replace(
+        state_only,
+        optimizer=OptimizerSpec("sgd", (GroupSpec(params=(0, 1, 2, 3), lr=0.1, weight_decay=0.1),)),
+    )
     streamed: list[str] = []
     report = check_target(
         target,
         world,
-        _settings(features=_only(), max_examples=20),
+        _settings(features=_only(), budget=1e-9),
+        explicit=[state_only, decay],
         on_failure=lambda f: streamed.append(f.property),
     )
     text = report.text()
-    assert streamed == [f.property for f in report.failures], text
-    assert streamed[0] == "parameters" and streamed[-1] == "optimizer-state", text
+    assert streamed == ["parameters", "optimizer-state"], text
+    assert [f.property for f in report.failures] == streamed, text
     assert {f.row for f in report.failures} == {"core"}, text
-    assert "within the contract, 1 beyond it)" in report.summary(), text
+    assert "(1 within the contract, 1 beyond it)" in report.summary(), text
