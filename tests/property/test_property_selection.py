@@ -21,6 +21,7 @@ def _check(world, target, sizes):
     return check_target(target, world, world_sizes=sizes, max_examples=20, seed=0)
 
 
+@pytest.mark.slow(reason="test_metamorphic's world-size relation kills the same mutant: -m slow")
 def test_world_size_relation_kills_no_divide(world, paracheck_world_sizes):
     """Selected alone, the world-size relation catches gradients summed but not averaged."""
     target = _selected("paracheck.mutants.ddp:NoDivideDDP", ["world-size-relation"])

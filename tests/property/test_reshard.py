@@ -129,6 +129,9 @@ def test_a_latent_resharding_mutant_shows_only_at_another_world_size(world, name
     _assert_killed_resuming(run_case(world, target, _at(*failing, _pinned(mutant))), mutant)
 
 
+# A selftest search per mutant, 37-92 s each on the 2-core machine (the seven took 6 min of the
+# second tier's time): run with -m slow; the second tier kills each on its pinned case above.
+@pytest.mark.slow(reason="a selftest search per resharding mutant: run with -m slow")
 @pytest.mark.parametrize("mutant", RESHARDING, ids=lambda m: m.name)
 def test_resharding_mutant_is_killed_by_the_selftest(world, mutant):
     """Each resharding mutant is killed by the default check, as ``paracheck selftest --only``
