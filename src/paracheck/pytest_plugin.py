@@ -56,6 +56,25 @@ from paracheck.check.settings import PROFILES, from_pytest
 _SKIPS: dict[str, int] = {"gpu": 0, "world_size": 0}
 
 
+class _Verdict(pytest.fail.Exception):
+    """A failed ``paracheck_check``: its report is the failure's text (pytest's ``Failed``)."""
+
+
+def _fail(text: str) -> None:
+    raise _Verdict(text, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The short test summary gives a failed check's first line only: on CI (``CI`` set) and under
+    ``-vv`` pytest repeats a failure's whole message there, and the shrunk case would print twice."""
+    report = yield
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if call.excinfo is not None and isinstance(call.excinfo.value, _Verdict) and crash:
+        crash.message = crash.message.split("\n", 1)[0]
+    return report
+
+
 def pytest_addoption(parser):
     # The options of paracheck check, declared once (Note [One declaration per option]).
     from paracheck.check.settings import add_pytest_options
@@ -405,14 +424,13 @@ def paracheck_check(paracheck_world, paracheck_world_sizes, paracheck_max_exampl
         if not report.passed:
             # Every failing property, labelled and shrunk, with its replay command (and the CUDA
             # diagnosis of paracheck.check.diagnose where a rank raised).
-            pytest.fail(report.text(pytestconfig.getoption("--paracheck-backend")), pytrace=False)
+            _fail(report.text(pytestconfig.getoption("--paracheck-backend")))
         if report.verdict == "INCOMPLETE":
             # A verdict table (table=True) whose budget ran out: its rows not reached are not a
             # pass, as the command's exit 3 is not (--paracheck-incomplete pass accepts them).
-            pytest.fail(
+            _fail(
                 report.text(pytestconfig.getoption("--paracheck-backend"))
-                + "\n(--paracheck-incomplete pass accepts the rows reached)",
-                pytrace=False,
+                + "\n(--paracheck-incomplete pass accepts the rows reached)"
             )
         return report
 

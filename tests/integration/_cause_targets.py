@@ -1,6 +1,6 @@
 """DDP targets with two bugs each, for the verdict table's causes (tests/integration/test_causes.py):
 two exceptions, a core bug beside a feature's of the same property, a bug that needs two features
-together, a bug behind a CUDA timing call."""
+together, a bug behind another in every case, a bug behind a CUDA timing call."""
 
 import contextlib
 
@@ -93,6 +93,21 @@ class AccumulatedUnusedDDP(SimpleDDP):
                     p.grad = torch.zeros_like(p)  # BUG: an unused parameter gets a gradient
         self._accumulating = False
         super().finish_gradient_synchronization()
+
+
+class RoundedAndZerosForUnusedDDP(SimpleDDP):
+    """Averages in float32 (a rounding on every float64 gradient, in every case) and gives a
+    parameter no rank used a gradient of zeros (its .grad must stay None)."""
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self):
+        super().finish_gradient_synchronization()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # BUG: an unused parameter gets a gradient
+
+    def _average(self, summed):
+        return (summed.float() / self.world_size).to(summed.dtype)  # BUG: float32 on the way
 
 
 class CudaTimedDDP(SimpleDDP):

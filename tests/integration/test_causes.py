@@ -104,6 +104,29 @@ def test_bug_that_needs_two_features_is_found_in_their_pair_row(world):
     assert case.accumulation > 1 and case.model.unused == "always", text
 
 
+def test_a_gradient_where_none_is_due_is_named_before_a_rounding_of_another(world):
+    """Note [Presence first]: a float32 average rounds every gradient of every case, and a
+    parameter no rank used gets zeros. The case with an unused parameter names the zeros, not
+    the rounding of the first parameter: its row has a cause of its own, not the core's "as
+    above"."""
+    core = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    unused = replace(core, model=replace(core.model, unused="always"))
+    report = check_target(
+        _target("RoundedAndZerosForUnusedDDP"),
+        world,
+        _settings(features=_only("unused-always"), budget=1e-9),
+        explicit=[core, unused],
+    )
+    text = report.text()
+    assert [(f.row, f.property) for f in report.failures] == [
+        ("core", "gradients"),
+        ("+unused-always", "gradients"),
+    ], text
+    zeros = report.failures[1].result.divergence_of("gradients")
+    assert zeros.detail.startswith("expected no gradient, got a tensor"), text
+    assert len(_blocks(text)) == 2, text
+
+
 def test_cuda_timing_call_is_stubbed_after_its_diagnosis(world):
     """torch.cuda.synchronize() in the target's synchronisation raises on every case of a CPU
     machine; once diagnosed, the cases run with it stubbed, and the gradients summed without

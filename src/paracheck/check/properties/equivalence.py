@@ -216,7 +216,9 @@ def compare(
             # A step the GradScaler skipped: its gradients are discarded by every design (and
             # hold inf or nan); the parameters, unchanged, are still compared.
             if step.grads is not None and not getattr(oref, "skipped", False):
-                for i, (got, ref) in enumerate(zip(step.grads, oref.grads)):
+                # A gradient present where none is due (or absent) first, Note [Presence first].
+                for i in _presence_first(step.grads, oref.grads):
+                    got, ref = step.grads[i], oref.grads[i]
                     if not _judged(k, i, got, ref, oref, judged_from):
                         continue
                     d = check(
@@ -258,6 +260,21 @@ def compare(
         if d:
             return d, worst
     return None, worst
+
+
+# Note [Presence first]
+#   A step's gradients are judged in two passes: first whether each is present where the
+#   oracle's is (a tensor where no rank used the parameter, None where one did), then their
+#   values. One divergence is reported per case (``compare``), and a wrong value on the first
+#   parameter (a narrower buffer, a wrong weighting: in every case a design draws) would hide a
+#   zero gradient given to a parameter no rank used, in every case of the row that draws one:
+#   the row failed "as above" with the core's cause. Which gradient is reported first changes
+#   no verdict, only which of two bugs of one case is named.
+def _presence_first(got: list, ref: list) -> list[int]:
+    """The indices of a step's gradients, those whose presence differs from the oracle's first."""
+    differ = [i for i, (g, r) in enumerate(zip(got, ref)) if (g is None) != (r is None)]
+    rest = set(range(min(len(got), len(ref)))) - set(differ)
+    return differ + sorted(rest)
 
 
 def _judged(k: int, i: int, got, ref, oref, judged_from: dict[int, int] | None) -> bool:
