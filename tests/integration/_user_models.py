@@ -70,3 +70,39 @@ def float32_only(seed, dtype):
             return super().forward(x)
 
     return Hard(3, 2).to(dtype)
+
+
+class Output(dict):
+    """A forward's output as Hugging Face's ``ModelOutput`` is one: a mapping of tensors, beside
+    an object that is no tensor (a cache)."""
+
+
+class _Structured(nn.Linear):
+    def __init__(self, centred: bool):
+        super().__init__(3, 2)
+        self.centred = centred
+
+    def forward(self, x):
+        y = super().forward(x - x.mean(dim=0, keepdim=True) if self.centred else x)
+        return Output(logits=y, hidden=(x * 2.0,), cache=object())
+
+
+def structured(seed, dtype):
+    return _Structured(centred=False).to(dtype)
+
+
+def structured_coupled(seed, dtype):
+    """A structured output whose logits couple the rows (the batch's mean subtracted)."""
+    return _Structured(centred=True).to(dtype)
+
+
+def structured_loss(output, targets):
+    return ((output["logits"] - targets) ** 2).mean()
+
+
+def no_tensor(seed, dtype):
+    class Nothing(nn.Linear):
+        def forward(self, x):
+            return {"cache": object()}
+
+    return Nothing(3, 2).to(dtype)

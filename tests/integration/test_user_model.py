@@ -69,6 +69,19 @@ def no_world(monkeypatch):
         (_argv(f"{M}batchnorm", f"{M}bn_batch"), "module '1' (BatchNorm1d) is in training mode"),
         (_argv(f"{B}batch_mean_net", f"{B}batch"), "the forward couples the rows of a batch"),
         (_argv(f"{M}tied_lm", f"{M}lm_batch"), "needs them equal; name a loss with --loss-fn"),
+        (
+            _argv(f"{B}structured", f"{B}batch"),
+            "the forward returned a Output, not a tensor: the default loss (mean squared error) "
+            "needs a tensor; name a loss that reads the Output with --loss-fn",
+        ),
+        (
+            _argv(f"{B}structured_coupled", f"{B}batch", f"{B}structured_loss"),
+            "the forward couples the rows of a batch",
+        ),
+        (
+            _argv(f"{B}no_tensor", f"{B}batch", f"{B}structured_loss"),
+            "the forward returned a dict that holds no tensor",
+        ),
         (_argv(f"{B}nosuch", f"{B}batch"), "has no attribute 'nosuch'"),
         (
             _argv("nosuch/models.py:build", f"{B}batch"),
@@ -99,6 +112,9 @@ def no_world(monkeypatch):
         "batchnorm-training",
         "rows-coupled",
         "loss-shape",
+        "structured-without-loss",
+        "structured-rows-coupled",
+        "structured-no-tensor",
         "missing-function",
         "missing-file",
         "missing-module",
@@ -172,6 +188,19 @@ def test_bucketed_ddp_matches_the_oracle_on_an_example_model(name, capsys):
     """The bucketed DDP on each example model, world sizes 1 and 2, the whole verdict table."""
     argv = ["check", "bucketed", *_argv(*MODELS[name]), "--world-sizes", "1,2"]
     assert main([*argv, "--max-examples", "3", "--no-database", "--budget", "0"]) == 0, (
+        capsys.readouterr().out
+    )
+
+
+def test_a_forward_that_returns_a_structure_is_checked_through_its_loss(capsys):
+    """A forward returning a mapping of tensors and a cache object (as Hugging Face's
+    ``ModelOutput``), read by the user's loss: the core row passes on a correct DDP."""
+    from paracheck.check.features import optional_features
+
+    off = ",".join(f"-{f}" for f in optional_features())
+    model = _argv(f"{B}structured", f"{B}batch", f"{B}structured_loss")
+    argv = ["check", "flat", *model, "--world-sizes", "1,2", "--max-examples", "4"]
+    assert main([*argv, f"--features={off}", "--no-database", "--budget", "0"]) == 0, (
         capsys.readouterr().out
     )
 

@@ -11,7 +11,9 @@ Note [A user's model]
       ones in ``dtype`` (integer ones, token ids, as they are); a case splits its global batch by
       rows over ranks and micro-batches;
     * ``loss(output, targets) -> scalar tensor`` (optional): default the mean squared error over
-      the rows it is given. Every case's loss is a rank's mean over its own rows, averaged over
+      the rows it is given. With a loss, the forward may return any structure of tensors (a
+      tuple, a dict, Hugging Face's ``ModelOutput``), which only the loss reads; without one, a
+      tensor. Every case's loss is a rank's mean over its own rows, averaged over
       ranks (Note [Loss semantics], rank-mean): with equal local batches, the mean over the global
       batch.
 
@@ -46,6 +48,7 @@ Note [A float32 oracle for a user's model]
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -309,15 +312,39 @@ def _batch_checked(user: UserModel, n: int, dtype: torch.dtype):
     return got
 
 
-def _forward(user: UserModel, model: nn.Module, x, dtype) -> torch.Tensor:
+def _tensors(output) -> list[torch.Tensor]:
+    """The tensors of a forward's output, in order: the output itself, or those a tuple, list or
+    mapping (Hugging Face's ``ModelOutput`` is one) holds, at any depth; anything else (a cache
+    object) is left out."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        items = list(output.values())
+    elif isinstance(output, (tuple, list)):
+        items = list(output)
+    else:
+        return []
+    return [t for item in items for t in _tensors(item)]
+
+
+def _forward(user: UserModel, model: nn.Module, x, dtype):
     option = MODEL_OPTIONS["build"]
     first = _call(option, user.build, f"the forward in {dtype}", lambda: model(x))
     second = model(x)
-    if not isinstance(first, torch.Tensor):
+    kind = type(first).__name__
+    if not isinstance(first, torch.Tensor) and user.loss is None:
         raise invalid(
-            option, user.build, f"the forward returned a {type(first).__name__}, not a tensor"
+            option,
+            user.build,
+            f"the forward returned a {kind}, not a tensor: the default loss (mean squared error) "
+            f"needs a tensor; name a loss that reads the {kind} with {{option:loss_fn}}",
         )
-    if not torch.equal(first, second):
+    got, again = _tensors(first), _tensors(second)
+    if not got:
+        raise invalid(option, user.build, f"the forward returned a {kind} that holds no tensor")
+    if len(got) != len(again) or not all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, again)
+    ):
         raise invalid(
             option,
             user.build,
@@ -330,7 +357,7 @@ def _forward(user: UserModel, model: nn.Module, x, dtype) -> torch.Tensor:
 def _loss_checked(user, model, x, y, out, dtype) -> None:
     option = MODEL_OPTIONS["loss"] if user.loss else MODEL_OPTIONS["batch"]
     value = user.loss or user.batch
-    if user.loss is None and out.shape != y.shape:
+    if user.loss is None and isinstance(out, torch.Tensor) and out.shape != y.shape:
         raise invalid(
             option,
             value,
@@ -347,12 +374,29 @@ def _loss_checked(user, model, x, y, out, dtype) -> None:
 
 
 def _rows_independent(user: UserModel, model: nn.Module, x, out, dtype) -> None:
+    """Every floating tensor of the output with a row per input row (``_tensors``) equals, row
+    by row, the forward of that row alone."""
+    n = x.shape[0]
     with torch.no_grad():
-        alone = torch.cat([model(x[i : i + 1]) for i in range(x.shape[0])])
-    scale = float(out.detach().abs().max()) if out.numel() else 0.0
+        if isinstance(out, torch.Tensor):
+            _row_equal(user, x, out.detach(), torch.cat([model(x[i : i + 1]) for i in range(n)]))
+            return
+        rows = [_tensors(model(x[i : i + 1])) for i in range(n)]
+    for j, whole in enumerate(_tensors(out)):
+        if not whole.is_floating_point() or whole.dim() == 0 or whole.shape[0] != n:
+            continue
+        alone = [r[j] if j < len(r) else None for r in rows]
+        if any(a is None or a.shape[1:] != whole.shape[1:] for a in alone):
+            continue
+        _row_equal(user, x, whole.detach(), torch.cat(alone))
+
+
+def _row_equal(user: UserModel, x, out: torch.Tensor, alone: torch.Tensor) -> None:
+    scale = float(out.abs().max()) if out.numel() else 0.0
     bound = _ROW_EPSILONS * torch.finfo(out.dtype).eps * max(scale, 1.0)
-    moved = float((alone.to(out.dtype) - out.detach()).abs().max()) if out.numel() else 0.0
-    if alone.shape != out.shape or moved > bound:
+    same = alone.shape == out.shape
+    moved = float((alone.to(out.dtype) - out).abs().max()) if same and out.numel() else 0.0
+    if not same or moved > bound:
         raise invalid(
             MODEL_OPTIONS["build"],
             user.build,
