@@ -122,9 +122,9 @@ def test_a_case_gives_the_same_bits_attached_as_on_one_host(attached, world, nam
         case = data.draw(strategy)
         if target.kind in ("zero", "zero2"):
             case = replace(case, zero_grad_module=True)
-        payload = {"case": case, **target.driver_payload(), "device": None}
-        here = world.run(target.rank_fn, payload, world_size=case.world_size)
-        there = attached.run(target.rank_fn, payload, world_size=case.world_size)
+        job = target.job(case)
+        here = world.run(target.rank_fn, job, world_size=case.world_size)
+        there = attached.run(target.rank_fn, job, world_size=case.world_size)
         assert first_difference(here, there) is None, case.to_json()
 
     same()

@@ -7,6 +7,7 @@ import traceback
 import pytest
 import torch
 
+from paracheck.cases import Case
 from paracheck.check.adapters import discover_adapters, not_implemented
 from paracheck.check.diagnose import cuda_only_call
 from paracheck.check.ranks._cuda_stub import STUBBED, stubbed_cuda_timing
@@ -212,7 +213,7 @@ def test_cuda_timing_stubbed_for_every_kind(paracheck_check, tmp_path, name, kin
     path.write_text(_TIMED)
     target = resolve_target(f"{path}:{name}", stub_cuda_timing=True)
     assert target.kind == kind and target.stub_cuda_timing
-    assert target.driver_payload()["stubbed"].endswith(f":run_{kind}")
+    assert target.job(Case()).stubbed.endswith(f":run_{kind}")
     paracheck_check(target, world_sizes=(1, 2), max_examples=3)
 
 

@@ -19,6 +19,7 @@ from paracheck.cases import (
     build_optimizer,
 )
 from paracheck.check.property import check_target, replay_command
+from paracheck.check.ranks import RankJob
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.strategies._sharding import sharding_cases
@@ -194,23 +195,22 @@ def test_state_dict_reloads_at_another_world_size(world, paracheck_world_sizes, 
     case = case.with_world_size(a)
     target = resolve_target(name)
     ranks = world.run(
-        target.rank_fn, {"case": case, "path": target.path, "device": None}, world_size=a
+        target.rank_fn, RankJob(case=case, path=target.path, kind=target.kind), world_size=a
     )
     sd = ranks[0].final_state_dict
     held = [set(rec.steps[-1].state) for rec in ranks]
     assert all(h == held[0] for h in held) and len(held[0]) == len(sd["state"]), "not consolidated"
     params_now = ranks[0].steps[-1].params
     grads = _deterministic_grads(params_now)
-    payload = {
-        "case": case.with_world_size(b),
-        "path": target.path,
-        "kind": kind,
-        "device": None,
-        "state_dict": sd,
-        "params": params_now,
-        "grads": grads,
-    }
-    reloaded = world.run("paracheck.check.ranks.reload:run_reload", payload, world_size=b)
+    job = RankJob(
+        case=case.with_world_size(b),
+        path=target.path,
+        kind=kind,
+        state_dict=sd,
+        params=params_now,
+        grads=grads,
+    )
+    reloaded = world.run("paracheck.check.ranks.reload:run_reload", job, world_size=b)
     saved = ranks[0].steps[-1].state
     expected_params, expected_state = _reference_after_reload(case, sd, params_now, grads)
     # Zero1 averages the (identical) gradient over b ranks: (g + ... + g) / b may differ from g in the

@@ -8,9 +8,12 @@ shrink step then cost the timeout: 77.6 s to kill the mutant on gloo at world si
 250 s on NCCL with its 60 s timeout), 4.9 s since the ranks agree on failure.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from paracheck.cases import Case
+from paracheck.check.ranks import RankJob
 from paracheck.world import RankError, World
 
 # A case the mutant suite generated at world size 4 (a group added at step 1, an unused layer):
@@ -29,15 +32,10 @@ CASE = Case.from_json("""{"model": {"kind": "mlp", "in_features": 1, "widths": [
 @pytest.mark.world_size(4)
 def test_state_dict_bug_on_some_ranks_raises_on_every_rank():
     """The mutant's run fails as raised on all 4 ranks (none hung), the real cause first."""
-    payload = {
-        "case": CASE,
-        "path": "paracheck.mutants.sharding:Zero1LocalStateDict",
-        "takes_bucket": False,
-        "device": None,
-    }
+    job = RankJob(case=CASE, path="paracheck.mutants.sharding:Zero1LocalStateDict", kind="zero")
     with World(4, timeout=20.0) as world:
         with pytest.raises(RankError) as info:
-            world.run("paracheck.check.ranks.zero:run_zero", payload, world_size=4)
+            world.run("paracheck.check.ranks.zero:run_zero", job, world_size=4)
         failures = info.value.failures
         assert sorted(f.rank for f in failures) == [0, 1, 2, 3]
         assert all(f.kind == "raised" for f in failures)
@@ -45,7 +43,7 @@ def test_state_dict_bug_on_some_ranks_raises_on_every_rank():
         # The same world runs the correct class afterwards: nobody was left in a collective.
         ok = world.run(
             "paracheck.check.ranks.zero:run_zero",
-            {**payload, "path": "paracheck.zero:Zero1"},
+            replace(job, path="paracheck.zero:Zero1"),
             world_size=4,
         )
         assert len(ok) == 4

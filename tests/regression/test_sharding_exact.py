@@ -22,6 +22,7 @@ from paracheck.accounting import (
     zero1_traffic,
 )
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
+from paracheck.check.ranks import RankJob
 from paracheck.check.run import run_case
 from paracheck.check.targets import resolve_target
 from paracheck.workloads import MLPSpec
@@ -37,7 +38,7 @@ def _run(world, name, case):
     assert run_case(world, target, case).ok
     return world.run(
         target.rank_fn,
-        {"case": case, "path": target.path, "device": None},
+        RankJob(case=case, path=target.path, kind=target.kind),
         world_size=case.world_size,
     )
 

@@ -49,7 +49,7 @@ PARAMETERS = "parameters"  # the parameters, kept as shards between steps and ga
 STEP = "step"  # the whole step: forward, backward, synchronisation and update (a training loop)
 
 # Every kind's rank program inside ``stubbed_cuda_timing()`` (``--stub-cuda-timing``): it runs the
-# program named by the payload's ``"stubbed"`` key (``Target.driver_payload``).
+# program named by the job's ``stubbed`` field (``Target.job``).
 STUB_RANK_FN = "paracheck.check.ranks._cuda_stub:run_stubbed"
 
 

@@ -141,10 +141,10 @@ def run_case(
     skipped = _compressed_reduction(case, target)
     if skipped is not None:
         return skipped
-    payload = {"case": case, **target.driver_payload(), "device": device}
+    job = target.job(case, device=device)
     t0 = time.monotonic()
     timeout = None if case.compiled is not None else timeout  # Note [Compiling is not hanging]
-    ticket = world.submit(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+    ticket = world.submit(target.rank_fn, job, world_size=case.world_size, timeout=timeout)
     # Computed while the ranks train, except where it starts each step from theirs.
     # Note [Anchored steps]; a master's update is judged on the target's own gradients (Note
     # [Comparing master weights]), and so is every step on a user's model (Note [An update on a

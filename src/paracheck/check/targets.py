@@ -57,8 +57,10 @@ from paracheck.check.loading import (
     is_file_spec,
     load_object,
 )
+from paracheck.check.ranks.job import RankJob
 
 if TYPE_CHECKING:
+    from paracheck.cases import Case
     from paracheck.workloads.user import UserModel
 
 __all__ = [
@@ -142,23 +144,24 @@ class Target:
     @property
     def rank_fn(self) -> str:
         """The rank program of the target's kind (``paracheck.check.kinds.KINDS``), run inside
-        the CUDA stub where ``stub_cuda_timing`` (``driver_payload`` names the program)."""
+        the CUDA stub where ``stub_cuda_timing`` (``job`` names the program)."""
         return STUB_RANK_FN if self.stub_cuda_timing else KINDS[self.kind].rank_fn
 
-    def driver_payload(self) -> dict:
-        """The payload keys the rank programs read about the target (``paracheck.check.ranks._drive``;
-        ``"stubbed"``: the rank program ``paracheck.check.ranks._cuda_stub`` runs)."""
-        payload = {
-            "path": self.path,
-            "takes_bucket": self.takes_bucket,
-            "finish": self.finish,
-            "batch_start": self.batch_start,
-            "scaler": self.scaler,
-            "gather": self.gather,
-        }
-        if self.stub_cuda_timing:
-            payload["stubbed"] = KINDS[self.kind].rank_fn
-        return payload
+    def job(self, case: Case, *, device: str | None = None) -> RankJob:
+        """The job of running ``case`` on the target, as its rank program reads it
+        (``paracheck.check.ranks.job``; ``stubbed``: the program ``rank_fn`` runs inside the stub)."""
+        return RankJob(
+            case=case,
+            path=self.path,
+            kind=self.kind,
+            device=device,
+            takes_bucket=self.takes_bucket,
+            finish=self.finish,
+            batch_start=self.batch_start,
+            scaler=self.scaler,
+            gather=self.gather,
+            stubbed=KINDS[self.kind].rank_fn if self.stub_cuda_timing else None,
+        )
 
     def cli_options(self) -> str:
         """The ``paracheck check`` options, after the target's name, that reproduce this target."""

@@ -36,12 +36,12 @@ def bucket_size_independence(
 ) -> Divergence | None:
     """``case`` against the same case at ``other_bucket_mb``; ``first``: the run of ``case`` itself
     where it was already made."""
-    payload = {**target.driver_payload(), "case": case, "takes_bucket": True}
+    job = replace(target.job(case), takes_bucket=True)
     if first is None:
-        first = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+        first = world.run(target.rank_fn, job, world_size=case.world_size, timeout=timeout)
     other = replace(case, bucket_size_mb=other_bucket_mb)
     second = world.run(
-        target.rank_fn, {**payload, "case": other}, world_size=case.world_size, timeout=timeout
+        target.rank_fn, replace(job, case=other), world_size=case.world_size, timeout=timeout
     )
     mb = case.bucket_mb
     return compare_runs(first, second, case, NAME, f"bucket_size_mb {mb:g} vs {other_bucket_mb:g}")

@@ -118,8 +118,8 @@ def check_compile_ledger(
     with those of its compiled run (``ranks``); None for an eager case."""
     if case.compiled is None or ranks[0].skipped is not None:
         return None
-    payload = {**target.driver_payload(), "case": replace(case, compiled=None)}
-    eager = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+    job = target.job(replace(case, compiled=None))
+    eager = world.run(target.rank_fn, job, world_size=case.world_size, timeout=timeout)
     if eager[0].skipped is not None:
         return None
     found = ledger_difference(ranks, eager)

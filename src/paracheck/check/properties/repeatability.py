@@ -104,8 +104,7 @@ def check_repeatability(
     world: World, target, case: Case, ranks: list[RankRecord], *, timeout=None
 ) -> Divergence | None:
     """Run ``case`` once more (``ranks``: its first run) and compare every rank's record bitwise."""
-    payload = {**target.driver_payload(), "case": case}
-    again = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+    again = world.run(target.rank_fn, target.job(case), world_size=case.world_size, timeout=timeout)
     if ranks[0].skipped is not None or again[0].skipped is not None:
         return None
     found = first_difference(ranks, again)

@@ -276,8 +276,8 @@ def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
     the case is not judged: either run is skipped, or the dicts are per-rank shards."""
     k = at_w.reshard_at_step
     assert k is not None
-    payload = {**target.driver_payload(), "device": None}
-    first = {**payload, "case": replace(at_w, steps=k, reshard_at_step=None)}
+    job = target.job(at_w)
+    first = replace(job, case=replace(at_w, steps=k, reshard_at_step=None))
     saved = world.run(target.rank_fn, first, world_size=at_w.world_size, timeout=timeout)
     if saved[0].skipped is not None:
         return f"reshard not judged: the saving run was skipped ({saved[0].skipped})"
@@ -290,7 +290,7 @@ def _through_state_dict(world, target, at_w: Case, at_w2: Case, timeout):
             '{"reshard_at_step": why} to say so, or return one consolidated dict on every rank'
         )
     checkpoint = {"params": saved[0].steps[-1].params, "state_dict": dicts[0]}
-    second = {**payload, "case": at_w2, "kind": target.kind, "start": k, "checkpoint": checkpoint}
+    second = replace(job, case=at_w2, start=k, checkpoint=checkpoint)
     resumed = world.run(RESUME_FN, second, world_size=at_w2.world_size, timeout=timeout)
     return _resumed_or_why(saved, resumed)
 
@@ -303,12 +303,12 @@ def _through_dcp(world, target, at_w: Case, at_w2: Case, timeout):
     assert k is not None
     directory = tempfile.mkdtemp(prefix="paracheck-reshard-")
     try:
-        payload = {**target.driver_payload(), "device": None, "checkpoint_dir": directory}
-        first = {**payload, "case": at_w, "phase": "save", "start": 0, "stop": k}
+        job = replace(target.job(at_w), checkpoint_dir=directory)
+        first = replace(job, phase="save", start=0, stop=k)
         saved = world.run(DCP_FN, first, world_size=at_w.world_size, timeout=timeout)
         if saved[0].skipped is not None:
             return f"reshard not judged: the saving run was skipped ({saved[0].skipped})"
-        second = {**payload, "case": at_w2, "phase": "load", "start": k, "stop": at_w2.steps}
+        second = replace(job, case=at_w2, phase="load", start=k, stop=at_w2.steps)
         resumed = world.run(DCP_FN, second, world_size=at_w2.world_size, timeout=timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -65,11 +65,11 @@ def world_size_relation(
 ) -> Divergence | None:
     """The relation on ``case`` (equal batch sizes, no data-dependent branch); ``wide``: the run
     of ``case`` itself where it was already made."""
-    payload = {**target.driver_payload(), "case": case}
+    job = target.job(case)
     if wide is None:
-        wide = world.run(target.rank_fn, payload, world_size=case.world_size, timeout=timeout)
+        wide = world.run(target.rank_fn, job, world_size=case.world_size, timeout=timeout)
     one = merged_world_case(case)
-    narrow = world.run(target.rank_fn, {**payload, "case": one}, world_size=1, timeout=timeout)
+    narrow = world.run(target.rank_fn, replace(job, case=one), world_size=1, timeout=timeout)
     return compare_runs(
         wide, narrow, case, NAME, f"world size {case.world_size} vs 1 fed the same data"
     )

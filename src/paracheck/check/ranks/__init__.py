@@ -1,4 +1,5 @@
-"""What runs inside a rank process: one rank program per kind, each returning a ``RankRecord``.
+"""What runs inside a rank process: one rank program per kind, each given a ``RankJob`` and
+returning a ``RankRecord``.
 
 * ``ddp.run_ddp``: a DDP target;
 * ``sharded.run_sharded``: a sharded optimizer, gradients synchronised by paracheck's FlatDDP;
@@ -10,6 +11,7 @@ The World calls them by ``"module:function"`` path (``paracheck.check.kinds``). 
 nothing: what they return is judged in the driver by ``paracheck.check.properties``.
 """
 
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep, ReloadRecord, Window
 
-__all__ = ["RankRecord", "RankStep", "ReloadRecord", "Window"]
+__all__ = ["RankJob", "RankRecord", "RankStep", "ReloadRecord", "Window"]

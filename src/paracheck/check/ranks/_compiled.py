@@ -32,6 +32,7 @@ import torch
 from paracheck.accounting.record import Recorder
 from paracheck.cases import COMPILE_SETTINGS, Case
 from paracheck.check.ranks._drive import DDPDriver
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord
 
 __all__ = ["CompiledRun", "compiling", "run_compiled"]
@@ -195,14 +196,14 @@ def compile_failure(exc: BaseException, setting: str) -> str | None:
     return None
 
 
-def run_compiled(payload: dict, train) -> RankRecord:
-    """``train(payload, compiled)`` (a rank program's training, returning its ``RankRecord``)
-    under ``compiling(payload["case"])``, with the compilation's cost recorded; a case torch
+def run_compiled(job: RankJob, train) -> RankRecord:
+    """``train(job, compiled)`` (a rank program's training, returning its ``RankRecord``)
+    under ``compiling(job.case)``, with the compilation's cost recorded; a case torch
     cannot compile is skipped (Note [What torch cannot compile])."""
-    case: Case = payload["case"]
+    case: Case = job.case
     with compiling(case) as compiled:
         try:
-            return compiled.record(train(payload, compiled))
+            return compiled.record(train(job, compiled))
         except _NotCompiled as exc:
             return RankRecord.skip(str(exc))
         except Exception as exc:

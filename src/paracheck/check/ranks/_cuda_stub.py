@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
+from paracheck.check.ranks.job import RankJob
+
 __all__ = ["STUBBED", "run_stubbed", "stubbed_cuda_timing"]
 
 
@@ -122,12 +124,13 @@ def stubbed_cuda_timing():
                 setattr(module, attr, original)
 
 
-def run_stubbed(payload: dict):
-    """The rank program ``payload["stubbed"]`` (``"module:function"``, the target's kind's) run
+def run_stubbed(job: RankJob):
+    """The rank program ``job.stubbed`` (``"module:function"``, the target's kind's) run
     within ``stubbed_cuda_timing()``: one entry for every kind (``Target.rank_fn``)."""
     import importlib
 
-    module, _, name = payload["stubbed"].partition(":")
+    job.require("stubbed")
+    module, _, name = job.stubbed.partition(":")
     program = getattr(importlib.import_module(module), name)
     with stubbed_cuda_timing():
-        return program(payload)
+        return program(job)

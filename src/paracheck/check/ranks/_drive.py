@@ -4,7 +4,7 @@ Runs inside the rank processes. The training loops (``paracheck.check.ranks``) n
 ``DDPDriver``, so that one loop serves every way people write the CS336 interface (a class with
 ``finish_gradient_synchronization()``, or the handout's functions ``get_ddp(module)`` and
 ``ddp_on_after_backward(ddp_model, optimizer)``, ...; Note [Readings of a DDP interface] in
-``paracheck.check.interfaces``). ``payload`` keys read here:
+``paracheck.check.interfaces``). The ``RankJob`` fields read here:
 
 * ``path``: the target's import path (a class, or a function returning the wrapper);
 * ``takes_bucket``: pass ``bucket_size_mb`` (read only where the constructor's signature cannot be);
@@ -25,6 +25,7 @@ from paracheck.cases import Case
 from paracheck.check.construction import construct_ddp
 from paracheck.check.interfaces import plausible_hooks
 from paracheck.check.loading import load_object
+from paracheck.check.ranks.job import RankJob
 
 __all__ = ["DDPDriver", "ddp_driver"]
 
@@ -64,14 +65,14 @@ def _bucket(case: Case) -> float | None:
     return case.bucket_mb
 
 
-def _construct(payload: dict, model, case: Case, cls):
+def _construct(job: RankJob, model, case: Case, cls):
     first = next(iter(model.parameters()), None)
     return construct_ddp(
         cls,
         model,
-        path=payload.get("path", ""),
+        path=job.path,
         bucket_mb=_bucket(case),
-        takes_bucket=bool(payload.get("takes_bucket")),
+        takes_bucket=job.takes_bucket,
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         process_group=dist.group.WORLD,
@@ -112,10 +113,10 @@ def _hook(wrapper, spec: str | None, default: str, option: str, path: str, requi
     return lambda optimizer: method()
 
 
-def ddp_driver(payload: dict, model, case: Case, cls) -> DDPDriver:
+def ddp_driver(job: RankJob, model, case: Case, cls) -> DDPDriver:
     """Construct the DDP target ``cls`` around ``model`` for ``case``; see the module docstring."""
-    path = payload.get("path", getattr(cls, "__name__", "the target"))
-    wrapper = _construct(payload, model, case, cls)
+    path = job.path
+    wrapper = _construct(job, model, case, cls)
     if wrapper is None:
         raise TypeError(f"{path}(module) returned None: it must return the DDP-wrapped model")
     if callable(wrapper):
@@ -132,7 +133,7 @@ def ddp_driver(payload: dict, model, case: Case, cls) -> DDPDriver:
         forward=forward,
         finish=_hook(
             wrapper,
-            payload.get("finish"),
+            job.finish,
             "finish_gradient_synchronization",
             "--finish",
             path,
@@ -140,11 +141,11 @@ def ddp_driver(payload: dict, model, case: Case, cls) -> DDPDriver:
         ),
         batch_start=_hook(
             wrapper,
-            payload.get("batch_start"),
+            job.batch_start,
             "on_train_batch_start",
             "--batch-start",
             path,
-            required=payload.get("batch_start") is not None,
+            required=job.batch_start is not None,
         ),
         no_sync=getattr(wrapper, "no_sync", None),
     )

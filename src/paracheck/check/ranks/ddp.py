@@ -25,14 +25,15 @@ from paracheck.check.ranks._common import (
 )
 from paracheck.check.ranks._compiled import CompiledRun, run_compiled
 from paracheck.check.ranks._drive import ddp_driver
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
 __all__ = ["run_ddp"]
 
 
-def run_ddp(payload: dict) -> RankRecord:
-    """Train ``case`` with the DDP wrapper at ``payload['path']``; record every step; a compiled
+def run_ddp(job: RankJob) -> RankRecord:
+    """Train ``job.case`` with the DDP wrapper at ``job.path``; record every step; a compiled
     case through ``torch.compile`` (Note [Compiled cases]), its cost in ``RankRecord.compiled``.
 
     Returns ``RankRecord.skip(why)`` instead, on every rank alike, where the case uses a feature the
@@ -40,27 +41,27 @@ def run_ddp(payload: dict) -> RankRecord:
     ``{"double_backward": "..."}``), or where the case passes ``bucket_size_mb=None`` and the
     constructor refuses it with a TypeError or ValueError.
     """
-    return run_compiled(payload, _run_ddp)
+    return run_compiled(job, _run_ddp)
 
 
-def _run_ddp(payload: dict, compiled: CompiledRun) -> RankRecord:
-    case: Case = payload["case"]
+def _run_ddp(job: RankJob, compiled: CompiledRun) -> RankRecord:
+    case: Case = job.case
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    cls = target_object(payload["path"])
+    device = rank_device(job.device)
+    cls = target_object(job.path)
     unsupported = [
         f for f in getattr(cls, "unsupported_case_features", {}) if getattr(case, f, False)
     ]
     if unsupported:
         return RankRecord.skip(
-            f"{payload['path']} declares {unsupported[0]}=True unsupported: "
+            f"{job.path} declares {unsupported[0]}=True unsupported: "
             f"{cls.unsupported_case_features[unsupported[0]]}"
         )
     model = build_case_model(case, rank, device=device)
     try:
-        drv = compiled.driver(ddp_driver(payload, model, case, cls))
+        drv = compiled.driver(ddp_driver(job, model, case, cls))
     except (TypeError, ValueError) as exc:
-        if not (case.unbounded_bucket and payload.get("takes_bucket")):
+        if not (case.unbounded_bucket and job.takes_bucket):
             raise
         # bucket_size_mb=None is a reading of the interface a correct DDP may refuse: not a failure.
         return RankRecord.skip(

@@ -54,6 +54,7 @@ from paracheck.check.ranks._common import (
     train_micro_steps,
 )
 from paracheck.check.ranks._drive import DDPDriver
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -106,10 +107,10 @@ def in_module_order(got, names: list[str], what: str, trainable: list[bool] | No
     return got
 
 
-def _gather(payload: dict, wrapper):
+def _gather(job: RankJob, wrapper):
     """(name, f()) reading every parameter whole: the declared ``gather`` (a method name, or a
     ``module:function`` called as ``f(wrapper)``), else the first of ``GATHER_METHODS``."""
-    spec = payload.get("gather")
+    spec = job.gather
     if spec is not None and ":" in spec:
         fn = load_object(spec)
         return spec, lambda: fn(wrapper)
@@ -117,18 +118,18 @@ def _gather(payload: dict, wrapper):
     if name is None or not callable(getattr(wrapper, name, None)):
         have = f"no method {name}()" if name else f"none of {', '.join(GATHER_METHODS)}"
         raise TypeError(
-            f"{payload['path']} has {have}: the check cannot read the parameters whole; name the "
+            f"{job.path} has {have}: the check cannot read the parameters whole; name the "
             "method or module:function that does with --gather (Note [Reading an FSDP] in "
             "paracheck.check.ranks.fsdp)"
         )
     return name, getattr(wrapper, name)
 
 
-def run_fsdp(payload: dict) -> RankRecord:
-    case: Case = payload["case"]
+def run_fsdp(job: RankJob) -> RankRecord:
+    case: Case = job.case
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    cls = target_object(payload["path"])
+    device = rank_device(job.device)
+    cls = target_object(job.path)
     # The float32 model, wrapped with the case's dtype to compute in; the gathered float32
     # parameters are the masters (Note [Compute dtype of an FSDP]).
     compute = case.torch_dtype if case.masters_from_float32 else None
@@ -152,10 +153,10 @@ def run_fsdp(payload: dict) -> RankRecord:
         ):
             raise
         return RankRecord.skip(
-            f"{payload['path']}(module, compute_dtype={compute}) raised "
+            f"{job.path}(module, compute_dtype={compute}) raised "
             f"{type(exc).__name__} ({exc}): the compute dtype is not checked"
         )
-    gather_name, gather = _gather(payload, wrapper)
+    gather_name, gather = _gather(job, wrapper)
     full_gradients = getattr(wrapper, "full_gradients", None)
     params = list(wrapper.parameters())
     built = case

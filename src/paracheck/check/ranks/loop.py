@@ -26,26 +26,27 @@ from paracheck.cases import (
 )
 from paracheck.check.ranks._common import rank_device, snapshot, target_object
 from paracheck.check.ranks._compiled import CompiledRun, run_compiled
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
 __all__ = ["run_loop"]
 
 
-def run_loop(payload: dict) -> RankRecord:
-    """Train ``case`` with the step at ``payload['path']``; record every step; in a compiled case
+def run_loop(job: RankJob) -> RankRecord:
+    """Train ``job.case`` with the step at ``job.path``; record every step; in a compiled case
     the model compiled, or the whole step (Note [Compiled loops] in ``paracheck.cases._compile``),
     its cost in ``RankRecord.compiled``."""
-    return run_compiled(payload, _run_loop)
+    return run_compiled(job, _run_loop)
 
 
-def _run_loop(payload: dict, compiled: CompiledRun) -> RankRecord:
-    case: Case = payload["case"]
+def _run_loop(job: RankJob, compiled: CompiledRun) -> RankRecord:
+    case: Case = job.case
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    step_fn = target_object(payload["path"])
+    device = rank_device(job.device)
+    step_fn = target_object(job.path)
     if inspect.isclass(step_fn):
         step_fn = step_fn()
     model = build_case_model(case, 0, device=device)
@@ -53,7 +54,7 @@ def _run_loop(payload: dict, compiled: CompiledRun) -> RankRecord:
     initial_params, initial_buffers, steps = snapshot(params), snapshot(model.buffers()), []
     optimizer = build_optimizer(case, params)
     # A step that takes a scaler gets one for the case's loss scale (Note [A loop's own precision]).
-    extra = {"scaler": build_grad_scaler(case, device)} if payload.get("scaler") else {}
+    extra = {"scaler": build_grad_scaler(case, device)} if job.scaler else {}
     seen: list = []
     step_fn = compiled.loop(step_fn, model)
 

@@ -3,7 +3,7 @@
 the checkpoint, builds the model and the target the way its kind's rank program does, loads the
 checkpoint, and trains the steps that were left.
 
-The checkpoint (``payload["checkpoint"]``) is what a user saves: the model's parameters (whole on
+The checkpoint (``RankJob.checkpoint``) is what a user saves: the model's parameters (whole on
 every rank after a sharded optimizer's or a ZeRO wrapper's step) and the dict the target's
 ``state_dict()`` returned (``paracheck.check.ranks._optimizer.state_dict_of``: consolidated onto
 every rank, or through ``consolidate_state_dict(to=0)``). Loading follows the usual order:
@@ -45,6 +45,7 @@ from paracheck.check.ranks._optimizer import (
     record_masters,
     scheduler_or_skip,
 )
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -83,18 +84,19 @@ def bring_to(case: Case, opt, params, scheduler, start: int) -> None:
         group["lr"] = lr
 
 
-def run_resumed(payload: dict) -> RankRecord:
-    """Load ``payload["checkpoint"]`` (``{"params": [...], "state_dict": {...}}``, saved after
-    ``payload["start"]`` steps at another world size) into a fresh ``payload["kind"]`` target at
-    ``payload["path"]`` and train the steps ``start..case.steps-1`` of ``payload["case"]``; the
-    record holds those steps only."""
-    case: Case = payload["case"]
-    start: int = payload["start"]
-    checkpoint = payload["checkpoint"]
+def run_resumed(job: RankJob) -> RankRecord:
+    """Load ``job.checkpoint`` (``{"params": [...], "state_dict": {...}}``, saved after
+    ``job.start`` steps at another world size) into a fresh ``job.kind`` target at ``job.path``
+    and train the steps ``start..case.steps-1`` of ``job.case``; the record holds those steps
+    only."""
+    job.require("checkpoint")
+    case: Case = job.case
+    start = job.start
+    checkpoint = job.checkpoint
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    cls = target_object(payload["path"])
-    syncs = KINDS[payload["kind"]].syncs_its_groups
+    device = rank_device(job.device)
+    cls = target_object(job.path)
+    syncs = KINDS[job.kind].syncs_its_groups
     model = build_case_model(case, rank, device=device)
     with torch.no_grad():
         for p, v in zip(model.parameters(), checkpoint["params"]):

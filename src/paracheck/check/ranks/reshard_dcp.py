@@ -6,7 +6,7 @@ keeps DTensor shards, which DCP saves with their layout and reshards on load.
 
 One program, two phases: ``"save"`` trains the steps ``0..k-1`` and saves the model and optimizer
 state (``get_state_dict`` of the wrapped module and the optimizer, ``dcp.save`` into the real
-directory ``payload["checkpoint_dir"]``); ``"load"``, in a world of another size, builds the
+directory ``RankJob.checkpoint_dir``); ``"load"``, in a world of another size, builds the
 wrapper and the optimizer, adds the groups added so far, brings the scheduler to step k, loads
 (``dcp.load`` into its own state dicts, then ``set_state_dict``) and trains the steps left. Each
 step records what the ``fsdp`` kind's program records for the comparison: the parameters (read
@@ -37,6 +37,7 @@ from paracheck.check.ranks._common import (
 )
 from paracheck.check.ranks._drive import DDPDriver
 from paracheck.check.ranks.fsdp import in_module_order
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.check.ranks.reshard import bring_to
 from paracheck.world import set_step
@@ -68,21 +69,23 @@ def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
     )
 
 
-def run_dcp_phase(payload: dict) -> RankRecord:
-    """Train ``payload["case"]``'s steps ``payload["start"]..payload["stop"]-1`` with the wrapper at
-    ``payload["path"]``: after them save (``phase="save"``, from step 0), or load before them
-    (``phase="load"``) from ``payload["checkpoint_dir"]``."""
-    case: Case = payload["case"]
-    phase, start, stop = payload["phase"], payload["start"], payload["stop"]
+def run_dcp_phase(job: RankJob) -> RankRecord:
+    """Train ``job.case``'s steps ``job.start..job.stop-1`` (``stop`` None: through its last step)
+    with the wrapper at ``job.path``: after them save (``phase="save"``, from step 0), or load
+    before them (``phase="load"``) from ``job.checkpoint_dir``."""
+    case: Case = job.case
+    phase, start = job.phase, job.start
+    stop = case.steps if job.stop is None else job.stop
     if phase not in ("save", "load"):
         raise ValueError(f"phase={phase!r} must be 'save' or 'load'")
+    job.require("checkpoint_dir")
     if case.masters_from_float32:
         return RankRecord.skip(
             "a compute dtype is not resumed: the wrapper is built over the case's own dtype"
         )
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    cls = target_object(payload["path"])
+    device = rank_device(job.device)
+    cls = target_object(job.path)
     model = build_case_model(case, rank, device=device)
     names = [n for n, _ in model.named_parameters()]
     trainable = [p.requires_grad for p in model.parameters()]
@@ -98,7 +101,7 @@ def run_dcp_phase(payload: dict) -> RankRecord:
     if phase == "load":
         bring_to(case, optimizer, params, scheduler, start)
         on_every_rank(
-            lambda: _checkpoint(wrapper, optimizer, payload["checkpoint_dir"], phase),
+            lambda: _checkpoint(wrapper, optimizer, job.checkpoint_dir, phase),
             device,
             "loading the checkpoint (torch.distributed.checkpoint)",
         )
@@ -123,7 +126,7 @@ def run_dcp_phase(payload: dict) -> RankRecord:
         steps.append(RankStep(whole(wrapper.gather_full_params(), "gather_full_params()"), grads))
     if phase == "save":
         on_every_rank(
-            lambda: _checkpoint(wrapper, optimizer, payload["checkpoint_dir"], phase),
+            lambda: _checkpoint(wrapper, optimizer, job.checkpoint_dir, phase),
             device,
             "saving the checkpoint (torch.distributed.checkpoint)",
         )

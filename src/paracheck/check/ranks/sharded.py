@@ -57,6 +57,7 @@ from paracheck.check.ranks._optimizer import (
     state_bytes,
     state_dict_of,
 )
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -83,15 +84,15 @@ def _reload(case: Case, opt, scheduler, params, cls, step: int, device):
     return on_every_rank(fresh, device, "building a fresh optimizer and load_state_dict()")
 
 
-def run_sharded(payload: dict) -> RankRecord:
-    """Train ``case`` with FlatDDP for the gradients and the sharded optimizer at ``payload['path']``."""
+def run_sharded(job: RankJob) -> RankRecord:
+    """Train ``job.case`` with FlatDDP for the gradients and the sharded optimizer at ``job.path``."""
     from paracheck.ddp import FlatDDP
 
-    case: Case = payload["case"]
+    case: Case = job.case
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    cls = target_object(payload["path"])
-    unsupported = declared_unsupported(cls, case, payload["path"])
+    device = rank_device(job.device)
+    cls = target_object(job.path)
+    unsupported = declared_unsupported(cls, case, job.path)
     if unsupported:
         return RankRecord.skip(unsupported)
     model = build_case_model(case, rank, device=device)

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from paracheck.cases import batch_for, build_case_model, build_optimizer, loss_fn, micro_batches
 from paracheck.check.ranks._common import on_every_rank, rank_device, target_object
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
@@ -136,24 +137,24 @@ def _group_batch(case, step: int, micro: int, group: range, device):
     return torch.cat(xs), torch.cat(ys), bounds
 
 
-def run_tp(payload: dict) -> RankRecord:
-    """Train ``payload['case']`` (a ``TPCase``) with the plan at ``payload['path']``."""
-    case = payload["case"]
+def run_tp(job: RankJob) -> RankRecord:
+    """Train ``job.case`` (a ``TPCase``) with the plan at ``job.path``."""
+    case = job.case
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = rank_device(payload.get("device"))
+    device = rank_device(job.device)
     dp_size, tp_size = getattr(case, "mesh_shape", (case.world_size, 1))
     if world != dp_size * tp_size:
         raise ValueError(
             f"the mesh ({dp_size}, {tp_size}) needs {dp_size * tp_size} ranks, not {world}"
         )
-    plan = target_object(payload["path"])
+    plan = target_object(job.path)
     if inspect.isclass(plan):
         plan = plan()
     sequence_parallel = getattr(case, "sequence_parallel", False)
     takes_sp = "sequence_parallel" in inspect.signature(plan).parameters
     if sequence_parallel and not takes_sp:
         return RankRecord.skip(
-            f"{payload['path']} takes no sequence_parallel=: checked without sequence parallelism"
+            f"{job.path} takes no sequence_parallel=: checked without sequence parallelism"
         )
     mesh = tp_mesh(dp_size, tp_size, device.type)
     model = build_case_model(case, 0, device=device)

@@ -48,16 +48,17 @@ from paracheck.check.ranks._optimizer import (
     state_bytes,
 )
 from paracheck.check.ranks.fsdp import CollectiveWatch, in_module_order, storage_elements
+from paracheck.check.ranks.job import RankJob
 from paracheck.check.ranks.record import RankRecord, RankStep
 from paracheck.world import set_step
 
 __all__ = ["held_gradient_elements", "run_zero", "run_zero2"]
 
 
-def run_zero2(payload: dict) -> RankRecord:
+def run_zero2(job: RankJob) -> RankRecord:
     """``run_zero``, recording after each step's synchronisation the gradients the rank holds
     (Note [Gradients kept as shards] in ``paracheck.check.properties.placement``)."""
-    return run_zero(payload, watch=True)
+    return run_zero(job, watch=True)
 
 
 def _full_gradients(got, model, params: list, trainable: list, index: dict) -> list:
@@ -77,20 +78,20 @@ def _full_gradients(got, model, params: list, trainable: list, index: dict) -> l
     return in_module_order(got, names, "full_gradients()", mask)
 
 
-def run_zero(payload: dict, *, watch: bool = False) -> RankRecord:
-    """Train ``case`` with the ZeRO wrapper at ``payload['path']`` (gradient sync included). The
+def run_zero(job: RankJob, *, watch: bool = False) -> RankRecord:
+    """Train ``job.case`` with the ZeRO wrapper at ``job.path`` (gradient sync included). The
     LR scheduler is built on its ``optimizer`` (itself if it has none); ``reload_at_step`` is not
     exercised here (a second wrapper over the same module would hook it twice). With ``watch``,
     each step also records ``scattered`` and ``held_grad_elements``."""
-    case: Case = payload["case"]
+    case: Case = job.case
     rank = dist.get_rank()
-    device = rank_device(payload.get("device"))
-    unsupported = declared_unsupported(target_object(payload["path"]), case, payload["path"])
+    device = rank_device(job.device)
+    unsupported = declared_unsupported(target_object(job.path), case, job.path)
     if unsupported:
         return RankRecord.skip(unsupported)
     model = build_case_model(case, rank, device=device)
     params, zero = on_every_rank(
-        lambda: build_zero(case, model, target_object(payload["path"])),
+        lambda: build_zero(case, model, target_object(job.path)),
         device,
         "constructing the optimizer",
     )
