@@ -178,6 +178,14 @@ def test_fsdp_resumes_with_parameters_no_step_reached(world):
     assert check_reshard(world, resolve_target("torch-fsdp"), case, None) is None
 
 
+def test_fsdp_resumes_where_one_group_keeps_no_optimizer_state(world):
+    """FSDP2 under SGD with momentum in one group only: the other group's parameters have no
+    state in the checkpoint (torch's strict load raised "Missing optimizer state" for them)."""
+    groups = (GroupSpec(params=(0, 1, 2, 3), lr=0.05), GroupSpec(params=(4, 5), momentum=0.9))
+    case = replace(BASE, optimizer=OptimizerSpec("sgd", groups))
+    assert check_reshard(world, resolve_target("torch-fsdp"), case, None) is None
+
+
 def test_an_autocast_fsdp_resumes_within_its_tolerance(world):
     """The pinned autocast FSDP2 case resumes at world size 1 within the tolerances."""
     assert check_reshard(world, resolve_target("torch-fsdp"), AUTOCAST_FSDP, None) is None

@@ -52,7 +52,11 @@ def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
     """Save or load the wrapped module's and the optimizer's state through DCP (collectives)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
 
     module = getattr(wrapper, "module", wrapper)
     model_sd, optim_sd = get_state_dict(module, optimizer)
@@ -63,9 +67,16 @@ def _checkpoint(wrapper, optimizer, directory: str, phase: str) -> None:
     # torch's get_state_dict gives the fresh optimizer state for every parameter (it steps zero
     # gradients to build it), so a parameter no step had reached before the save (a branch no
     # rank uses) is in this template and not in the checkpoint: missing by design, not an error.
+    # Nor is a parameter whose optimizer keeps no state for it (SGD without momentum): torch's
+    # strict load raises "Missing optimizer state" for it. What the load restores is judged by
+    # the trajectory after it, not by the keys (Note [Resuming at another world size]).
     dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
     set_state_dict(
-        module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        module,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=StateDictOptions(strict=False),
     )
 
 
