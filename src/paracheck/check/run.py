@@ -20,7 +20,7 @@ from paracheck.check.properties.reading import on_its_reading, state_union
 from paracheck.check.properties.reshard import NOT_JUDGED as RESHARD_NOT_JUDGED
 from paracheck.check.properties.state import sharding_notes
 from paracheck.check.targets import Target
-from paracheck.check.user_model import fitted_case
+from paracheck.check.user_model import fitted_case, model_cannot_run_mixed
 from paracheck.errors import ParacheckError
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
@@ -295,8 +295,13 @@ def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
 def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
     """The result of a case whose ranks raised, hung or died (started at ``t0``); skipped where a
     compiled case's ranks were still compiling (Note [Compiling is not hanging]), or torch cannot
-    compile a user's model alone (Note [A user's model torch cannot compile])."""
-    slow = compiling_too_long(case, exc) or model_cannot_compile(case, exc)
+    compile a user's model alone (Note [A user's model torch cannot compile]) or run it alone in
+    mixed precision (Note [A user's model torch cannot run in mixed precision])."""
+    slow = (
+        compiling_too_long(case, exc)
+        or model_cannot_compile(case, exc)
+        or model_cannot_run_mixed(case, exc)
+    )
     if slow is not None:
         return CaseResult(case, extra={"skipped": slow}, seconds=time.monotonic() - t0)
     return CaseResult(

@@ -152,3 +152,58 @@ def _resumed_without_stale_zeros(case: Case) -> Case:
     if case.reshard_at_step is not None and not case.set_to_none:
         return replace(case, set_to_none=True)  # gradients are no part of a checkpoint
     return case
+
+
+# Note [A user's model torch cannot run in mixed precision]
+#   A fully sharded wrapper given the float32 model and ``compute_dtype`` (a case with
+#   ``masters_from_float32``) computes with its parameters cast and its buffers as they are: a
+#   model whose layer refuses that mix on its own (torch 2.13's CPU ``BatchNorm1d`` in eval mode
+#   with bfloat16 weights beside float32 running statistics: "needs_dynamic_casting ... INTERNAL
+#   ASSERT FAILED") raises in every such case, under paracheck's FSDP and torch's FSDP2 alike,
+#   and no wrapper is to blame. Where a case's ranks raised, the model is run alone, in one
+#   process, so cast (forward and backward on the case's row counts); if that raises too the
+#   case is skipped with torch's words, as a user's model torch cannot compile is (Note [A
+#   user's model torch cannot compile] in ``paracheck.check.properties.compiled``). The ranks'
+#   exception stands where the model alone runs.
+_MIXED: dict[tuple, str | None] = {}
+
+
+def model_cannot_run_mixed(case: Case, exc) -> str | None:
+    """Why a ``masters_from_float32`` case on a user's model whose ranks raised is skipped (Note
+    [A user's model torch cannot run in mixed precision]), or None."""
+    if case.user_model is None or not case.masters_from_float32:
+        return None
+    if getattr(exc, "kind", None) != "raised":
+        return None
+    rows = tuple(sorted(set(case.batch_sizes)))
+    key = (case.user_model, case.dtype, case.seed, rows)
+    if key not in _MIXED:
+        _MIXED[key] = _mixed_alone(case, rows)
+    why = _MIXED[key]
+    return None if why is None else f"the model cannot run {why}"
+
+
+def _mixed_alone(case: Case, rows: tuple[int, ...]) -> str | None:
+    import torch
+
+    from paracheck.cases import DTYPES
+    from paracheck.workloads.user import build_user_model, user_batch, user_loss
+
+    user, dtype = case.user_model, DTYPES[case.dtype]
+    n = rows[0] if rows else 1
+    try:
+        for n in rows:
+            model = build_user_model(user, case.seed, torch.float32)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data = p.data.to(dtype)
+            x, y = user_batch(user, case.seed, n, dtype)
+            user_loss(user, model(x), y).backward()
+    except Exception as exc:  # torch's, on the model alone: its words are the reason
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return (
+            f"with its parameters in {case.dtype} and its buffers in float32, as a wrapper given "
+            f"compute_dtype computes it: {type(exc).__name__}: {first[:300]} (in one process, "
+            f"no wrapper, {n} row{'' if n == 1 else 's'})"
+        )
+    return None

@@ -6,7 +6,17 @@ Note [Wrapping with fully_shard]
     * Groups: ``fully_shard`` is applied to every submodule that owns parameters directly, then
       to the root (the usual per-layer wrapping: one all-gather per layer). A parameter reached
       from two modules (a tied weight) must belong to one group, so a module owning one is left
-      to the root's group, as torch's documentation asks for shared parameters.
+      to the root's group, as torch's documentation asks for shared parameters. A module whose
+      parent owns parameters of its own is left to the parent's group: the parent's forward may
+      read the child's parameters without calling it (``nn.MultiheadAttention`` reads
+      ``out_proj.weight``), and a group is gathered only when its module is called (the rule of
+      paracheck's own FSDP, Note [A module reads its children's parameters]). Nor is
+      ``nn.MultiheadAttention`` a group of its own: FSDP2 passes a group's inputs through an
+      autograd function, so a self-attention's query, key and value (one tensor, ``x, x, x``)
+      arrive as three tensors, and MHA, which tells self-attention by ``query is key``, projects
+      them with three matrix products instead of one packed product: under bfloat16 autocast the
+      input's gradient is then rounded three times, not once (5e-4 apart on a tied embedding of
+      ``examples/stock_models.py``; ``docs/findings-torch-fsdp.md``).
     * Initial state: ``fully_shard`` shards each rank's own tensors and assumes they are equal;
       the constructor broadcasts parameters and buffers from rank 0 first (as torch DDP does).
     * Accumulation: ``no_sync()`` is ``set_requires_gradient_sync(False)`` on the root (which
@@ -47,6 +57,17 @@ def _shared(module: nn.Module) -> set[int]:
     return {i for i, n in owners.items() if n > 1}
 
 
+def _read_by_parent(module: nn.Module) -> set[int]:
+    """The ids of the modules whose parent owns parameters of its own: such a parent may read its
+    children's parameters in its forward without calling them (``nn.MultiheadAttention`` reads
+    ``out_proj.weight``), so a child is grouped with its parent, never gathered on its own call."""
+    out: set[int] = set()
+    for parent in module.modules():
+        if any(p is not None for p in parent._parameters.values()):
+            out.update(id(child) for child in parent.children())
+    return out
+
+
 class TorchFSDP(nn.Module):
     """``fully_shard`` per parameter-owning submodule and on the root, with the CS336 interface;
     see Note [Wrapping with fully_shard]. The constructor and every forward and backward are
@@ -73,8 +94,11 @@ class TorchFSDP(nn.Module):
         device = next(iter(module.parameters()), torch.empty(0)).device
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         shared = _shared(module)
+        read_by_parent = _read_by_parent(module)
         for m in list(module.modules())[1:]:
             own = [p for p in m._parameters.values() if p is not None]
+            if isinstance(m, nn.MultiheadAttention) or id(m) in read_by_parent:
+                continue  # its parameters go to an enclosing group (Note [Wrapping with fully_shard])
             if own and not any(id(p) in shared for p in own):
                 fully_shard(m, mesh=mesh, mp_policy=policy)
         self.module = fully_shard(module, mesh=mesh, mp_policy=policy)

@@ -385,10 +385,9 @@ def _rows_independent(user: UserModel, model: nn.Module, x, out, dtype) -> None:
     for j, whole in enumerate(_tensors(out)):
         if not whole.is_floating_point() or whole.dim() == 0 or whole.shape[0] != n:
             continue
-        alone = [r[j] if j < len(r) else None for r in rows]
-        if any(a is None or a.shape[1:] != whole.shape[1:] for a in alone):
+        if any(j >= len(r) or r[j].shape[1:] != whole.shape[1:] for r in rows):
             continue
-        _row_equal(user, x, whole.detach(), torch.cat(alone))
+        _row_equal(user, x, whole.detach(), torch.cat([r[j] for r in rows]))
 
 
 def _row_equal(user: UserModel, x, out: torch.Tensor, alone: torch.Tensor) -> None:

@@ -204,7 +204,7 @@ def _alone(case: Case, backend: str, dtype, rows) -> str | None:
             user_loss(user, compiled(x), y).backward()
     except Exception as exc:  # torch's, on the model alone: its words are the reason
         first = (str(exc).strip().splitlines() or [""])[0]
-        return f"{type(exc).__name__}: {first[:300]} (in one process, no wrapper, {n} rows)"
+        return f"{type(exc).__name__}: {first[:300]} (in one process, no wrapper, {n} row{'' if n == 1 else 's'})"
     finally:
         torch._dynamo.reset()
     return None
