@@ -236,13 +236,16 @@ def test_every_builtin_matches_the_oracle_on_the_example_models(name, builtin, c
 STOCK = ROOT / "examples" / "stock_models.py"
 
 
-def test_fsdp_matches_the_oracle_on_stock_torch_layers(capsys):
-    """paracheck's FSDP on a model of stock torch layers whose ``nn.MultiheadAttention`` reads
-    ``out_proj.weight`` without calling ``out_proj`` (it raised, the shard reaching a matrix
-    product), with a tied head and frozen BatchNorm: the whole verdict table at world sizes 1
-    and 2 (Note [A module reads its children's parameters] in ``paracheck.fsdp``)."""
+@pytest.mark.parametrize("builtin", ["fsdp", "torch-fsdp"])
+def test_fsdp_matches_the_oracle_on_stock_torch_layers(builtin, capsys):
+    """paracheck's FSDP and torch's FSDP2 on a model of stock torch layers whose
+    ``nn.MultiheadAttention`` reads ``out_proj.weight`` without calling ``out_proj`` (paracheck's
+    raised, the shard reaching a matrix product; FSDP2's ``fully_shard`` raised on ``out_proj``),
+    with a tied head and frozen BatchNorm: the whole verdict table at world sizes 1 and 2 (Note [A
+    module reads its children's parameters] in ``paracheck.fsdp``, Note [Wrapping with
+    fully_shard] in ``paracheck.fsdp.torch_fsdp``)."""
     model = _argv(f"{STOCK}:stock_lm", f"{STOCK}:stock_lm_batch", f"{STOCK}:stock_lm_loss")
-    argv = ["check", "fsdp", *model, "--world-sizes", "1,2", "--max-examples", "3"]
+    argv = ["check", builtin, *model, "--world-sizes", "1,2", "--max-examples", "3"]
     assert main([*argv, "--no-database", "--budget", "0"]) == 0, capsys.readouterr().out
 
 
