@@ -241,11 +241,17 @@ def test_fsdp_matches_the_oracle_on_stock_torch_layers(builtin, capsys):
     """paracheck's FSDP and torch's FSDP2 on a model of stock torch layers whose
     ``nn.MultiheadAttention`` reads ``out_proj.weight`` without calling ``out_proj`` (paracheck's
     raised, the shard reaching a matrix product; FSDP2's ``fully_shard`` raised on ``out_proj``),
-    with a tied head and frozen BatchNorm: the whole verdict table at world sizes 1 and 2 (Note [A
-    module reads its children's parameters] in ``paracheck.fsdp``, Note [Wrapping with
-    fully_shard] in ``paracheck.fsdp.torch_fsdp``)."""
+    with a tied head and frozen BatchNorm: the core row at world sizes 1 and 2, where its cases
+    at the kind's precisions (bfloat16 autocast, bfloat16 parameters with float32 masters) are
+    drawn (Note [A module reads its children's parameters] in ``paracheck.fsdp``, Note [Wrapping
+    with fully_shard] in ``paracheck.fsdp.torch_fsdp``, Note [A user's model torch cannot run in
+    mixed precision] in ``paracheck.check.user_model``)."""
+    from paracheck.check.features import optional_features
+
+    off = ",".join(f"-{f}" for f in optional_features())
     model = _argv(f"{STOCK}:stock_lm", f"{STOCK}:stock_lm_batch", f"{STOCK}:stock_lm_loss")
-    argv = ["check", builtin, *model, "--world-sizes", "1,2", "--max-examples", "3"]
+    argv = ["check", builtin, *model, "--world-sizes", "1,2", "--max-examples", "8"]
+    argv.append(f"--features={off}")
     assert main([*argv, "--no-database", "--budget", "0"]) == 0, capsys.readouterr().out
 
 
