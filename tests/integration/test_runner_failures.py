@@ -307,9 +307,13 @@ def test_a_rank_busy_outside_collectives_past_the_case_timeout_is_not_a_hang(sma
     ]
 
 
-def test_a_stalled_rank_is_reported_before_the_timeout_and_not_run_again(small_world):
+def test_a_stalled_rank_is_reported_before_the_timeout_and_not_run_again(small_world, monkeypatch):
     """A rank that sleeps, its peer waiting for it in a collective: no rank of the job runs, so
-    it is a stall, reported after ``stall_seconds``, not the timeout, and not run again."""
+    it is a stall, reported after ``stall_seconds``, not the timeout, and not run again (on a
+    machine with one runnable process per CPU: Note [Too slow to judge])."""
+    from paracheck.world import _collect
+
+    monkeypatch.setattr(_collect, "load_per_cpu", lambda: 1.0)
     small_world.stall_seconds = 1.0
     try:
         with pytest.raises(RankHang) as info:
@@ -320,6 +324,27 @@ def test_a_stalled_rank_is_reported_before_the_timeout_and_not_run_again(small_w
     assert hang.stalled and not hang.rerun and hang.seconds < small_world.timeout
     assert "stalled on rank(s) [0, 1]" in str(hang)
     assert "rank 0 is in its 1st all_reduce" in hang.disagreement
+    _healthy(small_world)
+
+
+def test_a_stall_on_an_overloaded_machine_is_run_again_before_it_is_reported(
+    small_world, monkeypatch
+):
+    """The same stall with more than two runnable processes per CPU at the verdict (Note [Too
+    slow to judge]): run again on fresh ranks, and reported where it stalls again."""
+    from paracheck.world import _collect
+
+    monkeypatch.setattr(_collect, "load_per_cpu", lambda: 7.5)
+    small_world.stall_seconds = 1.0
+    try:
+        with pytest.raises(RankHang) as info:
+            small_world.run("paracheck_test_jobs:sleep_on_1", None, world_size=2)
+    finally:
+        del small_world.stall_seconds
+    hang = info.value
+    assert hang.stalled and hang.rerun and hang.confirmed
+    assert "after it first stalled at" in str(hang) and "7.5 runnable processes" in str(hang)
+    assert hang.too_slow() is None  # a stall, twice: reported whatever the load
     _healthy(small_world)
 
 

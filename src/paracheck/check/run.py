@@ -24,7 +24,7 @@ from paracheck.check.user_model import fitted_case, model_cannot_run_mixed
 from paracheck.errors import ParacheckError
 from paracheck.oracle import train
 from paracheck.oracle.tolerance import anchored
-from paracheck.world import World, WorldError
+from paracheck.world import RankHang, World, WorldError
 
 __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"]
 
@@ -32,7 +32,9 @@ __all__ = ["CaseResult", "CheckFailure", "run_case", "oracle_for", "param_names"
 @dataclass
 class CaseResult:
     """How one case went: a rank failure (``error``), or every property that failed on it
-    (``divergences``, one per property; ``divergence`` is the first of them)."""
+    (``divergences``: one per property, and after the first of gradients or parameters the
+    other ways its step diverged, Note [Every way a step diverged]; ``divergence`` is the first
+    of them)."""
 
     case: Case
     divergence: Divergence | None = None
@@ -66,6 +68,12 @@ class CaseResult:
 
     def divergence_of(self, prop: str) -> Divergence | None:
         return next((d for d in self.divergences if d.property == prop), None)
+
+    def led_by(self, d: Divergence) -> CaseResult:
+        """This result read as failing first with ``d``, one of its divergences (a reading:
+        ``paracheck.check.verdict.readings``)."""
+        rest = [x for x in self.divergences if x is not d]
+        return replace(self, divergence=d, divergences=[d, *rest])
 
     def describe(self, prop: str | None = None) -> str:
         if self.error is not None:
@@ -198,7 +206,7 @@ def run_case(
             ),
             union=state_union(case, ranks, props, world, row.compares_state),
         )
-        divs += [div] if div is not None else []
+        divs += [div, *div.others] if div is not None else []  # Note [Every way a step diverged]
     evidence = Evidence(
         case,
         traj,
@@ -294,11 +302,14 @@ def _compressed_reduction(case: Case, target: Target) -> CaseResult | None:
 
 def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
     """The result of a case whose ranks raised, hung or died (started at ``t0``); skipped where a
-    compiled case's ranks were still compiling (Note [Compiling is not hanging]), or torch cannot
-    compile a user's model alone (Note [A user's model torch cannot compile]) or run it alone in
-    mixed precision (Note [A user's model torch cannot run in mixed precision])."""
+    compiled case's ranks were still compiling (Note [Compiling is not hanging]), its ranks still
+    ran at a second timeout on an overloaded machine (Note [Too slow to judge] in
+    ``paracheck.world._failures``), or torch cannot compile a user's model alone (Note [A user's
+    model torch cannot compile]) or run it alone in mixed precision (Note [A user's model torch
+    cannot run in mixed precision])."""
     slow = (
         compiling_too_long(case, exc)
+        or _too_slow(exc)
         or model_cannot_compile(case, exc)
         or model_cannot_run_mixed(case, exc)
     )
@@ -310,6 +321,10 @@ def _raised(case: Case, exc: WorldError, t0: float) -> CaseResult:
         seconds=time.monotonic() - t0,
         outputs={f.rank: f.output for f in exc.failures if f.output},
     )
+
+
+def _too_slow(exc: WorldError) -> str | None:
+    return exc.too_slow() if isinstance(exc, RankHang) else None
 
 
 def _unjudged(props: frozenset[str], *, stepped: bool, balance: bool = False) -> str:

@@ -28,6 +28,7 @@ from paracheck.world._failures import (
     WorldStartError,
     collective_of,
     collective_of_traceback,
+    load_per_cpu,
     order_failures,
 )
 from paracheck.world._memory import exceeded
@@ -369,6 +370,7 @@ class _Collection:
         pool, w = self.pool, self.w
         definite = self.watch.deadlocked(sorted(self.results), stuck)
         stalled = not definite and self.watch.stalled(stuck)
+        progressing = not definite and not stalled and self.watch.progressed(within=1.0)
         stacks = pool.stacks(stuck)
         statuses = {r: self.watch.status(r) for r in range(w)}
         seconds = time.monotonic() - self.started
@@ -418,6 +420,8 @@ class _Collection:
             definite=definite,
             stalled=stalled,
             seconds=seconds,
+            progressing=progressing,  # Note [Too slow to judge]
+            load=load_per_cpu(),
         )
 
     def _recover(self, stuck: list[int]) -> str:

@@ -98,6 +98,8 @@ class RankHang(WorldError):
         definite: bool = False,
         stalled: bool = False,
         seconds: float = 0.0,
+        progressing: bool = False,
+        load: float | None = None,
     ):
         super().__init__(message, failures)
         self.disagreement = disagreement
@@ -107,12 +109,65 @@ class RankHang(WorldError):
         self.stalled = stalled
         self.rerun = False  # the verdict of a second run on fresh ranks (Note [Timeout verdicts])
         self.seconds = seconds  # from submission to the verdict
+        # A rank still in the job ran or issued a collective in the last second before the
+        # verdict, and the runnable processes per CPU then (Note [Too slow to judge]).
+        self.progressing = progressing
+        self.load = load
+        self.limit: float | None = None  # the timeout of the second run, where there was one
 
     @property
     def confirmed(self) -> bool:
         """Whether the ranks' own state proves the hang (a deadlock, or a stall), so that running
         the job again could not end otherwise (Note [Timeout verdicts])."""
         return self.definite or self.stalled
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the machine had more than ``OVERLOADED`` runnable processes per CPU at the
+        verdict (Note [Too slow to judge])."""
+        return self.load is not None and self.load >= OVERLOADED
+
+    def too_slow(self) -> str | None:
+        """Why this timeout is no verdict on the target (Note [Too slow to judge]), or None."""
+        if self.confirmed or not self.rerun or not self.progressing or not self.overloaded:
+            return None
+        limit = f"the {self.limit:g} s timeout" if self.limit else "the timeout"
+        return (
+            f"still running at {limit} twice, its ranks computing or communicating to the end, "
+            f"on a machine with {self.load:.1f} runnable processes per CPU: too slow to judge "
+            "here, not stuck; give the check a longer --timeout or a quieter machine"
+        )
+
+
+# Note [Too slow to judge]
+#   A job past the World's whole timeout whose ranks still ran or issued collectives (Note
+#   [Timeout verdicts]) is run again on fresh ranks, and a second timeout was reported as a hang.
+#   On two cores with four checks of four ranks and eight busy processes beside them (a load of
+#   13 to 17), a correct DDP's compiled case at world size 4, 12 s alone, went past 20 s twice,
+#   its ranks in the target's bucket waits and backward to the end: the target was told to fix a
+#   hang it does not have. Where the machine has more than ``OVERLOADED`` runnable processes per
+#   CPU (its one-minute load average) when the second run times out, and a rank of the job still
+#   ran or issued a collective in its last second, the case is not judged: it is skipped, saying
+#   so and what to change. A stall (no rank ran or issued a collective for ``stall_seconds``) on
+#   a machine so loaded is run again on fresh ranks before it is reported: under that load, the
+#   compiled cases of two correct DDPs stalled (their ranks compiling, their stacks not read in
+#   time) where the same cases, replayed four at once under the same load, were seen compiling.
+#   A deadlock is judged whatever the load, as are a stall and a rank spinning at its timeout on
+#   a machine not so loaded; a rank spinning forever on one so loaded is the one hang this leaves
+#   unreported, and it says why.
+OVERLOADED = 2.0
+
+
+def load_per_cpu() -> float | None:
+    """The one-minute load average per CPU this process may run on, or None where unknown."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    try:
+        return os.getloadavg()[0] / cpus if cpus else None
+    except OSError:
+        return None
 
 
 class RankDied(WorldError):

@@ -271,7 +271,10 @@ class World:
         try:
             return self._collect(ticket)
         except RankHang as hang:
-            if hang.confirmed or ticket.rerun or not self.reruns_timeouts:
+            # A stall on an overloaded machine is run again too (Note [Too slow to judge]).
+            if hang.definite or (hang.stalled and not hang.overloaded):
+                raise
+            if ticket.rerun or not self.reruns_timeouts:
                 raise
             if not self.pool.replaces_ranks:
                 raise
@@ -284,9 +287,16 @@ class World:
             return self._collect(again)
         except RankHang as hang:
             hang.rerun = True
+            hang.limit = self.timeout
+            first_words = (
+                f"stalled at {first.seconds:.1f} s on a machine with {first.load:.1f} runnable "
+                "processes per CPU"
+                if first.stalled and first.load is not None
+                else f"did not finish within {first.seconds:.1f} s"
+            )
             hang.args = (
                 f"{hang.args[0]} (run again on fresh ranks with a limit of {self.timeout:g} s "
-                f"after it first did not finish within {first.seconds:.1f} s)",
+                f"after it first {first_words})",
             )
             raise
 
