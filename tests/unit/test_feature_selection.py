@@ -9,12 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paracheck.cases import Case
+from paracheck.check.feature_choice import features_off
 from paracheck.check.features import (
     CONTRACTS,
     FEATURES,
     FeatureError,
     feature,
-    features_off,
     without_all,
 )
 from paracheck.strategies import cases, sharding_cases

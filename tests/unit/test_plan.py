@@ -265,3 +265,28 @@ def test_no_case_is_compiled_below_float32():
 
     drawn()
     assert seen, "no compiled case in 400 mixed-precision draws"
+
+
+def test_a_default_check_draws_its_kinds_own_sequence():
+    """The features a kind never draws are turned off in the plan but not mapped away from its
+    strategy: a map adds a span that Hypothesis mutates, and mapping them changed every default
+    check's derandomised cases from the twelfth on while removing nothing. A feature the kind
+    does draw, turned off, is still taken away from every case."""
+    import types
+
+    from paracheck.check.kinds import KINDS
+    from paracheck.check.settings import CheckSettings
+    from paracheck.check.shared_search import _Search
+    from paracheck.check.targets import resolve_target
+
+    def search(name, **changes):
+        settings = CheckSettings(world_sizes=(1, 2), database=None, **changes)
+        world = types.SimpleNamespace(timeout=10.0)
+        return _Search(resolve_target(name), world, settings, None, None, None, None)
+
+    for name in ("bucketed", "zero1", "sharded"):
+        default = search(name)
+        assert set(KINDS[default.target.kind].never_draws) <= set(default.off), name
+        assert default.strategy is default.drawn, name
+    without = search("bucketed", features="-accumulation")
+    assert "accumulation" in without.off and without.strategy is not without.drawn

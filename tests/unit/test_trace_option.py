@@ -49,9 +49,11 @@ def trace_option(monkeypatch):
     return _script()
 
 
-def test_world_sizes_are_followed_from_the_command_line_to_the_rank_job(trace_option):
-    """The trace of ``--world-sizes 1,2`` starts in ``paracheck/cli``, ends at the rank job and
-    finds the text parsed once, by one innermost call."""
+@pytest.mark.parametrize("name", ["world_sizes", "features"])
+def test_an_option_is_followed_from_the_command_line_to_the_rank_job(trace_option, name):
+    """The trace of ``--world-sizes 1,2`` (of ``--features`` turning every optional feature off)
+    starts in ``paracheck/cli``, ends at the rank job and finds the text parsed once, by one
+    call: the plan's (Note [One plan per check] in ``paracheck.check.plan``)."""
     from paracheck.cli import main as cli_main
 
     def main(argv):
@@ -60,7 +62,7 @@ def test_world_sizes_are_followed_from_the_command_line_to_the_rank_job(trace_op
         except _Submitted:
             return None
 
-    option = trace_option.followed("world_sizes")
+    option = trace_option.followed(name)
     trace = trace_option.run(option, main=main)
     assert trace.reached_job, trace.output[-2000:]
     assert len(trace.steps) >= 3

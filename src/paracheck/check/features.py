@@ -37,10 +37,8 @@ __all__ = [
     "closure",
     "essential",
     "feature",
-    "features_off",
     "label",
     "never_drawn_off",
-    "parse_features",
     "optional_features",
     "row_off",
     "without",
@@ -431,66 +429,6 @@ CONTRACTS: dict[str, Contract] = {
         stepped_balance=False,
     ),
 }
-
-
-def parse_features(spec) -> tuple[tuple[str, bool], ...]:
-    """``"-name,+name"`` (or an iterable of such items) -> ((name, drawn), ...), in order:
-    ``-name`` never draws the feature, ``+name`` draws it again. ``FeatureError`` naming the item."""
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    out = []
-    for raw in items:
-        item = str(raw).strip()
-        if not item:
-            continue
-        sign, name = item[0], item[1:].strip()
-        if sign not in "+-" or not name:
-            raise FeatureError(
-                "features",
-                spec,
-                f"{item!r} must be -name (never draw it) or +name (draw it again), "
-                "e.g. -unused-some-ranks",
-            )
-        if name not in _BY_NAME:
-            raise FeatureError(
-                "features",
-                spec,
-                f"{name!r} is not a feature; the features are "
-                + ", ".join(f.name for f in FEATURES),
-            )
-        out.append((name, sign == "+"))
-    return tuple(out)
-
-
-def features_off(
-    contract: str = "full", features=None, *, dtype: str = "float64"
-) -> tuple[str, ...]:
-    """The features never drawn under ``contract`` (``CONTRACTS``) changed by ``features``
-    (``parse_features``), in table order, with every feature that implies or requires one of them.
-    ``FeatureError`` for an unknown contract or feature, for ``+name`` whose feature needs one that
-    is off, and for low-precision off in a check of a low-precision ``dtype``."""
-    if contract not in CONTRACTS:
-        raise FeatureError("contract", contract, f"must be one of {', '.join(CONTRACTS)}")
-    off = set(CONTRACTS[contract].off)
-    wanted = set()
-    for name, drawn in parse_features(features or ()):
-        (off.discard if drawn else off.add)(name)
-        (wanted.add if drawn else wanted.discard)(name)
-    off = _closed(off)
-    clash = sorted(wanted & off)
-    if clash:
-        f = _BY_NAME[clash[0]]
-        needed = [n for n in f.implies + f.requires if n in off]
-        raise FeatureError(
-            "features",
-            features,
-            f"+{clash[0]} needs {', '.join(needed)}, which {'is' if len(needed) == 1 else 'are'} "
-            f"not drawn (contract {contract})",
-        )
-    if "low-precision" in off and dtype != "float64":
-        raise FeatureError(
-            "features", features, f"low-precision is turned off, but the check runs in {dtype}"
-        )
-    return tuple(f.name for f in FEATURES if f.name in off)
 
 
 def never_drawn_off(off, never, declared=()) -> tuple[str, ...]:

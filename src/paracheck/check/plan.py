@@ -109,6 +109,11 @@ def settled(settings: CheckSettings, *, pool: Mapping | None = None) -> CheckSet
     if settings.profile not in PROFILES:
         raise InvalidArgument("profile", settings.profile, f"must be one of {', '.join(PROFILES)}")
     explicit = _explicit_precision(settings)
+    if settings.features is not None:
+        from paracheck.check.feature_choice import parse_features
+
+        # Parsed here, once; every later reader takes these changes as they are.
+        settings = settings.replace(features=parse_features(settings.features))
     if settings.features is not None or settings.contract != "full":
         _features_off(settings, explicit or "fp64")  # refused before any target is read
     return settings.replace(
@@ -225,7 +230,7 @@ def _explicit_precision(settings: CheckSettings) -> str | None:
 def _features_off(settings: CheckSettings, precision: str) -> tuple[str, ...]:
     """The features never drawn at ``precision`` (``features_off``); its ``FeatureError`` is an
     ``InvalidArgument`` naming ``contract`` or ``features``."""
-    from paracheck.check.features import features_off
+    from paracheck.check.feature_choice import features_off
     from paracheck.strategies._core import nominal_dtype
 
     return features_off(settings.contract, settings.features, dtype=nominal_dtype(precision))

@@ -14,6 +14,7 @@ from paracheck.check.database import CaseDatabase
 from paracheck.check.features import (
     CONTRACTS,
     case_features,
+    closure,
     feature,
     without,
     without_all,
@@ -29,7 +30,7 @@ from paracheck.check.report import (
 from paracheck.check.run import CaseResult
 from paracheck.check.search import CaseTimeouts, _Checker, _Hit, declared_features, sequence_name
 from paracheck.check.targets import load_object
-from paracheck.check.verdict import cause_key, cause_of, same_cause
+from paracheck.check.verdict import cause_key, cause_of, readings, same_cause
 from paracheck.strategies._core import precision_settings, world_size_draws
 from paracheck.world import PoolLost
 
@@ -80,10 +81,14 @@ class _Search:
                 lambda t: t[1].with_world_size(t[0])
             )
         self.drawn = strategy  # before the features turned off are removed
-        if off:
-            # Mapped, not filtered: every draw is used, and with nothing off the strategy (and so
-            # every derandomised sequence) is the one it always was.
-            strategy = strategy.map(lambda c: without_all(c, off))
+        # Mapped, not filtered: every draw is used. Only the features the strategy may draw: a map
+        # adds a span that Hypothesis mutates after its first cases, so mapping away what the
+        # kind never draws (``Kind.never_draws``) changed every derandomised sequence from its
+        # twelfth case on while removing nothing. With nothing to remove the strategy, and so
+        # every derandomised sequence, is the one it always was.
+        drawn_off = mapped_off(off, KINDS[target.kind].never_draws if own_cases else ())
+        if drawn_off:
+            strategy = strategy.map(lambda c: without_all(c, drawn_off))
         self.strategy = strategy
         # The cases the core row runs first (Note [A partition by count]), with the kind's own
         # cases only, and only those this check would draw.
@@ -200,21 +205,29 @@ class _Search:
         where ``attribute(prop, result)`` says, with the case it gives: (row, result)."""
         result = self.checker.run(case)
         for prop in order(result.failed_properties):
-            where, shown, notes = row(case) if row else None, result, [note]
-            if attribute is not None:
-                where, shown = attribute(prop, result)
-            if self.is_known(prop, shown, where):
-                continue
-            if shown is not result:
-                gone = sorted(case_features(case) - case_features(shown.case))
-                notes.append(
-                    f"it fails the same way without {', '.join(gone)}: the case shown is without "
-                    f"{'it' if len(gone) == 1 else 'them'}"
+            # Each reading of the case (Note [Every way a step diverged] in
+            # paracheck.check.properties.equivalence), a cause of its own where not known.
+            keys: list[tuple] = []
+            for reading in readings(result) if self.settings.table else [result]:
+                key = cause_key(prop, reading, self.own)
+                if key in keys:
+                    continue  # read the same way for this property
+                keys.append(key)
+                where, shown, notes = row(case) if row else None, reading, [note]
+                if attribute is not None:
+                    where, shown = attribute(prop, reading)
+                if self.is_known(prop, shown, where):
+                    continue
+                if shown is not reading:
+                    gone = sorted(case_features(case) - case_features(shown.case))
+                    notes.append(
+                        f"it fails the same way without {', '.join(gone)}: the case shown is "
+                        f"without {'it' if len(gone) == 1 else 'them'}"
+                    )
+                self.finish(
+                    _Hit(prop, shown, True, len(self.checker.cache) - 1, notes, shrunk=False),
+                    row=where,
                 )
-            self.finish(
-                _Hit(prop, shown, True, len(self.checker.cache) - 1, notes, shrunk=False),
-                row=where,
-            )
         return result
 
     def replay(self, explicit, row=None, attribute=None) -> None:
@@ -359,6 +372,13 @@ class _Search:
 
 # Hangs and dead ranks cost a timeout or a process start each: their shrinking is bounded.
 _COSTLY = ("hang", "died", "memory-cap")
+
+
+def mapped_off(off, never) -> tuple[str, ...]:
+    """The features of ``off`` a strategy that never draws ``never`` (and what needs them) may
+    still draw: those a case has to have taken away."""
+    never_closed = closure(never)
+    return tuple(f for f in off if f not in never_closed)
 
 
 def declared_mismatch(case: Case, target) -> str | None:
