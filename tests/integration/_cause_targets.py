@@ -1,6 +1,7 @@
 """DDP targets with two bugs each, for the verdict table's causes (tests/integration/test_causes.py):
 two exceptions, a core bug beside a feature's of the same property, a bug that needs two features
-together, a bug behind another in every case, a bug behind a CUDA timing call."""
+together, a bug behind another in every case, a bug behind a CUDA timing call; and a sharded
+optimizer whose bug is behind a CUDA timing call."""
 
 import contextlib
 
@@ -120,3 +121,55 @@ class CudaTimedDDP(SimpleDDP):
 
     def _average(self, summed):
         return summed  # BUG: no division by the world size
+
+
+class LocalFirstAndSummedBiasesDDP(SimpleDDP):
+    """Leaves the first parameter's gradient local (it is never all-reduced) and sums each bias's
+    gradient without dividing by the world size: two bugs in every case of two ranks, both
+    diverging at the first step's gradients, the first parameter's first."""
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self):
+        for i, p in enumerate(self.params):
+            if i == 0 or p.grad is None:
+                continue  # BUG: the first parameter's gradient is left local
+            dist.all_reduce(p.grad)
+            if p.dim() > 1:
+                p.grad /= self.world_size  # BUG: a bias is summed, not averaged
+
+
+class CudaTimedUnbroadcastSharded(torch.optim.Optimizer):
+    """Times its step with torch.cuda.synchronize() (which raises on a machine without CUDA) and
+    never broadcasts the parameters the last rank owns: the other ranks keep them unchanged.
+    Parameters go round-robin to the ranks; each rank steps a wrapped optimizer over its own."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        groups = [{**g, "params": list(g["params"])} for g in groups]
+        self.owner = {}
+        for g in groups:
+            for p in g["params"]:
+                self.owner.setdefault(p, len(self.owner) % self.world_size)
+        local = [
+            {**g, "params": [p for p in g["params"] if self.owner[p] == self.rank]} for g in groups
+        ]
+        local = [g for g in local if g["params"]]
+        self.local = optimizer_cls(local, **kwargs) if local else None
+        super().__init__(groups, kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        torch.cuda.synchronize()
+        if self.local is not None:
+            self.local.step()
+        for p, owner in self.owner.items():
+            if owner < self.world_size - 1:  # BUG: the last rank's parameters are never sent
+                dist.broadcast(p.data, src=owner)
+        return loss

@@ -541,3 +541,45 @@ def test_a_core_cause_seen_through_a_property_the_contract_does_not_promise_come
     assert [f.property for f in report.failures] == streamed, text
     assert {f.row for f in report.failures} == {"core"}, text
     assert "(1 within the contract, 1 beyond it)" in report.summary(), text
+
+
+def test_a_second_way_the_first_step_diverged_is_a_cause_of_its_own(world):
+    """Note [Every way a step diverged]: the first parameter's gradient left local (a wrong
+    value) and the biases summed (scaled by the world size) diverge at the same step of every
+    case of two ranks, the first parameter first. Both are causes of the core, from the one case
+    given and from the core's own search."""
+    core = Case(world_size=2, batch_sizes=(1, 1), steps=1)
+    given = check_target(
+        _target("LocalFirstAndSummedBiasesDDP"),
+        world,
+        _settings(features=_only(), world_sizes=(2,), budget=1e-9),
+        explicit=[core],
+    )
+    searched = check_target(
+        _target("LocalFirstAndSummedBiasesDDP"),
+        world,
+        _settings(features=_only(), world_sizes=(2,)),
+    )
+    for report in (given, searched):
+        text = report.text()
+        grads = [f for f in report.failures if f.property == "gradients"]
+        assert [f.row for f in grads] == ["core", "core"], text
+        ways = [f.result.divergence_of("gradients") for f in grads]
+        assert [d.how for d in ways] == ["value", "scaled"], text
+        assert ways[0].index == 0 and ways[1].name.endswith("bias"), text
+        assert len(_blocks(text)) == 2, text
+
+
+def test_a_cuda_call_diagnosed_in_a_first_case_is_stubbed_before_the_core_is_searched(world):
+    """A sharded check runs a case built for it before the core's search (Note [A partition by
+    count]); it raises at torch.cuda.synchronize(). The core's search runs stubbed and finds the
+    last rank's parameters never broadcast; unstubbed, every case it drew raised the cause known
+    and the core found nothing else."""
+    target = Target("cuda-sharded", _PATH + "CudaTimedUnbroadcastSharded", "sharded")
+    report = check_target(target, world, _settings(features=_only(), world_sizes=(2,)))
+    text = report.text()
+    core = next(r for r in report.rows if r.name == "core")
+    own = [(f.property, f.shrunk) for f in core.own]
+    assert ("raised", False) in own, text  # the first case, run as it is
+    assert ("parameters", True) in own, text  # found by the core's own search
+    assert any("--stub-cuda-timing" in n for n in report.notes), text

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 
 from paracheck.cases import Case, GroupSpec, OptimizerSpec
 from paracheck.check.features import case_features, without
-from paracheck.check.properties.equivalence import close
+from paracheck.check.properties.closeness import close
 from paracheck.check.run import run_case
 from paracheck.check.targets import Target, resolve_target
 from paracheck.mutants import MUTANTS
@@ -257,7 +257,7 @@ def test_bfloat16_results_smaller_than_their_terms_pass(world, name, file):
 def test_update_terms_scale_a_result_near_zero():
     """A 1-element parameter that an update took from 5e-2 to 1e-3 is judged on the scale of
     5e-2: two bfloat16 ulps of the terms pass, a wrong update of the terms' size does not."""
-    from paracheck.check.properties.equivalence import update_terms
+    from paracheck.check.properties.closeness import update_terms
 
     before, ref = torch.tensor([5e-2]), torch.tensor([1e-3])
     rtol = 2e-2

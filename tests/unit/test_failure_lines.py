@@ -140,7 +140,7 @@ def test_a_difference_just_past_its_allowance_prints_differently_from_it():
     import torch
 
     from paracheck.check.properties._divergence import Divergence
-    from paracheck.check.properties.equivalence import worst_element
+    from paracheck.check.properties.closeness import worst_element
 
     line = Divergence(0, "param", 1, 0, "w", 1.0001e-5, 1e-5).describe()
     assert "= 1.0001e-05, largest allowed 1.0000e-05" in line, line

@@ -18,11 +18,23 @@ from paracheck.check.verdict import (
     RowVerdict,
     by_row,
     cause_key,
+    cause_keys,
     cause_of,
+    reading_of,
+    readings,
     same_cause,
 )
 
-__all__ = ["ALL", "attribute", "fails_same", "is_new", "row_features", "row_keeps", "row_of"]
+__all__ = [
+    "ALL",
+    "attribute",
+    "fails_same",
+    "is_new",
+    "new_reading",
+    "row_features",
+    "row_keeps",
+    "row_of",
+]
 
 ALL = "all features"
 
@@ -64,13 +76,14 @@ def _quiet_run(search: Search, case):
         checker.last = last
 
 
-def fails_same(search: Search, prop: str, again, key: tuple) -> bool:
-    """Whether ``again`` fails with the cause ``key`` (of ``prop``): stuck ranks whether the
-    rank died or hung this time (Note [Causes, not properties])."""
+def fails_same(search: Search, prop: str, again, key: tuple):
+    """The reading of ``again`` (``readings`` in ``paracheck.check.verdict``) that fails with
+    the cause ``key`` (of ``prop``), or None: stuck ranks whether the rank died or hung this
+    time (Note [Causes, not properties])."""
     props = ("hang", "died") if key[0] == "stuck" else (prop,)
-    return any(
-        p in again.failed_properties and same_cause(cause_key(p, again, search.own), key)
-        for p in props
+    return next(
+        (r for p in props for r in [reading_of(p, again, key, search.own)] if r is not None),
+        None,
     )
 
 
@@ -90,7 +103,24 @@ def _tensor(result, prop: str):
 
 def is_new(search: Search, prop, result, row, planned, *, run: bool = True) -> bool:
     """Whether ``result``'s failure of ``prop``, in ``row``'s search, is a cause not yet known
-    (Note [Finding every cause]); ``run`` False: without running the cases it would take."""
+    (Note [Finding every cause]), in any of its readings (``new_reading``); ``run`` False:
+    without running the cases it would take."""
+    return new_reading(search, prop, result, row, planned, run=run) is not None
+
+
+def new_reading(search: Search, prop, result, row, planned, *, run: bool = True):
+    """The first reading of ``result`` (``readings`` in ``paracheck.check.verdict``: the other
+    ways its first step diverged, Note [Every way a step diverged] in
+    ``paracheck.check.properties.equivalence``) whose failure of ``prop`` is a cause not yet
+    known, or None."""
+    return next(
+        (r for r in readings(result) if _is_new(search, prop, r, row, planned, run=run)), None
+    )
+
+
+def _is_new(search: Search, prop, result, row, planned, *, run: bool) -> bool:
+    """Whether ``result``'s failure of ``prop``, read as it leads (its first divergence of
+    ``prop``), is a cause not yet known."""
     key = cause_key(prop, result, search.own)
     homes = {f.row for f in search.failures if same_cause(cause_of(f), key)}
     if homes and (row.name in homes or row.name == "core" or not run or not by_row(key)):
@@ -111,7 +141,7 @@ def is_new(search: Search, prop, result, row, planned, *, run: bool = True) -> b
         simpler = without_all(result.case, [f for f in optional_features() if f not in keep])
         if simpler == result.case or not _groups_kept(result.case, simpler):
             return False
-        if fails_same(search, prop, _quiet_run(search, simpler), key):
+        if fails_same(search, prop, _quiet_run(search, simpler), key) is not None:
             return False
     if key[0] != "diverged":
         return True
@@ -138,8 +168,8 @@ def is_new(search: Search, prop, result, row, planned, *, run: bool = True) -> b
             continue
         if same_tensor and _tensor(again, prop) != _tensor(result, prop):
             continue
-        known = cause_key(prop, again, search.own)
-        if any(same_cause(cause_of(f), known) for f in search.failures):
+        known = cause_keys(prop, again, search.own)
+        if any(same_cause(cause_of(f), k) for f in search.failures for k in known):
             return False
     return True
 
@@ -173,8 +203,8 @@ def attribute(search: Search, prop: str, result, row: RowVerdict, planned):
                 if simpler == result.case or tries >= _ATTRIBUTION_RUNS:
                     continue
                 tries += 1
-                again = _quiet_run(search, simpler)
-                if fails_same(search, prop, again, key):
+                again = fails_same(search, prop, _quiet_run(search, simpler), key)
+                if again is not None:
                     result = again
                     break
             else:

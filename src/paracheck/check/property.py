@@ -101,7 +101,7 @@ def check_target(
     and ``features`` (``"-name,+name"``) choose the features drawn; ``dtype`` (default float64,
     float32 for a ``loop`` target) the parameters' dtype; ``precision`` (``fp64``,
     ``fp32``, ``bf16``, ``fp16`` or ``mixed``: Note [Precision from the seed]) replaces ``dtype``
-    (``paracheck.check.features.features_off``). ``timeout`` caps every case's hang timeout
+    (``paracheck.check.feature_choice.features_off``). ``timeout`` caps every case's hang timeout
     (default: the World's); see Note [Hang timeouts] for the timeout of each case.
     """
     if isinstance(settings, CheckPlan) and not changes:

@@ -38,8 +38,9 @@ import time
 
 from hypothesis.errors import Unsatisfiable
 
-from paracheck.check.attribution import ALL, attribute, is_new, row_features, row_of
+from paracheck.check.attribution import ALL, attribute, is_new, new_reading, row_features, row_of
 from paracheck.check.diagnose import cuda_only_call, stubbable_cuda_call
+from paracheck.check.feature_choice import parse_features
 from paracheck.check.features import (
     CONTRACTS,
     PAIRS,
@@ -47,7 +48,6 @@ from paracheck.check.features import (
     case_features,
     feature,
     optional_features,
-    parse_features,
     row_off,
     unpromised_properties,
     without_all,
@@ -57,7 +57,7 @@ from paracheck.check.properties.compiled import compiling_seconds
 from paracheck.check.report import CheckReport, order
 from paracheck.check.search import BudgetSpent, CauseName
 from paracheck.check.shared_search import _Search
-from paracheck.check.verdict import RowVerdict, cause_key, cause_of, same_cause
+from paracheck.check.verdict import RowVerdict, cause_keys, cause_of, readings, same_cause
 from paracheck.world import PoolLost
 
 __all__ = ["fill_table", "plan_rows"]
@@ -68,7 +68,7 @@ def plan_rows(search: _Search) -> list[tuple[RowVerdict, tuple[str, ...] | None]
     not searched, its status already said): the rows within the target's contract first, those
     beyond it after (``beyond_contract``)."""
     s, declared = search.settings, search.declared
-    removed = {name for name, drawn in parse_features(s.features or ()) if not drawn}
+    removed = parse_features(s.features or ()).removed  # parsed by the plan: as it is
     beyond = beyond_contract(search.target.kind, s.contract)
 
     def off_of(name):
@@ -174,7 +174,11 @@ def fill_table(search: _Search, explicit=()) -> CheckReport:
         if current:
             row = current[0]
             hit = getattr(exc, "hit", None)
-            if hit is not None and is_new(search, hit.prop, hit.result, row, planned, run=False):
+            reading = None
+            if hit is not None:
+                reading = new_reading(search, hit.prop, hit.result, row, planned, run=False)
+            if reading is not None:
+                hit = dataclasses.replace(hit, result=reading)
                 _add_own(row, search.finish(hit, row=row.name))
             else:
                 row.why = f"{how} while this row was searched"
@@ -343,6 +347,10 @@ def _add_own(row: RowVerdict, failure) -> None:
 
 def _file(search: _Search, hit, row: RowVerdict, planned) -> None:
     """A new cause found in ``row``'s search, attributed (``_attribute``) and filed in its row."""
+    if len(readings(hit.result)) > 1:  # the reading that is new (Note [Every way a step diverged])
+        reading = new_reading(search, hit.prop, hit.result, row, planned)
+        if reading is not None:
+            hit = dataclasses.replace(hit, result=reading)
     home, result = attribute(search, hit.prop, hit.result, row, planned)
     if result is not hit.result:
         gone = sorted(case_features(hit.result.case) - case_features(result.case))
@@ -466,6 +474,9 @@ def _search_row(
                     lambda _: row.name,
                 )
                 before = len(search.failures)  # what it found is this row's, as a saved case's
+        # A CUDA-only call diagnosed so far (in a saved, given or first case) is stubbed before
+        # the search: every case would raise it first, and nothing behind it would be new.
+        _stub_cuda_after(search, row)
         for _ in range(_CAUSES_PER_ROW):
             if s.first_failure and search.failures:
                 break
@@ -502,7 +513,7 @@ def _search_row(
     for f in search.failures[:before]:
         if f.row == row.name and all(f is not g for g in row.own):
             _add_own(row, f)
-    keys = {cause_key(p, r, search.own) for r in log for p in r.failed_properties}
+    keys = {k for r in log for p in r.failed_properties for k in cause_keys(p, r, search.own)}
     seen = [cause_of(f) for f in row.own + row.also]
     for f in search.failures:
         key = cause_of(f)

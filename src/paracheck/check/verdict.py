@@ -4,7 +4,6 @@ its rows (``RowVerdict``), and the failures grouped by cause (``causes_of``), on
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -120,7 +119,7 @@ class RowVerdict:
 #   whether a rank died or not (a rank that aborts in a collective its peers never reach leaves
 #   the others hung: one bug); for a divergence, the property the divergence starts from
 #   (``_FOLLOWS``): parameters stepped with a wrong gradient are the gradient's cause, parameters
-#   wrong with right gradients another; and how it diverged (``_how``: a rounding, a value scaled
+#   wrong with right gradients another; and how it diverged (``Divergence.how``: a rounding, a value scaled
 #   by a small whole factor or its inverse, another wrong value, a gradient where none is due).
 #   Not the diverging tensor or rank: one bug diverges first
 #   on a different tensor in each model drawn (``layers.0.weight`` of an MLP, ``fc1.weight`` of
@@ -150,51 +149,6 @@ _FOLLOWS = {
 _STUCK = ("hang", "died")
 # "their 2nd all_reduce got tensors of different sizes", "rank 1 is in its 7th broadcast; ...".
 _COLLECTIVE = re.compile(r"\b\d+(?:st|nd|rd|th) (\w+)")
-
-
-_GOT = re.compile(r"got ([-+0-9.eE]+|[-+]?inf|nan), expected ([-+0-9.eE]+|[-+]?inf|nan)")
-
-
-def _how(detail: str) -> str:
-    """How a tensor diverged, in a word: a gradient present or absent where the oracle's is
-    not, another shape, non-finite values, a rounding (the worst element within 1e-3 of its
-    expected value: a buffer of a narrower dtype) or a wrong value. Two bugs of one property in
-    one row are told apart by it (a float32 buffer beside a wrong weighting, both diverging on
-    a gradient)."""
-    if detail.startswith(("expected no gradient", "expected a gradient")):
-        return "presence"
-    if detail.startswith("shape"):
-        return "shape"
-    if "non-finite" in detail:
-        return "non-finite"
-    m = _GOT.search(detail)
-    if m is None:
-        return ""
-    try:
-        got, expected = float(m.group(1)), float(m.group(2))
-    except ValueError:
-        return ""
-    if not (math.isfinite(got) and math.isfinite(expected)):
-        return "non-finite"
-    if abs(got - expected) <= 1e-3 * abs(expected):
-        return "rounding"
-    return "scaled" if _scaled(got, expected) else "value"
-
-
-# Note [A scaled value]
-#   A sum where a mean is due (a division by the world size or the micro-step count left out),
-#   or a mean divided once more, puts every element of a tensor at a whole factor k of the
-#   oracle's, or at 1/k; a gradient left local, a weighting by the wrong batch sizes or a
-#   dropped momentum puts it at no such ratio. So a worst element within 1e-3 of k or 1/k times
-#   its expected value (k in 2..8: worlds and micro-steps as drawn) diverged "scaled", apart from
-#   "value": two bugs of one property in one row are two causes, as a flat DDP whose biases are
-#   summed beside a weight left out of its buffer (one cause of the two before). The factor
-#   itself is not in the key: the same bug at world sizes 2 and 3 is one cause.
-def _scaled(got: float, expected: float) -> bool:
-    if expected == 0.0 or got == 0.0:
-        return False
-    ratio = got / expected
-    return any(abs(ratio - k) <= 1e-3 * k or abs(ratio * k - 1.0) <= 1e-3 for k in range(2, 9))
 
 
 # The properties compared with the oracle's trajectory, where one row's divergence and
@@ -300,7 +254,44 @@ def cause_key(prop: str, result, own: tuple[str, ...] = ()) -> tuple:
     earlier = [x for x in result.divergences if x.property in upstream and x.step <= d.step]
     if earlier:
         d = min(earlier, key=lambda x: (x.step, keys.index(x.property)))
-    return ("diverged", d.property, _how(d.detail))
+    return ("diverged", d.property, d.how)
+
+
+def readings(result) -> list:
+    """``result``, then ``result`` led by each other way its first step diverged (Note [Every
+    way a step diverged] in ``paracheck.check.properties.equivalence``): each reading's failure
+    may be a cause of its own (``cause_keys``)."""
+    if result.error is not None:
+        return [result]
+    seen: set[str] = set()
+    others = []
+    for d in result.divergences:
+        if d.property in seen:
+            others.append(d)
+        seen.add(d.property)
+    return [result, *(result.led_by(d) for d in others)]
+
+
+def cause_keys(prop: str, result, own: tuple[str, ...] = ()) -> list[tuple]:
+    """Every cause ``result``'s failure of ``prop`` comes from, one per reading (``readings``),
+    the first reading's first."""
+    keys: list[tuple] = []
+    for reading in readings(result):
+        key = cause_key(prop, reading, own)
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def reading_of(prop: str, result, key: tuple, own: tuple[str, ...] = ()):
+    """The reading of ``result`` (``readings``) that fails ``prop`` with the cause ``key``, or
+    None."""
+    if prop not in result.failed_properties:
+        return None
+    return next(
+        (r for r in readings(result) if same_cause(cause_key(prop, r, own), key)),
+        None,
+    )
 
 
 def cause_of(failure: PropertyFailure) -> tuple:

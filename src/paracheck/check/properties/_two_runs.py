@@ -5,7 +5,7 @@ from __future__ import annotations
 from paracheck.cases import Case
 from paracheck.check.properties._case import case_params, param_names
 from paracheck.check.properties._divergence import Divergence
-from paracheck.check.properties.equivalence import close
+from paracheck.check.properties.closeness import close
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle.tolerance import tolerance_for
 

@@ -11,11 +11,13 @@ with the oracle's ``Trajectory`` under the tolerance policy (``paracheck.oracle.
 
 from __future__ import annotations
 
-import math
+import itertools
+from collections.abc import Iterable, Iterator
 
 import torch
 
-from paracheck.check.properties._divergence import Divergence, two_numbers
+from paracheck.check.properties._divergence import Divergence
+from paracheck.check.properties.closeness import close, update_terms, worst_element, wrong_how
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle import Trajectory
 from paracheck.oracle.tolerance import (
@@ -30,107 +32,11 @@ from paracheck.oracle.tolerance import (
 
 __all__ = [
     "by_the_oracles_operations",
-    "close",
     "compare",
     "grad_rtol",
     "state_rtol_of",
     "state_terms",
-    "update_terms",
 ]
-
-
-# Note [Terms of an update]
-#   A parameter after a step is p + d (d the update), a momentum buffer mu * b + g, Adam's first
-#   moment beta * m + (1 - beta) * g: sums whose result can be far smaller than its terms. A
-#   correct design computes the terms by the same formula from values within rounding of the
-#   oracle's, so their results differ by a few units in the last place *of the terms*, and
-#   rounded in the parameters' dtype that can be many ulps of a result near zero (measured on
-#   correct designs with bfloat16 parameters: a 1-element weight off by 4.9e-4 after an SGD step
-#   from 5e-2 to 1e-3, against an allowed 5.9e-5; a momentum buffer of 2e-2 built from terms
-#   near 1, off by 2**-7 against an allowed 9.4e-4). So the comparison's scale is the largest
-#   magnitude among the terms, not only the result's: the parameters before the step, and for
-#   the state, its value before the step and the step's gradient (``update_terms``); the relative
-#   tolerance itself is unchanged. A wrong update still differs by its own size, which is the
-#   size of the terms it got wrong.
-def update_terms(*tensors) -> torch.Tensor | None:
-    """The finite elements of every given tensor, flattened into one float64 vector: the scale
-    source of Note [Terms of an update]. None where no tensor is given."""
-    parts = [
-        t.detach().to(torch.float64).cpu().flatten()
-        for t in tensors
-        if isinstance(t, torch.Tensor) and t.numel()
-    ]
-    if not parts:
-        return None
-    flat = torch.cat(parts)
-    return flat[torch.isfinite(flat)]
-
-
-def close(got, ref, rtol: float, scale_src=None):
-    """(ok, max_abs_diff, allowed_at_worst, worst_ratio) under |got-ref| <= rtol*(|ref|+scale)."""
-    if got is None or ref is None:
-        both = got is None and ref is None
-        return both, (0.0 if both else float("inf")), 0.0, (0.0 if both else float("inf"))
-    got = got.detach().to(torch.float64).cpu()
-    ref = ref.detach().to(torch.float64).cpu()
-    if got.shape != ref.shape:
-        return False, float("inf"), 0.0, float("inf")
-    finite = torch.isfinite(ref)
-    if not torch.equal(torch.isfinite(got), finite):
-        return False, float("nan"), 0.0, float("inf")
-    got, ref, allowed, scale = _allowed(got, ref, finite, rtol, scale_src)
-    diff = (got - ref).abs()
-    ok = bool((diff <= allowed).all())
-    denom = ref.abs() + scale
-    ratio = (diff / denom.clamp_min(1e-300)).max().item() if diff.numel() else 0.0
-    if (denom == 0).any() and (diff[denom == 0] > 0).any():
-        ratio = float("inf")
-    return (
-        ok,
-        (diff.max().item() if diff.numel() else 0.0),
-        (allowed.max().item() if allowed.numel() else 0.0),
-        ratio,
-    )
-
-
-def _allowed(got, ref, finite, rtol: float, scale_src):
-    """The finite elements of ``got`` and ``ref`` (float64, CPU), each one's allowed difference,
-    and the scale: ``close``'s rule."""
-    if not finite.all():
-        # Not finite in the oracle too (a scaled gradient the GradScaler never saw: a parameter
-        # outside the optimizer's groups): the same elements must be, and the rest are compared.
-        got, ref = got[finite], ref[finite]
-        if scale_src is not None:
-            scale_src = scale_src.detach().to(torch.float64).cpu()
-            scale_src = scale_src[torch.isfinite(scale_src)]
-    src = ref if scale_src is None else scale_src.detach().to(torch.float64).cpu()
-    scale = src.abs().max().item() if src.numel() else 0.0
-    # An infinite rtol (a derived bound that says nothing: Note [Step 0: a derived bound] with
-    # too many terms for the dtype) allows everything, zeros included (inf * 0 is nan).
-    allowed = torch.full_like(ref, float("inf")) if math.isinf(rtol) else rtol * (ref.abs() + scale)
-    return got, ref, allowed, scale
-
-
-def worst_element(got, ref, rtol: float, scale_src=None) -> str:
-    """Where ``close`` failed worst, in words: the element furthest past its own allowance (the
-    largest difference and the largest allowance can be at different elements)."""
-    got = got.detach().to(torch.float64).cpu()
-    ref = ref.detach().to(torch.float64).cpu()
-    g, r, allowed, _ = _allowed(
-        got.flatten(),
-        ref.flatten(),
-        torch.isfinite(ref.flatten()),
-        rtol,
-        None if scale_src is None else scale_src.flatten(),
-    )
-    over = (g - r).abs() - allowed
-    k = int(over.argmax())
-    got_k, expected_k = two_numbers(g[k].item(), r[k].item())
-    diff_k, allowed_k = two_numbers(abs(g[k] - r[k]).item(), allowed[k].item(), least=4)
-    return (
-        f"worst element #{k} (of the finite ones): got {got_k}, expected "
-        f"{expected_k}, |got - expected| = {diff_k} where {allowed_k} is allowed"
-    )
 
 
 def by_the_oracles_operations(device: str | None, *, derived: bool) -> bool:
@@ -152,11 +58,13 @@ def compare(
     judged_from: dict[int, int] | None = None,
 ) -> tuple[Divergence | None, float]:
     """The first divergence from the oracle (or None) and the worst relative error seen (for margin
-    reports). Only the first is meaningful: everything the ranks compute after it starts from a
-    state the oracle never had (a gradient wrong at step k makes the parameters wrong after it),
-    so the properties of the equivalence family (initial state, gradients, parameters, optimizer
-    state, rank agreement) fail one per case; a target's other bugs show on other cases, which
-    ``paracheck.check.property`` searches for property by property.
+    reports). Only the first step that diverges is meaningful: everything the ranks compute after
+    it starts from a state the oracle never had (a gradient wrong at step k makes the parameters
+    wrong after it), so the properties of the equivalence family (initial state, gradients,
+    parameters, optimizer state, rank agreement) fail one per case. The first divergence carries
+    the other tensors of its kind at its step that diverged another way (Note [Every way a step
+    diverged]); a target's other bugs show on other cases, which the verdict table searches for
+    row by row.
 
     ``anchored``: ``traj`` is the oracle anchored on rank 0's steps (Note [Anchored steps]), and
     every step is judged at step 0's tolerances. ``derived=False``: the ranks do not compute their
@@ -179,7 +87,7 @@ def compare(
     n_elements = sum(p.numel() for p in traj.initial_params)
     worst = 0.0
 
-    def check(step, what, rank, i, got, ref, rtol, scale_src=None):
+    def check(step, what, rank, i, got, ref, rtol, scale_src=None, before=None):
         nonlocal worst
         ok, diff, allowed, ratio = close(got, ref, rtol, scale_src)
         if ok:
@@ -193,7 +101,7 @@ def compare(
         elif got is not None and not torch.isfinite(got.detach().double()).all():
             detail = "non-finite values"
         elif got is not None and ref is not None:
-            detail = worst_element(got, ref, rtol, scale_src)
+            detail = worst_element(got, ref, rtol, scale_src) + wrong_how(got, ref, before)
         return Divergence(
             step,
             what,
@@ -206,6 +114,11 @@ def compare(
             ratio,
         )
 
+    grads = dict(n_elements=n_elements, bound=bound, same_operations=same_operations)
+
+    def grad_divergences(k: int, t: int, r: int) -> Iterator[Divergence]:
+        return _grad_divergences(k, t, r, traj, ranks, dtypes, judged_from, check, **grads)
+
     d = _initial_divergence(traj, ranks, names)
     if d:
         return d, worst
@@ -213,31 +126,19 @@ def compare(
         t = 0 if anchored else k  # the step whose tolerances apply
         for r, rec in enumerate(ranks):
             step = rec.steps[k]
-            # A step the GradScaler skipped: its gradients are discarded by every design (and
-            # hold inf or nan); the parameters, unchanged, are still compared.
-            if step.grads is not None and not getattr(oref, "skipped", False):
-                # A gradient present where none is due (or absent) first, Note [Presence first].
-                for i in _presence_first(step.grads, oref.grads):
-                    got, ref = step.grads[i], oref.grads[i]
-                    if not _judged(k, i, got, ref, oref, judged_from):
-                        continue
-                    d = check(
-                        k,
-                        "grad",
-                        r,
-                        i,
-                        got,
-                        ref,
-                        step0_grad_rtol(traj.case, dtypes[i], n_elements, _coarsest(dtypes))
-                        if t == 0 and bound
-                        else tensor_tolerance(
-                            traj.case, t, dtypes[i], dtypes, same_operations=same_operations
-                        ).grads,
-                        oref.grad_absum[i],
-                    )
-                    if d:
-                        return d, worst
-            d = _compare_params(k, t, r, step, oref, traj, ranks, dtypes, same_operations, check)
+            # The step's gradients, then its parameters: the first diverging on rank r, with the
+            # other ways they diverged on it and the later ranks (Note [Every way a step
+            # diverged]).
+            d = _first_way(lambda q: grad_divergences(k, t, q), r, len(ranks))
+            if d:
+                return d, worst
+            d = _first_way(
+                lambda q: _param_divergences(
+                    k, t, q, oref, traj, ranks, dtypes, same_operations, check
+                ),
+                r,
+                len(ranks),
+            )
             if d:
                 return d, worst
             d = _compare_masters(k, r, step, oref, traj, ranks, check)
@@ -260,6 +161,70 @@ def compare(
         if d:
             return d, worst
     return None, worst
+
+
+def _grad_divergences(
+    k, t, r, traj, ranks, dtypes, judged_from, check, *, n_elements, bound, same_operations
+) -> Iterator[Divergence]:
+    """Rank ``r``'s diverging gradients of step ``k``, those present or absent where the
+    oracle's are not first (Note [Presence first])."""
+    step, oref = ranks[r].steps[k], traj.steps[k]
+    # A step the GradScaler skipped: its gradients are discarded by every design (and hold inf
+    # or nan); the parameters, unchanged, are still compared.
+    if step.grads is None or getattr(oref, "skipped", False):
+        return
+    for i in _presence_first(step.grads, oref.grads):
+        got, ref = step.grads[i], oref.grads[i]
+        if not _judged(k, i, got, ref, oref, judged_from):
+            continue
+        d = check(
+            k,
+            "grad",
+            r,
+            i,
+            got,
+            ref,
+            step0_grad_rtol(traj.case, dtypes[i], n_elements, _coarsest(dtypes))
+            if t == 0 and bound
+            else tensor_tolerance(
+                traj.case, t, dtypes[i], dtypes, same_operations=same_operations
+            ).grads,
+            oref.grad_absum[i],
+        )
+        if d:
+            yield d
+
+
+# Note [Every way a step diverged]
+#   One divergence is reported per case (``compare``), but the step it is found at may show two
+#   bugs in every case a design draws: a flat DDP that leaves its first weight out of the buffer
+#   and sums its biases diverges first on the weight, a wrong value, and its biases, scaled by the
+#   world size, were found only in a feature row whose cases happened to diverge first on them;
+#   filed there, or after the feature row's own causes, or "as above". So the first divergence of
+#   gradients (or of parameters) carries the other tensors of that kind at its step, on its rank
+#   and on the later ones, that diverged another way (``Divergence.how``): the first of each way.
+#   Each is a reading of the case's failure (``readings`` in ``paracheck.check.verdict``), a cause
+#   of its own where it is not known (Note [Causes, not properties] there). Tensors diverging the
+#   way the first did add nothing a cause tells apart, and are not kept.
+def _first_way(of_rank, r: int, w: int) -> Divergence | None:
+    """The first divergence of rank ``r`` (``of_rank(q)`` yields rank q's in order), carrying the
+    first of each other way rank ``r``'s rest and the ranks after it diverged, or None."""
+    found = of_rank(r)
+    first = next(found, None)
+    if first is None:
+        return None
+    return _with_others(first, itertools.chain(found, *(of_rank(q) for q in range(r + 1, w))))
+
+
+def _with_others(first: Divergence, rest: Iterable[Divergence]) -> Divergence:
+    """``first``, carrying the first of ``rest`` to diverge each way it did not."""
+    ways, others = {first.how}, []
+    for d in rest:
+        if d.how not in ways:
+            ways.add(d.how)
+            others.append(d)
+    first.others = tuple(others)
+    return first
 
 
 # Note [Presence first]
@@ -343,14 +308,18 @@ def _initial_divergence(traj: Trajectory, ranks: list[RankRecord], names: list[s
     return None
 
 
-def _compare_params(k, t, r, step, oref, traj, ranks, dtypes, same_operations, check):
-    """Rank ``r``'s parameters after step ``k`` against the oracle's, at step ``t``'s tolerances
+def _param_divergences(
+    k, t, r, oref, traj, ranks, dtypes, same_operations, check
+) -> Iterator[Divergence]:
+    """Rank ``r``'s parameters after step ``k`` that diverge from the oracle's, at step ``t``'s tolerances
     (or Note [Comparing an update]'s bound, where the oracle stepped rank 0's gradients)."""
     before = traj.steps[k - 1].params if k else traj.initial_params
     # Where the oracle's step was applied to the gradients rank 0 recorded, from rank 0's
     # parameters, the update is judged alone (Note [Comparing an update]).
     on_update = traj.on_target_gradients and ranks[0].steps[k].grads is not None
     start = ranks[0].steps[k - 1].params if k else traj.initial_params
+    step = ranks[r].steps[k]
+    own = ranks[r].steps[k - 1].params if k else ranks[r].initial_params  # how it was updated
     for i, (got, ref) in enumerate(zip(step.params, oref.params)):
         rtol = tensor_tolerance(
             traj.case, t, dtypes[i], dtypes, same_operations=same_operations
@@ -359,10 +328,9 @@ def _compare_params(k, t, r, step, oref, traj, ranks, dtypes, same_operations, c
         if on_update and update_rtol(k, dtypes[i]) < rtol:
             rtol = update_rtol(k, dtypes[i])
             terms = update_terms(ref, before[i], start[i], _scale_of(oref, i))
-        d = check(k, "param", r, i, got, ref, rtol, terms)
+        d = check(k, "param", r, i, got, ref, rtol, terms, own[i] if i < len(own) else None)
         if d:
-            return d
-    return None
+            yield d
 
 
 def _rank_disagreement(k: int, ranks: list[RankRecord], names: list[str]):

@@ -29,7 +29,8 @@ import torch
 
 from paracheck.check.properties._case import param_names
 from paracheck.check.properties._divergence import Divergence, diverge
-from paracheck.check.properties.equivalence import close, state_rtol_of, state_terms
+from paracheck.check.properties.closeness import close
+from paracheck.check.properties.equivalence import state_rtol_of, state_terms
 from paracheck.check.ranks.record import RankRecord
 from paracheck.oracle.tolerance import anchored, state_tolerance
 
