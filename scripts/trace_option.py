@@ -182,6 +182,12 @@ class Step:
     carried: str  # "argument: how", joined by "; "
     end: bool = False
     text: bool = False  # an argument is the text itself (not an item or a field holding it)
+    # A new pass through its file: no caller of this call is in the file (the value is handed
+    # to the module afresh, not to a function the module's own unfinished call reached), and the
+    # value is handed as an argument, not held by ``self``: a method of the object that holds it
+    # reads or writes that object).
+    enters: bool = True
+    read: bool = False  # ``self`` carries it: a method of the object holding the value
 
 
 @dataclass
@@ -225,6 +231,14 @@ class Trace:
         ]
         return sum(1 for i, f in enumerate(runs) if f in runs[:i])
 
+    @property
+    def passes(self) -> dict[str, int]:
+        """Per file, the passes of the value through it: the steps that enter it afresh."""
+        out: dict[str, int] = {}
+        for s in self.steps:
+            out[s.file] = out.get(s.file, 0) + s.enters
+        return out
+
     def figures(self) -> dict:
         innermost = [s for s in self.parse_sites if s.innermost]
         origins = [s for s in self.origin_sites if s.innermost]
@@ -234,6 +248,9 @@ class Trace:
             "files": len(self.files),
             "functions": len({(s.file, s.function) for s in self.steps}),
             "returns": self.returns,
+            "passes": self.passes,
+            "files_passed_again": sorted(f for f, n in self.passes.items() if n > 1),
+            "passes_again": sum(n - 1 for n in self.passes.values() if n > 1),
             "reached_job": self.reached_job,
             "text_calls": sum(s.text for s in self.steps),
             "parse_calls": len(self.parse_sites),
@@ -299,17 +316,25 @@ class Tracer:
         found = [(n, c) for n, v in _arguments(frame) if (c := carrier(v, self.option)) is not None]
         if found:
             text = any(c[1] == "text" for _, c in found)
-            self._step(frame, "; ".join(f"{n}: {c[1]}" for n, c in found), text=text)
+            read = any(n == "self" for n, _ in found)
+            self._step(frame, "; ".join(f"{n}: {c[1]}" for n, c in found), text=text, read=read)
         if generator:
             return None  # it returns at each yield: no parse or origin site is read from it
         self.stack.append(_Frame(code, frozenset(c[0] for _, c in found)))
         frame.f_trace_lines = False
         return self._local
 
-    def _step(self, frame, carried: str, end: bool = False, text: bool = False) -> None:
+    def _step(
+        self, frame, carried: str, end: bool = False, text: bool = False, read: bool = False
+    ) -> None:
         code = frame.f_code
         where = (code.co_qualname, _relative(code.co_filename), code.co_firstlineno)
-        self.trace.steps.append(Step(*where, carried, end, text))
+        callers, up = set(), frame.f_back
+        while up is not None:
+            callers.add(up.f_code.co_filename)
+            up = up.f_back
+        enters = code.co_filename not in callers and not read
+        self.trace.steps.append(Step(*where, carried, end, text, enters, read))
 
     def _local(self, frame, event, arg):
         if event != "return" or not self.stack or self.stack[-1].code is not frame.f_code:
@@ -411,13 +436,18 @@ def table(trace: Trace, defaults: list[dict]) -> str:
     lines.append(f"{'#':>3}  {'function':<40} {'where':<44} carried by")
     for i, s in enumerate(trace.steps, 1):
         where = f"{s.file}:{s.line}"
-        lines.append(f"{i:>3}  {s.function:<40} {where:<44} {s.carried}")
+        mark = " " if s.enters else ("r" if s.read else ".")
+        lines.append(f"{i:>3} {mark}{s.function:<40} {where:<44} {s.carried}")
     f = trace.figures()
     lines += [
         "",
         f"steps {f['steps']} ({f['functions']} functions), files {f['files']}, "
         f"returns to a file left earlier {f['returns']}"
         + ("" if trace.reached_job else " (the rank job was not reached)"),
+        f"passes through a file after its first ('.': a call its file's own unfinished call "
+        f"reached; 'r': a method of the object holding the value; neither is a pass): "
+        f"{f['passes_again']}"
+        + "".join(f"\n    {name} x{f['passes'][name]}" for name in f["files_passed_again"]),
         f"calls receiving the text itself: {f['text_calls']}"
         + _sites([Site(s.function, s.file, s.line, False) for s in trace.steps if s.text]),
         f"parse sites: {f['parse_calls']} calls, {f['parsed_innermost']} innermost"

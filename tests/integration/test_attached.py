@@ -357,7 +357,7 @@ def test_agents_lost_before_a_target_is_judged_give_no_verdict_and_exit_2(monkey
 
     from paracheck.cli import main
 
-    monkeypatch.setattr("paracheck.cli.check._attached_pool", lambda args: {"size": 2})
+    monkeypatch.setattr("paracheck.cli._check_options._attached_pool", lambda args: {"size": 2})
     monkeypatch.setattr("paracheck.cli.check._make_world", lambda *a, **k: _LostAgents())
     case = json.dumps(SKIPS_A_GRADIENT)
     assert main(["check", "naive", "flat", "--attach", "127.0.0.1:1", "--case", case]) == 2

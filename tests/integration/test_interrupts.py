@@ -246,8 +246,7 @@ def test_ctrl_c_in_pytest_ends_the_plugins_ranks_at_once(tmp_path):
 
 def test_interrupt_before_any_target_still_exits_quietly(monkeypatch, capsys):
     """Ctrl-C or SIGTERM while targets are being imported: one line, exit 130 / 143."""
-    from paracheck.cli import check as cli_check
-    from paracheck.cli import main
+    from paracheck.cli import _check_options, main
     from paracheck.cli._common import Terminated
 
     for exc, code, line in (
@@ -258,7 +257,7 @@ def test_interrupt_before_any_target_still_exits_quietly(monkeypatch, capsys):
         def interrupted(*args, exc=exc):
             raise exc()
 
-        monkeypatch.setattr(cli_check, "_resolve_targets", interrupted)
+        monkeypatch.setattr(_check_options, "_resolve_targets", interrupted)
         assert main(["check", "naive"]) == code
         assert capsys.readouterr().err == f"paracheck: {line}\n"
 

@@ -217,10 +217,10 @@ def test_the_command_line_names_any_invalid_argument_as_its_flag(monkeypatch, ca
     with the option's flag, exit 2, no traceback."""
     import paracheck.cli.check as cli_check
 
-    def refuse(args, main_job):
+    def refuse(args, job):
         raise InvalidArgument("loss_fn", "m:f", "must return a scalar; see {option:batch}")
 
-    monkeypatch.setattr(cli_check, "_checked_options", refuse)
+    monkeypatch.setattr(cli_check, "planned", refuse)
     assert main(["check", "naive"]) == 2
     err = capsys.readouterr().err
     assert "paracheck: error: --loss-fn=m:f must return a scalar; see --batch" in err, err

@@ -87,3 +87,38 @@ def test_default_names_finds_the_world_sizes_default(trace_option):
     assert any(
         u["name"] == "DEFAULT_WORLD_SIZES" and u["function"] == "_default_world_sizes" for u in uses
     )
+
+
+def test_passes_count_only_steps_that_enter_a_file_afresh(trace_option):
+    """A call reached from its file's own unfinished call, or a method of the object holding the
+    value, is not a pass: files a, b, a(entered), a(reached from a), b(a method) pass a twice."""
+    Step = trace_option.Step
+    steps = [
+        Step("f", "a", 1, ""),
+        Step("g", "b", 1, ""),
+        Step("h", "a", 1, "", enters=True),
+        Step("i", "a", 1, "", enters=False),
+        Step("j", "b", 1, "", enters=False, read=True),
+    ]
+    figures = trace_option.Trace("x", steps=steps).figures()
+    assert figures["passes"] == {"a": 2, "b": 1}
+    assert figures["passes_again"] == 1 and figures["files_passed_again"] == ["a"]
+
+
+@pytest.mark.parametrize("name", ["world_sizes", "precision"])
+def test_an_option_passes_through_each_module_once(trace_option, name):
+    """From the command line to the rank job, the world sizes and the precision are handed to each
+    module of ``src/paracheck`` once: each module's later calls are its own call's, or methods of
+    the settings, the plan or the search that hold the value."""
+    from paracheck.cli import main as cli_main
+
+    def main(argv):
+        try:
+            return cli_main(argv)
+        except _Submitted:
+            return None
+
+    trace = trace_option.run(trace_option.followed(name), main=main)
+    assert trace.reached_job, trace.output[-2000:]
+    figures = trace.figures()
+    assert figures["passes_again"] == 0, trace_option.table(trace, [])

@@ -33,7 +33,6 @@ from paracheck.check.settings import (
     PRECISIONS,
     PROFILES,
     CheckSettings,
-    replay_options,
 )
 from paracheck.check.targets import Target
 from paracheck.errors import InvalidArgument
@@ -231,9 +230,9 @@ def _features_off(settings: CheckSettings, precision: str) -> tuple[str, ...]:
     """The features never drawn at ``precision`` (``features_off``); its ``FeatureError`` is an
     ``InvalidArgument`` naming ``contract`` or ``features``."""
     from paracheck.check.feature_choice import features_off
-    from paracheck.strategies._core import nominal_dtype
+    from paracheck.strategies._core import NOMINAL_DTYPES
 
-    return features_off(settings.contract, settings.features, dtype=nominal_dtype(precision))
+    return features_off(settings.contract, settings.features, dtype=NOMINAL_DTYPES[precision])
 
 
 def _target_precision(settings: CheckSettings, target: Target) -> tuple[str, str | None]:
@@ -263,7 +262,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
     from paracheck.check.features import never_drawn_off, optional_features
     from paracheck.check.interfaces import unsupported
     from paracheck.check.search import declared_features
-    from paracheck.strategies._core import nominal_dtype
+    from paracheck.strategies._core import NOMINAL_DTYPES
 
     precision, refused = _target_precision(shared, target)
     declared = declared_features(target)
@@ -294,7 +293,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         settings=settings,
         world_sizes=settings.world_sizes,
         precision=precision,
-        dtype=nominal_dtype(precision),
+        dtype=NOMINAL_DTYPES[precision],
         features_off=never_drawn_off(off, never, declared),
         properties=resolve_properties(
             target.kind, target.properties, takes_bucket=target.takes_bucket
@@ -304,7 +303,7 @@ def _plan_target(shared: CheckSettings, target: Target) -> CheckPlan:
         budget=settings.budget,
         examples=settings.examples,
         seed=settings.search_seed,
-        replay=target.cli_options() + replay_options(settings),
+        replay=target.cli_options() + settings.replayed,
         refused=refused,
         unsupported=declined,
         off_at_precision=at_precision,

@@ -147,6 +147,11 @@ class CheckSettings:
     def example_database(self) -> str | None:
         return None if self.no_database else self.database
 
+    @property
+    def replayed(self) -> str:
+        """The options a failure's replay command carries (``replay_options``)."""
+        return replay_options(self)
+
 
 @dataclass(frozen=True)
 class Option:

@@ -46,7 +46,7 @@ class _Search:
     def __init__(self, target, world, settings, strategy, device_fn, progress, on_failure):
         # Decided once, by the plan (Note [One plan per check] in paracheck.check.plan).
         plan = settings if isinstance(settings, CheckPlan) else plan_target(settings, target)
-        self.target, self.settings = target, plan.settings
+        self.target, self.plan, self.settings = target, plan, plan.settings
         settings = plan.settings
         self.sizes = sizes = plan.world_sizes
         self.precision = precision = plan.precision
@@ -294,7 +294,7 @@ class _Search:
             hit = checker.search(
                 self.strategy,
                 lambda failed: next((p for p in order(failed) if p not in self.known), None),
-                max_examples=s.examples,
+                max_examples=self.plan.examples,
                 tag=f"new:{passes}",
                 shrink_budget=self.budget,
             )
@@ -318,7 +318,7 @@ class _Search:
                         lambda failed, prop=prop: next(
                             (p for p in order(failed) if p == prop or p not in self.known), None
                         ),
-                        max_examples=max(10, s.examples // 2),
+                        max_examples=max(10, self.plan.examples // 2),
                         tag=f"without:{prop}:{name}",
                         shrink_budget=self.budget,
                     )

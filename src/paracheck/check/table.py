@@ -394,7 +394,7 @@ def _drawn_key(search: _Search, features: tuple[str, ...], off) -> tuple | None:
     """``_NOT_DRAWN``'s key of a feature row whose cases never have ``off`` (None: not kept, for
     the core and all-features rows, a search at random, or a strategy whose repr may not say all
     it draws: a lambda)."""
-    seed = search.settings.search_seed
+    seed = search.plan.seed
     text = repr(search.drawn)
     if not features or seed is None or "lambda" in text:
         return None
@@ -442,7 +442,8 @@ def _search_row(
     strategy = strategy.map(lambda c: without_all(c, off))
     if features:
         strategy = strategy.filter(lambda c: all(feature(f).has(c) for f in features))
-    examples = s.examples if not features else max(5, s.examples // 4)
+    examples = search.plan.examples
+    examples = examples if not features else max(5, examples // 4)
     checker.row = f"row {row.name} ({index + 1}/{total}), "
     checker.row_log = log = []
     ran_before = {id(r) for r in checker.cache.values()}  # compiled in an earlier row

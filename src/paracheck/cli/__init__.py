@@ -25,7 +25,7 @@ import sys
 
 import paracheck
 from paracheck.cli import bench, check, gate, report
-from paracheck.cli._common import UsageError, exit_code, signals_raise
+from paracheck.cli._common import UsageError, exit_code, join_dashed_values, signals_raise
 from paracheck.errors import InvalidArgument
 
 __all__ = ["main"]
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv[1:]
     else:
         if argv and argv[0] == "check":
-            argv = check.join_dashed_values(argv)
+            argv = join_dashed_values(argv)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

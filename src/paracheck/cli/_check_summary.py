@@ -32,6 +32,7 @@ Note [The main job]
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from paracheck.cli._common import UsageError
 
@@ -40,9 +41,11 @@ __all__ = [
     "MAIN_JOB_FEATURES",
     "MAIN_JOB_VARIANTS",
     "MAIN_JOB_WORLD_SIZES",
+    "Opening",
     "first_line",
     "main_job_targets",
     "main_job_world_sizes",
+    "opening",
     "peers",
     "summary_lines",
     "verdict_of",
@@ -64,6 +67,32 @@ def peers() -> tuple[str, ...]:
     from paracheck.check.targets import BUILTIN_TARGETS
 
     return tuple(n for n in BUILTIN_TARGETS if n.startswith("torch-"))
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What ``paracheck check`` decides from its command line before anything is read: the main
+    job's built-ins (None: not the main job), the command's first line, and the main job's own
+    settings where the command line gives none (``world_sizes``, ``max_examples``,
+    ``features``)."""
+
+    main_job: list[str] | None
+    line: str
+    changes: dict[str, object]
+
+
+def opening(args) -> Opening:
+    """The ``Opening`` of a check's command line (Note [The main job])."""
+    names = main_job_targets(args)
+    changes: dict[str, object] = {}
+    if names is not None:
+        given = {
+            "world_sizes": main_job_world_sizes(args),
+            "max_examples": main_job_examples(args),
+            "features": main_job_features(args),
+        }
+        changes = {name: value for name, value in given.items() if value is not None}
+    return Opening(names, first_line(args, names), changes)
 
 
 def main_job_targets(args) -> list[str] | None:

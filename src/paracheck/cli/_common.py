@@ -120,3 +120,25 @@ def exit_code(exc: KeyboardInterrupt) -> int:
 
 def _how(exc: KeyboardInterrupt) -> str:
     return "terminated" if isinstance(exc, Terminated) else "interrupted"
+
+
+# Options whose value may start with "-" (``--features -unused-some-ranks``).
+_DASHED = ("--features",)
+
+
+def join_dashed_values(argv: list[str]) -> list[str]:
+    """``--features -name`` -> ``--features=-name``: argparse would read ``-name`` as an option."""
+    out, i = [], 0
+    while i < len(argv):
+        if (
+            argv[i] in _DASHED
+            and i + 1 < len(argv)
+            and argv[i + 1].startswith("-")
+            and not argv[i + 1].startswith("--")
+        ):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out

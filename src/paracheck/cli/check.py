@@ -4,43 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 from paracheck.cli._check_options import (
-    _case,
-    _check_case_fits,
-    _check_flags,
-    _chosen,
-    _positive,
-    _without_refused_loops,
     _writable,
+    planned,
+    refuse_lockstep,
 )
 from paracheck.cli._common import UsageError, ignore_signals, report_stop
 
-__all__ = ["add_parsers", "cmd_check", "cmd_selftest", "join_dashed_values"]
-
-# Options whose value may start with "-" (``--features -unused-some-ranks``).
-_DASHED = ("--features",)
-
-
-def join_dashed_values(argv: list[str]) -> list[str]:
-    """``--features -name`` -> ``--features=-name``: argparse would read ``-name`` as an option."""
-    out, i = [], 0
-    while i < len(argv):
-        if (
-            argv[i] in _DASHED
-            and i + 1 < len(argv)
-            and argv[i + 1].startswith("-")
-            and not argv[i + 1].startswith("--")
-        ):
-            out.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
+__all__ = ["add_parsers", "cmd_check", "cmd_selftest", "refuse_lockstep"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -83,45 +57,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(run=cmd_selftest)
 
 
-def refuse_lockstep(attach: str | None, option: str = "--attach") -> None:
-    """A usage error for a driver that torchrun started once per rank (Note [Attached ranks])."""
-    from paracheck.world._agent import launched_by_torchrun
-
-    if attach is None and launched_by_torchrun():
-        raise UsageError(
-            f"this process is rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')} "
-            "that torchrun started: paracheck does not run Hypothesis on every rank in lock-step "
-            "(each process would shrink and time its cases on its own, and the ranks would soon run "
-            "different cases). Start the ranks as agents and attach one driver: torchrun ... -m "
-            f"paracheck.agent, then paracheck check TARGET {option} MASTER_ADDR:MASTER_PORT (or "
-            "torchrun ... -m paracheck.agent -- check TARGET)"
-        )
-
-
-def _attached_pool(args) -> dict:
-    """The pool at ``--attach`` (its size and backend), with the options that do not apply to it
-    refused."""
-    from paracheck.world.attached import pool_of
-
-    if args.rank_memory is not None:
-        raise UsageError(
-            f"--rank-memory={args.rank_memory!r} does not apply with --attach: torchrun owns the "
-            "agents, and one stopped for its memory would end the whole job"
-        )
-    _positive("--attach-timeout", args.attach_timeout, float)
-    try:
-        pool = pool_of(args.attach, args.attach_timeout)
-    except (ValueError, RuntimeError) as exc:  # not HOST:PORT; no agents there
-        raise UsageError(str(exc).replace("attach=", "--attach=", 1)) from None
-    if args.backend is not None and args.backend != pool["backend"]:
-        raise UsageError(
-            f"--backend={args.backend} but the agents at --attach={args.attach} run "
-            f"{pool['backend']} (paracheck.agent --backend)"
-        )
-    args.backend = pool["backend"]
-    return pool
-
-
 def _make_world(
     backend: str,
     size: int,
@@ -151,80 +86,17 @@ def _make_world(
     return World(size, backend=backend, timeout=timeout, rank_memory=rank_memory)
 
 
-def _checked_options(args, main_job: list[str] | None):
-    """The plan of each target, the ``--case`` (or None) and the world sizes of a check, every
-    option checked before any rank starts (a ``UsageError`` names the one that is wrong): the
-    command line only maps its options onto ``CheckSettings`` and calls ``plan`` (Note [One plan
-    per check])."""
-    from paracheck.check.kinds import KINDS, ZERO_FIRST
-    from paracheck.check.plan import InvalidArgument, plan, world_sizes
-    from paracheck.check.settings import from_namespace
-    from paracheck.check.targets import TargetError
-    from paracheck.cli._check_summary import (
-        main_job_examples,
-        main_job_features,
-        main_job_world_sizes,
-    )
-
-    refuse_lockstep(args.attach)
-    if main_job is not None and main_job_world_sizes(args) is not None:
-        args.world_sizes = main_job_world_sizes(args)
-    pool = _attached_pool(args) if args.attach is not None else None
-    args.backend = args.backend or "gloo"
-    try:
-        targets = _resolve_targets(args, main_job)
-    except TargetError as exc:
-        text = str(exc)
-        row = None if args.kind is None else KINDS.get(args.kind)
-        constructor = None if row is None else row.constructor
-        if (
-            constructor is not None
-            and constructor.wraps_module
-            and "requires optimizer_cls" in text
-        ):
-            # A ZeRO wrapper checked as a module wrapper (a DDP, an FSDP): the kind, not the
-            # class, is what to change.
-            zero = [
-                k
-                for k, r in KINDS.items()
-                if r.constructor is not None and r.constructor.first[:2] == ZERO_FIRST
-            ]
-            text = (
-                f"--kind={args.kind} does not fit: {text}; a class constructed with the module and "
-                f"optimizer_cls is a ZeRO wrapper (--kind {' or '.join(zero)})"
-            )
-        raise UsageError(text) from None
-    targets = _chosen(args, targets)
-    case = _case(args)
-    _check_flags(args)
-    changes: dict = {"case": case}
-    if main_job is not None and main_job_examples(args) is not None:
-        changes["max_examples"] = main_job_examples(args)
-    if main_job is not None and main_job_features(args) is not None:
-        changes["features"] = main_job_features(args)
-    settings = from_namespace(args, **changes)
-    try:
-        plans = list(plan(settings, targets, pool=pool))
-        sizes = plans[0].world_sizes if plans else world_sizes(settings, pool=pool)
-    except InvalidArgument as exc:
-        raise UsageError(exc.text("--")) from None
-    plans = _without_refused_loops(args, plans)
-    if case is not None:
-        _check_case_fits(args, case, [p.target for p in plans])
-    return plans, case, sizes
-
-
 def cmd_check(args) -> int:
-    from paracheck.cli._check_summary import announce, first_line, main_job_targets
+    from paracheck.cli._check_summary import announce, opening
 
     t0 = time.monotonic()
     to_stdout = args.json == "-"
-    main_job = main_job_targets(args)
+    job = opening(args)
     # Before torch is imported and any rank starts: a new user sees at once what is starting.
-    announce(first_line(args, main_job), to_stdout)
+    announce(job.line, to_stdout)
     from paracheck.check.property import check_target
 
-    plans, case, sizes = _checked_options(args, main_job)
+    plans, case, sizes = planned(args, job)
     targets = [p.target for p in plans]
     from paracheck.world import PoolLost
 
@@ -243,7 +115,7 @@ def cmd_check(args) -> int:
             args.attach_timeout,
         )
         started = time.monotonic() - t0  # torch imported, the targets read, the ranks started
-        for i, (target, planned) in enumerate(zip(targets, plans)):
+        for i, (target, one) in enumerate(zip(targets, plans)):
             try:
                 if case is not None:
                     from paracheck.check.report import case_report
@@ -261,16 +133,14 @@ def cmd_check(args) -> int:
 
                     progress = Progress()
                     stream = (
-                        None
-                        if to_stdout
-                        else _Stream(target, args.backend, planned.settings, progress)
+                        None if to_stdout else _Stream(target, args.backend, one.settings, progress)
                     )
                     if stream is not None:
                         stream.begin()
                     report = check_target(
                         target,
                         world,
-                        planned,
+                        one,
                         progress=progress,
                         on_failure=stream.failure if stream else None,
                         on_row=stream.row if stream else None,
@@ -400,82 +270,6 @@ def _write_json(path: str, reports, backend: str, total: int | None = None) -> N
         return
     with open(path, "w") as f:
         f.write(text + "\n")
-
-
-def _resolve_targets(args, main_job: list[str] | None = None) -> list:
-    """The targets named on the command line: built-ins, import paths, and ``--adapters``' designs;
-    without any, ``main_job``'s built-ins (Note [The main job] in ``paracheck.cli._check_summary``)."""
-    from paracheck.check.targets import BUILTIN_TARGETS, resolve_target
-
-    stub = args.stub_cuda_timing
-    if stub and args.backend == "nccl":
-        print(
-            "paracheck: warning: --stub-cuda-timing is ignored with --backend nccl (the ranks have CUDA)",
-            file=sys.stderr,
-        )
-        stub = False
-    targets: list = []
-    if args.adapters is not None:
-        from paracheck.check.adapters import discover_adapters
-
-        found = discover_adapters(args.adapters, stub_cuda_timing=stub)
-        print("\n".join(found.lines()), flush=True)
-        targets += found.targets
-        if (args.finish or args.batch_start) and not args.targets:
-            print(
-                "paracheck: warning: --finish/--batch-start are ignored for --adapters (its functions are the hooks)",
-                file=sys.stderr,
-            )
-    if args.targets or args.adapters is None:
-        targets += [
-            resolve_target(
-                n,
-                args.kind,
-                finish=args.finish,
-                batch_start=args.batch_start,
-                stub_cuda_timing=stub,
-                loss=args.loss,
-                clip_norm=args.clip_norm,
-                reduce_dtype=args.reduce_dtype,
-                gather=args.gather,
-            )
-            for n in (args.targets or main_job or list(BUILTIN_TARGETS))
-        ]
-    for t in targets:
-        for note in t.notes:
-            print(f"paracheck: note: {note}", file=sys.stderr)
-    return _on_user_model(args, targets)
-
-
-def _on_user_model(args, targets: list) -> list:
-    """``targets`` checked on the model of ``--model``, ``--batch`` and ``--loss-fn``, checked
-    first (Note [A user's model]); a model that cannot run in float64 moves the check to fp32
-    (Note [A float32 oracle for a user's model])."""
-    from paracheck.check.user_model import UNSUPPORTED_KINDS, info, user_model_of, with_user_model
-    from paracheck.errors import ParacheckError
-
-    try:
-        user = user_model_of(args.model, args.batch, args.loss_fn)
-        if user is not None and not args.targets and args.adapters is None:
-            # The main job on a user's model: the built-ins of the kinds that take one.
-            targets = [t for t in targets if t.kind not in UNSUPPORTED_KINDS]
-        targets = [with_user_model(t, user) for t in targets]
-    except ParacheckError as exc:
-        text = exc.text("--") if hasattr(exc, "text") else str(exc)
-        raise UsageError(text) from None
-    if user is not None and not info(user).float64:
-        if args.precision not in (None, "fp32") or args.dtype not in (None, "float32"):
-            raise UsageError(
-                f"--model={user.build}: does not run in float64 ({info(user).why_not}); check "
-                "it at --precision fp32"
-            )
-        print(
-            f"paracheck: note: --model={user.build} does not run in float64 "
-            f"({info(user).why_not}): checked in float32, against a float32 oracle",
-            file=sys.stderr,
-        )
-        args.precision = "fp32"
-    return targets
 
 
 def _report_stopped(exc, args, reports: list, targets: list, *, streamed: bool) -> None:

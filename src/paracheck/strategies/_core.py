@@ -24,6 +24,7 @@ from paracheck.cases import DTYPES, Case, GroupSpec, OptimizerSpec, batch_for
 from paracheck.workloads import MLPSpec, ToySpec, build_model
 
 __all__ = [
+    "NOMINAL_DTYPES",
     "PRECISIONS",
     "bucket_sizes_mb",
     "cases",
@@ -458,10 +459,14 @@ def _check_precision(precision: str) -> None:
         raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
 
 
+# The dtype a check of each precision draws its cases at (before ``with_precision``).
+NOMINAL_DTYPES = {p: "float64" if p == "fp64" else "float32" for p in PRECISIONS}
+
+
 def nominal_dtype(precision: str) -> str:
-    """The dtype a ``precision`` check draws its cases at (before ``with_precision``)."""
+    """The dtype a ``precision`` check draws its cases at (``NOMINAL_DTYPES``)."""
     _check_precision(precision)
-    return "float64" if precision == "fp64" else "float32"
+    return NOMINAL_DTYPES[precision]
 
 
 def precision_settings(precision: str) -> tuple[tuple[str, str | None, float | None], ...]:
