@@ -43,7 +43,8 @@ _SLOW_FULL = {"ddp-handles-per-step", "ddp-flat-buffer-first-dtype"}
 _OWN_TESTS = {
     "ddp-arrival-order": "test_repeatability.py",
     "ddp-cast-after-communicating": "test_reduce_dtype.py",
-    # Compiled cases only (the compile row): killed on a pinned compiled case there.
+    # Compiled cases only, killed by compile-ledger alone: on a pinned compiled case there, and
+    # by the default check's first case (below).
     "ddp-hooks-compiled-away": "test_compiled.py",
     "ddp-synced-when-compiled": "test_compiled.py",
 }
@@ -104,3 +105,23 @@ def test_hanging_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record
     """The default check kills a hanging mutant as a hang, naming the ranks and the collective."""
     report = _kill(world, paracheck_world_sizes, name, record_property)
     assert any(f.kind == "hung" for f in report.failure.error.failures)
+
+
+@pytest.mark.parametrize("name", ["ddp-synced-when-compiled", "ddp-hooks-compiled-away"])
+def test_a_compiled_protocol_bug_is_killed_by_the_case_run_first(world, name):
+    """A DDP that honours no_sync() only eagerly passed the 40 derandomised cases of a default
+    check at world sizes 1-4 (three compiled, none under no_sync()); the compiled case the ddp
+    kind runs first (Note [A compiled case under no_sync()] in ``paracheck.strategies._first``)
+    kills it, and a DDP whose hooks compiling folds away, by compile-ledger alone."""
+    report = check_target(
+        mutant_target(MUTANTS[name]),
+        world,
+        world_sizes=(1, 2, 3, 4),
+        max_examples=40,
+        seed=0,
+        shrink_seconds=2.0,
+    )
+    assert not report.passed, f"{name} survived"
+    first = report.failures[0]
+    assert first.property == "compile-ledger", first.result.describe()
+    assert first.result.case.compiled is not None and first.result.case.no_sync, first.result.case

@@ -130,9 +130,10 @@ class Kind:
     # update]).
     on_target_gradients: bool = False
     dtype: str = "float64"  # the parameters' dtype where none is chosen
-    # "module:function" of the cases its verdict table runs first, in the core row, as they are
-    # (Note [A partition by count]): function(world_sizes=..., precision=...) -> ((why, Case),
-    # ...), only those of the sizes drawn; None: none.
+    # "module:function" of the cases a check runs first, as they are (Note [A partition by
+    # count], Note [A compiled case under no_sync()]): in a search of the whole contract, and in
+    # the table's first row that draws every feature of the case; function(world_sizes=...,
+    # precision=...) -> ((why, Case), ...), only those of the sizes drawn; None: none.
     first_cases: str | None = None
     # The optional features (the verdict table's feature rows: ``optional_features``) that no case
     # its strategy draws has, at any world sizes and precision: their rows are "not drawn" without
@@ -260,6 +261,7 @@ KINDS: dict[str, Kind] = {
             by_names=True,
         ),
         bucket_only=frozenset({"bucket-structure", "bucket-size-independence"}),
+        first_cases="paracheck.strategies._first:compiled_no_sync_cases",
         never_draws=_CASES_NEVER,
     ),
     # A sharded optimizer behind paracheck's FlatDDP, which synchronises the gradients first.

@@ -90,17 +90,19 @@ class _Search:
         if drawn_off:
             strategy = strategy.map(lambda c: without_all(c, drawn_off))
         self.strategy = strategy
-        # The cases the core row runs first (Note [A partition by count]), with the kind's own
-        # cases only, and only those this check would draw.
+        # The cases a check runs first (``Kind.first_cases``), with the kind's own cases only, and
+        # only those this check would draw; ``first_run``: those the table has run.
         self.first_cases: list[tuple[str, Case]] = []
         first = KINDS[target.kind].first_cases
         if own_cases and first is not None:
             self.first_cases = [
                 (why, case)
                 for why, case in load_object(first)(world_sizes=sizes, precision=precision)
-                if _not_drawn(case, sizes, precision, off) is None
+                # Built in the setting of ``precision``: only its sizes and features are asked.
+                if _not_drawn(case, sizes, None, off) is None
                 and declared_mismatch(case, target) is None
             ]
+        self.first_run: set[int] = set()
         timeout = plan.timeout
         cap = min(timeout, world.timeout) if timeout is not None else world.timeout
         self.progress = progress or (lambda text: None)
@@ -288,6 +290,10 @@ class _Search:
     def _whole_contract(self, explicit) -> CheckReport:
         s, checker = self.settings, self.checker
         self.replay(explicit)
+        for why, case in self.first_cases:  # the kind's cases built for a bug, as they are
+            if s.first_failure and self.failures:
+                break
+            self.run_as_is(case, f"{why}, run first as it is (not shrunk)")
         # The first search also reports how many cases a passing target ran.
         passes = 0
         while not (s.first_failure and self.failures):
@@ -398,11 +404,12 @@ def declared_mismatch(case: Case, target) -> str | None:
 
 
 def _not_drawn(case: Case, sizes, precision: str, off) -> str | None:
-    """Why this check would not draw ``case`` (None: it would)."""
+    """Why this check would not draw ``case`` (None: it would); ``precision`` None: a case built
+    in the check's precision, its setting not asked."""
     if case.world_size not in sizes:
         return f"world size {case.world_size} is not among {list(sizes)}"
     setting = (case.dtype, case.autocast, case.loss_scale)
-    if setting not in precision_settings(precision):
+    if precision is not None and setting not in precision_settings(precision):
         return f"precision {_setting_text(setting)} is not drawn at --precision {precision}"
     turned_off = sorted(case_features(case) & set(off), key=list(off).index)
     if turned_off:

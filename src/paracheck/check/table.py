@@ -467,14 +467,15 @@ def _search_row(
         return None
 
     try:
-        if row.name == "core":
-            for why, case in search.first_cases:
-                search.run_as_is(
-                    without_all(case, off),
-                    f"{why}, run first in this row as it is (not shrunk)",
-                    lambda _: row.name,
-                )
-                before = len(search.failures)  # what it found is this row's, as a saved case's
+        # The kind's cases built for a bug, each in the first row that draws all its features.
+        for i, (why, case) in enumerate(search.first_cases):
+            if i in search.first_run or case_features(case) & set(off):
+                continue
+            search.first_run.add(i)
+            search.run_as_is(
+                case, f"{why}, run first in this row as it is (not shrunk)", lambda _: row.name
+            )
+            before = len(search.failures)  # what it found is this row's, as a saved case's
         # A CUDA-only call diagnosed so far (in a saved, given or first case) is stubbed before
         # the search: every case would raise it first, and nothing behind it would be new.
         _stub_cuda_after(search, row)
