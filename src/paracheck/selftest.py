@@ -166,11 +166,16 @@ def selftest_settings(
     one search over the whole contract, the same cases as the figures of the mutants were
     measured on, no time budget, seed 0, no example database; a mutant is killed by its first
     failing property: the rest of the search is not needed) at ``world_sizes`` (None: the plan's
-    default), ``max_examples``, ``timeout`` and ``dtype``."""
+    default), ``max_examples``, ``timeout`` and ``dtype``; the kind's cases built for a bug
+    run first, as the verdict table of ``paracheck check`` runs them (``first_cases``)."""
     from paracheck.check.settings import CheckSettings
 
     return CheckSettings(
-        world_sizes=world_sizes, max_examples=max_examples, timeout=timeout, dtype=dtype
+        world_sizes=world_sizes,
+        max_examples=max_examples,
+        timeout=timeout,
+        dtype=dtype,
+        first_cases=True,
     )
 
 

@@ -111,7 +111,8 @@ def test_hanging_ddp_mutant_is_killed(world, paracheck_world_sizes, name, record
 def test_a_compiled_protocol_bug_is_killed_by_the_case_run_first(world, name):
     """A DDP that honours no_sync() only eagerly passed the 40 derandomised cases of a default
     check at world sizes 1-4 (three compiled, none under no_sync()); the compiled case the ddp
-    kind runs first (Note [A compiled case under no_sync()] in ``paracheck.strategies._first``)
+    kind runs first (in the verdict table, and in a search of the whole contract that asks for it,
+    as the selftest does) (Note [A compiled case under no_sync()] in ``paracheck.strategies._first``)
     kills it, and a DDP whose hooks compiling folds away, by compile-ledger alone."""
     report = check_target(
         mutant_target(MUTANTS[name]),
@@ -120,6 +121,7 @@ def test_a_compiled_protocol_bug_is_killed_by_the_case_run_first(world, name):
         max_examples=40,
         seed=0,
         shrink_seconds=2.0,
+        first_cases=True,
     )
     assert not report.passed, f"{name} survived"
     first = report.failures[0]

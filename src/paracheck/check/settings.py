@@ -94,6 +94,9 @@ class CheckSettings:
     table: bool = False
     budget: float | None = None
     first_failure: bool = True
+    # A search of the whole contract runs the kind's cases built for a bug first (``Kind.
+    # first_cases``; the verdict table always does): the selftest, a stand-in for the table.
+    first_cases: bool = False
     incomplete: str = "incomplete"  # a table with rows not reached: INCOMPLETE, or "pass"
     all: bool = False  # the main job: every built-in at the profile's examples
     labels: bool = False

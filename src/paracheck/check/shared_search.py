@@ -290,7 +290,7 @@ class _Search:
     def _whole_contract(self, explicit) -> CheckReport:
         s, checker = self.settings, self.checker
         self.replay(explicit)
-        for why, case in self.first_cases:  # the kind's cases built for a bug, as they are
+        for why, case in self.first_cases if s.first_cases else ():  # built for a bug, as is
             if s.first_failure and self.failures:
                 break
             self.run_as_is(case, f"{why}, run first as it is (not shrunk)")

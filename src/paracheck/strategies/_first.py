@@ -22,9 +22,12 @@ __all__ = ["compiled_no_sync_cases"]
 #   first (Note [A partition by count] in paracheck.strategies._sharding), a DDP check runs one
 #   compiled case first, as it is: two micro-steps under no_sync() at the smallest world size of
 #   two or more it draws, aot_eager, in float64 or float32 (no case is compiled below float32:
-#   Note [Compiled cases] in paracheck.cases._compile). It runs where compiled and no_sync()
-#   cases are drawn: in a search of the whole contract, and in the table's first row that draws
-#   both (the all-features row), never in a check that turns either off (the main job).
+#   Note [Compiled cases] in paracheck.cases._compile). It runs in the verdict table's first row
+#   that draws both (the all-features row), never in a check that turns either off (the main
+#   job), and in a search of the whole contract where asked (``CheckSettings.first_cases``: the
+#   selftest, which stands in for the table). Not by default there: with its eager twin for the
+#   compile ledger it cost a DDP check 4-5 s of the loaded test machine, and paracheck's own
+#   first tier 60 s in 126.
 _NO_SYNC_MODEL = MLPSpec(in_features=2, widths=(2, 1), bias=False)
 
 
