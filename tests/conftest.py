@@ -71,6 +71,7 @@ SECOND_TIER = {
     "tests/integration/test_saved_cases.py::test_cli_saves_a_failing_case_replays_it_first_and_drops_it_once_fixed": "three checks from the command line",
     "tests/property/test_reduce_dtype.py::test_float32_reduction_passes": "a search per precision",
     "tests/property/test_ddp_basic.py::test_no_divide_mutant_is_killed": "a mutant the first tier's selftest slice kills too",
+    "tests/property/test_ddp.py::test_overlapped_matches_oracle": "the overlapped built-in's whole search, 50 s; the first tier searches naive, flat and bucketed whole",
     "tests/integration/test_external_target.py::test_correct_external_ddp_passes": "a whole table of a correct outside design from the command line",
     "tests/property/test_repeatability.py::test_correct_designs_repeat": "a repeated search per design",
     "tests/integration/test_report.py::test_pytest_fixture_fails_with_the_report_text": "a nested pytest run of a failing check",
