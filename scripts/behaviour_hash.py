@@ -119,6 +119,12 @@ def _tensor(h, t) -> None:
     h.update(b";")
 
 
+def _tensors(h, label: bytes, tensors) -> None:
+    h.update(label)
+    for t in tensors:
+        _tensor(h, t)
+
+
 def _trajectory_hash(case) -> str:
     from paracheck.oracle import train
 
@@ -128,22 +134,14 @@ def _trajectory_hash(case) -> str:
     except Exception as exc:  # the oracle refusing a case is behaviour too
         h.update(f"raised {type(exc).__name__}: {exc}".encode())
         return h.hexdigest()
-    h.update(b"initial_params")
-    for t in traj.initial_params:
-        _tensor(h, t)
-    h.update(b"initial_buffers")
-    for t in traj.initial_buffers:
-        _tensor(h, t)
+    _tensors(h, b"initial_params", traj.initial_params)
+    _tensors(h, b"initial_buffers", traj.initial_buffers)
     for k, step in enumerate(traj.steps):
         h.update(f"step {k} losses".encode())
         for rank in step.losses:
             h.update(",".join(float(x).hex() for x in rank).encode() + b";")
-        h.update(b"grads")
-        for t in step.grads:
-            _tensor(h, t)
-        h.update(b"params")
-        for t in step.params:
-            _tensor(h, t)
+        _tensors(h, b"grads", step.grads)
+        _tensors(h, b"params", step.params)
         h.update(b"state")
         for index in sorted(step.state):
             h.update(f"[{index}]".encode())
